@@ -1,0 +1,194 @@
+"""The diagnostic code catalog: every code, a one-line title and the text `mithril-spec explain` prints.
+
+Errors are E..., warnings W... (`--strict` turns warnings into errors). Every code here is triggered
+by at least one test (tests/test_codes_covered.py checks that).
+"""
+
+from __future__ import annotations
+
+CATALOG: dict[str, tuple[str, str]] = {
+    # ---- reading the file
+    "E001": (
+        "YAML syntax error",
+        "The file is not valid YAML. The position points where the parser gave up; the real mistake is "
+        "often just before it (an unclosed bracket or quote, a tab used for indentation, a mis-indented key).",
+    ),
+    "E002": (
+        "TOML syntax error",
+        "The file is not valid TOML. Check quoting of strings, `key = value` syntax, and that a table "
+        "header `[section]` is not defined twice.",
+    ),
+    "E003": (
+        "duplicate key",
+        "A mapping defines the same key twice. YAML parsers usually keep the last one silently; "
+        "mithril-spec refuses, because one of the two values is a mistake. Remove or rename one.",
+    ),
+    "E004": (
+        "bad `extends`",
+        "`extends:` names a base spec that is merged under this one. The path must be relative, stay inside "
+        "the directory tree of the spec that names it, exist, and not lead back to a spec already being "
+        "extended (no cycles). Merge rules: mappings merge key by key (the extending spec wins), lists and "
+        "scalars are replaced whole, and a key set to null in the extending spec is removed.",
+    ),
+    "E005": (
+        "document is not a mapping",
+        "A spec is a mapping at the top level (`version: 1`, `name: ...`, `model: ...`, ...).",
+    ),
+    # ---- the spec's structure
+    "E010": (
+        "unknown key",
+        "The key is not part of the spec language at this place. Typos are never ignored: a misspelt "
+        "`weight_decay` would otherwise silently train without weight decay. See docs/spec.md for the keys "
+        "each section accepts, or `mithril-spec schema` for the JSON Schema.",
+    ),
+    "E011": (
+        "missing key",
+        "A required key is absent. The message names it and the section that needs it.",
+    ),
+    "E012": (
+        "wrong type",
+        "The value has the wrong type (e.g. a string where a number is expected, a list where a mapping is).",
+    ),
+    "E013": (
+        "invalid value",
+        "The value has the right type but is not allowed here: out of range (sizes and steps must be "
+        "positive), not one of the accepted choices, or not a valid identifier for a name.",
+    ),
+    "E014": (
+        "unsupported spec version",
+        "`version` must be 1, the only version of the spec language this mithril-spec understands.",
+    ),
+    # ---- the model graph
+    "E020": (
+        "undefined dim",
+        "A size names a dim that is not defined in `dims`. Define it (`dims: {d: 128}`) or use a number. "
+        "`batch` is the only size that needs no definition: it is the per-step batch.",
+    ),
+    "E021": (
+        "bad size expression",
+        "Sizes are positive integers, dim names, or arithmetic on them (`4*d`, `d/heads`). The expression "
+        "could not be evaluated to a positive integer (a division that leaves a remainder, a negative or "
+        "zero result, or an unsupported operator).",
+    ),
+    "E022": (
+        "undefined tensor",
+        "A layer's `input`/`inputs` (or the loss) refers to a name that is neither a model input, nor an "
+        "earlier layer in the same scope, nor `block_input` inside a block. Layers may only refer to layers "
+        "that come before them.",
+    ),
+    "E023": (
+        "undefined block",
+        "A `repeat` names a block that is not defined in `model.blocks`.",
+    ),
+    "E024": (
+        "unknown operator",
+        "`op` is not one of the operators mithril-spec knows. See docs/spec.md for the list.",
+    ),
+    "E025": (
+        "duplicate name",
+        "Two layers in one scope (or a layer and a model input) have the same name. Names identify "
+        "outputs and parameters (`blocks.3.attn.q.weight`), so they must be unique.",
+    ),
+    "E026": (
+        "graph cycle",
+        "A layer refers to its own output or to a layer defined after it, or a block repeats itself. "
+        "Layers form a directed acyclic graph in the order they are written.",
+    ),
+    "E027": (
+        "dangling tensor",
+        "A model input or a layer output is never used by any later layer or by the loss. Remove it, or "
+        "wire it in; dead parameters would be trained for nothing and unused inputs loaded for nothing.",
+    ),
+    "E028": (
+        "shape mismatch",
+        "An operator received a tensor whose shape it cannot accept (e.g. adding [batch, 64, 128] to "
+        "[batch, 64, 256], a linear layer tied to an embedding of another width). Both shapes are shown.",
+    ),
+    "E029": (
+        "dtype mismatch",
+        "An operator received a tensor of the wrong dtype, e.g. an embedding given float features instead "
+        "of integer token ids, or cross-entropy targets that are not integers.",
+    ),
+    "E030": (
+        "invalid operator arguments",
+        "The operator's arguments are inconsistent: heads that do not divide the model width, kv_heads "
+        "that do not divide heads, a kernel larger than its input, a reshape that changes the element "
+        "count, a tie to something that is not an embedding.",
+    ),
+    # ---- mesh and sharding
+    "E040": (
+        "unknown mesh axis",
+        "Mesh axes are `data`, `fsdp`, `tensor`, `pipe` and `expert` (their role is fixed: the targets "
+        "map each to a framework feature). A rule, layout or `--mesh` names an axis that is not in the "
+        "selected mesh.",
+    ),
+    "E041": (
+        "mesh axis used twice in one layout",
+        "A tensor's layout shards two of its dimensions over the same mesh axis, which no framework can "
+        "express. Usually two logical axes of one parameter map to the same mesh axis (e.g. `vocab: tensor` "
+        "and `embed: tensor` both apply to the embedding table): change a rule, or give that parameter an "
+        "explicit layout under `sharding.params`.",
+    ),
+    "E042": (
+        "sharded size not divisible",
+        "A dimension is sharded over mesh axes whose total size does not divide it (e.g. 6 heads over "
+        "tensor=4). Change the mesh, the size, or the rule.",
+    ),
+    "E043": (
+        "batch not divisible",
+        "The global batch must split evenly into grad_accum micro-batches and then over the "
+        "data-parallel degree (the product of the mesh axes the batch is sharded over).",
+    ),
+    "E044": (
+        "conflicting sharding rules",
+        "Two rules map one logical axis to different mesh axes, or two `sharding.params` globs give one "
+        "parameter different layouts. mithril-spec never picks one silently: keep one.",
+    ),
+    "E045": (
+        "glob matches nothing",
+        "A `sharding.params` glob (or a `sharding.inputs` name) matches no parameter (input). It is "
+        "probably misspelt; `mithril-spec plan` lists every parameter name.",
+    ),
+    "E046": (
+        "mesh size does not match the device count",
+        "The product of the mesh axes must equal the number of devices given with `--devices` or the "
+        "spec's `devices`.",
+    ),
+    "E047": (
+        "bad mesh definition",
+        "A spec gives either `mesh:` (one mesh) or `meshes:` (named meshes, the first is the default), "
+        "not both and not neither; each axis size is a positive integer.",
+    ),
+    "E048": (
+        "layout rank mismatch",
+        "An explicit layout under `sharding.params` or `sharding.inputs` must have one entry per dimension "
+        "of the tensor (null for a replicated dimension).",
+    ),
+    "E049": (
+        "target cannot express the plan",
+        "The chosen target (jax or torch) cannot run this layout, e.g. PyTorch tensor parallelism needs "
+        "column-parallel layers followed by row-parallel layers. The message says what the target supports.",
+    ),
+    # ---- warnings
+    "W001": (
+        "large parameter fully replicated",
+        "On a mesh with more than one device, a parameter of 1M elements or more is replicated on every "
+        "device. That is legal but wastes memory; add a rule for one of its logical axes or use an fsdp axis.",
+    ),
+    "W002": (
+        "unused sharding rule",
+        "A rule names a logical axis that no parameter or input has. It has no effect; it may be misspelt.",
+    ),
+}
+
+
+def title(code: str) -> str:
+    return CATALOG[code][0]
+
+
+def explain(code: str) -> str | None:
+    entry = CATALOG.get(code.upper())
+    if entry is None:
+        return None
+    kind = "warning" if code.upper().startswith("W") else "error"
+    return f"{code.upper()} ({kind}): {entry[0]}\n\n{entry[1]}\n"

@@ -1,0 +1,64 @@
+"""`extends:`: a spec may name a base spec (relative path inside its own directory tree) merged under it.
+
+Merge rules: mappings merge key by key, the extending spec winning; lists and scalars are replaced whole;
+a key set to null in the extending spec removes it. Positions keep pointing into the file each value came
+from. Chains are allowed; cycles are not.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .diagnostics import Diagnostic, DiagnosticError
+from .source import Document, load_file
+
+MAX_DEPTH = 16
+
+
+def load_spec_file(path: str | Path) -> Document:
+    return _load(Path(path), ())
+
+
+def _load(path: Path, chain: tuple[Path, ...]) -> Document:
+    doc = load_file(path)
+    if not isinstance(doc.data, dict) or "extends" not in doc.data:
+        return doc
+    ext = doc.data["extends"]
+    pos = doc.pos(("extends",))
+    if not isinstance(ext, str) or not ext:
+        raise DiagnosticError([Diagnostic("E004", "`extends` must be a relative path to a spec file", pos)])
+    rel = Path(ext)
+    root = path.parent.resolve()
+    target = (path.parent / rel).resolve()
+    if rel.is_absolute() or not target.is_relative_to(root):
+        raise DiagnosticError([Diagnostic(
+            "E004", f"`extends: {ext}` leaves the directory of this spec", pos,
+            help="a base spec must live in the same directory as the spec that extends it, or below it")])
+    if target.suffix.lower() not in (".yaml", ".yml", ".toml"):
+        raise DiagnosticError([Diagnostic("E004", f"`extends: {ext}` is not a .yaml, .yml or .toml file", pos)])
+    if not target.is_file():
+        raise DiagnosticError([Diagnostic("E004", f"`extends: {ext}`: no such file", pos)])
+    if target in chain or target == path.resolve() or len(chain) >= MAX_DEPTH:
+        raise DiagnosticError([Diagnostic("E004", f"`extends: {ext}` forms a cycle", pos,
+                                          help="a spec cannot (indirectly) extend itself")])
+    base = _load(path.parent / rel, chain + (path.resolve(),))
+    data = _merge(base.data, {k: v for k, v in doc.data.items() if k != "extends"})
+    if not isinstance(data, dict):
+        raise DiagnosticError([Diagnostic("E005", "the base spec is not a mapping", pos)])
+    values = {**base.values, **doc.values}
+    keys = {**base.keys, **doc.keys}
+    sources = {**base.sources, **doc.sources}
+    return Document(data, doc.file, doc.text, values, keys, sources)
+
+
+def _merge(base: Any, over: Any) -> Any:
+    if isinstance(base, dict) and isinstance(over, dict):
+        out = dict(base)
+        for k, v in over.items():
+            if v is None:
+                out.pop(k, None)
+            else:
+                out[k] = _merge(base.get(k), v)
+        return out
+    return over

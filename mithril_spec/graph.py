@@ -1,0 +1,457 @@
+"""Resolution: `Spec` -> `Graph`.
+
+Dims are substituted, blocks and repeats expanded, every reference checked, shapes and dtypes inferred
+operator by operator, and every parameter given its canonical name, shape and logical axes.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import operator
+from typing import Any, Optional, Union
+
+from .diagnostics import Diagnostic, DiagnosticError, did_you_mean
+from .ops import OPS, OpError, ParamDef, TensorType
+from .ops.loss import check_loss
+from .source import Document
+from .spec.root import Spec
+from .spec.model import Repeat
+
+
+@dataclasses.dataclass(frozen=True)
+class InputNode:
+    name: str
+    type: TensorType
+    path: tuple
+    high: int = 0  # exclusive upper bound of integer values (synthetic data); 0 for float inputs
+
+
+@dataclasses.dataclass(frozen=True)
+class Node:
+    """One operator application. `inputs` name tensors in the same scope."""
+
+    name: str
+    op: str
+    inputs: tuple[str, ...]
+    in_types: tuple[TensorType, ...]
+    out: TensorType
+    attrs: dict[str, Any]
+    params: tuple[ParamDef, ...]
+    buffers: tuple[ParamDef, ...]
+    flops: int  # forward, per sample
+    path: tuple
+    stage: Optional[int] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RepeatNode:
+    name: str
+    block: str
+    count: int
+    inputs: tuple[str, ...]
+    in_types: tuple[TensorType, ...]
+    out: TensorType
+    layers: tuple[Node, ...]  # the block, resolved for this input
+    path: tuple
+    stage: Optional[int] = None
+    op: str = "repeat"
+
+    @property
+    def flops(self) -> int:
+        return self.count * sum(n.flops for n in self.layers)
+
+
+@dataclasses.dataclass(frozen=True)
+class Param:
+    """A parameter of the whole model, by canonical name."""
+
+    name: str
+    shape: tuple[int, ...]
+    axes: tuple[Optional[str], ...]
+    init: str
+    std: float
+    layer: str  # canonical layer path, e.g. blocks.3.attn
+    path: tuple  # spec path of the layer that owns it
+    trainable: bool = True
+    units: Optional[tuple[int, ...]] = None  # see ParamDef.units
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+
+@dataclasses.dataclass(frozen=True)
+class LossNode:
+    op: str
+    prediction: str
+    targets: str
+    path: tuple
+
+
+@dataclasses.dataclass(frozen=True)
+class Graph:
+    name: str
+    dims: dict[str, int]
+    inputs: tuple[InputNode, ...]
+    layers: tuple[Union[Node, RepeatNode], ...]
+    loss: LossNode
+    params: tuple[Param, ...]
+    buffers: tuple[Param, ...]
+
+    @property
+    def param_count(self) -> int:
+        return sum(p.numel for p in self.params)
+
+    @property
+    def flops_per_sample(self) -> int:
+        return sum(n.flops for n in self.layers)
+
+
+# ---------------------------------------------------------------- sizes
+
+_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
+
+
+class _SizeError(Exception):
+    def __init__(self, code: str, message: str, help: str | None = None):
+        self.code, self.message, self.help = code, message, help
+
+
+def eval_size(value: Any, dims: dict[str, int]) -> int:
+    """A size: int, dim name, or + - * / // over them. Division must be exact. Raises _SizeError."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise _SizeError("E012", f"a size must be an integer or a dim name, got {value!r}")
+    if isinstance(value, int):
+        n = value
+    else:
+        try:
+            tree = ast.parse(value.strip(), mode="eval")
+        except SyntaxError:
+            raise _SizeError("E021", f"cannot read size expression {value!r}", "use dim names, integers and + - * /")
+        n = _eval(tree.body, dims, value)
+    if n <= 0:
+        raise _SizeError("E021", f"size {value!r} is {n}; sizes must be positive")
+    return n
+
+
+def _eval(node: ast.AST, dims: dict[str, int], text: str) -> int:
+    if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+        return node.value
+    if isinstance(node, ast.Name):
+        if node.id not in dims:
+            raise _SizeError("E020", f"undefined dim `{node.id}`", did_you_mean(node.id, dims) or "define it in `dims`")
+        return dims[node.id]
+    if isinstance(node, ast.BinOp):
+        a, b = _eval(node.left, dims, text), _eval(node.right, dims, text)
+        if type(node.op) in _BINOPS:
+            return _BINOPS[type(node.op)](a, b)
+        if isinstance(node.op, (ast.Div, ast.FloorDiv)):
+            if b == 0 or a % b:
+                raise _SizeError("E021", f"{text!r}: {a} is not divisible by {b}")
+            return a // b
+    raise _SizeError("E021", f"unsupported size expression {text!r}", "use dim names, integers and + - * /")
+
+
+# ---------------------------------------------------------------- resolution
+
+
+class _Resolver:
+    def __init__(self, spec: Spec, doc: Document):
+        self.spec = spec
+        self.doc = doc
+        self.diags: list[Diagnostic] = []
+        self.dims = dict(spec.dims)
+        self.top: dict[str, Node] = {}  # resolved top-level layers, for ties
+
+    def error(self, code: str, message: str, path: tuple, help: str | None = None, key: bool = False) -> None:
+        self.diags.append(Diagnostic(code, message, self.doc.pos(path, key=key), help=help))
+
+    def size(self, value: Any, path: tuple) -> Optional[int]:
+        try:
+            return eval_size(value, self.dims)
+        except _SizeError as e:
+            self.error(e.code, e.message, path, e.help)
+            return None
+
+    def run(self) -> Graph:
+        inputs = self.inputs()
+        layers, env, used, produced = self.scope(
+            list(self.spec.model.layers),
+            ("model", "layers"),
+            {i.name: i.type for i in inputs},
+            first=inputs[0].name if inputs else None,
+            prefix="",
+        )
+        loss = self.loss(env, used, layers)
+        self.dangling(produced, used, keep=loss.prediction if loss else None)
+        # Every input must be used by a layer or by the loss.
+        for inp in inputs:
+            if inp.name not in used:
+                self.error(
+                    "E027",
+                    f"model input `{inp.name}` is never used",
+                    inp.path,
+                    help="remove it, or give it to a layer with `input:` / the loss with `targets:`",
+                    key=True,
+                )
+        if self.diags or loss is None:
+            raise DiagnosticError(self.diags)
+        inputs = self.integer_ranges(inputs, layers, loss, env)
+        params, buffers = self.collect(layers)
+        return Graph(self.spec.name, self.dims, tuple(inputs), tuple(layers), loss, params, buffers)
+
+    # -- inputs
+    def inputs(self) -> list[InputNode]:
+        out = []
+        for name, inp in self.spec.model.inputs.items():
+            path = ("model", "inputs", name)
+            shape = list(inp.shape)
+            if not shape or shape[0] != "batch":
+                self.error("E013", f"input `{name}` must have `batch` as its first dimension", path + ("shape",),
+                           help="e.g. shape: [batch, seq]")
+                continue
+            dims, axes = [], []
+            ok = True
+            for i, s in enumerate(shape[1:], start=1):
+                if s == "batch":
+                    self.error("E013", "`batch` may appear only once, first", path + ("shape", i))
+                    ok = False
+                    continue
+                n = self.size(s, path + ("shape", i))
+                ok &= n is not None
+                dims.append(n or 1)
+                axes.append(s if isinstance(s, str) and s.isidentifier() else None)
+            if inp.axes is not None:
+                if len(inp.axes) != len(shape):
+                    self.error("E013", f"input `{name}` has {len(shape)} dimensions but {len(inp.axes)} axis names",
+                               path + ("axes",))
+                    ok = False
+                else:
+                    axes = list(inp.axes[1:])
+            if ok:
+                out.append(InputNode(name, TensorType(tuple(dims), tuple(axes), inp.dtype), path))
+        return out
+
+    # -- a scope: the top-level layer list or one block
+    def scope(self, layers, path, env, first, prefix, in_block=False):
+        env = dict(env)
+        nodes: list[Union[Node, RepeatNode]] = []
+        used: set[str] = set()
+        produced: dict[str, tuple] = {}
+        later = {self._name(layer, i) for i, layer in enumerate(layers)}
+        prev = first
+        for i, layer in enumerate(layers):
+            lpath = path + (i,)
+            name = self._name(layer, i)
+            if name in env:
+                self.error("E025", f"duplicate name `{name}`", lpath + ("name",),
+                           help="layer names must be unique in their scope and differ from the model inputs")
+                continue
+            refs = self.references(layer, lpath, prev)
+            if refs is None:
+                prev = None
+                continue
+            types = []
+            for ref, rpath in refs:
+                if ref == name:
+                    self.error("E026", f"layer `{name}` uses its own output", rpath)
+                elif ref in env:
+                    types.append(env[ref])
+                    used.add(ref)
+                    continue
+                elif ref in later:
+                    self.error("E026", f"layer `{name}` uses `{ref}`, which is defined after it", rpath,
+                               help="layers may only use outputs of layers written before them")
+                else:
+                    choices = list(env)
+                    self.error("E022", f"undefined tensor `{ref}`", rpath,
+                               help=did_you_mean(ref, choices) or "name a model input or an earlier layer")
+            if len(types) != len(refs):
+                prev = None
+                continue
+            node = self.repeat(layer, lpath, name, refs, types, in_block) if isinstance(layer, Repeat) else (
+                self.op(layer, lpath, name, refs, types, prefix))
+            if node is None:
+                prev = None
+                continue
+            nodes.append(node)
+            env[name] = node.out
+            produced[name] = lpath
+            if not prefix and not in_block and isinstance(node, Node):
+                self.top[name] = node
+            prev = name
+        return nodes, env, used, produced
+
+    def _name(self, layer, i: int) -> str:
+        return layer.name or f"{layer.op}_{i}"
+
+    def references(self, layer, lpath, prev) -> Optional[list[tuple[str, tuple]]]:
+        inputs = getattr(layer, "inputs", None)
+        if layer.input is not None and inputs is not None:
+            self.error("E013", "give either `input` or `inputs`, not both", lpath + ("inputs",), key=True)
+            return None
+        if inputs is not None:
+            return [(r, lpath + ("inputs", j)) for j, r in enumerate(inputs)]
+        if layer.input is not None:
+            return [(layer.input, lpath + ("input",))]
+        if prev is None:
+            return None  # an earlier error broke the chain; it was reported there
+        return [(prev, lpath)]
+
+    def dangling(self, produced: dict[str, tuple], used: set[str], keep: Optional[str]) -> None:
+        names = list(produced)
+        for name in names:
+            if name not in used and name != keep and name != names[-1]:
+                self.error("E027", f"the output of `{name}` is never used", produced[name],
+                           help="later layers take the previous output by default; use `input:`/`inputs:` to wire it in, or remove it")
+
+    # -- one operator
+    def op(self, layer, lpath, name, refs, types, prefix) -> Optional[Node]:
+        op = OPS[layer.op]
+        if op.arity == 1 and len(types) != 1:
+            self.error("E030", f"`{layer.op}` takes one input, got {len(types)}", lpath + ("inputs",), key=True)
+            return None
+        if op.arity == 0 and len(types) < 2:
+            self.error("E030", f"`{layer.op}` takes two or more inputs (`inputs: [a, b]`), got {len(types)}",
+                       lpath + ("inputs",) if layer.inputs is not None else lpath, key=True)
+            return None
+
+        failed = []
+
+        def size(field: str) -> int:
+            parts = tuple(int(p) if p.isdigit() else p for p in field.split("."))
+            value: Any = layer
+            for p in parts:
+                value = value[p] if isinstance(p, int) else getattr(value, p)
+            n = self.size(value, lpath + parts)
+            if n is None:
+                failed.append(field)
+                raise OpError("", "", None)
+            return n
+
+        try:
+            res = op.infer(layer, list(types), size, _TieContext(self, lpath))
+        except OpError as e:
+            if e.code:
+                field = lpath + ((e.field,) if e.field else ())
+                if e.field in ("input", "inputs") and getattr(layer, e.field, None) is None:
+                    field = lpath
+                self.error(e.code, f"`{name}`: {e.message}", field, e.help)
+            return None
+        return Node(name, layer.op, tuple(r for r, _ in refs), tuple(types), res.out, res.attrs, res.params,
+                    res.buffers, res.flops, lpath, layer.stage)
+
+    # -- a repeated block
+    def repeat(self, layer: Repeat, lpath, name, refs, types, in_block) -> Optional[RepeatNode]:
+        if in_block:
+            self.error("E013", "a block cannot contain a `repeat`", lpath, help="repeat blocks from `model.layers`")
+            return None
+        count = self.size(layer.repeat, lpath + ("repeat",))
+        blocks = self.spec.model.blocks
+        if layer.block not in blocks:
+            self.error("E023", f"undefined block `{layer.block}`", lpath + ("block",),
+                       help=did_you_mean(layer.block, blocks) or "define it under `model.blocks`")
+            return None
+        if count is None or len(types) != 1:
+            return None
+        bpath = ("model", "blocks", layer.block)
+        before = len(self.diags)
+        nodes, env, used, produced = self.scope(
+            list(blocks[layer.block]), bpath, {"block_input": types[0]}, first="block_input", prefix=name,
+            in_block=True)
+        if len(self.diags) > before or not nodes:
+            return None
+        self.dangling(produced, used, keep=None)
+        if "block_input" not in used:
+            self.error("E027", f"block `{layer.block}` never uses `block_input`", bpath, key=True)
+        out = nodes[-1].out
+        if count > 1 and (out.shape, out.dtype) != (types[0].shape, types[0].dtype):
+            self.error("E028", f"block `{layer.block}` maps {types[0].show()} to {out.show()}; a block repeated "
+                       f"{count} times must keep its input shape", lpath + ("repeat",))
+            return None
+        return RepeatNode(name, layer.block, count, tuple(r for r, _ in refs), tuple(types), out,
+                          tuple(nodes), lpath, layer.stage)
+
+    # -- the loss
+    def loss(self, env, used, layers) -> Optional[LossNode]:
+        loss = self.spec.model.loss
+        path = ("model", "loss")
+        pred_field = "logits" if loss.op == "cross_entropy" else "predictions"
+        pred = getattr(loss, pred_field) or (layers[-1].name if layers else None)
+        ok = True
+        for ref, field in ((pred, pred_field), (loss.targets, "targets")):
+            if ref is None:
+                return None
+            if ref not in env:
+                self.error("E022", f"undefined tensor `{ref}` in the loss", path + (field,),
+                           help=did_you_mean(ref, env) or "name a model input or a layer")
+                ok = False
+            else:
+                used.add(ref)
+        if not ok:
+            return None
+        try:
+            check_loss(loss, env[pred], env[loss.targets])
+        except OpError as e:
+            self.error(e.code, e.message, path + (e.field,) if getattr(loss, e.field or "", None) else path, e.help)
+            return None
+        return LossNode(loss.op, pred, loss.targets, path)
+
+    # -- integer input ranges, for synthetic data
+    def integer_ranges(self, inputs, layers, loss, env) -> list[InputNode]:
+        highs: dict[str, int] = {}
+        for node in layers:
+            if isinstance(node, Node) and node.op == "embedding":
+                for r in node.inputs:
+                    highs[r] = min(highs.get(r, node.attrs["vocab"]), node.attrs["vocab"])
+        if loss.op == "cross_entropy":
+            classes = env[loss.prediction].shape[-1]
+            highs[loss.targets] = min(highs.get(loss.targets, classes), classes)
+        return [
+            dataclasses.replace(i, high=highs.get(i.name, 2)) if i.type.is_int else i for i in inputs
+        ]
+
+    # -- parameters by canonical name
+    def collect(self, layers) -> tuple[tuple[Param, ...], tuple[Param, ...]]:
+        params: list[Param] = []
+        buffers: list[Param] = []
+
+        def add(node: Node, prefix: str) -> None:
+            for p in node.params:
+                params.append(Param(f"{prefix}{node.name}.{p.name}", p.shape, p.axes, p.init, p.std,
+                                    f"{prefix}{node.name}", node.path, units=p.units))
+            for b in node.buffers:
+                buffers.append(Param(f"{prefix}{node.name}.{b.name}", b.shape, b.axes, b.init, b.std,
+                                     f"{prefix}{node.name}", node.path, trainable=False))
+
+        for node in layers:
+            if isinstance(node, RepeatNode):
+                for i in range(node.count):
+                    for inner in node.layers:
+                        add(inner, f"{node.name}.{i}.")
+            else:
+                add(node, "")
+        return tuple(params), tuple(buffers)
+
+
+class _TieContext:
+    def __init__(self, resolver: _Resolver, lpath: tuple):
+        self.r = resolver
+
+    def tied_table(self, name: str):
+        node = self.r.top.get(name)
+        if node is None:
+            raise OpError("E022", f"`tie` names `{name}`, which is not an earlier top-level layer", "tie",
+                          help=did_you_mean(name, self.r.top) or None)
+        if node.op != "embedding":
+            raise OpError("E030", f"`tie` must name an embedding layer; `{name}` is a {node.op}", "tie")
+        (w,) = node.params
+        return f"{name}.{w.name}", w.shape, w.axes
+
+
+def resolve(spec: Spec, doc: Document) -> Graph:
+    return _Resolver(spec, doc).run()

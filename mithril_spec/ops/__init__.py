@@ -1,0 +1,24 @@
+"""The operator registry: `OPS[kind]` gives the operator for a layer's `op`."""
+
+from __future__ import annotations
+
+from .attention import Attention
+from .base import LayerArgs, Op, OpError, OpResult, ParamDef, TensorType
+from .conv import AvgPool2d, Conv2d, MaxPool2d
+from .elementwise import Add, Dropout, Gelu, Mul, Relu, Sigmoid, Silu, Softmax, Tanh
+from .embedding import Embedding, PosEmbedding
+from .linear import Linear
+from .loss import CrossEntropy, Mse
+from .mlp import Mlp
+from .norm import BatchNorm, LayerNorm, RmsNorm
+from .reshape import Flatten, Reshape
+
+_ALL: list[type[Op]] = [
+    Linear, Relu, Gelu, Silu, Tanh, Sigmoid, Softmax, Dropout, Add, Mul, Reshape, Flatten,
+    Conv2d, MaxPool2d, AvgPool2d, BatchNorm, LayerNorm, RmsNorm, Embedding, PosEmbedding,
+    Attention, Mlp,
+]  # fmt: skip
+
+OPS: dict[str, Op] = {cls.kind: cls() for cls in _ALL}
+
+__all__ = ["OPS", "Op", "OpError", "OpResult", "ParamDef", "TensorType", "LayerArgs", "CrossEntropy", "Mse"]

@@ -1,0 +1,69 @@
+"""attention: multi-head self-attention over [batch, seq, dim], optionally causal, grouped-query
+(kv_heads < heads) and rotary. Separate q/k/v/o projections so that tensor parallelism splits heads."""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import Field
+
+from ..spec.common import Size
+from .base import LayerArgs, Op, OpError, OpResult, ParamDef, TensorType, expect_float
+
+
+class AttentionArgs(LayerArgs):
+    op: Literal["attention"]
+    heads: Size
+    kv_heads: Optional[Size] = Field(None, description="key/value heads for grouped-query attention; default: heads")
+    head_dim: Optional[Size] = Field(None, description="default: dim / heads")
+    causal: bool = False
+    rotary: bool = False
+    rotary_base: float = Field(10000.0, gt=1)
+    bias: bool = False
+
+
+class Attention(Op):
+    kind = "attention"
+    Args = AttentionArgs
+    has_params = True
+
+    def infer(self, args, inputs, size, ctx):
+        (x,) = inputs
+        expect_float(x, "attention")
+        if len(x.shape) != 2:
+            raise OpError("E028", f"attention expects [batch, seq, dim], got {x.show()}", "input")
+        seq, d = x.shape
+        heads = size("heads")
+        kv = size("kv_heads") if args.kv_heads is not None else heads
+        if heads % kv:
+            raise OpError("E030", f"kv_heads ({kv}) must divide heads ({heads})", "kv_heads")
+        if args.head_dim is not None:
+            hd = size("head_dim")
+        else:
+            if d % heads:
+                raise OpError("E030", f"heads ({heads}) must divide the model width ({d}), or set head_dim", "heads")
+            hd = d // heads
+        if args.rotary and hd % 2:
+            raise OpError("E030", f"rotary embeddings need an even head_dim, got {hd}", "rotary")
+        emb = x.axes[-1]
+        q_out, kv_out = heads * hd, kv * hd
+        params = [
+            ParamDef("q.weight", (d, q_out), (emb, "heads"), units=(d, heads)),
+            ParamDef("k.weight", (d, kv_out), (emb, "kv_heads"), units=(d, kv)),
+            ParamDef("v.weight", (d, kv_out), (emb, "kv_heads"), units=(d, kv)),
+            ParamDef("o.weight", (q_out, d), ("heads", emb), units=(heads, d)),
+        ]
+        if args.bias:
+            params[3:3] = [
+                ParamDef("q.bias", (q_out,), ("heads",), init="zeros", units=(heads,)),
+                ParamDef("k.bias", (kv_out,), ("kv_heads",), init="zeros", units=(kv,)),
+                ParamDef("v.bias", (kv_out,), ("kv_heads",), init="zeros", units=(kv,)),
+            ]
+            params.append(ParamDef("o.bias", (d,), (emb,), init="zeros"))
+        proj = 2 * seq * d * (2 * q_out + 2 * kv_out)
+        scores = 2 * 2 * seq * seq * heads * hd  # q@k^T and p@v
+        attrs = {
+            "dim": d, "seq": seq, "heads": heads, "kv_heads": kv, "head_dim": hd, "causal": args.causal,
+            "rotary": args.rotary, "rotary_base": args.rotary_base, "bias": args.bias,
+        }
+        return OpResult(TensorType(x.shape, x.axes, x.dtype), tuple(params), attrs, flops=proj + scores)

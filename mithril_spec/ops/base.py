@@ -1,0 +1,104 @@
+"""What every operator provides: its spec arguments, a shape rule, parameters (canonical shape,
+logical axes, init) and forward FLOPs.
+
+Shapes here leave out the batch dimension: every activation is `[batch, *shape]`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any, ClassVar, Optional
+
+from pydantic import Field, StrictInt
+
+from ..spec.common import Ident, Strict
+
+INT_DTYPES = ("int32", "int64")
+FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorType:
+    shape: tuple[int, ...]  # without the leading batch dimension
+    axes: tuple[Optional[str], ...]  # logical axis per dimension (None: unnamed)
+    dtype: str
+
+    def show(self) -> str:
+        return "[" + ", ".join(["batch", *map(str, self.shape)]) + "]"
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def is_int(self) -> bool:
+        return self.dtype in INT_DTYPES
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamDef:
+    name: str  # local to its layer, e.g. "q.weight"
+    shape: tuple[int, ...]
+    axes: tuple[Optional[str], ...]
+    init: str = "normal"  # normal | zeros | ones
+    std: float = 0.02
+    # Per dimension, how many indivisible units it holds (e.g. heads in [dim, heads*head_dim]);
+    # sharding must split units, not just elements. None: every element is a unit.
+    units: Optional[tuple[int, ...]] = None
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class OpResult:
+    out: TensorType
+    params: tuple[ParamDef, ...] = ()
+    attrs: dict[str, Any] = dataclasses.field(default_factory=dict)  # resolved arguments for the targets
+    flops: int = 0  # forward FLOPs per sample
+    buffers: tuple[ParamDef, ...] = ()  # non-trained state (batch-norm running statistics)
+
+
+class OpError(Exception):
+    """A problem with one operator's arguments or inputs; `field` names the argument to point at."""
+
+    def __init__(self, code: str, message: str, field: str | None = None, help: str | None = None):
+        super().__init__(message)
+        self.code, self.message, self.field, self.help = code, message, field, help
+
+
+class LayerArgs(Strict):
+    """Fields every layer accepts."""
+
+    name: Optional[Ident] = Field(None, description="names the output and prefixes the parameters")
+    input: Optional[Ident] = Field(None, description="input tensor; default: the previous layer's output")
+    inputs: Optional[list[Ident]] = Field(None, description="input tensors, for operators with several")
+    stage: Optional[StrictInt] = Field(None, ge=0, description="pipeline stage of this layer")
+
+
+SizeFn = Callable[[str], int]  # resolves a Size-valued argument by field name (positions handled by caller)
+
+
+class Op:
+    """One operator. Subclasses set `kind`, `Args`, `arity` and implement `infer`."""
+
+    kind: ClassVar[str]
+    Args: ClassVar[type[LayerArgs]]
+    arity: ClassVar[int] = 1  # number of inputs; 0 means two or more
+    has_params: ClassVar[bool] = False
+
+    def infer(self, args: Any, inputs: list[TensorType], size: SizeFn, ctx: Any) -> OpResult:
+        raise NotImplementedError
+
+
+def expect_float(t: TensorType, what: str) -> None:
+    if t.is_int:
+        raise OpError("E029", f"{what} needs a floating-point input, got {t.dtype} {t.show()}", "input")
+
+
+def expect_rank(t: TensorType, rank: int, what: str, layout: str) -> None:
+    if len(t.shape) != rank:
+        raise OpError("E028", f"{what} expects a {layout} input, got {t.show()}", "input")

@@ -1,0 +1,108 @@
+"""Shape-preserving operators: activations, softmax, dropout, and add/mul of several tensors."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from .base import LayerArgs, Op, OpError, OpResult, expect_float
+
+
+class _Unary(Op):
+    flops_per_element = 1
+
+    def infer(self, args, inputs, size, ctx):
+        (x,) = inputs
+        expect_float(x, self.kind)
+        return OpResult(x, (), self.attrs(args), flops=self.flops_per_element * x.numel)
+
+    def attrs(self, args):
+        return {}
+
+
+def _unary(kind: str, flops: int, doc: str):
+    args_cls = type(
+        f"{kind.title()}Args",
+        (LayerArgs,),
+        {"__annotations__": {"op": Literal[kind]}, "__doc__": doc, "__module__": __name__},
+    )
+    return type(kind.title(), (_Unary,), {"kind": kind, "Args": args_cls, "flops_per_element": flops})
+
+
+Relu = _unary("relu", 1, "max(x, 0)")
+Silu = _unary("silu", 4, "x * sigmoid(x)")
+Tanh = _unary("tanh", 4, "tanh(x)")
+Sigmoid = _unary("sigmoid", 4, "1 / (1 + exp(-x))")
+
+
+class GeluArgs(LayerArgs):
+    op: Literal["gelu"]
+    approximate: Literal["tanh", "none"] = "tanh"
+
+
+class Gelu(_Unary):
+    kind = "gelu"
+    Args = GeluArgs
+    flops_per_element = 8
+
+    def attrs(self, args):
+        return {"approximate": args.approximate}
+
+
+class SoftmaxArgs(LayerArgs):
+    op: Literal["softmax"]
+
+
+class Softmax(_Unary):
+    kind = "softmax"
+    Args = SoftmaxArgs
+    flops_per_element = 5
+
+
+class DropoutArgs(LayerArgs):
+    op: Literal["dropout"]
+    rate: float = Field(0.1, ge=0, lt=1)
+
+
+class Dropout(_Unary):
+    kind = "dropout"
+    Args = DropoutArgs
+
+    def attrs(self, args):
+        return {"rate": args.rate}
+
+
+class _Nary(Op):
+    arity = 0
+
+    def infer(self, args, inputs, size, ctx):
+        first = inputs[0]
+        for other in inputs[1:]:
+            if other.shape != first.shape:
+                raise OpError(
+                    "E028",
+                    f"{self.kind} needs inputs of one shape, got {first.show()} and {other.show()}",
+                    "inputs",
+                )
+        for t in inputs:
+            expect_float(t, self.kind)
+        return OpResult(first, (), {"n": len(inputs)}, flops=(len(inputs) - 1) * first.numel)
+
+
+class AddArgs(LayerArgs):
+    op: Literal["add"]
+
+
+class MulArgs(LayerArgs):
+    op: Literal["mul"]
+
+
+class Add(_Nary):
+    kind = "add"
+    Args = AddArgs
+
+
+class Mul(_Nary):
+    kind = "mul"
+    Args = MulArgs

@@ -1,0 +1,54 @@
+"""embedding (token ids -> vectors) and pos_embedding (learned positions added to a sequence)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from ..spec.common import Size
+from .base import LayerArgs, Op, OpError, OpResult, ParamDef, TensorType, expect_float
+
+
+class EmbeddingArgs(LayerArgs):
+    op: Literal["embedding"]
+    vocab: Size
+    dim: Size
+
+
+class Embedding(Op):
+    kind = "embedding"
+    Args = EmbeddingArgs
+    has_params = True
+
+    def infer(self, args, inputs, size, ctx):
+        (x,) = inputs
+        if not x.is_int:
+            raise OpError("E029", f"embedding needs integer token ids, got {x.dtype} {x.show()}", "input")
+        vocab, dim = size("vocab"), size("dim")
+        out = TensorType(x.shape + (dim,), x.axes + ("embed",), "float32")
+        params = (ParamDef("weight", (vocab, dim), ("vocab", "embed")),)
+        return OpResult(out, params, {"vocab": vocab, "dim": dim}, flops=0)
+
+
+class PosEmbeddingArgs(LayerArgs):
+    op: Literal["pos_embedding"]
+    max_len: Size = Field(description="longest sequence the table covers")
+
+
+class PosEmbedding(Op):
+    kind = "pos_embedding"
+    Args = PosEmbeddingArgs
+    has_params = True
+
+    def infer(self, args, inputs, size, ctx):
+        (x,) = inputs
+        expect_float(x, "pos_embedding")
+        if len(x.shape) != 2:
+            raise OpError("E028", f"pos_embedding expects [batch, seq, dim], got {x.show()}", "input")
+        max_len = size("max_len")
+        seq, dim = x.shape
+        if seq > max_len:
+            raise OpError("E030", f"sequence length {seq} exceeds max_len {max_len}", "max_len")
+        params = (ParamDef("weight", (max_len, dim), (None, x.axes[-1])),)
+        return OpResult(x, params, {"max_len": max_len, "dim": dim}, flops=x.numel)

@@ -1,0 +1,57 @@
+"""linear: y = x @ weight + bias over the last dimension; optionally tied to an embedding."""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import Field
+
+from ..spec.common import Ident, Size
+from .base import LayerArgs, Op, OpError, OpResult, ParamDef, TensorType, expect_float
+
+
+class LinearArgs(LayerArgs):
+    op: Literal["linear"]
+    dimension: Size = Field(description="output features")
+    bias: bool = True
+    tie: Optional[Ident] = Field(None, description="embedding layer whose table this layer reuses (transposed)")
+    axis: Optional[Ident] = Field(None, description="logical axis name of the output features")
+
+
+class Linear(Op):
+    kind = "linear"
+    Args = LinearArgs
+    has_params = True
+
+    def infer(self, args, inputs, size, ctx):
+        (x,) = inputs
+        expect_float(x, "linear")
+        if not x.shape:
+            raise OpError("E028", f"linear needs at least one feature dimension, got {x.show()}", "input")
+        d_in, d_out = x.shape[-1], size("dimension")
+        in_axis = x.axes[-1]
+        out_axis = args.axis
+        params: tuple[ParamDef, ...]
+        attrs = {"in_features": d_in, "out_features": d_out, "bias": args.bias, "tie": None}
+        if args.tie is not None:
+            table = ctx.tied_table(args.tie)  # (param full name, shape, axes) or raises OpError
+            name, shape, axes = table
+            if shape != (d_out, d_in):
+                raise OpError(
+                    "E028",
+                    f"linear tied to `{args.tie}` computes [.., {d_in}] -> [.., {d_out}], but the embedding "
+                    f"table is {list(shape)} (needs [{d_out}, {d_in}])",
+                    "tie",
+                    help="the tied layer's `dimension` must equal the embedding's vocab, its input width the embedding dim",
+                )
+            if args.bias:
+                raise OpError("E030", "a tied linear layer has no parameters of its own: set `bias: false`", "bias")
+            out_axis = out_axis or axes[0]
+            attrs["tie"] = name
+            params = ()
+        else:
+            params = (ParamDef("weight", (d_in, d_out), (in_axis, out_axis)),)
+            if args.bias:
+                params += (ParamDef("bias", (d_out,), (out_axis,), init="zeros"),)
+        out = TensorType(x.shape[:-1] + (d_out,), x.axes[:-1] + (out_axis,), x.dtype)
+        return OpResult(out, params, attrs, flops=2 * x.numel * d_out)

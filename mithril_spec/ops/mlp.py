@@ -1,0 +1,44 @@
+"""mlp: the transformer feed-forward block, fc -> activation -> proj, or SwiGLU (gate, up, down)."""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import Field
+
+from ..spec.common import Size
+from .base import LayerArgs, Op, OpResult, ParamDef, expect_float
+
+
+class MlpArgs(LayerArgs):
+    op: Literal["mlp"]
+    hidden: Size
+    activation: Literal["gelu", "relu", "silu", "swiglu"] = "gelu"
+    bias: Optional[bool] = Field(None, description="default: true, false for swiglu")
+
+
+class Mlp(Op):
+    kind = "mlp"
+    Args = MlpArgs
+    has_params = True
+
+    def infer(self, args, inputs, size, ctx):
+        (x,) = inputs
+        expect_float(x, "mlp")
+        d, h, emb = x.shape[-1], size("hidden"), x.axes[-1]
+        tokens = x.numel // d
+        if args.activation == "swiglu":
+            bias = bool(args.bias)
+            names = (("gate", (d, h), (emb, "mlp")), ("up", (d, h), (emb, "mlp")), ("down", (h, d), ("mlp", emb)))
+            flops = 2 * tokens * 3 * d * h + 4 * tokens * h
+        else:
+            bias = True if args.bias is None else args.bias
+            names = (("fc", (d, h), (emb, "mlp")), ("proj", (h, d), ("mlp", emb)))
+            flops = 2 * tokens * 2 * d * h + 8 * tokens * h
+        params: list[ParamDef] = []
+        for n, shape, axes in names:
+            params.append(ParamDef(f"{n}.weight", shape, axes))
+            if bias:
+                params.append(ParamDef(f"{n}.bias", (shape[1],), (axes[1],), init="zeros"))
+        return OpResult(x, tuple(params), {"dim": d, "hidden": h, "activation": args.activation, "bias": bias},
+                        flops=flops)

@@ -1,0 +1,79 @@
+"""Normalisations: layer_norm and rms_norm over the last dimension, batch_norm over channels (dim 1)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from .base import LayerArgs, Op, OpError, OpResult, ParamDef, expect_float
+
+
+class LayerNormArgs(LayerArgs):
+    op: Literal["layer_norm"]
+    eps: float = Field(1e-5, gt=0)
+    bias: bool = True
+
+
+class LayerNorm(Op):
+    kind = "layer_norm"
+    Args = LayerNormArgs
+    has_params = True
+
+    def infer(self, args, inputs, size, ctx):
+        (x,) = inputs
+        expect_float(x, "layer_norm")
+        d, ax = x.shape[-1], x.axes[-1]
+        params = (ParamDef("weight", (d,), (ax,), init="ones"),)
+        if args.bias:
+            params += (ParamDef("bias", (d,), (ax,), init="zeros"),)
+        return OpResult(x, params, {"dim": d, "eps": args.eps, "bias": args.bias}, flops=8 * x.numel)
+
+
+class RmsNormArgs(LayerArgs):
+    op: Literal["rms_norm"]
+    eps: float = Field(1e-6, gt=0)
+
+
+class RmsNorm(Op):
+    kind = "rms_norm"
+    Args = RmsNormArgs
+    has_params = True
+
+    def infer(self, args, inputs, size, ctx):
+        (x,) = inputs
+        expect_float(x, "rms_norm")
+        d, ax = x.shape[-1], x.axes[-1]
+        params = (ParamDef("weight", (d,), (ax,), init="ones"),)
+        return OpResult(x, params, {"dim": d, "eps": args.eps}, flops=5 * x.numel)
+
+
+class BatchNormArgs(LayerArgs):
+    op: Literal["batch_norm"]
+    eps: float = Field(1e-5, gt=0)
+    momentum: float = Field(0.1, gt=0, lt=1)
+
+
+class BatchNorm(Op):
+    """Normalises each channel over the batch (and spatial dims); statistics are over the *global* batch."""
+
+    kind = "batch_norm"
+    Args = BatchNormArgs
+    has_params = True
+
+    def infer(self, args, inputs, size, ctx):
+        (x,) = inputs
+        expect_float(x, "batch_norm")
+        if not x.shape:
+            raise OpError("E028", f"batch_norm needs a channel dimension, got {x.show()}", "input")
+        c, ax = x.shape[0], x.axes[0]
+        params = (
+            ParamDef("weight", (c,), (ax,), init="ones"),
+            ParamDef("bias", (c,), (ax,), init="zeros"),
+        )
+        buffers = (
+            ParamDef("running_mean", (c,), (ax,), init="zeros"),
+            ParamDef("running_var", (c,), (ax,), init="ones"),
+        )
+        attrs = {"channels": c, "eps": args.eps, "momentum": args.momentum, "spatial": len(x.shape) - 1}
+        return OpResult(x, params, attrs, flops=8 * x.numel, buffers=buffers)

@@ -1,0 +1,345 @@
+"""Loading: source text -> plain data plus a position for every node.
+
+YAML goes through PyYAML's composer (which keeps marks); TOML values come from `tomllib` and their
+positions from a small scanner that walks the same text. Both give a `Document`: the plain data and,
+for every path into it (a tuple of keys and list indices), where its key and its value stand in the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .diagnostics import Diagnostic, DiagnosticError, Position
+
+PathT = tuple[Any, ...]
+
+
+@dataclasses.dataclass
+class Document:
+    data: Any
+    file: str
+    text: str
+    values: dict[PathT, Position]  # where each node's value starts
+    keys: dict[PathT, Position]  # where the key of a mapping entry stands
+    sources: dict[str, str] = dataclasses.field(default_factory=dict)  # file -> text, for every file merged
+
+    def __post_init__(self) -> None:
+        self.sources.setdefault(self.file, self.text)
+
+    def pos(self, path: PathT, key: bool = False) -> Position:
+        """The position of `path` (of its key when `key`), or of its nearest located ancestor."""
+        table = self.keys if key else self.values
+        p = tuple(path)
+        while p:
+            if p in table:
+                return table[p]
+            if key and p in self.values:
+                return self.values[p]
+            p = p[:-1]
+        return self.values.get((), Position(self.file, 1, 1))
+
+
+def load_text(text: str, file: str) -> Document:
+    suffix = Path(file).suffix.lower()
+    if suffix == ".toml":
+        return _load_toml(text, file)
+    return _load_yaml(text, file)
+
+
+def load_file(path: str | Path) -> Document:
+    p = Path(path)
+    text = p.read_text(encoding="utf-8")
+    return load_text(text, str(path))
+
+
+# ---------------------------------------------------------------- YAML
+
+
+def _load_yaml(text: str, file: str) -> Document:
+    values: dict[PathT, Position] = {}
+    keys: dict[PathT, Position] = {}
+    errors: list[Diagnostic] = []
+    try:
+        loader = yaml.SafeLoader(text)
+        try:
+            node = loader.get_single_node()
+            if node is None:
+                data: Any = None
+                values[()] = Position(file, 1, 1)
+            else:
+                data = _yaml_node(loader, node, (), file, values, keys, errors)
+        finally:
+            loader.dispose()
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
+        msg = (e.problem or "invalid YAML").strip()
+        if e.context:
+            msg = f"{msg} ({e.context.strip()})"
+        raise DiagnosticError(
+            [
+                Diagnostic(
+                    "E001",
+                    f"YAML syntax error: {msg}",
+                    Position(file, line, col),
+                    help="check indentation (spaces, not tabs), brackets and quotes near this point",
+                )
+            ]
+        ) from None
+    except yaml.YAMLError as e:  # e.g. reader errors on control characters
+        raise DiagnosticError([Diagnostic("E001", f"YAML syntax error: {e}", Position(file, 1, 1))]) from None
+    if errors:
+        raise DiagnosticError(errors)
+    return Document(data, file, text, values, keys)
+
+
+def _mark(node: yaml.Node, file: str) -> Position:
+    return Position(file, node.start_mark.line + 1, node.start_mark.column + 1)
+
+
+def _yaml_node(loader, node, path, file, values, keys, errors, depth=0):
+    if depth > 100:
+        raise yaml.MarkedYAMLError(problem="nesting too deep", problem_mark=node.start_mark)
+    values[path] = _mark(node, file)
+    if isinstance(node, yaml.MappingNode):
+        loader.flatten_mapping(node)  # resolves `<<` merge keys
+        out: dict = {}
+        for knode, vnode in node.value:
+            if not isinstance(knode, yaml.ScalarNode):
+                raise yaml.MarkedYAMLError(problem="mapping keys must be plain scalars", problem_mark=knode.start_mark)
+            key = loader.construct_object(knode)
+            if not isinstance(key, str):
+                key = str(key).lower() if isinstance(key, bool) else str(key)
+            if key in out:
+                errors.append(
+                    Diagnostic(
+                        "E003",
+                        f"duplicate key `{key}`",
+                        _mark(knode, file),
+                        help=f"`{key}` is already defined at line {keys[path + (key,)].line}; keep one",
+                    )
+                )
+                continue
+            keys[path + (key,)] = _mark(knode, file)
+            out[key] = _yaml_node(loader, vnode, path + (key,), file, values, keys, errors, depth + 1)
+        return out
+    if isinstance(node, yaml.SequenceNode):
+        return [
+            _yaml_node(loader, item, path + (i,), file, values, keys, errors, depth + 1)
+            for i, item in enumerate(node.value)
+        ]
+    value = loader.construct_object(node)
+    # Dates and binary are not part of the spec language; keep them as text so validation reports a type error.
+    if not isinstance(value, (str, int, float, bool, type(None))):
+        value = str(value)
+    return value
+
+
+# ---------------------------------------------------------------- TOML
+
+_TOML_ERR = re.compile(r"\(at line (\d+), column (\d+)\)")
+_TOML_EOF = re.compile(r"\(at end of document\)")
+
+
+def _load_toml(text: str, file: str) -> Document:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        msg = str(e)
+        m = _TOML_ERR.search(msg)
+        if m:
+            line, col = int(m.group(1)), int(m.group(2))
+        elif _TOML_EOF.search(msg):
+            lines = text.splitlines() or [""]
+            line, col = len(lines), len(lines[-1]) + 1
+        else:
+            line, col = 1, 1
+        msg = _TOML_ERR.sub("", _TOML_EOF.sub("", msg)).strip()
+        dup = "Cannot overwrite a value" in msg or "Cannot declare" in msg
+        raise DiagnosticError(
+            [
+                Diagnostic(
+                    "E003" if dup else "E002",
+                    f"duplicate key: {msg}" if dup else f"TOML syntax error: {msg}",
+                    Position(file, line, col),
+                    help="a key or table may be defined only once"
+                    if dup
+                    else "check `key = value` syntax, string quotes and brackets near this point",
+                )
+            ]
+        ) from None
+    values: dict[PathT, Position] = {(): Position(file, 1, 1)}
+    keys: dict[PathT, Position] = {}
+    try:
+        _TomlScanner(text, file, values, keys).scan()
+    except Exception:  # positions are best effort: a scanner gap must never hide the real diagnostics
+        pass
+    return Document(data, file, text, values, keys)
+
+
+class _TomlScanner:
+    """Walks valid TOML text recording where each key and value starts (tomllib gives values only)."""
+
+    def __init__(self, text: str, file: str, values: dict, keys: dict):
+        self.s = text
+        self.i = 0
+        self.file = file
+        self.values = values
+        self.keys = keys
+        self.array_counts: dict[PathT, int] = {}
+        # line starts for offset -> (line, col)
+        self.starts = [0] + [m.end() for m in re.finditer(r"\n", text)]
+
+    def at(self, offset: int) -> Position:
+        import bisect
+
+        line = bisect.bisect_right(self.starts, offset)
+        return Position(self.file, line, offset - self.starts[line - 1] + 1)
+
+    # -- low level
+    def peek(self, n: int = 1) -> str:
+        return self.s[self.i : self.i + n]
+
+    def skip_ws(self, newlines: bool = False) -> None:
+        while self.i < len(self.s):
+            c = self.s[self.i]
+            if c in " \t" or (newlines and c in "\r\n"):
+                self.i += 1
+            elif c == "#":
+                while self.i < len(self.s) and self.s[self.i] != "\n":
+                    self.i += 1
+            else:
+                break
+
+    def read_key_part(self) -> str:
+        c = self.peek()
+        if c in "\"'":
+            return self.read_string()
+        m = re.compile(r"[A-Za-z0-9_-]+").match(self.s, self.i)
+        self.i = m.end()
+        return m.group(0)
+
+    def read_key(self) -> list[tuple[str, int]]:
+        parts = []
+        while True:
+            self.skip_ws()
+            start = self.i
+            parts.append((self.read_key_part(), start))
+            self.skip_ws()
+            if self.peek() == ".":
+                self.i += 1
+                continue
+            return parts
+
+    def read_string(self) -> str:
+        q3 = self.peek(3)
+        if q3 in ('"""', "'''"):
+            end = self.s.index(q3, self.i + 3)
+            while self.s[end + 3 : end + 4] == q3[0]:
+                end += 1
+            self.i = end + 3
+            return ""
+        q = self.peek()
+        j = self.i + 1
+        out = []
+        while self.s[j] != q:
+            if q == '"' and self.s[j] == "\\":
+                out.append(self.s[j : j + 2])
+                j += 2
+                continue
+            out.append(self.s[j])
+            j += 1
+        raw = "".join(out)
+        self.i = j + 1
+        if q == '"' and "\\" in raw:
+            return tomllib.loads(f'x = "{raw}"')["x"]
+        return raw
+
+    # -- structure
+    def scan(self) -> None:
+        table: PathT = ()
+        while True:
+            self.skip_ws(newlines=True)
+            if self.i >= len(self.s):
+                return
+            if self.peek(2) == "[[":
+                start = self.i
+                self.i += 2
+                base = tuple(k for k, _ in self.read_key())
+                self.i = self.s.index("]]", self.i) + 2
+                n = self.array_counts.get(base, 0)
+                self.array_counts[base] = n + 1
+                table = base + (n,)
+                self.keys.setdefault(base, self.at(start))
+                self.values.setdefault(base, self.at(start))
+                self.values[table] = self.at(start)
+            elif self.peek() == "[":
+                start = self.i
+                self.i += 1
+                parts = self.read_key()
+                self.i = self.s.index("]", self.i) + 1
+                table = self._resolve(tuple(k for k, _ in parts))
+                self.keys.setdefault(table, self.at(parts[-1][1]))
+                self.values.setdefault(table, self.at(start))
+            else:
+                self.key_value(table)
+
+    def _resolve(self, keys: PathT) -> PathT:
+        """A table header path, with array-of-tables segments pointing at their latest element."""
+        out: PathT = ()
+        for k in keys:
+            out = out + (k,)
+            if out in self.array_counts:
+                out = out + (self.array_counts[out] - 1,)
+        return out
+
+    def key_value(self, table: PathT) -> None:
+        parts = self.read_key()
+        path = table
+        for k, start in parts:
+            path = path + (k,)
+            self.keys.setdefault(path, self.at(start))
+        self.skip_ws()
+        assert self.peek() == "="
+        self.i += 1
+        self.skip_ws()
+        self.value(path)
+
+    def value(self, path: PathT) -> None:
+        self.values[path] = self.at(self.i)
+        c = self.peek()
+        if c in "\"'":
+            self.read_string()
+        elif c == "[":
+            self.i += 1
+            n = 0
+            while True:
+                self.skip_ws(newlines=True)
+                if self.peek() == "]":
+                    self.i += 1
+                    return
+                self.value(path + (n,))
+                n += 1
+                self.skip_ws(newlines=True)
+                if self.peek() == ",":
+                    self.i += 1
+        elif c == "{":
+            self.i += 1
+            while True:
+                self.skip_ws()
+                if self.peek() == "}":
+                    self.i += 1
+                    return
+                self.key_value(path)
+                self.skip_ws()
+                if self.peek() == ",":
+                    self.i += 1
+        else:
+            m = re.compile(r"[^,\]\}\s#]+( [0-9:.+\-Z]+)?").match(self.s, self.i)
+            self.i = m.end() if m else self.i + 1

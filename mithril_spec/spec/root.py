@@ -1,0 +1,28 @@
+"""The whole spec."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from pydantic import Field, PositiveInt, StrictInt
+
+from .common import Ident, Strict
+from .data import Data, Synthetic
+from .model import Model
+from .sharding import Mesh, Sharding
+from .training import Training
+
+
+class Spec(Strict):
+    version: StrictInt = Field(description="spec language version; always 1")
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100)
+    extends: Optional[str] = Field(None, description="base spec merged under this one (relative path)")
+    description: Optional[str] = None
+    dims: dict[Ident, StrictInt] = Field(default_factory=dict, description="named sizes")
+    model: Model
+    mesh: Optional[Mesh] = Field(None, description="axis -> size; axes: pipe, data, fsdp, expert, tensor")
+    meshes: Optional[dict[Ident, Mesh]] = Field(None, description="named meshes; the first is the default")
+    devices: Optional[PositiveInt] = Field(None, description="device count the mesh must use")
+    sharding: Sharding = Sharding()
+    training: Training
+    data: Data = Synthetic(kind="synthetic")

@@ -1,0 +1,285 @@
+"""Validation: plain data (with positions) -> typed `Spec`.
+
+Pydantic does the checking; this module turns its errors into diagnostics that point into the user's
+file, with a did-you-mean for unknown keys.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from typing import Any, Union
+
+import pydantic
+from pydantic import BaseModel
+
+from .diagnostics import Diagnostic, DiagnosticError, did_you_mean
+from .source import Document
+from .spec.root import Spec
+
+_TYPE_ERRORS = {
+    "int_type", "int_parsing", "float_type", "float_parsing", "string_type", "bool_type", "bool_parsing",
+    "dict_type", "list_type", "tuple_type", "model_type", "model_attributes_type", "int_from_float",
+    "dataclass_type", "is_instance_of", "none_required",
+}  # fmt: skip
+_SECTION_NAMES = {(): "the spec"}
+
+
+def validate(doc: Document) -> Spec:
+    data = doc.data
+    if not isinstance(data, dict):
+        raise DiagnosticError(
+            [
+                Diagnostic(
+                    "E005",
+                    f"a spec must be a mapping at the top level, got {_kind(data)}",
+                    doc.pos(()),
+                    help="start with `version: 1`, `name: ...`, `model: ...`",
+                )
+            ]
+        )
+    if "version" in data and data["version"] != 1:
+        raise DiagnosticError(
+            [
+                Diagnostic(
+                    "E014",
+                    f"unsupported spec version {data['version']!r}",
+                    doc.pos(("version",)),
+                    help="this mithril-spec reads `version: 1`",
+                )
+            ]
+        )
+    try:
+        return Spec.model_validate(data)
+    except pydantic.ValidationError as e:
+        raise DiagnosticError(_convert(e, doc)) from None
+
+
+def _convert(err: pydantic.ValidationError, doc: Document) -> list[Diagnostic]:
+    seen: set[tuple] = set()
+    out: list[Diagnostic] = []
+    for e in err.errors(include_url=False):
+        path = _real_path(e["loc"], doc.data)
+        d = _diagnostic(e, path, doc)
+        key = (path, d.code)
+        if key in seen or any(path[: len(p)] == p and c in ("E024",) for p, c in seen):
+            continue
+        # A union member error at a path whose parent already produced one is noise.
+        seen.add(key)
+        out.append(d)
+    # A path reported as wrong type shadows errors deeper inside it.
+    return [d for d in out]
+
+
+def _real_path(loc: tuple, data: Any) -> tuple:
+    """Pydantic's loc with union tags and validator names dropped: a path into the data."""
+    path: list = []
+    node = data
+    for item in loc:
+        if isinstance(node, dict) and item in node:
+            path.append(item)
+            node = node[item]
+        elif isinstance(node, list) and isinstance(item, int) and 0 <= item < len(node):
+            path.append(item)
+            node = node[item]
+        elif isinstance(node, dict) and isinstance(item, str) and not path_is_tag(item, node):
+            path.append(item)  # a missing or extra key
+            node = None
+    return tuple(path)
+
+
+def path_is_tag(item: str, node: dict) -> bool:
+    return item in ("repeat",) or item == node.get("op") or item == node.get("name") or item == node.get("kind") or (
+        "[" in item or "function" in item
+    )
+
+
+def _section(path: tuple) -> str:
+    keys = [str(p) if not isinstance(p, int) else f"[{p}]" for p in path]
+    return ".".join(keys).replace(".[", "[") if keys else "the spec"
+
+
+def _diagnostic(e: dict, path: tuple, doc: Document) -> Diagnostic:
+    typ = e["type"]
+    ctx = e.get("ctx") or {}
+    here = _section(path)
+    if typ == "extra_forbidden":
+        key = path[-1]
+        allowed = _allowed_keys(path[:-1], doc.data)
+        return Diagnostic(
+            "E010",
+            f"unknown key `{key}` in {_section(path[:-1])}",
+            doc.pos(path, key=True),
+            help=did_you_mean(str(key), allowed) if allowed else None,
+        )
+    if typ == "missing":
+        return Diagnostic(
+            "E011",
+            f"missing key `{path[-1]}` in {_section(path[:-1])}",
+            doc.pos(path[:-1], key=True),
+            help=f"add `{path[-1]}:` here",
+        )
+    if typ == "union_tag_invalid":
+        tag, expected = ctx.get("tag"), ctx.get("expected_tags", "")
+        choices = [t.strip().strip("'") for t in str(expected).split(",")]
+        node = _get(doc.data, path)
+        field = "op" if isinstance(node, dict) and "op" in node else _tag_field(node)
+        if field == "op" and "repeat" in choices:
+            choices = [c for c in choices if c != "repeat"]
+            return Diagnostic(
+                "E024",
+                f"unknown operator `{tag}`",
+                doc.pos(path + ("op",)),
+                help=did_you_mean(str(tag), choices) or "see docs/spec.md for the operators",
+            )
+        return Diagnostic(
+            "E013",
+            f"invalid {field} `{tag}` in {here}",
+            doc.pos(path + (field,)),
+            help=did_you_mean(str(tag), choices),
+        )
+    if typ == "union_tag_not_found":
+        disc = ctx.get("discriminator", "")
+        field = str(disc).strip("'") if disc and "function" not in str(disc) else "op"
+        return Diagnostic(
+            "E011",
+            f"missing key `{field}` in {here}",
+            doc.pos(path, key=True),
+            help="every layer names its operator with `op:` (or is a `repeat:` of a block)"
+            if field == "op"
+            else f"add `{field}:`",
+        )
+    value = _get(doc.data, path)
+    if typ in _TYPE_ERRORS:
+        return Diagnostic(
+            "E012",
+            f"wrong type for {here}: {e['msg'].replace('Input should be', 'expected')}, got {_kind(value)}",
+            doc.pos(path),
+            help=_type_help(typ),
+        )
+    if typ == "literal_error":
+        expected = ctx.get("expected", "")
+        choices = [c.strip().strip("'") for c in str(expected).replace(" or ", ",").split(",") if c.strip()]
+        return Diagnostic(
+            "E013",
+            f"invalid value {value!r} for {here}",
+            doc.pos(path),
+            help=did_you_mean(str(value), choices) if choices else None,
+        )
+    if typ == "string_pattern_mismatch":
+        return Diagnostic(
+            "E013",
+            f"invalid name {value!r} for {here}: names must be identifiers (letters, digits, _; not starting "
+            "with a digit)",
+            doc.pos(path),
+            help="names become Python identifiers in the generated program",
+        )
+    return Diagnostic(
+        "E013",
+        f"invalid value {value!r} for {here}: {e['msg']}",
+        doc.pos(path),
+        help=None,
+    )
+
+
+def _type_help(typ: str) -> str | None:
+    if typ.startswith("dict") or typ.startswith("model"):
+        return "this section is a mapping of `key: value` entries"
+    if typ.startswith("list") or typ.startswith("tuple"):
+        return "this value is a list, e.g. `[a, b]`"
+    if typ.startswith("string"):
+        return "quote the value if it is meant as text"
+    return None
+
+
+def _tag_field(node: Any) -> str:
+    if isinstance(node, dict):
+        for f in ("name", "kind", "op"):
+            if f in node:
+                return f
+    return "value"
+
+
+def _get(data: Any, path: tuple) -> Any:
+    node = data
+    for p in path:
+        try:
+            node = node[p]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return node
+
+
+def _kind(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return f"boolean `{str(v).lower()}`"
+    if isinstance(v, dict):
+        return "a mapping"
+    if isinstance(v, list):
+        return "a list"
+    if isinstance(v, str):
+        return f"string {v!r}"
+    return f"{type(v).__name__} `{v}`"
+
+
+# ---- the keys a section accepts, for did-you-mean
+
+
+def _allowed_keys(path: tuple, data: Any) -> list[str] | None:
+    tp: Any = Spec
+    node = data
+    for key in path:
+        tp = _unwrap(tp, node)
+        node = node[key] if isinstance(node, (dict, list)) else None
+        if isinstance(tp, type) and issubclass(tp, BaseModel):
+            field = tp.model_fields.get(key)
+            if field is None:
+                return None
+            tp = field.annotation
+        else:
+            origin = typing.get_origin(tp)
+            args = typing.get_args(tp)
+            if origin is dict:
+                tp = args[1]
+            elif origin is list:
+                tp = args[0]
+            else:
+                return None
+    tp = _unwrap(tp, node)
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        return list(tp.model_fields)
+    return None
+
+
+def _unwrap(tp: Any, node: Any) -> Any:
+    for _ in range(10):
+        origin = typing.get_origin(tp)
+        if origin is typing.Annotated:
+            tp = typing.get_args(tp)[0]
+        elif origin is Union or origin is types.UnionType:
+            members = [a for a in typing.get_args(tp) if a is not type(None)]
+            models = [_unwrap(m, node) for m in members]
+            models = [m for m in models if isinstance(m, type) and issubclass(m, BaseModel)]
+            tp = _pick(models, node) or (members[0] if len(members) == 1 else None)
+        else:
+            return tp
+    return tp
+
+
+def _pick(models: list[type[BaseModel]], node: Any) -> type[BaseModel] | None:
+    if not models:
+        return None
+    if isinstance(node, dict):
+        for m in models:
+            for fname, f in m.model_fields.items():
+                if typing.get_origin(f.annotation) is typing.Literal and node.get(fname) in typing.get_args(
+                    f.annotation
+                ):
+                    return m
+        if "repeat" in node:
+            for m in models:
+                if "repeat" in m.model_fields:
+                    return m
+    return models[0] if len(models) == 1 else None

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Creates .venv with mithril-spec and everything its generated programs and tests need (CPU only).
+# Idempotent: re-running only installs what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+# torch first, pinned: a bare `torch` requirement would pull the multi-GB CUDA build (see PLATFORM_NOTES).
+.venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/pip install -q "torch==2.13.0"
+.venv/bin/pip install -q -e ".[jax,torch,dev]"
