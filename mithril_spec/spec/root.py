@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Literal, Optional
 
 from pydantic import Field, PositiveInt, StrictInt
 
@@ -18,6 +18,9 @@ class Spec(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100)
     extends: Optional[str] = Field(None, description="base spec merged under this one (relative path)")
     description: Optional[str] = None
+    targets: list[Literal["jax", "torch"]] = Field(
+        default_factory=lambda: ["jax", "torch"], min_length=1, description="targets this spec is built for"
+    )
     dims: dict[Ident, StrictInt] = Field(default_factory=dict, description="named sizes")
     model: Model
     mesh: Optional[Mesh] = Field(None, description="axis -> size; axes: pipe, data, fsdp, expert, tensor")
