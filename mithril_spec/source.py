@@ -161,12 +161,14 @@ def _load_toml(text: str, file: str) -> Document:
         else:
             line, col = 1, 1
         msg = _TOML_ERR.sub("", _TOML_EOF.sub("", msg)).strip()
-        dup = "Cannot overwrite a value" in msg or "Cannot declare" in msg
+        dup = "Cannot overwrite a value" in msg or "Cannot declare" in msg or "Duplicate inline table key" in msg
+        if dup:
+            line, col, msg = _toml_duplicate(text, line, col, msg)
         raise DiagnosticError(
             [
                 Diagnostic(
                     "E003" if dup else "E002",
-                    f"duplicate key: {msg}" if dup else f"TOML syntax error: {msg}",
+                    msg if dup else f"TOML syntax error: {msg}",
                     Position(file, line, col),
                     help="a key or table may be defined only once"
                     if dup
@@ -181,6 +183,36 @@ def _load_toml(text: str, file: str) -> Document:
     except Exception:  # positions are best effort: a scanner gap must never hide the real diagnostics
         pass
     return Document(data, file, text, values, keys)
+
+
+_TOML_KEYVAL = re.compile(r"\s*(\[|[A-Za-z0-9_\-\"'][^=\n]*=)")
+
+
+def _toml_duplicate(text: str, line: int, col: int, msg: str) -> tuple[int, int, str]:
+    """tomllib reports a duplicate where it stopped (after the value); point at the duplicate key instead."""
+    lines = text.splitlines()
+    if not 1 <= line <= len(lines):
+        return line, col, f"duplicate key: {msg}"
+    m = re.search(r"Duplicate inline table key '(.*)'", msg)
+    if m:
+        key = m.group(1)
+        here = lines[line - 1][: max(col - 1, 0)]
+        hits = list(re.finditer(r"(?<![\w-])[\"']?" + re.escape(key) + r"[\"']?\s*=", here))
+        if hits:
+            col = hits[-1].start() + 1
+        return line, col, f"duplicate key `{key}` in an inline table"
+    m = re.search(r"Cannot declare \((.*)\) twice", msg)
+    if m:
+        src = lines[line - 1]
+        name = ".".join(p.strip().strip("'\"") for p in m.group(1).split(",") if p.strip())
+        return line, len(src) - len(src.lstrip()) + 1, f"duplicate key: table `[{name}]` is declared twice"
+    for i in range(line, 0, -1):
+        src = lines[i - 1]
+        if _TOML_KEYVAL.match(src):
+            start = len(src) - len(src.lstrip())
+            key = src.strip().split("=")[0].strip() if not src.lstrip().startswith("[") else src.strip()
+            return i, start + 1, f"duplicate key: `{key}` is already defined"
+    return line, col, f"duplicate key: {msg}"
 
 
 class _TomlScanner:

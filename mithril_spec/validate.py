@@ -134,13 +134,13 @@ def _diagnostic(e: dict, path: tuple, doc: Document) -> Diagnostic:
             )
         return Diagnostic(
             "E013",
-            f"invalid {field} `{tag}` in {here}",
+            f"invalid value {tag!r} for {_section(path + (field,))}",
             doc.pos(path + (field,)),
             help=did_you_mean(str(tag), choices),
         )
     if typ == "union_tag_not_found":
         disc = ctx.get("discriminator", "")
-        field = str(disc).strip("'") if disc and "function" not in str(disc) else "op"
+        field = str(disc).strip("'") if disc and "function" not in str(disc) and "(" not in str(disc) else "op"
         return Diagnostic(
             "E011",
             f"missing key `{field}` in {here}",
@@ -176,7 +176,7 @@ def _diagnostic(e: dict, path: tuple, doc: Document) -> Diagnostic:
         )
     return Diagnostic(
         "E013",
-        f"invalid value {value!r} for {here}: {e['msg']}",
+        f"invalid value {value!r} for {here}: {e['msg'].removeprefix('Value error, ')}",
         doc.pos(path),
         help=None,
     )

@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import keyword
 from typing import Annotated, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 IDENT_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 
+
+
+def _not_keyword(name: str) -> str:
+    if keyword.iskeyword(name) or keyword.issoftkeyword(name):
+        raise ValueError(f"`{name}` is a Python keyword and cannot name anything in the generated program")
+    return name
+
+
 # A name that becomes a Python identifier in generated code (layer, block, input, dim names).
-Ident = Annotated[str, Field(pattern=IDENT_PATTERN, max_length=64)]
+Ident = Annotated[str, Field(pattern=IDENT_PATTERN, max_length=64), AfterValidator(_not_keyword)]
 
 # A size: a positive integer, a dim name, or arithmetic on dims (`4*d`, `d/heads`).
 Size = Annotated[

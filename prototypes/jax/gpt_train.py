@@ -26,7 +26,11 @@ import sys
 import time
 import zlib
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 # ----------------------------------------------------------------------------
 # CONFIG (what the compiler fills in from the spec)
@@ -54,8 +58,9 @@ AXIS_RULES = {
 }
 
 # ----------------------------------------------------------------------------
-# Command line and process set-up. All of this runs before JAX touches a device,
-# because the CPU device count and the distributed runtime can only be set then.
+# Command line and process set-up. Importing jax is fine, but setup_jax must run
+# before anything touches a device: the CPU device count and the distributed
+# runtime can only be configured before the backend initialises.
 # ----------------------------------------------------------------------------
 
 
@@ -97,13 +102,8 @@ def parse_mesh(text):
     return tuple(sizes[a] for a in MESH_AXES)
 
 
-args = parse_args() if __name__ == "__main__" else None
-
-
 def setup_jax(mesh_shape, num_processes, process_id, coordinator):
     """Configure devices / distributed runtime; must run before any JAX computation."""
-    import jax
-
     mesh_size = math.prod(mesh_shape)
     if mesh_size % num_processes:
         die(f"mesh size {mesh_size} is not divisible by {num_processes} processes")
@@ -124,18 +124,7 @@ def setup_jax(mesh_shape, num_processes, process_id, coordinator):
     if jax.device_count() != mesh_size:
         die(f"--mesh needs {mesh_size} devices ({num_processes} process(es) x {mesh_size // num_processes}), "
             f"but {jax.device_count()} are visible ({jax.process_count()} process(es) x {jax.local_device_count()})")
-    return jax
 
-
-if args is not None:
-    MESH_SHAPE = parse_mesh(args.mesh)
-    jax = setup_jax(MESH_SHAPE, args.num_processes, args.process_id, args.coordinator)
-else:  # imported as a module (tests): the caller has set JAX up
-    import jax
-
-import jax.numpy as jnp  # noqa: E402
-import optax  # noqa: E402
-from jax.sharding import AxisType, NamedSharding, PartitionSpec as P  # noqa: E402
 
 # ----------------------------------------------------------------------------
 # Parameters: canonical names, shapes, logical axes, init. One table drives
@@ -542,10 +531,12 @@ def dry_run(mesh, table, param_shardings, params_abstract, opt_abstract, opt_sha
 
 
 def main(args):
+    mesh_shape = parse_mesh(args.mesh)
+    setup_jax(mesh_shape, args.num_processes, args.process_id, args.coordinator)  # before any device use
     cfg, tc = MODEL, dict(TRAIN)
     B, A = tc["global_batch"], args.grad_accum
     is_main = jax.process_index() == 0
-    mesh = jax.make_mesh(MESH_SHAPE, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
+    mesh = jax.make_mesh(mesh_shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
     dp = mesh.shape["data"] * mesh.shape["fsdp"]
     if B % A or (B // A) % dp:
         die(f"global batch {B} / grad_accum {A} must be divisible by data*fsdp = {dp}")
@@ -619,6 +610,6 @@ def main(args):
 
 
 if __name__ == "__main__":
-    main(args)
+    main(parse_args())
     if jax.process_count() > 1:
         jax.distributed.shutdown()

@@ -332,7 +332,9 @@ def setup_parallel(model, sizes, device, compute_dtype):
 
         # process_group rather than device_mesh=mesh["data"]: a sliced mesh makes DDP run its
         # TP workaround (_pre_dp_module_transform), which we do not want here
-        return DDP(model, process_group=mesh.get_group("data")), mesh, "ddp", None
+        # gradient_as_bucket_view: grads live in the all-reduce buckets, not in a second copy
+        ddp = DDP(model, process_group=mesh.get_group("data"), gradient_as_bucket_view=True)
+        return ddp, mesh, "ddp", None
     return model, mesh, "tp" if Tp > 1 else "none", None
 
 

@@ -1,0 +1,122 @@
+"""What each target can express. A plan a target cannot run is a diagnostic (E049) at build time, naming
+what the target supports, never a crash inside the generated program."""
+
+from __future__ import annotations
+
+from ..diagnostics import Diagnostic
+from ..graph import Node, RepeatNode
+from ..source import Document
+from .plan import Plan
+
+ELEMENTWISE = {"relu", "gelu", "silu", "tanh", "sigmoid", "dropout"}
+
+# Attribute and method names of torch.nn.Module: a layer with one of these names would be shadowed.
+TORCH_MODULE_ATTRS = {
+    "add_module", "apply", "bfloat16", "buffers", "children", "compile", "cpu", "cuda", "double", "dump_patches",
+    "eval", "extra_repr", "float", "forward", "get_buffer", "get_extra_state", "get_parameter", "get_submodule",
+    "half", "ipu", "load_state_dict", "modules", "mtia", "named_buffers", "named_children", "named_modules",
+    "named_parameters", "parameters", "register_backward_hook", "register_buffer", "register_forward_hook",
+    "register_forward_pre_hook", "register_full_backward_hook", "register_full_backward_pre_hook",
+    "register_load_state_dict_post_hook", "register_load_state_dict_pre_hook", "register_module",
+    "register_parameter", "register_state_dict_post_hook", "register_state_dict_pre_hook", "requires_grad_",
+    "set_extra_state", "set_submodule", "share_memory", "state_dict", "to", "to_empty", "train", "training",
+    "type", "xpu", "zero_grad", "call_super_init", "T_destination",
+}  # fmt: skip
+
+SUPPORTED = {"jax": ("data", "fsdp", "tensor"), "torch": ("data", "fsdp", "tensor")}
+
+
+def tensor_dims(plan: Plan, name: str) -> tuple[int, ...]:
+    """The dimensions of parameter `name` that are split over the tensor axis."""
+    p = plan.param(name)
+    return tuple(i for i, d in enumerate(p.spec) if "tensor" in d)
+
+
+def linear_style(plan: Plan, weight: str) -> str:
+    """colwise (output features split), rowwise (input features split) or replicate, for [in, out] weights."""
+    dims = tensor_dims(plan, weight)
+    return "colwise" if dims == (1,) else "rowwise" if dims == (0,) else "replicate" if not dims else "both"
+
+
+def check_target(plan: Plan, doc: Document, target: str) -> list[Diagnostic]:
+    out: list[Diagnostic] = []
+    for axis in plan.mesh.axes:
+        if axis not in SUPPORTED[target]:
+            out.append(Diagnostic(
+                "E049", f"the {target} target does not support the `{axis}` mesh axis yet", doc.pos(plan.mesh.source),
+                help=f"supported axes: {', '.join(SUPPORTED[target])}"))
+    if target == "torch":
+        out += _torch(plan, doc)
+    return out
+
+
+def _scopes(plan: Plan):
+    """(prefix of the first copy, nodes) for the top level and each repeated block (first copy suffices)."""
+    yield "", [n for n in plan.graph.layers]
+    for n in plan.graph.layers:
+        if isinstance(n, RepeatNode):
+            yield f"{n.name}.0.", list(n.layers)
+
+
+def _torch(plan: Plan, doc: Document) -> list[Diagnostic]:
+    out: list[Diagnostic] = []
+    tp = plan.mesh.sizes["tensor"] > 1
+    dp = plan.dp_degree > 1
+
+    def err(node, msg, help=None):
+        out.append(Diagnostic("E049", msg, doc.pos(node.path + ("name",)), help=help))
+
+    for prefix, nodes in _scopes(plan):
+        for i, node in enumerate(nodes):
+            if node.name in TORCH_MODULE_ATTRS:
+                err(node, f"layer name `{node.name}` clashes with torch.nn.Module.{node.name}",
+                    help="rename the layer (names are shared by every target)")
+            if not isinstance(node, Node):
+                continue
+            name = prefix + node.name
+            if node.op == "batch_norm" and dp:
+                err(node, f"`{node.name}`: batch_norm under data parallelism would use per-rank statistics in "
+                    "PyTorch, not the global batch's", help="use layer_norm or rms_norm, or a single data shard")
+            if not tp or not node.params:
+                continue
+            styles = {p.name: tensor_dims(plan, f"{name}.{p.name}") for p in node.params}
+            if node.op == "linear":
+                style = linear_style(plan, f"{name}.weight")
+                if style == "both":
+                    err(node, f"`{node.name}`: a linear layer split on both dimensions over `tensor`")
+                elif style == "colwise" and _neighbour(plan, prefix, nodes, i, +1) != "rowwise":
+                    err(node, f"`{node.name}` is column-parallel (output features over `tensor`) but is not "
+                        "followed by a row-parallel linear layer",
+                        help="PyTorch tensor parallelism pairs a column-parallel linear with a row-parallel one, "
+                        "with only element-wise activations between")
+                elif style == "rowwise" and _neighbour(plan, prefix, nodes, i, -1) != "colwise":
+                    err(node, f"`{node.name}` is row-parallel (input features over `tensor`) but does not follow "
+                        "a column-parallel linear layer",
+                        help="shard the previous linear layer's output features with the same mesh axis")
+            elif node.op in ("attention", "mlp"):
+                first = [d for n, d in styles.items() if n.split(".")[0] in ("q", "k", "v", "fc", "gate", "up")
+                         and n.endswith("weight")]
+                last = [d for n, d in styles.items() if n.split(".")[0] in ("o", "proj", "down")
+                        and n.endswith("weight")]
+                ok = (all(d == (1,) for d in first) and all(d == (0,) for d in last)) or (
+                    all(not d for d in first + last))
+                if not ok:
+                    err(node, f"`{node.name}`: PyTorch tensor parallelism needs every input projection split on "
+                        "its output features and the output projection on its input features (or none split)",
+                        help="shard `heads`/`kv_heads` (attention) or `mlp` (mlp) over `tensor` together")
+            elif any(styles.values()):
+                err(node, f"`{node.name}`: the torch target cannot split a {node.op} layer over `tensor`",
+                    help="tensor parallelism applies to linear, attention and mlp layers in the torch target")
+    return out
+
+
+def _neighbour(plan: Plan, prefix: str, nodes: list, i: int, step: int) -> str | None:
+    j = i + step
+    while 0 <= j < len(nodes):
+        n = nodes[j]
+        if isinstance(n, Node) and n.op == "linear" and n.attrs.get("tie") is None:
+            return linear_style(plan, f"{prefix}{n.name}.weight")
+        if not (isinstance(n, Node) and n.op in ELEMENTWISE):
+            return None
+        j += step
+    return None

@@ -1,0 +1,194 @@
+"""Plan -> the template context: plain, JSON-able data that the Jinja templates of every target read.
+
+Everything the generated program needs is decided here (names, layouts, hyper-parameters), so templates
+only arrange it. The context is documented by example in docs/render-context.md
+(`mithril-spec build ... --emit-context` prints it).
+"""
+
+from __future__ import annotations
+
+import keyword
+from typing import Any
+
+from .. import __version__
+from ..graph import Node, RepeatNode
+from ..planner.plan import Plan
+from ..planner.targets import linear_style, tensor_dims
+
+# Local variable names the templates use themselves; tensor variables that would shadow them get a `_`.
+RESERVED = {
+    "np", "jax", "jnp", "lax", "optax", "ocp", "torch", "nn", "F", "dist", "math", "os", "sys", "json", "time",
+    "self", "params", "p", "x", "cfg", "batch", "mesh", "model", "args", "loss", "logits", "step", "state",
+    "opt_state", "rng", "prefix", "i", "h", "inputs", "compute_dtype", "remat", "out", "mask", "q", "k", "v",
+}  # fmt: skip
+
+
+def var(name: str) -> str:
+    """A safe Python variable for a tensor name (names are validated identifiers already)."""
+    if not name.isidentifier() or keyword.iskeyword(name):
+        raise ValueError(f"not an identifier: {name!r}")  # unreachable for validated specs
+    return f"{name}_" if name in RESERVED else name
+
+
+def class_name(name: str) -> str:
+    return "".join(part[:1].upper() + part[1:] for part in name.replace("-", "_").split("_") if part) or "Block"
+
+
+def _pspec(spec) -> list:
+    return [list(d) if d else None for d in spec]
+
+
+def _layer(node: Node | RepeatNode) -> dict[str, Any]:
+    if isinstance(node, RepeatNode):
+        return {
+            "name": node.name,
+            "var": var(node.name),
+            "op": "repeat",
+            "block": node.block,
+            "class_name": class_name(node.block),
+            "count": node.count,
+            "inputs": list(node.inputs),
+            "input_vars": [var(i) for i in node.inputs],
+            "out_shape": list(node.out.shape),
+        }
+    return {
+        "name": node.name,
+        "var": var(node.name),
+        "op": node.op,
+        "inputs": list(node.inputs),
+        "input_vars": [var(i) for i in node.inputs],
+        "in_shapes": [list(t.shape) for t in node.in_types],
+        "out_shape": list(node.out.shape),
+        "attrs": dict(node.attrs),
+        "params": [p.name for p in node.params],
+        "buffers": [b.name for b in node.buffers],
+        "stage": node.stage,
+    }
+
+
+TRANSPOSED_OPS = ("linear", "attention", "mlp")  # their 2-D weights are [in, out]; nn.Linear stores [out, in]
+
+
+def _tp_styles(plan: Plan, prefix: str, node: Node) -> dict[str, str]:
+    """Tensor-parallel style per sub-module of a layer: colwise / rowwise (PyTorch's parallelize_module)."""
+    out = {}
+    for p in node.params:
+        if not p.name.endswith("weight"):
+            continue
+        module = p.name[: -len(".weight")] if "." in p.name else ""
+        full = f"{prefix}{node.name}.{p.name}"
+        if node.op == "embedding":
+            dims = tensor_dims(plan, full)
+            style = "rowwise" if dims == (0,) else "colwise" if dims == (1,) else "replicate"
+        else:
+            style = linear_style(plan, full)
+        if style != "replicate":
+            out[(node.name + "." + module) if module else node.name] = style
+    return out
+
+
+def make_context(plan: Plan, target: str, spec_file: str) -> dict[str, Any]:
+    spec, graph, mesh = plan.spec, plan.graph, plan.mesh
+    tr = spec.training
+    blocks: dict[str, dict[str, Any]] = {}
+    for node in graph.layers:
+        if isinstance(node, RepeatNode) and node.block not in blocks:
+            blocks[node.block] = {
+                "name": node.block,
+                "class_name": class_name(node.block),
+                "layers": [_layer(n) for n in node.layers],
+                "output": node.layers[-1].name,
+                "output_var": var(node.layers[-1].name),
+            }
+    tp: dict[str, str] = {}
+    block_tp: dict[str, dict[str, str]] = {}
+    for node in graph.layers:
+        if isinstance(node, RepeatNode):
+            styles: dict[str, str] = {}
+            for inner in node.layers:
+                styles.update(_tp_styles(plan, f"{node.name}.0.", inner))
+            block_tp.setdefault(node.block, styles)
+        else:
+            tp.update(_tp_styles(plan, "", node))
+    for b in blocks.values():
+        b["tp"] = block_tp.get(b["name"], {})
+    layer_op = {}
+    for node in graph.layers:
+        for inner in (node.layers if isinstance(node, RepeatNode) else (node,)):
+            layer_op[inner.name] = inner.op
+    first_seq = next((i.input.type.shape[0] for i in plan.inputs if i.input.type.is_int and i.input.type.shape),
+                     None)
+    opt = tr.optimizer.model_dump()
+    return {
+        "mithril_version": __version__,
+        "target": target,
+        "spec_name": spec.name,
+        "spec_file": spec_file,
+        "mesh": {
+            "name": mesh.name,
+            "axes": [[a, mesh.sizes[a]] for a in mesh.axes],
+            "devices": mesh.devices,
+            "sizes": dict(mesh.sizes),
+        },
+        "batch_axes": list(plan.batch_axes),
+        "dp_degree": plan.dp_degree,
+        "inputs": [
+            {
+                "name": i.input.name,
+                "var": var(i.input.name),
+                "shape": list(i.input.type.shape),
+                "dtype": i.input.type.dtype,
+                "is_int": i.input.type.is_int,
+                "high": i.input.high,
+                "layout": _pspec(i.spec),
+                "local_batch": i.local_batch,
+            }
+            for i in plan.inputs
+        ],
+        "model_class": "Model",
+        "tp": tp,
+        "blocks": list(blocks.values()),
+        "layers": [_layer(n) for n in graph.layers],
+        "loss": {"op": graph.loss.op, "prediction": graph.loss.prediction, "prediction_var": var(graph.loss.prediction),
+                 "targets": graph.loss.targets, "targets_var": var(graph.loss.targets)},
+        "params": [
+            {
+                "name": p.name,
+                "shape": list(p.param.shape),
+                "axes": list(p.param.axes),
+                "layout": _pspec(p.spec),
+                "local_shape": list(p.local_shape),
+                "init": p.param.init,
+                "std": p.param.std,
+                "decay": p.decay,
+                "layer": p.param.layer,
+                # nn.Linear keeps [out, in]: the torch program transposes at the npz boundary
+                "transpose": len(p.param.shape) == 2 and p.name.endswith("weight")
+                and layer_op.get(p.param.layer.split(".")[-1]) in TRANSPOSED_OPS,
+                "fsdp_dim": next((i for i, d in enumerate(p.spec) if "fsdp" in d), None),
+            }
+            for p in plan.params
+        ],
+        "buffers": [
+            {"name": b.name, "shape": list(b.param.shape), "layout": _pspec(b.spec), "init": b.param.init,
+             "layer": b.param.layer}
+            for b in plan.buffers
+        ],
+        "param_count": plan.param_count,
+        "memory": {"params": plan.memory.params, "grads": plan.memory.grads, "optimizer": plan.memory.optimizer},
+        "training": {
+            "batch_size": tr.batch_size,
+            "grad_accum": tr.grad_accum,
+            "micro_batch": plan.micro_batch,
+            "steps": tr.steps,
+            "optimizer": opt,
+            "schedule": tr.schedule.model_dump(),
+            "clip_grad_norm": tr.clip_grad_norm,
+            "precision": tr.precision.model_dump(),
+            "remat": tr.remat,
+            "seed": tr.seed,
+            "checkpoint": tr.checkpoint.model_dump() if tr.checkpoint else None,
+        },
+        "data": spec.data.model_dump(),
+        "seq_len": first_seq,
+    }

@@ -1,0 +1,65 @@
+"""The Jinja environment shared by every target: strict undefined names, and the filters that keep spec
+text from reaching generated code unescaped."""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+_PKG = Path(__file__).resolve().parent.parent
+
+
+def template_dirs() -> list[Path]:
+    """Inside an installed wheel templates live in the package; in a checkout at the repository root."""
+    return [d for d in (_PKG / "templates", _PKG.parent / "templates") if d.is_dir()]
+
+
+def py(value: Any) -> str:
+    """A Python literal for a plain value (repr-escaped; floats round-trip exactly)."""
+    if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
+        return repr(value)
+    if isinstance(value, float):
+        if math.isinf(value) or math.isnan(value):
+            return f'float("{value}")'
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        inner = ", ".join(py(v) for v in value)
+        return f"({inner},)" if isinstance(value, tuple) and len(value) == 1 else (
+            f"({inner})" if isinstance(value, tuple) else f"[{inner}]")
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{py(k)}: {py(v)}" for k, v in value.items()) + "}"
+    raise TypeError(f"cannot render {type(value).__name__} as a Python literal")
+
+
+def ident(value: Any) -> str:
+    """Asserts an identifier (names are validated upstream; this is the last line of defence)."""
+    if not isinstance(value, str) or not value.isidentifier():
+        raise ValueError(f"not an identifier: {value!r}")
+    return value
+
+
+def shell(value: Any) -> str:
+    """A single-quoted shell word."""
+    return "'" + str(value).replace("'", "'\"'\"'") + "'"
+
+
+@functools.lru_cache(maxsize=1)
+def environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader([str(d) for d in template_dirs()]),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["py"] = py
+    env.filters["ident"] = ident
+    env.filters["shell"] = shell
+    env.filters["json"] = lambda v: json.dumps(v, sort_keys=True)
+    return env
