@@ -169,6 +169,36 @@ CATALOG: dict[str, tuple[str, str]] = {
         "The chosen target (jax or torch) cannot run this layout, e.g. PyTorch tensor parallelism needs "
         "column-parallel layers followed by row-parallel layers. The message says what the target supports.",
     ),
+    # ---- pipeline and experts
+    "E051": (
+        "too few micro-batches for the pipeline schedule",
+        "1F1B and interleaved schedules need at least as many micro-batches as pipeline stages (interleaved: "
+        "a multiple of the pipe size); with fewer, ranks wait on each other forever after launch (the "
+        "hang torchtitan users meet). GPipe accepts any number but idles (p-1)/(m+p-1) of the time.",
+    ),
+    "E052": (
+        "batch not divisible into pipeline micro-batches",
+        "Each optimizer step's micro-batch (batch_size / grad_accum) is split into `pipeline.microbatches` "
+        "pieces, each then split over the data-parallel degree: the product must divide it.",
+    ),
+    "E053": (
+        "layers cannot be split into the pipeline stages asked for",
+        "Without explicit `stage:` fields, a repeated block is split evenly into pipe x virtual_stages "
+        "stages: its repeat count must be divisible by that number (and a model needs a repeat to split).",
+    ),
+    "E054": (
+        "pipeline stages out of order or not contiguous",
+        "Explicit `stage:` values must not decrease along the layer list, must start at 0 and cover every "
+        "stage up to pipe x virtual_stages - 1 without gaps.",
+    ),
+    "E055": (
+        "experts not divisible by the expert axis",
+        "An moe layer's experts are split evenly over the `expert` mesh axis: its size must divide them.",
+    ),
+    "E056": (
+        "top_k larger than the number of experts",
+        "Each token goes to top_k distinct experts, so top_k cannot exceed `experts`.",
+    ),
     # ---- warnings
     "W001": (
         "large parameter fully replicated",

@@ -166,6 +166,7 @@ class _Resolver:
         self.diags: list[Diagnostic] = []
         self.dims = dict(spec.dims)
         self.top: dict[str, Node] = {}  # resolved top-level layers, for ties
+        self.failed: set[str] = set()  # inputs and layers that could not be resolved (already reported)
 
     def error(self, code: str, message: str, path: tuple, help: str | None = None, key: bool = False) -> None:
         self.diags.append(Diagnostic(code, message, self.doc.pos(path, key=key), help=help))
@@ -187,10 +188,11 @@ class _Resolver:
             prefix="",
         )
         loss = self.loss(env, used, layers)
-        self.dangling(produced, used, keep=loss.prediction if loss else None)
+        if not self.diags:  # unused tensors are only meaningful in a graph that resolved completely
+            self.dangling(produced, used, keep=loss.prediction if loss else None)
         # Every input must be used by a layer or by the loss.
         for inp in inputs:
-            if inp.name not in used:
+            if inp.name not in used and not self.diags:
                 self.error(
                     "E027",
                     f"model input `{inp.name}` is never used",
@@ -213,6 +215,7 @@ class _Resolver:
             if not shape or shape[0] != "batch":
                 self.error("E013", f"input `{name}` must have `batch` as its first dimension", path + ("shape",),
                            help="e.g. shape: [batch, seq]")
+                self.failed.add(name)
                 continue
             dims, axes = [], []
             ok = True
@@ -234,6 +237,8 @@ class _Resolver:
                     axes = list(inp.axes[1:])
             if ok:
                 out.append(InputNode(name, TensorType(tuple(dims), tuple(axes), inp.dtype), path))
+            else:
+                self.failed.add(name)
         return out
 
     # -- a scope: the top-level layer list or one block
@@ -242,6 +247,7 @@ class _Resolver:
         nodes: list[Union[Node, RepeatNode]] = []
         used: set[str] = set()
         produced: dict[str, tuple] = {}
+        failed: set[str] = set() if in_block else self.failed  # the top level also sees failed inputs
         later = {self._name(layer, i) for i, layer in enumerate(layers)}
         prev = first
         for i, layer in enumerate(layers):
@@ -252,7 +258,9 @@ class _Resolver:
                            help="layer names must be unique in their scope and differ from the model inputs")
                 continue
             refs = self.references(layer, lpath, prev)
-            if refs is None:
+            if refs is None or any(ref in failed for ref, _ in refs):
+                # An earlier error broke what this layer reads; that error was reported where it happened.
+                failed.add(name)
                 prev = None
                 continue
             types = []
@@ -271,11 +279,13 @@ class _Resolver:
                     self.error("E022", f"undefined tensor `{ref}`", rpath,
                                help=did_you_mean(ref, choices) or "name a model input or an earlier layer")
             if len(types) != len(refs):
+                failed.add(name)
                 prev = None
                 continue
             node = self.repeat(layer, lpath, name, refs, types, in_block) if isinstance(layer, Repeat) else (
                 self.op(layer, lpath, name, refs, types, prefix))
             if node is None:
+                failed.add(name)
                 prev = None
                 continue
             nodes.append(node)
@@ -384,7 +394,7 @@ class _Resolver:
         pred = getattr(loss, pred_field) or (layers[-1].name if layers else None)
         ok = True
         for ref, field in ((pred, pred_field), (loss.targets, "targets")):
-            if ref is None:
+            if ref is None or (ref not in env and ref in self.failed):
                 return None
             if ref not in env:
                 self.error("E022", f"undefined tensor `{ref}` in the loss", path + (field,),

@@ -10,13 +10,14 @@ from .embedding import Embedding, PosEmbedding
 from .linear import Linear
 from .loss import CrossEntropy, Mse
 from .mlp import Mlp
+from .moe import Moe
 from .norm import BatchNorm, LayerNorm, RmsNorm
 from .reshape import Flatten, Reshape
 
 _ALL: list[type[Op]] = [
     Linear, Relu, Gelu, Silu, Tanh, Sigmoid, Softmax, Dropout, Add, Mul, Reshape, Flatten,
     Conv2d, MaxPool2d, AvgPool2d, BatchNorm, LayerNorm, RmsNorm, Embedding, PosEmbedding,
-    Attention, Mlp,
+    Attention, Mlp, Moe,
 ]  # fmt: skip
 
 OPS: dict[str, Op] = {cls.kind: cls() for cls in _ALL}

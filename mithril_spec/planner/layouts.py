@@ -27,6 +27,7 @@ from .mesh import Mesh
 
 PSpec = tuple[tuple[str, ...], ...]
 DEFAULT_BATCH_AXES = ("data", "fsdp", "expert")
+DEFAULT_RULES = {"experts": ("expert",)}  # rules that apply unless the spec gives its own
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +38,8 @@ class Rules:
     def mesh_axes(self, logical: Optional[str], mesh: Mesh) -> tuple[str, ...]:
         if logical is None:
             return ()
-        return tuple(a for a in self.table.get(logical, ()) if mesh.sizes.get(a, 1) > 1)
+        axes = self.table.get(logical, DEFAULT_RULES.get(logical, ()))
+        return tuple(a for a in axes if mesh.sizes.get(a, 1) > 1)
 
 
 def _as_axes(v) -> tuple[str, ...]:

@@ -12,6 +12,7 @@ from ..source import Document
 from ..spec.root import Spec
 from .layouts import Layout, batch_axes, check_layout, local_shape, param_layouts, read_rules
 from .mesh import Mesh, select_mesh
+from .pipeline import PipelinePlan, plan_pipeline
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int32": 4, "int64": 8}
 REPLICATED_WARN_NUMEL = 1 << 20
@@ -24,6 +25,7 @@ class ParamPlan:
     spec: tuple[tuple[str, ...], ...]  # partition spec
     local_shape: tuple[int, ...]
     dtype: str
+    stage: int = 0  # pipeline stage that holds it
 
     @property
     def name(self) -> str:
@@ -76,6 +78,7 @@ class Plan:
     micro_batch: int  # global samples per micro-batch
     memory: Memory
     warnings: tuple[Diagnostic, ...]
+    pipeline: Optional[PipelinePlan] = None
 
     @property
     def param_count(self) -> int:
@@ -101,18 +104,23 @@ def make_plan(spec: Spec, doc: Document, graph: Graph, mesh_choice: Optional[str
             doc.pos(path), help=f"choose mesh sizes whose product is {want}"))
 
     layouts = param_layouts(graph, spec, doc, mesh, rules, diags)
+    skip = _check_experts(graph, doc, mesh, layouts, diags)
     seen: set = set()
     pdtype = spec.training.precision.params
-    params, buffers = [], []
-    for p in graph.params + graph.buffers:
-        lay = layouts[p.name]
-        check_layout(p.name, p.shape, p.units, lay, mesh, doc, diags, seen)
-        plan = ParamPlan(p, lay.spec, local_shape(p.shape, lay.spec, mesh), pdtype if p.trainable else "float32")
-        (params if p.trainable else buffers).append(plan)
-
     baxes = batch_axes(rules, mesh)
     dp = mesh.degree(baxes)
     tr = spec.training
+    pipeline = plan_pipeline(spec, doc, graph, mesh, tr.batch_size // tr.grad_accum, dp, diags)
+    params, buffers = [], []
+    for p in graph.params + graph.buffers:
+        lay = layouts[p.name]
+        if p.name not in skip:
+            check_layout(p.name, p.shape, p.units, lay, mesh, doc, diags, seen)
+        stage = pipeline.param_stage.get(p.name, 0) if pipeline else 0
+        plan = ParamPlan(p, lay.spec, local_shape(p.shape, lay.spec, mesh), pdtype if p.trainable else "float32",
+                         stage)
+        (params if p.trainable else buffers).append(plan)
+
     if tr.batch_size % tr.grad_accum or (tr.batch_size // tr.grad_accum) % dp:
         diags.append(Diagnostic(
             "E043", f"global batch {tr.batch_size} does not split into grad_accum={tr.grad_accum} micro-batches "
@@ -120,6 +128,8 @@ def make_plan(spec: Spec, doc: Document, graph: Graph, mesh_choice: Optional[str
             doc.pos(("training", "batch_size")),
             help=f"use a batch size divisible by {tr.grad_accum * dp}"))
     micro = tr.batch_size // tr.grad_accum
+    if any(d.code == "E043" for d in diags):
+        seen.add("batch-reported")
 
     inputs = _input_plans(graph, spec, doc, mesh, rules, baxes, micro, dp, diags, seen)
     warnings = _warnings(graph, spec, doc, mesh, rules, params, baxes)
@@ -129,11 +139,44 @@ def make_plan(spec: Spec, doc: Document, graph: Graph, mesh_choice: Optional[str
     slots = OPTIMIZER_SLOTS[tr.optimizer.name]
     if tr.optimizer.name == "sgd" and tr.optimizer.momentum == 0:
         slots = 0
-    local = sum(p.local_bytes for p in params)
+    # A device holds the parameters of the stages on its pipe rank; report the fullest rank.
+    pipe = mesh.sizes["pipe"]
+
+    def on_rank(items, r):
+        return sum(x.local_bytes for x in items if x.stage % pipe == r)
+
+    local = max(on_rank(params, r) for r in range(pipe))
     memory = Memory(params=local, grads=local, optimizer=slots * local,
-                    buffers=sum(b.local_bytes for b in buffers))
+                    buffers=max(on_rank(buffers, r) for r in range(pipe)))
     return Plan(spec, graph, mesh, tuple(params), tuple(buffers), tuple(inputs), baxes, dp, micro, memory,
-                tuple(warnings))
+                tuple(warnings), pipeline)
+
+
+def _check_experts(graph: Graph, doc: Document, mesh: Mesh, layouts, diags) -> set[str]:
+    """E055: an moe layer's experts must split evenly over the mesh axes its expert dimension uses."""
+    from ..graph import RepeatNode
+
+    skip: set[str] = set()
+    reported: set[tuple] = set()
+    for top in graph.layers:
+        copies = [(f"{top.name}.{i}.", n) for i in range(top.count) for n in top.layers] if isinstance(
+            top, RepeatNode) else [("", top)]
+        for prefix, node in copies:
+            if node.op != "moe":
+                continue
+            name = f"{prefix}{node.name}.experts.fc.weight"
+            axes = layouts[name].spec[0]
+            deg = mesh.degree(axes)
+            if deg > 1 and node.attrs["experts"] % deg:
+                skip |= {n for n in layouts if n.startswith(f"{prefix}{node.name}.experts.")}
+                if node.path in reported:
+                    continue
+                reported.add(node.path)
+                diags.append(Diagnostic(
+                    "E055", f"`{node.name}`: {node.attrs['experts']} experts do not split over "
+                    f"{' x '.join(f'{a}={mesh.sizes[a]}' for a in axes)} = {deg}", doc.pos(node.path + ("experts",)),
+                    help=f"use a number of experts divisible by {deg}, or a smaller expert axis"))
+    return skip
 
 
 def _input_plans(graph, spec, doc, mesh, rules, baxes, micro, dp, diags, seen) -> list[InputPlan]:
@@ -165,7 +208,9 @@ def _input_plans(graph, spec, doc, mesh, rules, baxes, micro, dp, diags, seen) -
             origins = (rules.paths.get("batch", ("training", "batch_size")),) + tuple(
                 rules.paths.get(a, ()) if a else () for a in inp.type.axes)
             lay = Layout(dims, origins[0], origins)
-        if check_layout(inp.name, shape, None, lay, mesh, doc, diags, seen):
+        # The batch dimension's divisibility is E043's (or E052's) to report.
+        units = (1,) + inp.type.shape if "batch-reported" in seen else None
+        if check_layout(inp.name, shape, units, lay, mesh, doc, diags, seen):
             out.append(InputPlan(inp, lay.spec, micro // mesh.degree(lay.spec[0])))
     return out
 
@@ -212,7 +257,8 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
         ],
         "params": [
             {"name": p.name, "shape": list(p.param.shape), "axes": list(p.param.axes), "layout": pspec(p.spec),
-             "local_shape": list(p.local_shape), "dtype": p.dtype, "bytes": p.bytes, "local_bytes": p.local_bytes}
+             "local_shape": list(p.local_shape), "dtype": p.dtype, "bytes": p.bytes, "local_bytes": p.local_bytes,
+             "stage": p.stage}
             for p in plan.params + plan.buffers
         ],
         "totals": {
@@ -222,6 +268,13 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
                            "optimizer": plan.memory.optimizer, "buffers": plan.memory.buffers,
                            "total": plan.memory.total},
             "flops_per_sample_forward": plan.graph.flops_per_sample,
+        },
+        "pipeline": None if plan.pipeline is None else {
+            "pipe": plan.pipeline.pipe, "virtual_stages": plan.pipeline.virtual,
+            "microbatches": plan.pipeline.microbatches, "schedule": plan.pipeline.schedule,
+            "bubble_fraction": plan.pipeline.bubble,
+            "stages": [{"index": s.index, "rank": s.rank, "layers": list(s.units), "params": s.params,
+                        "flops_per_sample_forward": s.flops} for s in plan.pipeline.stages],
         },
         "diagnostics": [d.to_json() for d in plan.warnings],
     }

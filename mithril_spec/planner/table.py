@@ -50,6 +50,13 @@ def render_plan(plan: Plan) -> str:
                                enumerate(zip(r, widths))).rstrip())
         if j == 0:
             lines.append("  ".join("-" * w for w in widths))
+    pp = plan.pipeline
+    if pp is not None:
+        lines += ["", f"pipeline: {pp.schedule}, {len(pp.stages)} stage(s) on pipe={pp.pipe}"
+                  + (f" x {pp.virtual} virtual" if pp.virtual > 1 else "")
+                  + f", {pp.microbatches} micro-batches, bubble {pp.bubble:.1%}"]
+        for s in pp.stages:
+            lines.append(f"  stage {s.index} (pipe rank {s.rank}): {s.params:,} params  {', '.join(s.units)}")
     m = plan.memory
     lines += [
         "",

@@ -9,6 +9,7 @@ from pydantic import Field, PositiveInt, StrictInt
 from .common import Ident, Strict
 from .data import Data, Synthetic
 from .model import Model
+from .pipeline import Pipeline
 from .sharding import Mesh, Sharding
 from .training import Training
 
@@ -27,5 +28,6 @@ class Spec(Strict):
     meshes: Optional[dict[Ident, Mesh]] = Field(None, description="named meshes; the first is the default")
     devices: Optional[PositiveInt] = Field(None, description="device count the mesh must use")
     sharding: Sharding = Sharding()
+    pipeline: Optional[Pipeline] = Field(None, description="pipeline parallelism over the `pipe` mesh axis")
     training: Training
     data: Data = Synthetic(kind="synthetic")

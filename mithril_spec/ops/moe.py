@@ -1,0 +1,47 @@
+"""moe: a mixture-of-experts feed-forward layer with top-k routing; experts shard over the `expert` axis."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from ..spec.common import Size
+from .base import LayerArgs, Op, OpError, OpResult, ParamDef, expect_float
+
+
+class MoeArgs(LayerArgs):
+    op: Literal["moe"]
+    experts: Size = Field(description="number of experts")
+    top_k: Size = Field(1, description="experts each token is routed to")
+    hidden: Size = Field(description="hidden size of each expert's MLP")
+    capacity_factor: float = Field(1.25, gt=0, description="slots per expert = capacity_factor * tokens * top_k / experts")
+    aux_loss_weight: float = Field(0.01, ge=0, description="weight of the load-balancing loss added to the model loss")
+    activation: Literal["gelu", "relu", "silu"] = "gelu"
+
+
+class Moe(Op):
+    kind = "moe"
+    Args = MoeArgs
+    has_params = True
+
+    def infer(self, args, inputs, size, ctx):
+        (x,) = inputs
+        expect_float(x, "moe")
+        d, emb = x.shape[-1], x.axes[-1]
+        e, k, h = size("experts"), size("top_k"), size("hidden")
+        if k > e:
+            raise OpError("E056", f"top_k ({k}) is larger than the number of experts ({e})", "top_k",
+                          help="each token is routed to top_k distinct experts")
+        tokens = x.numel // d
+        params = (
+            ParamDef("router.weight", (d, e), (emb, None)),
+            ParamDef("experts.fc.weight", (e, d, h), ("experts", emb, "mlp")),
+            ParamDef("experts.fc.bias", (e, h), ("experts", "mlp"), init="zeros"),
+            ParamDef("experts.proj.weight", (e, h, d), ("experts", "mlp", emb)),
+            ParamDef("experts.proj.bias", (e, d), ("experts", emb), init="zeros"),
+        )
+        flops = 2 * tokens * d * e + k * (2 * tokens * 2 * d * h + 8 * tokens * h)
+        attrs = {"dim": d, "experts": e, "top_k": k, "hidden": h, "capacity_factor": args.capacity_factor,
+                 "aux_loss_weight": args.aux_loss_weight, "activation": args.activation}
+        return OpResult(x, params, attrs, flops=flops)

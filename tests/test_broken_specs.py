@@ -1,0 +1,64 @@
+"""Every spec in tests/broken/ fails with exactly the diagnostics (code, file, line, column) it declares."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mithril_spec import cli
+
+from corpus import corpus_files, read_case
+
+FILES = corpus_files()
+
+
+def test_corpus_is_large_enough():
+    assert len(FILES) >= 45
+    assert sum(p.suffix == ".toml" for p in FILES) >= 5
+
+
+def _run(capsys, argv):
+    rc = cli.main(argv)
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    assert "internal error" not in err
+    return rc, out, err
+
+
+@pytest.mark.parametrize("path", FILES, ids=[p.name for p in FILES])
+def test_broken_spec_json(path, capsys):
+    case = read_case(path)
+    assert case.expect, f"{path.name} declares no `# expect:` line"
+    rc, out, err = _run(capsys, ["validate", str(path), "--format", "json", *case.args])
+    diags = json.loads(out) if out.strip() else []
+    got = {(d["code"], d["file"], d["line"], d["col"]) for d in diags}
+    assert got == set(case.expect), "\n".join(
+        f"{d['code']} {d['line']}:{d['col']} {d['file']}: {d['message']}" for d in diags
+    )
+    assert rc == case.exit_code
+    for d in diags:
+        assert d["severity"] == ("warning" if d["code"].startswith("W") and "--strict" not in case.args else "error")
+        assert d["message"]
+    for text in case.texts:
+        assert any(text in d["message"] or text in (d["help"] or "") for d in diags), (text, diags)
+
+
+@pytest.mark.parametrize("path", FILES, ids=[p.name for p in FILES])
+def test_broken_spec_text(path, capsys):
+    """The text rendering names `file:line:col: severity[CODE]` and shows a caret under the column."""
+    case = read_case(path)
+    rc, out, err = _run(capsys, ["validate", str(path), "--color", "never", *case.args])
+    assert rc == case.exit_code
+    for code, file, line, col in case.expect:
+        sev = "warning" if code.startswith("W") and "--strict" not in case.args else "error"
+        header = f"{file}:{line}:{col}: {sev}[{code}]"
+        assert header in err, err
+        block = err[err.index(header):].splitlines()
+        src_lines = open(file, encoding="utf-8", errors="replace").read().splitlines()
+        if 1 <= line <= len(src_lines):
+            # header, gutter, source line, caret line
+            assert block[2].endswith(src_lines[line - 1].expandtabs(1).rstrip()) or src_lines[line - 1] in block[2]
+            caret = block[3]
+            bar = caret.index("|")
+            assert caret[bar + 2 :].index("^") == col - 1, "\n".join(block[:4])
