@@ -209,7 +209,7 @@ def _input_plans(graph, spec, doc, mesh, rules, baxes, micro, dp, diags, seen) -
                 rules.paths.get(a, ()) if a else () for a in inp.type.axes)
             lay = Layout(dims, origins[0], origins)
         # The batch dimension's divisibility is E043's (or E052's) to report.
-        units = (1,) + inp.type.shape if "batch-reported" in seen else None
+        units = (mesh.degree(lay.spec[0]),) + inp.type.shape if "batch-reported" in seen else None
         if check_layout(inp.name, shape, units, lay, mesh, doc, diags, seen):
             out.append(InputPlan(inp, lay.spec, micro // mesh.degree(lay.spec[0])))
     return out
