@@ -119,8 +119,11 @@ def _compile(path: Path, mesh: Optional[str], devices: Optional[int]) -> tuple[O
     try:
         doc = _read(path)
     except DiagnosticError as e:
-        text = path.read_text(encoding="utf-8", errors="replace")
-        return None, e.diagnostics, {str(path): text}
+        sources = {str(path): path.read_text(encoding="utf-8", errors="replace")}
+        for d in e.diagnostics:  # an error inside a base spec reached through `extends`
+            if d.pos and d.pos.file not in sources and Path(d.pos.file).is_file():
+                sources[d.pos.file] = Path(d.pos.file).read_text(encoding="utf-8", errors="replace")
+        return None, e.diagnostics, sources
     try:
         c = compile_document(doc, mesh, devices)
     except DiagnosticError as e:
@@ -156,25 +159,55 @@ def cmd_validate(args) -> int:
     for f in files:
         c, diags, src = _compile(f, args.mesh, args.devices)
         sources.update(src)
-        # Every named mesh must plan, not only the default one.
-        if c is not None and args.mesh is None and c.spec.meshes:
-            for name in list(c.spec.meshes)[1:]:
-                try:
-                    extra = compile_document(c.doc, name, args.devices)
-                    diags += list(extra.plan.warnings)
-                except DiagnosticError as e:
-                    diags += [
-                        Diagnostic(d.code, f"{d.message} (mesh `{name}`)", d.pos, d.help, d.notes, d.severity)
-                        for d in e.diagnostics
-                    ]
+        if c is not None:
+            diags += _target_checks(c)
+        if args.mesh is None:
+            diags += _other_meshes(f, c, args.devices)
         all_diags += _dedupe(_strict(diags, args.strict))
     _emit(all_diags, sources, args)
+    if args.format == "json" and not all_diags:
+        sys.stdout.write(render_json([]))  # machine readers always get a list
     errors = sum(d.severity == "error" for d in all_diags)
     warnings = len(all_diags) - errors
     if args.format == "text":
         status = "ok" if not errors else "failed"
         print(f"{len(files)} spec(s) checked: {errors} error(s), {warnings} warning(s) - {status}", file=sys.stderr)
     return EXIT_INVALID if errors else EXIT_OK
+
+
+def _other_meshes(path: Path, c: Optional[Compiled], devices: Optional[int]) -> list[Diagnostic]:
+    """Every named mesh must plan, not only the default one (which may have failed on its own)."""
+    from .validate import validate
+
+    if c is not None:
+        doc, spec = c.doc, c.spec
+    else:
+        try:
+            doc = _read(path)
+            spec = validate(doc)
+        except (DiagnosticError, UsageError):
+            return []  # reported by the default mesh's compile already
+    if not spec.meshes or spec.mesh is not None:
+        return []
+    out: list[Diagnostic] = []
+    for name in list(spec.meshes)[1:]:
+        try:
+            extra = compile_document(doc, name, devices)
+            more = list(extra.plan.warnings) + _target_checks(extra)
+        except DiagnosticError as e:
+            more = e.diagnostics
+        out += [Diagnostic(d.code, f"{d.message} (mesh `{name}`)", d.pos, d.help, d.notes, d.severity) for d in more]
+    return out
+
+
+def _target_checks(c: Compiled) -> list[Diagnostic]:
+    """What `build` would refuse (E049) for each target the spec names, so that CI catches it too."""
+    from .planner.targets import check_target
+
+    out: list[Diagnostic] = []
+    for target in c.spec.targets:
+        out += check_target(c.plan, c.doc, target)
+    return out
 
 
 def _dedupe(diags: list[Diagnostic]) -> list[Diagnostic]:

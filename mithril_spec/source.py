@@ -61,12 +61,23 @@ def load_file(path: str | Path) -> Document:
 # ---------------------------------------------------------------- YAML
 
 
+class _SpecLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, reading `1e-3` as a float (YAML 1.2, and TOML, do; YAML 1.1 wants `1.0e-3`)."""
+
+
+_SpecLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
 def _load_yaml(text: str, file: str) -> Document:
     values: dict[PathT, Position] = {}
     keys: dict[PathT, Position] = {}
     errors: list[Diagnostic] = []
     try:
-        loader = yaml.SafeLoader(text)
+        loader = _SpecLoader(text)
         try:
             node = loader.get_single_node()
             if node is None:
@@ -79,6 +90,9 @@ def _load_yaml(text: str, file: str) -> Document:
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
+        lines = text.splitlines()
+        if lines and line > len(lines):  # at the end of the stream: point just after the last line
+            line, col = len(lines), len(lines[-1]) + 1
         msg = (e.problem or "invalid YAML").strip()
         if e.context:
             msg = f"{msg} ({e.context.strip()})"

@@ -59,6 +59,8 @@ def _convert(err: pydantic.ValidationError, doc: Document) -> list[Diagnostic]:
     seen: set[tuple] = set()
     out: list[Diagnostic] = []
     for e in err.errors(include_url=False):
+        if _other_branch(e["loc"], doc.data):
+            continue
         path = _real_path(e["loc"], doc.data)
         d = _diagnostic(e, path, doc)
         key = (path, d.code)
@@ -67,8 +69,15 @@ def _convert(err: pydantic.ValidationError, doc: Document) -> list[Diagnostic]:
         # A union member error at a path whose parent already produced one is noise.
         seen.add(key)
         out.append(d)
-    # A path reported as wrong type shadows errors deeper inside it.
-    return [d for d in out]
+    # `optimiser: ...` gives both "unknown key `optimiser`" (did you mean `optimizer`?) and "missing key
+    # `optimizer`": the first says it all.
+    suggested = {(d.message.rsplit(" in ", 1)[-1], d.help) for d in out if d.code == "E010" and d.help}
+    return [
+        d for d in out
+        if not (d.code == "E011" and any(
+            sec == d.message.rsplit(" in ", 1)[-1] and h == f"did you mean `{d.message.split('`')[1]}`?"
+            for sec, h in suggested))
+    ]
 
 
 def _real_path(loc: tuple, data: Any) -> tuple:
@@ -86,6 +95,25 @@ def _real_path(loc: tuple, data: Any) -> tuple:
             path.append(item)  # a missing or extra key
             node = None
     return tuple(path)
+
+
+def _other_branch(loc: tuple, data: Any) -> bool:
+    """True for an error from a union member meant for another kind of value (the list form of
+    `sharding.rules` when the spec gives a mapping, or the reverse): the member that fits reports its own."""
+    node = data
+    for item in loc:
+        if isinstance(node, dict) and item in node:
+            node = node[item]
+        elif isinstance(node, list) and isinstance(item, int) and 0 <= item < len(node):
+            node = node[item]
+        elif isinstance(item, str):
+            if item.startswith("dict[") and isinstance(node, list):
+                return True
+            if item.startswith("list[") and isinstance(node, dict):
+                return True
+        else:
+            return False
+    return False
 
 
 def path_is_tag(item: str, node: dict) -> bool:

@@ -17,6 +17,10 @@ from ..frontend import Compiled
 from ..planner.targets import check_target
 from .context import make_context
 from .environment import environment
+from .jax_target import extra_context as jax_context
+from .torch_target import extra_context as torch_context
+
+ADAPTERS = {"jax": jax_context, "torch": torch_context}
 
 # target -> [(template, output file)]
 TARGET_FILES: dict[str, list[tuple[str, str]]] = {
@@ -40,6 +44,7 @@ def render_files(compiled: Compiled, target: str, spec_path: str) -> dict[str, s
     if diags:
         raise DiagnosticError(diags)
     ctx = make_context(compiled.plan, target, Path(spec_path).name)
+    ctx.update(ADAPTERS[target](compiled.plan, ctx))
     env = environment()
     out: dict[str, str] = {}
     for template, name in TARGET_FILES[target]:

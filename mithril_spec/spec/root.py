@@ -8,6 +8,7 @@ from pydantic import Field, PositiveInt, StrictInt
 
 from .common import Ident, Strict
 from .data import Data, Synthetic
+from .hardware import Hardware
 from .model import Model
 from .pipeline import Pipeline
 from .sharding import Mesh, Sharding
@@ -31,3 +32,6 @@ class Spec(Strict):
     pipeline: Optional[Pipeline] = Field(None, description="pipeline parallelism over the `pipe` mesh axis")
     training: Training
     data: Data = Synthetic(kind="synthetic")
+    hardware: Optional[list[Hardware]] = Field(
+        None, description="device profiles for `plan --hardware NAME` (besides the built-in ones)"
+    )

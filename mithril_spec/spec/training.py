@@ -45,6 +45,11 @@ class Schedule(Strict):
 class Precision(Strict):
     params: Dtype = "float32"
     compute: Dtype = "float32"
+    master_weights: bool = Field(
+        False,
+        description="keep a float32 master copy of 16-bit parameters in the optimizer state (mixed-precision "
+        "training); the optimizer moments are then float32 too",
+    )
 
 
 class Checkpoint(Strict):
@@ -61,5 +66,10 @@ class Training(Strict):
     clip_grad_norm: PositiveFloat | None = None
     precision: Precision = Precision()
     remat: Literal["none", "selective", "full"] = "none"
+    zero: Literal[0, 1, 2] = Field(
+        0,
+        description="ZeRO stage over the data-parallel axes: 1 shards the optimizer state, 2 also the gradients "
+        "(stage 3, the parameters too, is the `fsdp` mesh axis)",
+    )
     seed: Annotated[int, Field(ge=0, lt=2**31)] = 0
     checkpoint: Checkpoint | None = None

@@ -537,6 +537,8 @@ def main(args):
     cfg, tc = MODEL, dict(TRAIN)
     B, A = tc["global_batch"], args.grad_accum
     is_main = jax.process_index() == 0
+    # Auto axes: GSPMD propagates shardings from in_shardings and the constraints below.
+    # (jax.make_mesh defaults to Explicit axes in jax 0.10, which this program is not written for.)
     mesh = jax.make_mesh(mesh_shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
     dp = mesh.shape["data"] * mesh.shape["fsdp"]
     if B % A or (B // A) % dp:

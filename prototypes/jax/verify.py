@@ -231,7 +231,45 @@ print(sum(s.data.nbytes for x in jax.tree.leaves((params, state)) for s in x.add
           f"{line} (measured {actual}; unsharded params+adam = {832256 * 4 * 3 + 8})")
 
 
+def check_reference_model():
+    """Step-1 loss and grad norm vs an independent float64 torch forward/backward of the spec'd model."""
+    import torch
+    ref_m, _, _ = reference()
+    _, p0, _ = run("init0_ref", "--steps", "0")
+    P_ = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in p0.items()}
+    tok = np.empty((16, 64), np.int64)
+    tgt = np.empty((16, 64), np.int64)
+    for i in range(16):
+        rng = np.random.default_rng([1, i])
+        tok[i] = rng.integers(0, 256, size=(64,), dtype=np.int64)
+        tgt[i] = rng.integers(0, 256, size=(64,), dtype=np.int64)
+    tok, tgt = torch.tensor(tok), torch.tensor(tgt)
+    F = torch.nn.functional
+    x = P_["wte.weight"][tok] + P_["wpe.weight"][None]
+    mask = torch.ones(64, 64, dtype=torch.bool).tril()
+    for i in range(4):
+        b = f"blocks.{i}."
+        h = F.layer_norm(x, (128,), P_[b + "ln1.weight"], P_[b + "ln1.bias"], 1e-5)
+        q, k, v = (h @ P_[b + f"attn.{n}.weight"] for n in "qkv")
+        q, k, v = (t.view(16, 64, 4, 32).transpose(1, 2) for t in (q, k, v))
+        s = (q @ k.transpose(-1, -2)) / math.sqrt(32)
+        a = torch.softmax(s.masked_fill(~mask, float("-inf")), -1)
+        x = x + (a @ v).transpose(1, 2).reshape(16, 64, 128) @ P_[b + "attn.o.weight"]
+        h = F.layer_norm(x, (128,), P_[b + "ln2.weight"], P_[b + "ln2.bias"], 1e-5)
+        h = F.gelu(h @ P_[b + "mlp.fc.weight"] + P_[b + "mlp.fc.bias"], approximate="tanh")
+        x = x + h @ P_[b + "mlp.proj.weight"] + P_[b + "mlp.proj.bias"]
+    x = F.layer_norm(x, (128,), P_["ln_f.weight"], P_["ln_f.bias"], 1e-5)
+    loss = F.cross_entropy((x @ P_["wte.weight"].T).reshape(-1, 256), tgt.reshape(-1))
+    loss.backward()
+    loss = loss.detach()
+    gn = math.sqrt(sum(float((t.grad ** 2).sum()) for t in P_.values()))
+    dl, dg = abs(float(loss) - ref_m[0]["loss"]), abs(gn - ref_m[0]["grad_norm"])
+    check("step-1 loss/grad-norm == float64 torch reference", dl < 1e-5 and dg < 1e-5,
+          f"|dloss|={dl:.2e} |dgnorm|={dg:.2e} (loss {float(loss):.6f}, gnorm {gn:.6f})")
+
+
 CHECKS = {
+    "reference": check_reference_model,
     "meshes": check_meshes, "resume": check_resume, "multiprocess": check_multiprocess,
     "grad_accum": check_grad_accum, "remat_bf16": check_remat_bf16, "schedule_init": check_schedule_and_init,
     "data_errors": check_data_and_errors, "dry_run": check_dry_run_bytes,

@@ -397,7 +397,7 @@ def save_checkpoint(root, step, model, optimizer, scheduler, distributed, rank):
     if distributed:
         dist.barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp, no_dist=not distributed)
     if rank == 0:
         with open(os.path.join(tmp, "train_state.json"), "w") as f:
             json.dump({"step": step, "scheduler": scheduler.state_dict()}, f)
@@ -420,7 +420,7 @@ def find_checkpoint(path):
     return os.path.join(path, steps[-1])
 
 
-def load_checkpoint(path, model, optimizer, scheduler):
+def load_checkpoint(path, model, optimizer, scheduler, distributed):
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
@@ -429,7 +429,7 @@ def load_checkpoint(path, model, optimizer, scheduler):
     # laid out for *this* mesh: DCP reshards whatever mesh the checkpoint was saved on
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=path)
+    dcp.load(state, checkpoint_id=path, no_dist=not distributed)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     with open(os.path.join(path, "train_state.json")) as f:
         meta = json.load(f)
@@ -560,7 +560,7 @@ def main(argv=None):
 
     start_step = 0
     if args.resume:
-        start_step = load_checkpoint(args.resume, raw, optimizer, scheduler)
+        start_step = load_checkpoint(args.resume, raw, optimizer, scheduler, distributed)
         if master:
             print(f"resumed from {args.resume} at step {start_step}")
 

@@ -1,0 +1,203 @@
+"""Hardware profiles: what one device computes, holds and moves, for the cost model.
+
+Built-in profiles cover common accelerators; a spec adds its own in a `hardware:` section (a list of
+profiles, each optionally starting from a built-in `base`). Figures are per device, in SI units here
+(FLOP/s, bytes, bytes/s, seconds); the spec section uses TFLOP/s, GB, GB/s and microseconds.
+
+Mesh axes map onto the machine innermost first: the mesh is laid out in canonical axis order (pipe, data,
+fsdp, expert, tensor; tensor innermost), so the innermost axes whose devices lie within one node of
+`devices_per_node` devices use the intra-node link and the rest the inter-node network.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from ..diagnostics import Diagnostic, DiagnosticError, did_you_mean
+from ..source import Document
+from ..spec.root import Spec
+from ..spec.sharding import MESH_AXES
+from .mesh import Mesh, UsageError
+
+T, G = 1e12, 1e9
+
+
+@dataclasses.dataclass(frozen=True)
+class Hardware:
+    name: str
+    description: str
+    flops: dict[str, float]  # peak dense FLOP/s per device by compute dtype
+    memory_bytes: float  # per device
+    reserved_bytes: float  # kept by the runtime (context, communication buffers, workspaces)
+    hbm_bytes_per_s: float
+    devices_per_node: int
+    intra_node_bytes_per_s: float  # per device, one direction
+    inter_node_bytes_per_s: float  # per device, one direction
+    intra_node_latency_s: float  # per ring step
+    inter_node_latency_s: float
+    efficiency: float = 0.5  # assumed fraction of peak FLOP/s reached by the model's compute
+
+    @property
+    def usable_bytes(self) -> float:
+        return self.memory_bytes - self.reserved_bytes
+
+    def peak_flops(self, dtype: str) -> float:
+        return self.flops.get(dtype) or self.flops.get("float32") or min(self.flops.values())
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name, "description": self.description, "flops": dict(self.flops),
+            "memory_bytes": self.memory_bytes, "reserved_bytes": self.reserved_bytes,
+            "hbm_bytes_per_s": self.hbm_bytes_per_s, "devices_per_node": self.devices_per_node,
+            "intra_node_bytes_per_s": self.intra_node_bytes_per_s,
+            "inter_node_bytes_per_s": self.inter_node_bytes_per_s,
+            "intra_node_latency_s": self.intra_node_latency_s, "inter_node_latency_s": self.inter_node_latency_s,
+            "efficiency": self.efficiency,
+        }
+
+
+BUILTIN: dict[str, Hardware] = {
+    h.name: h
+    for h in (
+        Hardware(
+            "h100-sxm-80gb", "NVIDIA H100 SXM 80GB, 8 per node on NVLink 4 (450 GB/s per direction), "
+            "400 Gb/s InfiniBand NDR per GPU between nodes",
+            {"bfloat16": 989.4 * T, "float16": 989.4 * T, "float32": 66.9 * T},
+            80 * G, 2 * G, 3350 * G, 8, 450 * G, 50 * G, 3e-6, 8e-6,
+        ),
+        Hardware(
+            "h200-141gb", "NVIDIA H200 SXM 141GB, 8 per node on NVLink 4 (450 GB/s per direction), "
+            "400 Gb/s InfiniBand NDR per GPU between nodes",
+            {"bfloat16": 989.4 * T, "float16": 989.4 * T, "float32": 66.9 * T},
+            141 * G, 2 * G, 4800 * G, 8, 450 * G, 50 * G, 3e-6, 8e-6,
+        ),
+        Hardware(
+            "a100-80gb", "NVIDIA A100 SXM 80GB, 8 per node on NVLink 3 (300 GB/s per direction), "
+            "200 Gb/s InfiniBand HDR per GPU between nodes",
+            {"bfloat16": 312 * T, "float16": 312 * T, "float32": 19.5 * T},
+            80 * G, 2 * G, 2039 * G, 8, 300 * G, 25 * G, 3e-6, 8e-6,
+        ),
+        Hardware(
+            "tpu-v5e", "Google TPU v5e chip (16 GB HBM), slices of up to 256 chips on ICI (~100 GB/s per "
+            "axis ring), data-center network between slices; float32 matmuls as 3 bf16 passes",
+            {"bfloat16": 197 * T, "float16": 197 * T, "float32": 197 / 3 * T},
+            16 * G, 0.5 * G, 819 * G, 256, 100 * G, 3.1 * G, 1e-6, 10e-6,
+        ),
+        Hardware(
+            "cpu", "a generic host CPU as one device (e.g. a simulated JAX CPU device): 8 per host sharing "
+            "memory, 25 Gb/s Ethernet between hosts",
+            {"float32": 0.5 * T, "bfloat16": 0.25 * T, "float16": 0.1 * T},
+            64 * G, 1 * G, 100 * G, 8, 20 * G, 3 * G, 10e-6, 50e-6, efficiency=0.3,
+        ),
+    )
+}
+
+ALIASES = {
+    "h100": "h100-sxm-80gb", "h100-sxm": "h100-sxm-80gb", "h100-80gb": "h100-sxm-80gb",
+    "h200": "h200-141gb", "a100": "a100-80gb", "a100-sxm-80gb": "a100-80gb",
+    "v5e": "tpu-v5e", "tpuv5e": "tpu-v5e", "tpu-v5-lite": "tpu-v5e",
+}  # fmt: skip
+
+
+def names(spec: Optional[Spec] = None) -> list[str]:
+    own = [h.name for h in (spec.hardware or [])] if spec is not None else []
+    return own + [n for n in BUILTIN if n not in own]
+
+
+def lookup(name: str, spec: Optional[Spec] = None, doc: Optional[Document] = None) -> Hardware:
+    """The profile `name`: the spec's own `hardware` entries first, then the built-in ones (and aliases).
+    Raises UsageError for an unknown name, DiagnosticError for an incomplete spec profile."""
+    if spec is not None and spec.hardware:
+        for i, h in enumerate(spec.hardware):
+            if h.name == name:
+                return from_spec(h, ("hardware", i), doc)
+    key = name.lower()
+    key = ALIASES.get(key, key)
+    if key in BUILTIN:
+        return BUILTIN[key]
+    choices = names(spec)
+    hint = did_you_mean(name, choices + list(ALIASES)) or ""
+    raise UsageError(f"--hardware: unknown profile `{name}` (known: {', '.join(choices)}) {hint}".strip())
+
+
+_FIELDS = {  # spec field -> (Hardware field, scale)
+    "memory_gb": ("memory_bytes", G),
+    "reserved_gb": ("reserved_bytes", G),
+    "hbm_gb_per_s": ("hbm_bytes_per_s", G),
+    "devices_per_node": ("devices_per_node", 1),
+    "intra_node_gb_per_s": ("intra_node_bytes_per_s", G),
+    "inter_node_gb_per_s": ("inter_node_bytes_per_s", G),
+    "intra_node_latency_us": ("intra_node_latency_s", 1e-6),
+    "inter_node_latency_us": ("inter_node_latency_s", 1e-6),
+    "efficiency": ("efficiency", 1),
+}
+_OPTIONAL = {"reserved_gb": 0.0, "intra_node_latency_us": 5.0, "inter_node_latency_us": 10.0, "efficiency": 0.5,
+             "hbm_gb_per_s": 1000.0}
+
+
+def from_spec(h, path: tuple, doc: Optional[Document]) -> Hardware:
+    def pos(p):
+        return doc.pos(p) if doc is not None else None
+
+    if h.base is not None:
+        key = ALIASES.get(h.base.lower(), h.base.lower())
+        if key not in BUILTIN:
+            raise DiagnosticError([Diagnostic(
+                "E013", f"hardware `{h.name}`: unknown base profile `{h.base}`", pos(path + ("base",)),
+                help=did_you_mean(h.base, list(BUILTIN)) or f"built-in profiles: {', '.join(BUILTIN)}")])
+        base = BUILTIN[key]
+        values = dataclasses.asdict(base)
+        values["flops"] = dict(base.flops)
+    else:
+        missing = [f for f in ("flops", "memory_gb", "devices_per_node", "intra_node_gb_per_s",
+                               "inter_node_gb_per_s") if getattr(h, f) is None]
+        if missing:
+            raise DiagnosticError([Diagnostic(
+                "E011", f"hardware `{h.name}` needs {', '.join(f'`{m}`' for m in missing)} (or a `base` profile)",
+                pos(path), help=f"start from a built-in profile with `base:` ({', '.join(BUILTIN)})")])
+        values = {"flops": {}}
+        for f, default in _OPTIONAL.items():
+            field, scale = _FIELDS[f]
+            values[field] = default * scale
+    values["name"] = h.name
+    values["description"] = h.description or (f"{h.base} with overrides" if h.base else h.name)
+    if h.flops:
+        values["flops"].update({k: v * T for k, v in h.flops.items()})
+    for f, (field, scale) in _FIELDS.items():
+        v = getattr(h, f)
+        if v is not None:
+            values[field] = v * scale
+    hw = Hardware(**values)
+    if hw.reserved_bytes >= hw.memory_bytes:
+        raise DiagnosticError([Diagnostic("E013", f"hardware `{h.name}`: reserved memory is not less than memory",
+                                          pos(path + ("reserved_gb",)))])
+    return hw
+
+
+# ---------------------------------------------------------------- mesh axes onto the machine
+
+
+def axis_strides(mesh: Mesh) -> dict[str, int]:
+    """Device-id stride of each mesh axis (canonical order, the last axis innermost)."""
+    strides, s = {}, 1
+    for a in reversed(MESH_AXES):
+        strides[a] = s
+        s *= mesh.sizes[a]
+    return strides
+
+
+def intra_node(mesh: Mesh, axes, hw: Hardware) -> bool:
+    """True when every group of a collective over `axes` lies within one node."""
+    strides = axis_strides(mesh)
+    span = 1
+    for a in axes:
+        span = max(span, strides[a] * mesh.sizes[a])
+    return span <= hw.devices_per_node
+
+
+def link(mesh: Mesh, axes, hw: Hardware) -> tuple[float, float, str]:
+    """(bandwidth bytes/s per device, latency per ring step, link name) for a collective over `axes`."""
+    if intra_node(mesh, axes, hw):
+        return hw.intra_node_bytes_per_s, hw.intra_node_latency_s, "intra-node"
+    return hw.inter_node_bytes_per_s, hw.inter_node_latency_s, "inter-node"

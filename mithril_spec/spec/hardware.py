@@ -1,0 +1,43 @@
+"""The optional `hardware` section: device profiles for `mithril-spec plan --hardware NAME`.
+
+A profile either starts from a built-in one (`base: h100-sxm-80gb`) and overrides some figures, or gives
+them all. Units: TFLOP/s, GB (10^9 bytes) and GB/s per device, microseconds.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Optional
+
+from pydantic import Field, PositiveFloat, PositiveInt
+
+from .common import Strict
+
+NonNegative = Annotated[float, Field(ge=0)]
+
+
+class Hardware(Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64, description="profile name")
+    base: Optional[str] = Field(None, description="a built-in profile to start from, e.g. h100-sxm-80gb")
+    description: Optional[str] = None
+    flops: Optional[dict[Literal["float32", "bfloat16", "float16"], PositiveFloat]] = Field(
+        None, description="peak dense TFLOP/s per device, by compute dtype"
+    )
+    memory_gb: Optional[PositiveFloat] = Field(None, description="device memory, GB (10^9 bytes)")
+    reserved_gb: Optional[NonNegative] = Field(
+        None, description="memory the runtime keeps for itself (context, workspace), GB"
+    )
+    hbm_gb_per_s: Optional[PositiveFloat] = Field(None, description="device memory bandwidth, GB/s")
+    devices_per_node: Optional[PositiveInt] = Field(
+        None, description="devices joined by the fast intra-node link (the innermost mesh axes use it)"
+    )
+    intra_node_gb_per_s: Optional[PositiveFloat] = Field(
+        None, description="per-device, one-direction bandwidth of the intra-node link, GB/s"
+    )
+    inter_node_gb_per_s: Optional[PositiveFloat] = Field(
+        None, description="per-device, one-direction bandwidth between nodes, GB/s"
+    )
+    intra_node_latency_us: Optional[NonNegative] = None
+    inter_node_latency_us: Optional[NonNegative] = None
+    efficiency: Optional[Annotated[float, Field(gt=0, le=1)]] = Field(
+        None, description="fraction of peak FLOP/s the model's compute is assumed to reach"
+    )
