@@ -37,13 +37,27 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("--devices", type=int, help="check that the mesh uses exactly this many devices")
         sp.add_argument("--color", choices=("auto", "always", "never"), default="auto")
 
+    def hardware(sp):
+        sp.add_argument("--hardware", metavar="NAME",
+                        help="a device profile (built in: h100-sxm-80gb, h200-141gb, a100-80gb, tpu-v5e, cpu; or "
+                        "one from the spec's `hardware` section): predict step time and check that every device's "
+                        "peak memory fits (E050)")
+
     v = sub.add_parser("validate", help="check spec files or directories (for CI)")
     v.add_argument("paths", nargs="+", metavar="PATH")
     common(v)
+    hardware(v)
 
-    pl = sub.add_parser("plan", help="show every parameter's layout and per-device memory")
+    pl = sub.add_parser("plan", help="show every parameter's layout, per-device memory, communication and FLOPs")
     pl.add_argument("spec", metavar="SPEC")
     common(pl, ("text", "json"))
+    hardware(pl)
+    pl.add_argument("--auto", action="store_true",
+                    help="search meshes (data, fsdp, tensor) and remat settings for --devices N on --hardware NAME "
+                    "and list the best that fit, ranked by predicted step time")
+    pl.add_argument("--top", type=int, default=5, metavar="K", help="with --auto: how many candidates to list")
+    pl.add_argument("--report", metavar="FILE.html",
+                    help="also write a self-contained HTML report (partition map, memory, communication)")
 
     b = sub.add_parser("build", help="render the training program for a target")
     b.add_argument("spec", metavar="SPEC")
@@ -163,6 +177,8 @@ def cmd_validate(args) -> int:
             diags += _target_checks(c)
         if args.mesh is None:
             diags += _other_meshes(f, c, args.devices)
+        if c is not None and args.hardware:
+            diags += _fit_all(c, args)
         all_diags += _dedupe(_strict(diags, args.strict))
     _emit(all_diags, sources, args)
     if args.format == "json" and not all_diags:
@@ -220,21 +236,143 @@ def _dedupe(diags: list[Diagnostic]) -> list[Diagnostic]:
     return out
 
 
+def _hardware(c: Compiled, name: str):
+    from .planner.hardware import lookup
+
+    return lookup(name, c.spec, c.doc)  # UsageError, or DiagnosticError for a bad spec profile
+
+
+def _fit_all(c: Compiled, args) -> list[Diagnostic]:
+    """E050 for the default mesh (or --mesh) and, without --mesh, every other named mesh (for `validate`)."""
+    from .planner.auto import fit_diagnostics
+    from .planner.costs import estimate
+
+    try:
+        hw = _hardware(c, args.hardware)
+    except DiagnosticError as e:
+        return e.diagnostics
+    out = fit_diagnostics(c.spec, c.doc, c.graph, c.plan, hw, estimate(c.plan, hw),
+                          mesh_label=f" (mesh `{c.plan.mesh.name}`)" if c.spec.meshes else "")
+    if args.mesh is None and c.spec.meshes:
+        for name in list(c.spec.meshes)[1:]:
+            try:
+                extra = compile_document(c.doc, name, args.devices)
+            except DiagnosticError:
+                continue  # reported by the planner already
+            out += fit_diagnostics(c.spec, c.doc, c.graph, extra.plan, hw, estimate(extra.plan, hw),
+                                   mesh_label=f" (mesh `{name}`)")
+    return out
+
+
 def cmd_plan(args) -> int:
+    from .planner.auto import fit_diagnostics
+    from .planner.costs import estimate
     from .planner.plan import plan_to_json
     from .planner.table import render_plan
 
+    if args.auto:
+        return _plan_auto(args)
     c, diags, sources = _compile(Path(args.spec), args.mesh, args.devices)
     diags = _strict(diags, args.strict)
     if c is None or any(d.severity == "error" for d in diags):
         _emit(diags, sources, args)
         return EXIT_INVALID
+    hw = None
+    if args.hardware:
+        try:
+            hw = _hardware(c, args.hardware)
+        except DiagnosticError as e:
+            _emit(e.diagnostics, sources, args)
+            return EXIT_INVALID
+    costs = estimate(c.plan, hw)
+    if hw is not None:
+        diags += fit_diagnostics(c.spec, c.doc, c.graph, c.plan, hw, costs)
+    if args.report:
+        _write_report(Path(args.report), c, costs)
     if args.format == "json":
-        sys.stdout.write(json.dumps(plan_to_json(c.plan), indent=2, sort_keys=False) + "\n")
+        out = plan_to_json(c.plan, costs)
+        out["diagnostics"] += [d.to_json() for d in diags if d.code == "E050"]
+        sys.stdout.write(json.dumps(out, indent=2, sort_keys=False) + "\n")
     else:
         _emit(diags, sources, args)
-        sys.stdout.write(render_plan(c.plan))
-    return EXIT_OK
+        sys.stdout.write(render_plan(c.plan, costs))
+    return EXIT_INVALID if any(d.severity == "error" for d in diags) else EXIT_OK
+
+
+def _write_report(path: Path, c: Compiled, costs) -> None:
+    from .atomic import write_atomic
+    from .planner.report import render_report
+
+    write_atomic(path, render_report(c.plan, costs))
+    print(f"wrote {path}", file=sys.stderr)
+
+
+def _plan_auto(args) -> int:
+    from .planner.auto import search
+    from .planner.table import human_bytes, human_seconds
+
+    c, diags, sources = _compile(Path(args.spec), args.mesh, None)
+    if c is None:
+        _emit(diags, sources, args)
+        return EXIT_INVALID
+    name = args.hardware
+    if name is None:
+        own = c.spec.hardware or []
+        if len(own) != 1:
+            raise UsageError("--auto needs --hardware NAME (the device profile to fit and time)")
+        name = own[0].name
+    try:
+        hw = _hardware(c, name)
+    except DiagnosticError as e:
+        _emit(e.diagnostics, sources, args)
+        return EXIT_INVALID
+    devices = args.devices or c.spec.devices or c.plan.mesh.devices
+    if devices < 1:
+        raise UsageError("--devices must be at least 1")
+    res = search(c.spec, c.doc, c.graph, devices, hw)
+    best = res.fitting[: max(args.top, 1)]
+    if args.report and best:
+        from .planner.plan import make_plan
+
+        plan = make_plan(c.spec, c.doc, c.graph, best[0].mesh, devices)
+        import dataclasses
+
+        spec = c.spec.model_copy(update={"training": c.spec.training.model_copy(update={"remat": best[0].remat})})
+        _write_report(Path(args.report), dataclasses.replace(c, plan=dataclasses.replace(plan, spec=spec)),
+                      best[0].costs)
+    if args.format == "json":
+        sys.stdout.write(json.dumps(res.to_json(max(args.top, 1)), indent=2) + "\n")
+        return EXIT_OK if best else EXIT_INVALID
+    out = [f"auto plan for {c.spec.name} on {devices} x {hw.name}: {res.meshes} mesh(es) x 3 remat settings; "
+           f"{len(res.candidates)} valid, {len(res.fitting)} fit in {human_bytes(int(hw.usable_bytes))} usable per device"]
+    if best:
+        rows = [("rank", "mesh", "remat", "peak/device", "step time", "MFU")]
+        for i, cand in enumerate(best, 1):
+            t = cand.costs.time
+            rows.append((str(i), cand.argument, cand.remat, human_bytes(cand.costs.peak), human_seconds(t.step_s),
+                         f"{t.mfu:.1%}"))
+        widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
+        out.append("")
+        out += ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+        out.append("")
+        out.append(f"best: mithril-spec plan {args.spec} {best[0].argument}" +
+                   (f"   (with `training.remat: {best[0].remat}`)" if best[0].remat != c.spec.training.remat else ""))
+    else:
+        closest = res.candidates[0] if res.candidates else None
+        out.append("nothing fits" + (f"; the smallest peak is {human_bytes(closest.costs.peak)} with "
+                                     f"{closest.argument}, remat {closest.remat}" if closest else "") +
+                   ": use more devices, a larger device, or a smaller micro-batch (training.grad_accum)")
+    from .planner.auto import NOT_SEARCHED
+
+    out.append("not searched: " + "; ".join(f"{a} ({why})" for a, why in NOT_SEARCHED.items()))
+    if res.rejected:
+        by_code: dict[str, int] = {}
+        for r in res.rejected:
+            by_code[r.code] = by_code.get(r.code, 0) + 1
+        out.append(f"rejected by the planner: {len(res.rejected)} mesh(es) (" + ", ".join(
+            f"{code} {codes.title(code)}: {n}" for code, n in sorted(by_code.items())) + ")")
+    sys.stdout.write("\n".join(out) + "\n")
+    return EXIT_OK if best else EXIT_INVALID
 
 
 def cmd_build(args) -> int:

@@ -209,6 +209,18 @@ CATALOG: dict[str, tuple[str, str]] = {
         "unused sharding rule",
         "A rule names a logical axis that no parameter or input has. It has no effect; it may be misspelt.",
     ),
+    "E050": (
+        "does not fit in device memory",
+        "With `--hardware NAME`, the cost model predicts each device's peak memory for one training step: "
+        "parameters, gradients and optimizer state (by layout, with ZeRO and fsdp sharding), the activations "
+        "saved for the backward pass of one micro-batch (under the spec's `training.remat`), and temporaries "
+        "(gathered fsdp parameters, gradients in flight, the loss). The peak exceeds the profile's memory less "
+        "what the runtime reserves. The help lists changes predicted to fit: shard the parameters and "
+        "optimizer state over more devices (a larger `fsdp` axis, `training.zero`), recompute activations "
+        "(`training.remat: selective` or `full`), smaller micro-batches (a larger `training.grad_accum`), or "
+        "another mesh (`mithril-spec plan --auto --devices N --hardware NAME` searches them). "
+        "docs/cost-model.md states the formulas and their assumptions.",
+    ),
 }
 
 

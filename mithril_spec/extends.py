@@ -43,9 +43,11 @@ def _load(path: Path, chain: tuple[Path, ...]) -> Document:
         raise DiagnosticError([Diagnostic("E004", f"`extends: {ext}` forms a cycle", pos,
                                           help="a spec cannot (indirectly) extend itself")])
     base = _load(path.parent / rel, chain + (path.resolve(),))
+    if not isinstance(base.data, dict):
+        kind = "empty" if base.data is None else f"a {type(base.data).__name__}"
+        raise DiagnosticError([Diagnostic("E005", f"the base spec `{ext}` is not a mapping ({kind})", base.pos(()),
+                                          help="a base spec is a mapping of spec sections, like any spec")])
     data = _merge(base.data, {k: v for k, v in doc.data.items() if k != "extends"})
-    if not isinstance(data, dict):
-        raise DiagnosticError([Diagnostic("E005", "the base spec is not a mapping", pos)])
     values = {**base.values, **doc.values}
     keys = {**base.keys, **doc.keys}
     sources = {**base.sources, **doc.sources}

@@ -54,7 +54,21 @@ def load_text(text: str, file: str) -> Document:
 
 def load_file(path: str | Path) -> Document:
     p = Path(path)
-    text = p.read_text(encoding="utf-8")
+    raw = p.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        # A broken spec like any other (exit 1 with a position), not a usage error.
+        before = raw[: e.start].decode("utf-8", errors="replace")
+        line = before.count("\n") + 1
+        col = len(before) - (before.rfind("\n") + 1) + 1
+        toml = p.suffix.lower() == ".toml"
+        raise DiagnosticError([Diagnostic(
+            "E002" if toml else "E001",
+            f"{'TOML' if toml else 'YAML'} syntax error: the file is not UTF-8 text (byte 0x{raw[e.start]:02x})",
+            Position(str(path), line, col), help="save the file as UTF-8")]) from None
+    if text.startswith("\ufeff"):  # a byte-order mark is not part of the spec (and TOML rejects it)
+        text = text[1:]
     return load_text(text, str(path))
 
 
@@ -106,11 +120,51 @@ def _load_yaml(text: str, file: str) -> Document:
                 )
             ]
         ) from None
-    except yaml.YAMLError as e:  # e.g. reader errors on control characters
+    except yaml.reader.ReaderError as e:  # a character YAML does not allow (control characters)
+        before = text[: e.position]
+        line, col = before.count("\n") + 1, e.position - (before.rfind("\n") + 1) + 1
+        what = f"#x{e.character:04x}" if isinstance(e.character, int) else repr(e.character)
+        raise DiagnosticError([Diagnostic(
+            "E001", f"YAML syntax error: unacceptable character {what}: {e.reason}", Position(file, line, col),
+            help="remove the control character, or quote and escape it in a double-quoted string")]) from None
+    except yaml.YAMLError as e:
         raise DiagnosticError([Diagnostic("E001", f"YAML syntax error: {e}", Position(file, 1, 1))]) from None
+    except RecursionError:
+        raise DiagnosticError([_too_deep("E001", "YAML", text, file)]) from None
     if errors:
         raise DiagnosticError(errors)
     return Document(data, file, text, values, keys)
+
+
+MAX_DEPTH = 100
+MAX_NODES = 20_000  # aliases can expand a small file into a huge tree ("billion laughs")
+
+
+def _too_deep(code: str, lang: str, text: str, file: str) -> Diagnostic:
+    """The parser ran out of stack: point at the bracket where flow nesting passes MAX_DEPTH, if any."""
+    depth, line, col = 0, 1, 1
+    pos = Position(file, 1, 1)
+    for ch in text:
+        if ch in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                pos = Position(file, line, col)
+                break
+        elif ch in "]}":
+            depth -= 1
+        if ch == "\n":
+            line, col = line + 1, 1
+        else:
+            col += 1
+    return Diagnostic(code, f"{lang} syntax error: nesting too deep", pos,
+                      help=f"a spec nests at most {MAX_DEPTH} levels deep")
+
+
+def _scalar(loader, node) -> Any:
+    try:
+        return loader.construct_object(node)
+    except (ValueError, OverflowError, TypeError):  # e.g. `2001-02-30`, `!!float abc`: keep the text
+        return node.value
 
 
 def _mark(node: yaml.Node, file: str) -> Position:
@@ -118,8 +172,12 @@ def _mark(node: yaml.Node, file: str) -> Position:
 
 
 def _yaml_node(loader, node, path, file, values, keys, errors, depth=0):
-    if depth > 100:
+    if depth > MAX_DEPTH:
         raise yaml.MarkedYAMLError(problem="nesting too deep", problem_mark=node.start_mark)
+    loader.node_count = getattr(loader, "node_count", 0) + 1
+    if loader.node_count > MAX_NODES:
+        raise yaml.MarkedYAMLError(problem=f"the document expands to more than {MAX_NODES:,} values (aliases?)",
+                                   problem_mark=node.start_mark)
     values[path] = _mark(node, file)
     if isinstance(node, yaml.MappingNode):
         loader.flatten_mapping(node)  # resolves `<<` merge keys
@@ -127,7 +185,7 @@ def _yaml_node(loader, node, path, file, values, keys, errors, depth=0):
         for knode, vnode in node.value:
             if not isinstance(knode, yaml.ScalarNode):
                 raise yaml.MarkedYAMLError(problem="mapping keys must be plain scalars", problem_mark=knode.start_mark)
-            key = loader.construct_object(knode)
+            key = _scalar(loader, knode)
             if not isinstance(key, str):
                 key = str(key).lower() if isinstance(key, bool) else str(key)
             if key in out:
@@ -148,7 +206,7 @@ def _yaml_node(loader, node, path, file, values, keys, errors, depth=0):
             _yaml_node(loader, item, path + (i,), file, values, keys, errors, depth + 1)
             for i, item in enumerate(node.value)
         ]
-    value = loader.construct_object(node)
+    value = _scalar(loader, node)
     # Dates and binary are not part of the spec language; keep them as text so validation reports a type error.
     if not isinstance(value, (str, int, float, bool, type(None))):
         value = str(value)
@@ -164,6 +222,8 @@ _TOML_EOF = re.compile(r"\(at end of document\)")
 def _load_toml(text: str, file: str) -> Document:
     try:
         data = tomllib.loads(text)
+    except RecursionError:
+        raise DiagnosticError([_too_deep("E002", "TOML", text, file)]) from None
     except tomllib.TOMLDecodeError as e:
         msg = str(e)
         m = _TOML_ERR.search(msg)
@@ -317,7 +377,8 @@ class _TomlScanner:
             if self.peek(2) == "[[":
                 start = self.i
                 self.i += 2
-                base = tuple(k for k, _ in self.read_key())
+                names = tuple(k for k, _ in self.read_key())
+                base = self._resolve(names[:-1]) + names[-1:]  # [[a.b]] under [[a]]: the latest a
                 self.i = self.s.index("]]", self.i) + 2
                 n = self.array_counts.get(base, 0)
                 self.array_counts[base] = n + 1

@@ -432,8 +432,10 @@ def test_schema_check_and_stdout(tmp_path, capsys):
     assert rc == 1 and "run `mithril-spec schema`" in err
 
 
-def test_non_utf8_file_is_a_usage_error(tmp_path, capsys):
+def test_non_utf8_file_is_a_broken_spec(tmp_path, capsys):
+    """A file that exists but is not UTF-8 is a broken spec (exit 1, with a position), not a usage error."""
     bad = tmp_path / "latin1.yaml"
-    bad.write_bytes("name: caf\xe9\n".encode("latin-1"))
-    rc, out, err = run(capsys, "validate", bad)
-    assert rc == 2 and "UTF-8" in err
+    bad.write_bytes("version: 1\nname: caf\xe9\n".encode("latin-1"))
+    rc, out, err = run(capsys, "validate", bad, "--color", "never")
+    assert rc == 1
+    assert f"{bad}:2:10: error[E001]: YAML syntax error: the file is not UTF-8 text (byte 0xe9)" in err

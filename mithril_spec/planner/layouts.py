@@ -127,17 +127,21 @@ def param_layouts(graph: Graph, spec: Spec, doc: Document, mesh: Mesh, rules: Ru
             matched.setdefault(p.name, glob)
         if bad:
             continue
+    # Copies of a repeated block share axes, shapes and spec paths: compute each distinct layout once.
+    cache: dict[tuple, Layout] = {}
     for p in graph.params + graph.buffers:
         if p.name in matched and len(globs[matched[p.name]]) == len(p.shape):
             g = matched[p.name]
             gpath = ("sharding", "params", g)
-            out[p.name] = Layout(_explicit(globs[g], mesh), gpath, (gpath,) * len(p.shape))
-        else:
+            out[p.name] = _fill_fsdp(p, Layout(_explicit(globs[g], mesh), gpath, (gpath,) * len(p.shape)), mesh)
+            continue
+        key = (p.axes, p.shape, p.units, p.path)
+        lay = cache.get(key)
+        if lay is None:
             dims = tuple(rules.mesh_axes(a, mesh) for a in p.axes)
             origins = tuple(rules.paths.get(a, ()) if a else () for a in p.axes)
-            out[p.name] = Layout(dims, next((o for o in origins if o), p.path), origins)
-        if p.trainable or True:
-            out[p.name] = _fill_fsdp(p, out[p.name], mesh)
+            lay = cache[key] = _fill_fsdp(p, Layout(dims, next((o for o in origins if o), p.path), origins), mesh)
+        out[p.name] = lay
     return out
 
 

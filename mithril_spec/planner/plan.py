@@ -112,13 +112,18 @@ def make_plan(spec: Spec, doc: Document, graph: Graph, mesh_choice: Optional[str
     tr = spec.training
     pipeline = plan_pipeline(spec, doc, graph, mesh, tr.batch_size // tr.grad_accum, dp, diags)
     params, buffers = [], []
+    checked: set = set()  # (shape, units, layout) already checked: copies of a block repeat them
+    shapes: dict[tuple, tuple[int, ...]] = {}
     for p in graph.params + graph.buffers:
         lay = layouts[p.name]
-        if p.name not in skip:
+        if p.name not in skip and (p.shape, p.units, lay) not in checked:
+            checked.add((p.shape, p.units, lay))
             check_layout(p.name, p.shape, p.units, lay, mesh, doc, diags, seen)
         stage = pipeline.param_stage.get(p.name, 0) if pipeline else 0
-        plan = ParamPlan(p, lay.spec, local_shape(p.shape, lay.spec, mesh), pdtype if p.trainable else "float32",
-                         stage)
+        local = shapes.get((p.shape, lay.spec))
+        if local is None:
+            local = shapes[(p.shape, lay.spec)] = local_shape(p.shape, lay.spec, mesh)
+        plan = ParamPlan(p, lay.spec, local, pdtype if p.trainable else "float32", stage)
         (params if p.trainable else buffers).append(plan)
 
     if tr.batch_size % tr.grad_accum or (tr.batch_size // tr.grad_accum) % dp:
@@ -136,20 +141,15 @@ def make_plan(spec: Spec, doc: Document, graph: Graph, mesh_choice: Optional[str
     if diags:
         raise DiagnosticError(diags + warnings)
 
-    slots = OPTIMIZER_SLOTS[tr.optimizer.name]
-    if tr.optimizer.name == "sgd" and tr.optimizer.momentum == 0:
-        slots = 0
-    # A device holds the parameters of the stages on its pipe rank; report the fullest rank.
-    pipe = mesh.sizes["pipe"]
+    # A device holds the parameters of the stages on its pipe rank; report the fullest rank. The cost model
+    # owns the formulas (fp32 master weights, ZeRO sharding of optimizer state and gradients).
+    from .costs import state_memory
 
-    def on_rank(items, r):
-        return sum(x.local_bytes for x in items if x.stage % pipe == r)
-
-    local = max(on_rank(params, r) for r in range(pipe))
-    memory = Memory(params=local, grads=local, optimizer=slots * local,
-                    buffers=max(on_rank(buffers, r) for r in range(pipe)))
-    return Plan(spec, graph, mesh, tuple(params), tuple(buffers), tuple(inputs), baxes, dp, micro, memory,
-                tuple(warnings), pipeline)
+    plan = Plan(spec, graph, mesh, tuple(params), tuple(buffers), tuple(inputs), baxes, dp, micro,
+                Memory(0, 0, 0, 0), tuple(warnings), pipeline)
+    st = state_memory(plan)
+    return dataclasses.replace(plan, memory=Memory(params=st.params, grads=st.grads, optimizer=st.optimizer,
+                                                   buffers=st.buffers))
 
 
 def _check_experts(graph: Graph, doc: Document, mesh: Mesh, layouts, diags) -> set[str]:
@@ -235,8 +235,10 @@ def _warnings(graph, spec, doc, mesh, rules, params, baxes) -> list[Diagnostic]:
     return out
 
 
-def plan_to_json(plan: Plan) -> dict[str, Any]:
-    """Everything `plan --format json` prints (documented in docs/plan-json.md)."""
+def plan_to_json(plan: Plan, costs: Any = None) -> dict[str, Any]:
+    """Everything `plan --format json` prints (documented in docs/plan-json.md; "costs" in
+    docs/cost-model.md). `costs`: a `costs.Costs` (e.g. with a hardware profile); estimated when None."""
+    from .costs import costs_to_json, estimate
 
     def pspec(s):
         return [list(d) if d else None for d in s]
@@ -277,4 +279,5 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
                         "flops_per_sample_forward": s.flops} for s in plan.pipeline.stages],
         },
         "diagnostics": [d.to_json() for d in plan.warnings],
+        "costs": costs_to_json(costs if costs is not None else estimate(plan)),
     }

@@ -24,7 +24,73 @@ def _shape(s) -> str:
     return "[" + ", ".join(map(str, s)) + "]"
 
 
-def render_plan(plan: Plan) -> str:
+def human_flops(n: float) -> str:
+    for unit in ("", "K", "M", "G", "T", "P", "E"):
+        if abs(n) < 1000 or unit == "E":
+            return f"{n:.0f} FLOP" if unit == "" else f"{n:.1f} {unit}FLOP"
+        n /= 1000
+    return str(n)
+
+
+def human_seconds(s: float) -> str:
+    if s >= 1:
+        return f"{s:.2f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s * 1e6:.1f} us"
+
+
+def render_costs(costs) -> str:
+    """The cost summary printed after the table (memory, communication, FLOPs, step time)."""
+    lines = []
+    for st in costs.stages:
+        s, a, t = st.states, st.activations, st.temporaries
+        where = (f"per device on pipe rank {st.stage} ({', '.join(st.layers)}; {st.in_flight:g} micro-batch(es) "
+                 f"in flight)") if len(costs.stages) > 1 else "per device"
+        lines.append(
+            f"predicted memory {where} (remat {a.remat}, zero {costs.zero}, micro-batch of {costs.local_batch} "
+            f"sample(s) per device): states {human_bytes(s.total)} (params {human_bytes(s.params)}, grads "
+            f"{human_bytes(s.grads)}, optimizer {human_bytes(s.optimizer)}"
+            + (f" incl. master weights {human_bytes(s.master)}" if s.master else "")
+            + (f", buffers {human_bytes(s.buffers)}" if s.buffers else "")
+            + f") + activations {human_bytes(a.total)} + temporaries {human_bytes(t.total)} = peak "
+            f"{human_bytes(st.peak)}")
+    f = costs.flops
+    lines.append(f"FLOPs per step: forward {human_flops(f.forward)}, backward {human_flops(f.backward)}, recompute "
+                 f"{human_flops(f.recompute)}; per device {human_flops(f.per_device_total)}")
+    if costs.collectives:
+        total = sum(c.total_bytes for c in costs.collectives)
+        which = ""
+        if len(costs.stages) > 1:
+            busiest = max(costs.stages, key=lambda st: st.flops_per_device)
+            which = f" on pipe rank {busiest.stage} (the busiest; `--format json` lists every rank's)"
+        lines.append(f"communication per step{which}: {len(costs.collectives)} collective(s), {human_bytes(total)} "
+                     f"per device")
+        rows = [("collective", "mesh axes", "phase", "calls", "bytes/call", "what")]
+        for c in costs.collectives:
+            rows.append((c.kind, ",".join(c.axes), c.phase, str(c.count), human_bytes(c.bytes), c.what))
+        widths = [max(len(r[i]) for r in rows) for i in range(5)]
+        for r in rows:
+            lines.append("  " + " ".join(cell.ljust(w) for cell, w in zip(r[:5], widths)) + " " + r[5])
+    else:
+        lines.append("communication per step: none")
+    tm, hw = costs.time, costs.hardware
+    if hw is not None and tm is not None:
+        verdict = "fits" if costs.fits else "DOES NOT FIT"
+        lines.append(f"on {hw.name}: peak {human_bytes(costs.peak)} of {human_bytes(int(hw.usable_bytes))} usable "
+                     f"per device - {verdict}")
+        lines.append(
+            f"predicted step time {human_seconds(tm.step_s)}: compute {human_seconds(tm.compute_s)} (at "
+            f"{tm.efficiency:.0%} of peak), critical-path communication {human_seconds(tm.blocking_comm_s)}, "
+            f"data-parallel communication {human_seconds(tm.overlapped_comm_s)} "
+            f"({human_seconds(tm.exposed_comm_s)} not hidden by compute), optimizer {human_seconds(tm.optimizer_s)}; "
+            f"MFU {tm.mfu:.1%}")
+    for n in costs.notes:
+        lines.append(f"note: {n}")
+    return "\n".join(lines) + "\n"
+
+
+def render_plan(plan: Plan, costs=None) -> str:
     mesh = plan.mesh
     tr = plan.spec.training
     lines = [
@@ -68,4 +134,8 @@ def render_plan(plan: Plan) -> str:
         + f"; total {human_bytes(m.total)}",
         f"forward FLOPs per sample: {plan.graph.flops_per_sample:,}",
     ]
-    return "\n".join(lines) + "\n"
+    if costs is None:
+        from .costs import estimate
+
+        costs = estimate(plan)
+    return "\n".join(lines) + "\n\n" + render_costs(costs)

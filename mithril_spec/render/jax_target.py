@@ -1,11 +1,150 @@
-"""Context the jax templates need beyond the shared context (render/context.py)."""
+"""Context the jax templates need beyond the shared context (render/context.py).
+
+- Tensor variables never shadow a name the JAX model code uses itself (its op helpers, `P`, the block
+  functions): such a variable gets a trailing `_`, like context.var does for the shared reserved names.
+- Activation layouts: for each layer output, the mesh axes of each dimension (batch first). The batch
+  dimension takes the plan's batch axes; a feature dimension takes the mesh axes its logical axis is
+  ruled to, less the batch axes (a feature dimension is never split over a data axis), when they divide
+  it. The program pins such a layout with `with_sharding_constraint` where it is more than batch
+  splitting (tensor-parallel features), on every block output (the residual stream) and after
+  embedding lookups.
+- Which op helpers the program needs, and whether it carries buffers (batch_norm) or dropout keys.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import copy
+import math
+from typing import Any, Optional
 
+from ..graph import RepeatNode
+from ..ops import TensorType
+from ..planner.layouts import DEFAULT_RULES, _as_axes
 from ..planner.plan import Plan
+
+# Names the generated model code uses inside the functions that hold tensor variables.
+MODEL_NAMES = {
+    "P", "jax", "jnp", "np", "optax", "zlib", "math", "linear", "layer_norm", "rms_norm", "batch_norm",
+    "embedding", "attention", "rope", "mlp", "conv2d", "max_pool2d", "avg_pool2d", "dropout", "layer_key",
+    "cross_entropy", "mse", "remat", "forward", "loss_fn", "pre", "p", "batch", "buffers", "key", "x", "i",
+    "block", "REMAT", "COMPUTE_DTYPE",
+}  # fmt: skip
+
+
+def _rules(plan: Plan) -> dict[str, tuple[str, ...]]:
+    raw = plan.spec.sharding.rules
+    items = list(raw.items()) if isinstance(raw, dict) else [(k, v) for k, v in raw]
+    table = dict(DEFAULT_RULES)
+    table.update({k: _as_axes(v) for k, v in items})
+    return table
+
+
+def _activation_layout(t: TensorType, plan: Plan, rules: dict[str, tuple[str, ...]]) -> list:
+    """Mesh axes per dimension of [batch, *t.shape]: None where the dimension is not split."""
+    mesh, batch = plan.mesh, tuple(plan.batch_axes)
+    used = set(batch)
+    out: list[Optional[list[str]]] = [list(batch) or None]
+    for size, logical in zip(t.shape, t.axes):
+        axes = [a for a in rules.get(logical, ()) if mesh.sizes.get(a, 1) > 1 and a not in used] if logical else []
+        if axes and size % math.prod(mesh.sizes[a] for a in axes) == 0:
+            used.update(axes)
+            out.append(axes)
+        else:
+            out.append(None)
+    return out
+
+
+def _rename(scope: dict[str, str], taken: set[str]) -> dict[str, str]:
+    """tensor name -> variable, with variables that collide with MODEL_NAMES moved aside (unique in scope)."""
+    clash = {name for name, var in scope.items() if var in MODEL_NAMES or var in taken}
+    used = {var for name, var in scope.items() if name not in clash} | MODEL_NAMES | taken
+    out: dict[str, str] = {}
+    for name, var in scope.items():
+        if name in clash:
+            while var in used:
+                var += "_"
+            used.add(var)
+        out[name] = var
+    return out
 
 
 def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
-    return {}
+    rules = _rules(plan)
+    block_fns = {b["name"]: f"{b['name']}_block" for b in ctx["blocks"]}
+    taken = set(block_fns.values())
+    nodes = {n.name: n for n in plan.graph.layers}
+
+    # top level: inputs and layers share one scope (the forward function)
+    top = {i["name"]: i["var"] for i in ctx["inputs"]}
+    top.update({layer["name"]: layer["var"] for layer in ctx["layers"]})
+    top_vars = _rename(top, taken)
+
+    read = {n for layer in ctx["layers"] for n in layer["inputs"]}
+    inputs = copy.deepcopy(ctx["inputs"])
+    for i in inputs:
+        i["var"] = top_vars[i["name"]]
+        i["read"] = i["name"] in read  # read by a layer (not only by the loss)
+
+    def annotate(layer: dict[str, Any], node, vars_: dict[str, str]) -> dict[str, Any]:
+        layer["var"] = vars_[layer["name"]]
+        layer["input_vars"] = [vars_[n] for n in layer["inputs"]]
+        layer["act_layout"] = _activation_layout(node.out, plan, rules)
+        # pin it where the layout is more than the batch split
+        layer["pin"] = any(d for d in layer["act_layout"][1:])
+        return layer
+
+    layers = []
+    ops: set[str] = set()
+    has_dropout = has_buffers = False
+    for layer in copy.deepcopy(ctx["layers"]):
+        node = nodes[layer["name"]]
+        annotate(layer, node, top_vars)
+        if isinstance(node, RepeatNode):
+            layer["block_fn"] = block_fns[node.block]
+        else:
+            ops.add(node.op)
+        layers.append(layer)
+
+    blocks = []
+    for block in copy.deepcopy(ctx["blocks"]):
+        rep = next(n for n in plan.graph.layers if isinstance(n, RepeatNode) and n.block == block["name"])
+        inner = {n.name: n for n in rep.layers}
+        scope = {"block_input": "block_input"}
+        scope.update({layer["name"]: layer["var"] for layer in block["layers"]})
+        vars_ = _rename(scope, taken)
+        block["input_var"] = vars_["block_input"]
+        block["fn"] = block_fns[block["name"]]
+        for layer in block["layers"]:
+            annotate(layer, inner[layer["name"]], vars_)
+            ops.add(layer["op"])
+        block["output_var"] = vars_[block["output"]]
+        block["has_buffers"] = any(layer["buffers"] for layer in block["layers"])
+        block["has_dropout"] = any(layer["op"] == "dropout" and layer["attrs"]["rate"] > 0
+                                   for layer in block["layers"])
+        block["out_layout"] = _activation_layout(rep.out, plan, rules)
+        has_dropout |= block["has_dropout"]
+        has_buffers |= block["has_buffers"]
+        blocks.append(block)
+    for layer in layers:
+        if layer["op"] != "repeat":
+            has_dropout |= layer["op"] == "dropout" and layer["attrs"]["rate"] > 0
+            has_buffers |= bool(layer["buffers"])
+
+    loss = dict(ctx["loss"])
+    loss["prediction_var"] = top_vars[loss["prediction"]]
+    loss["targets_var"] = top_vars[loss["targets"]]
+    loss["targets_is_input"] = any(i["name"] == loss["targets"] for i in inputs)
+    return {
+        "inputs": inputs,
+        "layers": layers,
+        "blocks": blocks,
+        "loss": loss,
+        "jax": {
+            "ops": sorted(ops),
+            "has_dropout": has_dropout,
+            "has_buffers": has_buffers,
+            # per-device bytes the planner predicts (`mithril-spec plan`); the program reports what it holds
+            "planned": {"params": plan.memory.params, "optimizer": plan.memory.optimizer,
+                        "buffers": plan.memory.buffers},
+        },
+    }

@@ -23,6 +23,7 @@ import os
 import shutil
 import sys
 import time
+import warnings
 import zlib
 from collections import defaultdict
 
@@ -338,7 +339,7 @@ def setup_parallel(model, sizes, device, compute_dtype):
     return model, mesh, "tp" if Tp > 1 else "none", None
 
 
-def describe_params(model, plan, optimizer_states=2):
+def describe_params(model, plan, replicated_label="whole", optimizer_states=2):
     """Rows for --dry-run, and this rank's bytes of params, grads and optimizer state."""
     from torch.distributed.tensor import DTensor
 
@@ -348,7 +349,7 @@ def describe_params(model, plan, optimizer_states=2):
         placements = (
             f"{tuple(p.device_mesh.mesh_dim_names)}: {', '.join(str(pl) for pl in p.placements)}"
             if isinstance(p, DTensor)
-            else "whole"
+            else replicated_label
         )
         rows.append((name, plan[name][0], tuple(p.shape), placements, tuple(local.shape)))
         p_bytes += local.numel() * local.element_size()
@@ -501,6 +502,8 @@ def main(argv=None):
     compute_dtype = DTYPES[args.compute]
 
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
+    # DCP warns on every single-process save/load even with no_dist=True
+    warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
     # --- model: build whole, fill from the canonical init, then shard
     torch.manual_seed(args.seed)  # nothing random is drawn from torch; set for determinism anyway
@@ -543,7 +546,7 @@ def main(argv=None):
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
 
     if args.dry_run:
-        rows, nbytes = describe_params(raw, plan)
+        rows, nbytes = describe_params(raw, plan, "replicated (DDP)" if is_ddp else "whole")
         all_bytes = [None] * world
         if distributed:
             dist.all_gather_object(all_bytes, nbytes)

@@ -1,0 +1,148 @@
+"""Building and running generated JAX programs for the tests (test_jax_*.py).
+
+Every run is a subprocess (the number of devices is fixed per process). Builds and runs are memoised
+for the whole pytest session, so the single-device reference of a spec is run once and shared by every
+test that compares against it. Runs share a persistent XLA compilation cache: a second run of the same
+program on the same mesh (resume, other data, --init-params) skips compilation.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import dataclasses
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from mithril_spec import cli
+
+ROOT = Path(__file__).resolve().parent.parent
+SPECS = ROOT / "specs"
+WORK = Path(tempfile.mkdtemp(prefix="mithril-jax-tests-"))
+PY = sys.executable
+# Two programs at a time: XLA compiles mostly on one thread, so two overlap well on two cores.
+WORKERS = int(os.environ.get("MITHRIL_TEST_WORKERS", "2"))
+
+_builds: dict = {}
+_runs: dict = {}
+
+
+def spec_variant(spec: Path, edits: tuple[tuple[str, str], ...] = ()) -> Path:
+    """A copy of `spec` with textual edits (each `old` must occur), written next to the other test files."""
+    text = spec.read_text()
+    for old, new in edits:
+        assert old in text, f"{spec.name}: {old!r} not found"
+        text = text.replace(old, new)
+    if not edits:
+        return spec
+    digest = hashlib.sha1(text.encode()).hexdigest()[:10]
+    path = WORK / "specs" / f"{spec.stem}-{digest}{spec.suffix}"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def build(spec: Path, mesh: Optional[str] = None, edits: tuple[tuple[str, str], ...] = ()) -> Path:
+    """`mithril-spec build SPEC --target jax [--mesh MESH]` into a fresh directory (memoised)."""
+    key = (str(spec), mesh, edits)
+    if key not in _builds:
+        path = spec_variant(spec, edits)
+        out = WORK / f"build{len(_builds)}-{spec.stem}-{(mesh or 'default').replace(',', '_').replace('=', '')}"
+        argv = ["build", str(path), "--target", "jax", "-o", str(out)] + (["--mesh", mesh] if mesh else [])
+        err = io.StringIO()
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            rc = cli.main(argv)
+        assert rc == 0, f"build failed: {' '.join(argv)}\n{err.getvalue()}"
+        _builds[key] = out
+    return _builds[key]
+
+
+@dataclasses.dataclass
+class Run:
+    rc: int
+    output: str  # stdout + stderr
+    metrics: list[dict]
+    params: Optional[dict]  # --export-params, when written
+    cwd: Path
+
+    @property
+    def losses(self) -> np.ndarray:
+        return np.array([r["loss"] for r in self.metrics])
+
+    @property
+    def memory(self) -> dict:
+        """The `memory {...}` line the program prints at start."""
+        line = next(line for line in self.output.splitlines() if line.startswith("memory "))
+        return json.loads(line[len("memory "):])
+
+
+def env_for(extra: Optional[dict] = None) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES", "JAX_PLATFORMS")}
+    env.update({
+        "JAX_PLATFORMS": "cpu",
+        "JAX_COMPILATION_CACHE_DIR": str(WORK / "xla-cache"),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+        "PYTHONUNBUFFERED": "1",
+    })
+    env.update(extra or {})
+    return env
+
+
+def run(program: Path, *args: str, env: Optional[dict] = None, expect_rc: int = 0, export: bool = True,
+        metrics: bool = True, launcher: Optional[list[str]] = None, timeout: int = 600) -> Run:
+    """Runs `program/train.py ARGS` (or `launcher + ARGS`) in its own directory (memoised)."""
+    key = (str(program), args, tuple(sorted((env or {}).items())), expect_rc, export, metrics, tuple(launcher or ()))
+    if key in _runs:
+        return _runs[key]
+    cwd = Path(tempfile.mkdtemp(prefix="run-", dir=WORK))
+    flags = list(args)
+    if metrics:
+        flags += ["--metrics", str(cwd / "metrics.jsonl")]
+    if export:
+        flags += ["--export-params", str(cwd / "params.npz")]
+    if "--checkpoint-dir" not in args:
+        flags += ["--checkpoint-dir", ""]
+    cmd = (launcher or [PY, str(program / "train.py")]) + flags
+    p = subprocess.run(cmd, cwd=cwd, env=env_for(env), capture_output=True, text=True, timeout=timeout)
+    out = p.stdout + p.stderr
+    assert p.returncode == expect_rc, f"{' '.join(cmd)}: exit {p.returncode}, expected {expect_rc}\n{out[-6000:]}"
+    m = cwd / "metrics.jsonl"
+    params = cwd / "params.npz"
+    result = Run(p.returncode, out, [json.loads(line) for line in m.read_text().splitlines()] if m.exists() else [],
+                 dict(np.load(params)) if params.exists() else None, cwd)
+    _runs[key] = result
+    return result
+
+
+def run_many(jobs: list[tuple]) -> list[Run]:
+    """[(program, args...)] run WORKERS at a time; results in order."""
+    with concurrent.futures.ThreadPoolExecutor(WORKERS) as pool:
+        return list(pool.map(lambda job: run(*job), jobs))
+
+
+def max_diff(a: np.ndarray, b: np.ndarray) -> float:
+    assert len(a) == len(b), (len(a), len(b))
+    return float(np.abs(np.asarray(a) - np.asarray(b)).max())
+
+
+def max_param_diff(a: dict, b: dict) -> float:
+    assert sorted(a) == sorted(b)
+    return max(float(np.abs(a[k] - b[k]).max()) for k in a)
+
+
+def report(name: str, **figures) -> None:
+    """One line per measured figure, collected in WORK/figures.jsonl (printed with pytest -s)."""
+    row = {"check": name, **figures}
+    with open(WORK / "figures.jsonl", "a") as f:
+        f.write(json.dumps(row) + "\n")
+    print(json.dumps(row))
