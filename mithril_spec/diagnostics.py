@@ -114,7 +114,7 @@ def render_text(diags: Sequence[Diagnostic], sources: dict[str, str], color: boo
         out.append(f"{d.pos}: {head}" if d.pos else head)
         text = sources.get(d.pos.file) if d.pos else None
         if d.pos and text is not None:
-            lines = text.splitlines()
+            lines = [ln.rstrip("\r") for ln in text.split("\n")]  # as the loaders count lines
             if 1 <= d.pos.line <= len(lines):
                 src = lines[d.pos.line - 1].expandtabs(1)
                 num = str(d.pos.line)

@@ -180,14 +180,30 @@ def _yaml_node(loader, node, path, file, values, keys, errors, depth=0):
                                    problem_mark=node.start_mark)
     values[path] = _mark(node, file)
     if isinstance(node, yaml.MappingNode):
-        loader.flatten_mapping(node)  # resolves `<<` merge keys
+        # `<<` merge keys: the merged entries come first; an explicit key overrides a merged one silently.
+        # (An aliased mapping is visited again, already flattened: remember its explicit keys.)
+        explicit = getattr(loader, "explicit_keys", None)
+        if explicit is None:
+            explicit = loader.explicit_keys = {}
+        if id(node) not in explicit:
+            explicit[id(node)] = {id(k) for k, _ in node.value if k.tag != "tag:yaml.org,2002:merge"}
+            loader.flatten_mapping(node)
+        mine = explicit[id(node)]
         out: dict = {}
+        merged: set = set()
         for knode, vnode in node.value:
             if not isinstance(knode, yaml.ScalarNode):
                 raise yaml.MarkedYAMLError(problem="mapping keys must be plain scalars", problem_mark=knode.start_mark)
             key = _scalar(loader, knode)
             if not isinstance(key, str):
                 key = str(key).lower() if isinstance(key, bool) else str(key)
+            if id(knode) not in mine:
+                merged.add(key)
+            elif key in merged:
+                merged.discard(key)
+                out.pop(key)
+            if key in out and key in merged:
+                out.pop(key)  # several merged mappings define it: the later one wins, as in PyYAML
             if key in out:
                 errors.append(
                     Diagnostic(
@@ -230,7 +246,7 @@ def _load_toml(text: str, file: str) -> Document:
         if m:
             line, col = int(m.group(1)), int(m.group(2))
         elif _TOML_EOF.search(msg):
-            lines = text.splitlines() or [""]
+            lines = text.rstrip("\n").split("\n")  # tomllib counts lines by "\n" only
             line, col = len(lines), len(lines[-1]) + 1
         else:
             line, col = 1, 1
@@ -264,7 +280,7 @@ _TOML_KEYVAL = re.compile(r"\s*(\[|[A-Za-z0-9_\-\"'][^=\n]*=)")
 
 def _toml_duplicate(text: str, line: int, col: int, msg: str) -> tuple[int, int, str]:
     """tomllib reports a duplicate where it stopped (after the value); point at the duplicate key instead."""
-    lines = text.splitlines()
+    lines = [ln.rstrip("\r") for ln in text.split("\n")]  # tomllib counts lines by "\n" only
     if not 1 <= line <= len(lines):
         return line, col, f"duplicate key: {msg}"
     m = re.search(r"Duplicate inline table key '(.*)'", msg)

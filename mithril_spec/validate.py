@@ -128,6 +128,17 @@ def _section(path: tuple) -> str:
 
 
 def _diagnostic(e: dict, path: tuple, doc: Document) -> Diagnostic:
+    d = _diagnostic_for(e, path, doc)
+    # A mesh axis size that is not a positive integer is a bad mesh definition (E047), like `mesh` + `meshes`.
+    sizes = len(path) == 2 and path[0] == "mesh" or len(path) == 3 and path[0] == "meshes"
+    if sizes and d.code in ("E012", "E013") and e["type"] != "string_pattern_mismatch":
+        value = _get(doc.data, path)
+        d = Diagnostic("E047", f"mesh axis `{path[-1]}` has size {value!r}; sizes are positive integers", d.pos,
+                       help="e.g. `mesh: {data: 2, tensor: 4}`")
+    return d
+
+
+def _diagnostic_for(e: dict, path: tuple, doc: Document) -> Diagnostic:
     typ = e["type"]
     ctx = e.get("ctx") or {}
     here = _section(path)

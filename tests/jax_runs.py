@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -113,7 +114,10 @@ def run(program: Path, *args: str, env: Optional[dict] = None, expect_rc: int = 
     if "--checkpoint-dir" not in args:
         flags += ["--checkpoint-dir", ""]
     cmd = (launcher or [PY, str(program / "train.py")]) + flags
+    t0 = time.perf_counter()
     p = subprocess.run(cmd, cwd=cwd, env=env_for(env), capture_output=True, text=True, timeout=timeout)
+    with open(WORK / "runs.log", "a") as f:
+        f.write(f"{time.perf_counter() - t0:6.1f}s {' '.join(cmd[1:2] + list(args))}\n")
     out = p.stdout + p.stderr
     assert p.returncode == expect_rc, f"{' '.join(cmd)}: exit {p.returncode}, expected {expect_rc}\n{out[-6000:]}"
     m = cwd / "metrics.jsonl"

@@ -2,7 +2,7 @@
 
 Run as a script (in a subprocess, so that XLA_FLAGS can give it 8 simulated CPU devices):
 
-    python tests/jax_truth_step.py SPEC MESH OUT.json
+    python tests/jax_truth_step.py OUT.json SPEC MESH [SPEC MESH ...]
 
 It interprets the resolved graph with jax.numpy (parameters in their canonical layouts, sharded with the
 plan's partition specs through NamedSharding; activations constrained to the layouts the sharding rules
@@ -266,8 +266,7 @@ def collectives(compiled, mesh: Mesh) -> list[dict]:
     return out
 
 
-def main() -> None:
-    spec, mesh_arg, out_path = sys.argv[1:4]
+def measure(spec: str, mesh_arg: str) -> dict:
     plan, mesh, compiled, params, opt_state = build(spec, mesh_arg)
     mem = compiled.memory_analysis()
 
@@ -275,14 +274,22 @@ def main() -> None:
         return int(sum(x.addressable_shards[0].data.nbytes for x in jax.tree.leaves(tree) if hasattr(x, "shape")
                        and x.ndim > 0))
 
-    result = {
+    return {
+        "spec": spec,
+        "mesh": mesh_arg,
         "collectives": collectives(compiled, mesh),
         "memory": {k: getattr(mem, k) for k in ("argument_size_in_bytes", "output_size_in_bytes",
                                                  "temp_size_in_bytes", "alias_size_in_bytes")} if mem else None,
         "param_shard_bytes": shard_bytes(params),
         "optimizer_shard_bytes": shard_bytes(opt_state),
     }
-    Path(out_path).write_text(json.dumps(result, indent=1))
+
+
+def main() -> None:
+    """python tests/jax_truth_step.py OUT.json SPEC MESH [SPEC MESH ...]"""
+    out_path, *pairs = sys.argv[1:]
+    results = [measure(spec, mesh) for spec, mesh in zip(pairs[::2], pairs[1::2])]
+    Path(out_path).write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":

@@ -55,7 +55,7 @@ def test_broken_spec_text(path, capsys):
         header = f"{file}:{line}:{col}: {sev}[{code}]"
         assert header in err, err
         block = err[err.index(header):].splitlines()
-        src_lines = open(file, encoding="utf-8", errors="replace").read().splitlines()
+        src_lines = open(file, encoding="utf-8", errors="replace").read().split("\n")
         if 1 <= line <= len(src_lines):
             # header, gutter, source line, caret line
             assert block[2].endswith(src_lines[line - 1].expandtabs(1).rstrip()) or src_lines[line - 1] in block[2]

@@ -75,7 +75,6 @@ def test_equivalence(case):
     report(f"equivalence {spec} {what}", max_dloss=dl, max_dgrad_norm=dg, max_dparam=dp, steps=steps(spec))
     assert dl < 1e-5, f"{spec} on {what}: losses differ from one device by {dl:.2e}"
     assert [r["step"] for r in par.metrics] == list(range(1, steps(spec) + 1))
-    assert ref.losses[-1] < ref.losses[0], "the reference does not train"
 
 
 @pytest.mark.slow

@@ -204,12 +204,10 @@ def fit_hints(spec: Spec, doc: Document, graph: Graph, plan: Plan, hardware: Har
             out.append(f"`training.grad_accum: {accum}` (micro-batch {tr.batch_size // accum}; peak "
                        f"{_human(c.peak)})")
             break
-    # 5. another mesh on as many devices (when moving to fsdp was not enough)
-    if len(out) < limit and mesh.devices > 1 and not any("--mesh" in h for h in out):
-        res = search(spec, doc, graph, mesh.devices, hardware, (costs.remat,), options)
-        if res.fitting:
-            best = res.fitting[0]
-            out.append(f"`{best.argument}` (peak {_human(best.costs.peak)})")
+    # 5. another mesh on as many devices: searching them all is `plan --auto` (seconds on large models)
+    if mesh.devices > 1 and not any("--mesh" in h for h in out):
+        out.append(f"another mesh: `mithril-spec plan SPEC --auto --devices {mesh.devices} --hardware "
+                   f"{hardware.name}` searches them")
     return out[:limit]
 
 

@@ -763,29 +763,36 @@ class _Walk:
                 x = node.in_types[0]
                 ckpt = self.nbytes(x, self.act_axes(x))
                 per_rank: dict[int, list] = {}
+                groups: dict[tuple, int] = {}  # (stage, signature index) -> copies
+                first: dict[tuple, int] = {}
                 for i in range(node.count):
-                    prefix = f"{node.name}.{i}."
                     stage = self.stage_of(node.name, i)
+                    g = (stage, sigs[i])
+                    groups[g] = groups.get(g, 0) + 1
+                    first.setdefault(g, i)
+                    span = per_rank.setdefault(stage % pipe, [i, i, None])
+                    span[1] = i
+                    last_stage[stage] = node.out
+                for (stage, sig), k in groups.items():
                     rk = ranks[stage % pipe]
-                    sig = sigs[i]
                     key = (node.name, sig, in_remat)
                     bu = self._blocks.get(key)
                     if bu is None:
+                        prefix = f"{node.name}.{first[(stage, sig)]}."
                         bu = self._blocks[key] = self.block(node, prefix, sig[0], in_remat)
-                    rk.total.merge(bu, saved=False)
+                    rk.total.merge(bu, k, saved=False)
                     rk.unit_gather = max(rk.unit_gather, bu.gathered)
-                    bu.by_op(rk.by_op)
+                    bu.by_op(rk.by_op, k)
                     saved_b = bu.saved_bytes
-                    rk.block_saved += saved_b
-                    rk.block_scores += bu.score_bytes
-                    rk.checkpoints += ckpt
+                    rk.block_saved += saved_b * k
+                    rk.block_scores += bu.score_bytes * k
+                    rk.checkpoints += ckpt * k
                     rk.working = max(rk.working, saved_b)
-                    rk.recompute += bu.flops if remat == "full" else bu.score_flops if remat == "selective" else 0.0
-                    span = per_rank.setdefault(stage % pipe, [i, i, bu])
-                    span[1] = i
-                    if saved_b > span[2].saved_bytes:
+                    rk.recompute += k * (bu.flops if remat == "full" else bu.score_flops if remat == "selective"
+                                         else 0.0)
+                    span = per_rank[stage % pipe]
+                    if span[2] is None or saved_b > span[2].saved_bytes:
                         span[2] = bu
-                    last_stage[stage] = node.out
                 for r, (a, b_, biggest) in sorted(per_rank.items()):
                     ranks[r].blocks.append(BlockActivations(
                         node.name, b_ - a + 1, biggest.saved_bytes, biggest.score_bytes, ckpt))

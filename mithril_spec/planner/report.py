@@ -19,7 +19,7 @@ from .table import human_bytes, human_flops, human_seconds
 MAX_DEVICES_DRAWN = 64
 MAX_TENSORS = 8
 CELL = 34  # px, one device in a mesh grid
-MINI = 14  # px, one device in a partition map's mini grid
+MINI = 18  # px, one device in a partition map's mini grid
 
 CATEGORIES = (  # (key, label, colour)
     ("params", "parameters", "#4e79a7"),
@@ -162,7 +162,10 @@ def context(plan: Plan, costs: Costs) -> dict[str, Any]:
         "params": st.states.params, "grads": st.states.grads, "optimizer": st.states.optimizer,
         "buffers": st.states.buffers, "activations": st.activations.total, "temporaries": st.temporaries.total,
     }
-    scale_max = max(st.peak, int(hw.usable_bytes) if hw else 0, 1)
+    # the bars' scale: up to the usable memory when it is near the peak, else the peak (capacity off scale)
+    cap = hw.usable_bytes if hw else None
+    on_scale = cap is not None and cap <= 2 * st.peak
+    scale_max = max(st.peak * 1.05, cap if on_scale else 0, 1)
     bar_w = 520.0
     n_bars = min(plan.mesh.devices, 32)
     segments = []
@@ -199,7 +202,8 @@ def context(plan: Plan, costs: Costs) -> dict[str, Any]:
         "hardware": hw.name if hw else None,
         "hardware_description": hw.description if hw else None,
         "capacity": human_bytes(int(hw.usable_bytes)) if hw else None,
-        "capacity_x": (hw.usable_bytes / scale_max * bar_w) if hw else None,
+        "capacity_x": (cap / scale_max * bar_w) if on_scale else None,
+        "capacity_off_scale": cap is not None and not on_scale,
         "fits": costs.fits,
         "peak": human_bytes(costs.peak),
         "remat": costs.remat, "zero": costs.zero, "local_batch": costs.local_batch,

@@ -13,11 +13,16 @@ Parallelism (mesh axes in canonical order data, fsdp, tensor; a missing axis has
                           then FSDP2/HSDP over the remaining data axes (data + tensor alone is HSDP
                           with an fsdp axis of size 1, i.e. pure replication, so that DTensor params
                           keep working with DCP and export)
+
+Besides the flags of docs/program.md it takes overrides of the spec for experiments: --mesh,
+--grad-accum, --compute bfloat16, --activation-checkpointing, --compile, --checkpoint-every, and
+--memory-report FILE (measured per-rank bytes after the first step).
 """
 
 import argparse
 import contextlib
 import json
+import logging
 import math
 import os
 import shutil
@@ -26,8 +31,6 @@ import time
 import warnings
 import zlib
 from collections import defaultdict
-
-import logging
 
 import numpy as np
 import torch
@@ -612,7 +615,8 @@ def main(argv=None):
                    "step_time_s": dt, "samples_per_s": B / dt}
             if seq_len:
                 rec["tokens_per_s"] = B * seq_len / dt
-            print(f"step {step + 1:4d} | loss {loss_val:.6f} | lr {lr:.3e} | norm {rec['grad_norm']:.4f} | {dt * 1000:.1f} ms", flush=True)
+            print(f"step {step + 1:4d} | loss {loss_val:.6f} | lr {lr:.3e} | norm {rec['grad_norm']:.4f} | "
+                  f"{dt * 1000:.1f} ms", flush=True)
             if metrics:
                 metrics.write(json.dumps(rec) + "\n")
                 metrics.flush()
