@@ -344,7 +344,8 @@ def _plan_auto(args) -> int:
         sys.stdout.write(json.dumps(res.to_json(max(args.top, 1)), indent=2) + "\n")
         return EXIT_OK if best else EXIT_INVALID
     out = [f"auto plan for {c.spec.name} on {devices} x {hw.name}: {res.meshes} mesh(es) x 3 remat settings; "
-           f"{len(res.candidates)} valid, {len(res.fitting)} fit in {human_bytes(int(hw.usable_bytes))} usable per device"]
+           f"{len(res.candidates)} valid, {len(res.fitting)} fit in {human_bytes(int(hw.usable_bytes))} usable "
+           f"per device"]
     if best:
         rows = [("rank", "mesh", "remat", "peak/device", "step time", "MFU")]
         for i, cand in enumerate(best, 1):

@@ -91,8 +91,8 @@ CATALOG: dict[str, tuple[str, str]] = {
     ),
     "E026": (
         "graph cycle",
-        "A layer refers to its own output or to a layer defined after it, or a block repeats itself. "
-        "Layers form a directed acyclic graph in the order they are written.",
+        "A layer refers to its own output or to a layer defined after it. Layers form a directed acyclic "
+        "graph in the order they are written.",
     ),
     "E027": (
         "dangling tensor",
@@ -119,8 +119,9 @@ CATALOG: dict[str, tuple[str, str]] = {
     "E040": (
         "unknown mesh axis",
         "Mesh axes are `data`, `fsdp`, `tensor`, `pipe` and `expert` (their role is fixed: the targets "
-        "map each to a framework feature). A rule, layout or `--mesh` names an axis that is not in the "
-        "selected mesh.",
+        "map each to a framework feature). A mesh, rule or layout names an axis that is not one of them. "
+        "Axes absent from the selected mesh are simply size 1, so one spec serves every mesh. (An unknown "
+        "axis in a `--mesh` override is a usage error, exit code 2.)",
     ),
     "E041": (
         "mesh axis used twice in one layout",
@@ -157,7 +158,7 @@ CATALOG: dict[str, tuple[str, str]] = {
     "E047": (
         "bad mesh definition",
         "A spec gives either `mesh:` (one mesh) or `meshes:` (named meshes, the first is the default), "
-        "not both and not neither; each axis size is a positive integer.",
+        "not both; `meshes` must not be empty. With neither, the spec plans for a single device.",
     ),
     "E048": (
         "layout rank mismatch",
@@ -182,9 +183,11 @@ CATALOG: dict[str, tuple[str, str]] = {
         "pieces, each then split over the data-parallel degree: the product must divide it.",
     ),
     "E053": (
-        "layers cannot be split into the pipeline stages asked for",
+        "pipeline cannot be laid out as asked",
         "Without explicit `stage:` fields, a repeated block is split evenly into pipe x virtual_stages "
-        "stages: its repeat count must be divisible by that number (and a model needs a repeat to split).",
+        "stages: its repeat count must be divisible by that number (and a model needs exactly one repeat to "
+        "split). A mesh with a `pipe` axis needs a `pipeline` section, and `virtual_stages` > 1 needs the "
+        "`interleaved` schedule.",
     ),
     "E054": (
         "pipeline stages out of order or not contiguous",

@@ -39,9 +39,11 @@ def _load(path: Path, chain: tuple[Path, ...]) -> Document:
         raise DiagnosticError([Diagnostic("E004", f"`extends: {ext}` is not a .yaml, .yml or .toml file", pos)])
     if not target.is_file():
         raise DiagnosticError([Diagnostic("E004", f"`extends: {ext}`: no such file", pos)])
-    if target in chain or target == path.resolve() or len(chain) >= MAX_DEPTH:
+    if target in chain or target == path.resolve():
         raise DiagnosticError([Diagnostic("E004", f"`extends: {ext}` forms a cycle", pos,
                                           help="a spec cannot (indirectly) extend itself")])
+    if len(chain) >= MAX_DEPTH:
+        raise DiagnosticError([Diagnostic("E004", f"`extends` chains deeper than {MAX_DEPTH} specs", pos)])
     base = _load(path.parent / rel, chain + (path.resolve(),))
     if not isinstance(base.data, dict):
         kind = "empty" if base.data is None else f"a {type(base.data).__name__}"

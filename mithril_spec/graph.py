@@ -189,7 +189,7 @@ class _Resolver:
         )
         loss = self.loss(env, used, layers)
         if not self.diags:  # unused tensors are only meaningful in a graph that resolved completely
-            self.dangling(produced, used, keep=loss.prediction if loss else None)
+            self.dangling(produced, used, keep=loss.prediction if loss else None, last_is_output=False)
         # Every input must be used by a layer or by the loss.
         for inp in inputs:
             if inp.name not in used and not self.diags:
@@ -312,10 +312,13 @@ class _Resolver:
             return None  # an earlier error broke the chain; it was reported there
         return [(prev, lpath)]
 
-    def dangling(self, produced: dict[str, tuple], used: set[str], keep: Optional[str]) -> None:
+    def dangling(self, produced: dict[str, tuple], used: set[str], keep: Optional[str],
+                 last_is_output: bool = True) -> None:
+        """E027 for outputs nothing reads. A block's last layer is its output; at the top level only the
+        loss's prediction is an output."""
         names = list(produced)
         for name in names:
-            if name not in used and name != keep and name != names[-1]:
+            if name not in used and name != keep and not (last_is_output and name == names[-1]):
                 self.error("E027", f"the output of `{name}` is never used", produced[name],
                            help="later layers take the previous output by default; use `input:`/`inputs:` to wire it in, or remove it")
 

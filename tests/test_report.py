@@ -30,10 +30,17 @@ CHROMIUM_FLAGS = [
 # Collects uncaught errors, rejected promises and console.error calls into an attribute of <html>.
 ERROR_HOOK = """<script>
 (function () {
-  function note(m) { var e = document.documentElement; e.setAttribute("data-errors", (e.getAttribute("data-errors") || "") + m + ";"); }
+  function note(m) {
+    var e = document.documentElement;
+    e.setAttribute("data-errors", (e.getAttribute("data-errors") || "") + m + ";");
+  }
   window.addEventListener("error", function (ev) { note("error: " + ev.message); });
   window.addEventListener("unhandledrejection", function (ev) { note("rejection: " + ev.reason); });
-  var orig = console.error; console.error = function () { note("console.error: " + Array.prototype.join.call(arguments, " ")); return orig.apply(console, arguments); };
+  var orig = console.error;
+  console.error = function () {
+    note("console.error: " + Array.prototype.join.call(arguments, " "));
+    return orig.apply(console, arguments);
+  };
 })();
 </script>"""
 

@@ -99,6 +99,11 @@ def expect_float(t: TensorType, what: str) -> None:
         raise OpError("E029", f"{what} needs a floating-point input, got {t.dtype} {t.show()}", "input")
 
 
+def expect_features(t: TensorType, what: str) -> None:
+    if not t.shape:
+        raise OpError("E028", f"{what} needs a feature dimension, got {t.show()}", "input")
+
+
 def expect_rank(t: TensorType, rank: int, what: str, layout: str) -> None:
     if len(t.shape) != rank:
         raise OpError("E028", f"{what} expects a {layout} input, got {t.show()}", "input")

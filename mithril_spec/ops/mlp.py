@@ -7,7 +7,7 @@ from typing import Literal, Optional
 from pydantic import Field
 
 from ..spec.common import Size
-from .base import LayerArgs, Op, OpResult, ParamDef, expect_float
+from .base import LayerArgs, Op, OpResult, ParamDef, expect_features, expect_float
 
 
 class MlpArgs(LayerArgs):
@@ -25,6 +25,7 @@ class Mlp(Op):
     def infer(self, args, inputs, size, ctx):
         (x,) = inputs
         expect_float(x, "mlp")
+        expect_features(x, "mlp")
         d, h, emb = x.shape[-1], size("hidden"), x.axes[-1]
         tokens = x.numel // d
         if args.activation == "swiglu":

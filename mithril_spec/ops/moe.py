@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from ..spec.common import Size
-from .base import LayerArgs, Op, OpError, OpResult, ParamDef, expect_float
+from .base import LayerArgs, Op, OpError, OpResult, ParamDef, expect_features, expect_float
 
 
 class MoeArgs(LayerArgs):
@@ -28,6 +28,7 @@ class Moe(Op):
     def infer(self, args, inputs, size, ctx):
         (x,) = inputs
         expect_float(x, "moe")
+        expect_features(x, "moe")
         d, emb = x.shape[-1], x.axes[-1]
         e, k, h = size("experts"), size("top_k"), size("hidden")
         if k > e:

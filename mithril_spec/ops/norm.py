@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from .base import LayerArgs, Op, OpError, OpResult, ParamDef, expect_float
+from .base import LayerArgs, Op, OpError, OpResult, ParamDef, expect_features, expect_float
 
 
 class LayerNormArgs(LayerArgs):
@@ -23,6 +23,7 @@ class LayerNorm(Op):
     def infer(self, args, inputs, size, ctx):
         (x,) = inputs
         expect_float(x, "layer_norm")
+        expect_features(x, "layer_norm")
         d, ax = x.shape[-1], x.axes[-1]
         params = (ParamDef("weight", (d,), (ax,), init="ones"),)
         if args.bias:
@@ -43,6 +44,7 @@ class RmsNorm(Op):
     def infer(self, args, inputs, size, ctx):
         (x,) = inputs
         expect_float(x, "rms_norm")
+        expect_features(x, "rms_norm")
         d, ax = x.shape[-1], x.axes[-1]
         params = (ParamDef("weight", (d,), (ax,), init="ones"),)
         return OpResult(x, params, {"dim": d, "eps": args.eps}, flops=5 * x.numel)

@@ -55,6 +55,10 @@ def read_rules(spec: Spec, doc: Document, diags: list[Diagnostic]) -> Rules:
     items = list(raw.items()) if isinstance(raw, dict) else [(k, v) for k, v in raw]
     for i, (logical, value) in enumerate(items):
         path = ("sharding", "rules", logical) if isinstance(raw, dict) else ("sharding", "rules", i)
+        if not isinstance(logical, str):
+            diags.append(Diagnostic("E012", f"a rule's logical axis must be a name, got {logical!r}",
+                                    doc.pos(path + (0,)), help="write rules as [logical_axis, mesh_axis] pairs"))
+            continue
         axes = _as_axes(value)
         for j, a in enumerate(axes):
             if a not in MESH_AXES:
@@ -135,7 +139,7 @@ def param_layouts(graph: Graph, spec: Spec, doc: Document, mesh: Mesh, rules: Ru
             gpath = ("sharding", "params", g)
             out[p.name] = _fill_fsdp(p, Layout(_explicit(globs[g], mesh), gpath, (gpath,) * len(p.shape)), mesh)
             continue
-        key = (p.axes, p.shape, p.units, p.path)
+        key = (p.axes, p.shape, p.units, p.path, p.trainable)
         lay = cache.get(key)
         if lay is None:
             dims = tuple(rules.mesh_axes(a, mesh) for a in p.axes)
@@ -148,8 +152,8 @@ def param_layouts(graph: Graph, spec: Spec, doc: Document, mesh: Mesh, rules: Ru
 def _fill_fsdp(p: Param, layout: Layout, mesh: Mesh) -> Layout:
     """ZeRO-3: shard over fsdp on the first dimension that takes it, if no rule already did."""
     f = mesh.sizes["fsdp"]
-    if f == 1 or any("fsdp" in d for d in layout.spec):
-        return layout
+    if f == 1 or not p.trainable or any("fsdp" in d for d in layout.spec):
+        return layout  # buffers (batch-norm statistics) stay replicated, as FSDP2 leaves them
     units = p.units or p.shape
     for i, d in enumerate(layout.spec):
         if units[i] % (mesh.degree(d) * f) == 0:

@@ -84,6 +84,11 @@ def _explicit(graph, doc, n_stages, pipe, diags):
     layer_stage: dict[str, int] = {}
     prev = 0
     ok = True
+    first = graph.layers[0]
+    if first.stage not in (None, 0):
+        diags.append(Diagnostic("E054", f"the first layer `{first.name}` is on stage {first.stage}; stages start "
+                                "at 0", doc.pos(first.path + ("stage",)), help="put the first layer on stage 0"))
+        ok = False
     for n in graph.layers:
         s = n.stage if n.stage is not None else prev
         if n.stage is not None and n.stage < prev:

@@ -11,6 +11,8 @@ from ..graph import Graph, InputNode, Param
 from ..source import Document
 from ..spec.root import Spec
 from .layouts import Layout, batch_axes, check_layout, local_shape, param_layouts, read_rules
+from ..diagnostics import did_you_mean
+from ..spec.sharding import MESH_AXES
 from .mesh import Mesh, select_mesh
 from .pipeline import PipelinePlan, plan_pipeline
 
@@ -133,6 +135,7 @@ def make_plan(spec: Spec, doc: Document, graph: Graph, mesh_choice: Optional[str
             doc.pos(("training", "batch_size")),
             help=f"use a batch size divisible by {tr.grad_accum * dp}"))
     micro = tr.batch_size // tr.grad_accum
+    _check_data(spec, graph, doc, diags)
     if any(d.code == "E043" for d in diags):
         seen.add("batch-reported")
 
@@ -150,6 +153,23 @@ def make_plan(spec: Spec, doc: Document, graph: Graph, mesh_choice: Optional[str
     st = state_memory(plan)
     return dataclasses.replace(plan, memory=Memory(params=st.params, grads=st.grads, optimizer=st.optimizer,
                                                    buffers=st.buffers))
+
+
+def _check_data(spec: Spec, graph: Graph, doc: Document, diags: list[Diagnostic]) -> None:
+    """A text file feeds byte tokens and next-byte targets: two integer inputs of shape [batch, seq]."""
+    if spec.data.kind != "text":
+        return
+    ins = graph.inputs
+    ok = len(ins) == 2 and all(i.type.is_int and len(i.type.shape) == 1 for i in ins) and (
+        ins[0].type.shape == ins[1].type.shape)
+    if not ok:
+        diags.append(Diagnostic(
+            "E013", "`data: {kind: text}` needs exactly two integer inputs of shape [batch, seq] (tokens, targets)",
+            doc.pos(("data", "kind")), help="declare e.g. tokens and targets as {shape: [batch, seq], dtype: int32}"))
+    elif ins[0].high < 256:
+        diags.append(Diagnostic(
+            "E013", f"`data: {{kind: text}}` produces byte tokens 0..255, but `{ins[0].name}` feeds an embedding "
+            f"of vocab {ins[0].high}", doc.pos(("data", "kind")), help="use vocab >= 256 for character-level text"))
 
 
 def _check_experts(graph: Graph, doc: Document, mesh: Mesh, layouts, diags) -> set[str]:
@@ -194,6 +214,13 @@ def _input_plans(graph, spec, doc, mesh, rules, baxes, micro, dp, diags, seen) -
         if inp.name in explicit:
             path = ("sharding", "inputs", inp.name)
             layout = explicit[inp.name]
+            bad = [(j, a) for j, e in enumerate(layout) for a in ((e,) if isinstance(e, str) else (e or ()))
+                   if a not in MESH_AXES]
+            for j, a in bad:
+                diags.append(Diagnostic("E040", f"unknown mesh axis `{a}` in the layout for input `{inp.name}`",
+                                        doc.pos(path + (j,)), help=did_you_mean(a, MESH_AXES)))
+            if bad:
+                continue
             if len(layout) != len(shape):
                 diags.append(Diagnostic(
                     "E048", f"layout for input `{inp.name}` has {len(layout)} entries but the input has "
@@ -260,7 +287,7 @@ def plan_to_json(plan: Plan, costs: Any = None) -> dict[str, Any]:
         "params": [
             {"name": p.name, "shape": list(p.param.shape), "axes": list(p.param.axes), "layout": pspec(p.spec),
              "local_shape": list(p.local_shape), "dtype": p.dtype, "bytes": p.bytes, "local_bytes": p.local_bytes,
-             "stage": p.stage}
+             "stage": p.stage, "buffer": not p.param.trainable}
             for p in plan.params + plan.buffers
         ],
         "totals": {

@@ -108,7 +108,7 @@ def render_plan(plan: Plan, costs=None) -> str:
                      _pspec(p.spec), _shape(p.local_shape), human_bytes(p.local_bytes)))
     for i in plan.inputs:
         rows.append((f"input {i.input.name}", _shape(["batch", *i.input.type.shape]),
-                     "[batch, " + ", ".join(a or "-" for a in i.input.type.axes) + "]", _pspec(i.spec),
+                     "[" + ", ".join(["batch", *(a or "-" for a in i.input.type.axes)]) + "]", _pspec(i.spec),
                      _shape([i.local_batch, *i.input.type.shape]), i.input.type.dtype))
     widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
     for j, r in enumerate(rows):

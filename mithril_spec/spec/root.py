@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Annotated, Literal, Optional
 
 from pydantic import Field, PositiveInt, StrictInt
 
@@ -23,7 +23,7 @@ class Spec(Strict):
     targets: list[Literal["jax", "torch"]] = Field(
         default_factory=lambda: ["jax", "torch"], min_length=1, description="targets this spec is built for"
     )
-    dims: dict[Ident, StrictInt] = Field(default_factory=dict, description="named sizes")
+    dims: dict[Ident, Annotated[StrictInt, Field(ge=1)]] = Field(default_factory=dict, description="named sizes")
     model: Model
     mesh: Optional[Mesh] = Field(None, description="axis -> size; axes: pipe, data, fsdp, expert, tensor")
     meshes: Optional[dict[Ident, Mesh]] = Field(None, description="named meshes; the first is the default")

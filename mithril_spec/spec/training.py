@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Union
 
-from pydantic import Field, PositiveFloat, PositiveInt
+from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
 from .common import Strict
 
@@ -40,6 +40,12 @@ class Schedule(Strict):
     name: Literal["constant", "cosine", "linear-warmup", "noam"] = "constant"
     warmup_steps: Annotated[int, Field(ge=0)] = 0
     min_lr_ratio: Annotated[float, Field(ge=0, le=1)] = 0.0
+
+    @model_validator(mode="after")
+    def _noam_needs_warmup(self):
+        if self.name == "noam" and self.warmup_steps < 1:
+            raise ValueError("the noam schedule needs warmup_steps >= 1 (its formula divides by it)")
+        return self
 
 
 class Precision(Strict):
