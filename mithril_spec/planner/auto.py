@@ -5,8 +5,8 @@ Every candidate mesh is checked by the real planner (`make_plan` with a `--mesh`
 batch splitting and layout checks are the ones `plan` applies), then costed under each remat setting.
 Candidates that fit in device memory are ranked by predicted step time.
 
-Searched axes: data, fsdp, tensor. Not searched (reported as such): pipe (pipeline parallelism is not
-implemented yet) and expert (no expert-parallel operators yet).
+Searched axes: data, fsdp, tensor. Not searched (reported as such): pipe and expert, which the planner and
+the cost model handle but no target can run yet (targets.SUPPORTED).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from .plan import Plan, make_plan
 
 SEARCH_AXES = ("data", "fsdp", "tensor")
 NOT_SEARCHED = {
-    "pipe": "pipeline parallelism is not implemented yet",
-    "expert": "expert parallelism is not implemented yet",
+    "pipe": "no target runs pipeline stages yet (E049); `plan --mesh pipe=..` costs a given pipeline",
+    "expert": "no target runs expert parallelism yet (E049); `plan --mesh expert=..` costs a given split",
 }
 
 
@@ -151,9 +151,13 @@ def fit_diagnostics(spec: Spec, doc: Document, graph: Graph, plan: Plan, hardwar
     msg = (f"predicted peak memory {_human(s.peak)} per device exceeds the {_human(hardware.usable_bytes)} usable "
            f"on {hardware.name}{mesh_label} (states {_human(s.states.total)}, activations "
            f"{_human(s.activations.total)}, temporaries {_human(s.temporaries.total)})")
-    help_ = ("predicted to fit: " + "; ".join(hints)) if hints else (
-        "nothing tried fits: use more devices or a larger device (`mithril-spec plan --auto --devices N "
-        "--hardware NAME` searches meshes)")
+    fit = [h for h in hints if not h.startswith("another mesh")]
+    other = [h for h in hints if h.startswith("another mesh")]
+    if fit:
+        help_ = "predicted to fit: " + "; ".join(fit) + ("; or " + other[0] if other else "")
+    else:
+        help_ = ("no single change tried fits (remat, zero, fsdp, grad_accum); " + (other[0] if other else
+                 "use more devices or a device with more memory"))
     return [Diagnostic("E050", msg, doc.pos(path), help=help_)]
 
 

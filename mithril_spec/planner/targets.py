@@ -45,8 +45,32 @@ def check_target(plan: Plan, doc: Document, target: str) -> list[Diagnostic]:
             out.append(Diagnostic(
                 "E049", f"the {target} target does not support the `{axis}` mesh axis yet", doc.pos(plan.mesh.source),
                 help=f"supported axes: {', '.join(SUPPORTED[target])}"))
+    tr = plan.spec.training
+    if getattr(tr, "zero", 0):
+        out.append(Diagnostic("E049", f"the {target} target does not implement `training.zero: {tr.zero}` yet",
+                              doc.pos(("training", "zero")),
+                              help="use an fsdp mesh axis (ZeRO-3), which both targets implement"))
+    if getattr(tr.precision, "master_weights", False):
+        out.append(Diagnostic("E049", f"the {target} target does not implement `precision.master_weights` yet",
+                              doc.pos(("training", "precision", "master_weights")),
+                              help="keep parameters in float32 (`precision.params: float32`)"))
     if target == "torch":
         out += _torch(plan, doc)
+    if target == "jax":
+        out += _jax(plan, doc)
+    return out
+
+
+def _jax(plan: Plan, doc: Document) -> list[Diagnostic]:
+    """The JAX target renders every operator but moe (expert routing comes with the expert axis)."""
+    out: list[Diagnostic] = []
+    for _, nodes in _scopes(plan):
+        for node in nodes:
+            if isinstance(node, Node) and node.op == "moe":
+                out.append(Diagnostic(
+                    "E049", f"`{node.name}`: the jax target does not support the moe operator yet",
+                    doc.pos(node.path + ("op",)),
+                    help="use an mlp layer here, or leave jax out of the spec's `targets`"))
     return out
 
 

@@ -143,6 +143,7 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
             "ops": sorted(ops),
             "has_dropout": has_dropout,
             "has_buffers": has_buffers,
+            "zero": plan.spec.training.zero,  # not in the shared context (yet)
             # per-device bytes the planner predicts (`mithril-spec plan`); the program reports what it holds
             "planned": {"params": plan.memory.params, "optimizer": plan.memory.optimizer,
                         "buffers": plan.memory.buffers},

@@ -1,11 +1,216 @@
-"""Context the torch templates need beyond the shared context (render/context.py)."""
+"""Context the torch templates need beyond the shared context (render/context.py).
+
+- Tensor variables never shadow a name the generated forward methods use themselves (`self`, `F`,
+  `torch`, the block loop variable, helper functions): such a variable gets a trailing `_`.
+- Which helper modules the program defines (Attention, MLP, PosEmbedding, RMSNorm, BatchNorm, Dropout):
+  only those the spec uses.
+- How the mesh is used, decided here once for the mesh the program is built for:
+  `dp`: "ddp" (DistributedDataParallel over data), "fsdp" (FSDP2 fully_shard over fsdp), "hsdp" (FSDP2
+  on the 2-D (data, fsdp) mesh; also data x tensor, as HSDP with an fsdp axis of size 1, so that the
+  tensor-parallel DTensor parameters stay DTensors for DCP and export) or "none".
+- The tensor-parallel plan for parallelize_module, flat, by module FQN (`blocks.*.attn.q` for every copy
+  of a block): colwise / rowwise, and under sequence parallelism (the plan splits the residual stream's
+  sequence axis over `tensor`) the sequence-parallel variants and the boundaries of the repeated blocks.
+- The torch dimension FSDP2 shards for each parameter: the plan's fsdp dimension, moved by the transpose
+  of nn.Linear weights (torch [out, in] vs canonical [in, out]).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import copy
+from typing import Any, Optional
 
+from ..graph import Node, RepeatNode
 from ..planner.plan import Plan
+
+# Names the generated forward methods use besides tensor variables.
+MODEL_NAMES = {"F", "torch", "nn", "np", "math", "self", "block", "rope", "zlib", "checkpoint", "layers", "selective_remat"}
+
+TRANSPOSED_OPS = ("linear", "attention", "mlp")  # their 2-D weights are nn.Linear weights: [out, in] in torch
+NORMS = ("layer_norm", "rms_norm")
+# Operators that act on each position of a sequence on its own: fine on a sequence-sharded activation.
+PER_POSITION = {"relu", "gelu", "silu", "tanh", "sigmoid", "softmax", "dropout", "add", "mul", "layer_norm",
+                "rms_norm", "linear"}
+SLOTS = {"adamw": 2, "adam": 2, "sgd": 1}
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def _rename(scope: dict[str, str], taken: set[str]) -> dict[str, str]:
+    """tensor name -> variable, with variables that collide with MODEL_NAMES moved aside (unique in scope)."""
+    clash = {name for name, var in scope.items() if var in MODEL_NAMES or var in taken}
+    used = {var for name, var in scope.items() if name not in clash} | MODEL_NAMES | taken
+    out: dict[str, str] = {}
+    for name, var in scope.items():
+        if name in clash:
+            while var in used:
+                var += "_"
+            used.add(var)
+        out[name] = var
+    return out
+
+
+def attr_path(name: str) -> str:
+    """A parameter's canonical name as a Python attribute path from the model: blocks.0.ln.weight ->
+    blocks[0].ln.weight (ModuleList items are indexed)."""
+    out = ""
+    for part in name.split("."):
+        out += f"[{part}]" if part.isdigit() else (("." if out else "") + part)
+    return out
+
+
+def _rules(plan: Plan) -> dict[str, tuple[str, ...]]:
+    raw = plan.spec.sharding.rules
+    items = list(raw.items()) if isinstance(raw, dict) else [(k, v) for k, v in raw]
+    return {k: ((v,) if isinstance(v, str) else tuple(v or ())) for k, v in items}
+
+
+def _sequence_parallel(plan: Plan, rep: RepeatNode) -> bool:
+    """Does the plan split the sequence axis of this repeat's residual stream ([seq, dim]) over `tensor`?"""
+    t = plan.mesh.sizes.get("tensor", 1)
+    if t <= 1 or len(rep.out.shape) != 2:
+        return False
+    logical = rep.out.axes[0]
+    return bool(logical) and "tensor" in _rules(plan).get(logical, ()) and rep.out.shape[0] % t == 0
+
+
+def _styles(ctx_tp: dict[str, str], prefix: str, nodes, sp: bool) -> dict[str, str]:
+    """parallelize_module styles for the layers of one scope (`prefix` is "" or "blocks.*.")."""
+    out: dict[str, str] = {}
+    for node in nodes:
+        if not isinstance(node, Node):
+            continue
+        mine = {k: v for k, v in ctx_tp.items() if k == node.name or k.startswith(node.name + ".")}
+        if not sp:
+            out.update({prefix + k: v for k, v in mine.items()})
+            continue
+        # Sequence parallel: activations between layers hold seq / tensor positions on each rank.
+        if node.op in ("attention", "mlp"):
+            out[prefix + node.name] = "gather_input"  # all-gather the sequence once for q, k, v (fc, gate, up)
+            for k, v in mine.items():
+                out[prefix + k] = "colwise" if v == "colwise" else "rowwise_sp"  # reduce-scatter the output
+        elif node.op == "linear" and mine:
+            style = mine[node.name]
+            out[prefix + node.name] = "colwise_sp" if style == "colwise" else "rowwise_sp"
+        elif node.params:  # norms (and linear layers not split): whole weights on sequence shards
+            out[prefix + node.name] = "sequence"
+    return out
 
 
 def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
-    return {}
+    sizes = plan.mesh.sizes
+    D, Fs, T = sizes.get("data", 1), sizes.get("fsdp", 1), sizes.get("tensor", 1)
+    nodes = {n.name: n for n in plan.graph.layers}
+
+    # ---- variables
+    top = {i["name"]: i["var"] for i in ctx["inputs"]}
+    top.update({layer["name"]: layer["var"] for layer in ctx["layers"]})
+    top_vars = _rename(top, set())
+    inputs = copy.deepcopy(ctx["inputs"])
+    for i in inputs:
+        i["var"] = top_vars[i["name"]]
+
+    ops: set[str] = set()
+    rotary = False
+
+    def annotate(layer: dict[str, Any], vars_: dict[str, str]) -> dict[str, Any]:
+        nonlocal rotary
+        layer["var"] = vars_[layer["name"]]
+        layer["input_vars"] = [vars_[n] for n in layer["inputs"]]
+        if layer["op"] == "linear" and layer["attrs"].get("tie"):
+            layer["tie_attr"] = attr_path(layer["attrs"]["tie"])
+        if layer["op"] != "repeat":
+            ops.add(layer["op"])
+            if layer["op"] == "dropout" and layer["attrs"]["rate"] > 0:
+                ops.add("dropout_rng")
+            rotary |= layer["op"] == "attention" and bool(layer["attrs"].get("rotary"))
+        return layer
+
+    layers = [annotate(layer, top_vars) for layer in copy.deepcopy(ctx["layers"])]
+
+    blocks = []
+    for block in copy.deepcopy(ctx["blocks"]):
+        scope = {"block_input": "block_input"}
+        scope.update({layer["name"]: layer["var"] for layer in block["layers"]})
+        vars_ = _rename(scope, set())
+        block["input_var"] = vars_["block_input"]
+        for layer in block["layers"]:
+            annotate(layer, vars_)
+        block["output_var"] = vars_[block["output"]]
+        blocks.append(block)
+
+    loss = dict(ctx["loss"])
+    loss["prediction_var"] = top_vars[loss["prediction"]]
+    loss["targets_var"] = top_vars[loss["targets"]]
+
+    # ---- data parallelism
+    fsdp_sharded = any(p["fsdp_dim"] is not None for p in ctx["params"])
+    if Fs > 1 or (T > 1 and D > 1):
+        dp = "hsdp" if D > 1 else "fsdp"
+    elif D > 1:
+        dp = "ddp"
+    else:
+        dp = "none"
+
+    # ---- tensor (and sequence) parallelism
+    tp_plan: dict[str, str] = {}
+    sp_repeats: list[dict[str, Any]] = []
+    if T > 1:
+        tp_plan.update(_styles(ctx["tp"], "", plan.graph.layers, False))
+        block_tp = {b["name"]: b["tp"] for b in ctx["blocks"]}
+        for node in plan.graph.layers:
+            if isinstance(node, RepeatNode):
+                sp = _sequence_parallel(plan, node)
+                tp_plan.update(_styles(block_tp.get(node.block, {}), f"{node.name}.*.", node.layers, sp))
+                if sp:
+                    sp_repeats.append({"name": node.name, "count": node.count})
+                    tp_plan[f"{node.name}.0"] = "split_sequence"  # stream in: keep this rank's positions
+                    # stream out: every position again (the same module when there is one copy)
+                    last = f"{node.name}.{node.count - 1}"
+                    tp_plan[last] = "split_and_gather" if node.count == 1 else "gather_sequence"
+
+    # ---- parameters
+    transposed = set()
+    fsdp_dims: dict[str, Optional[int]] = {}
+    for p in ctx["params"]:
+        layer = p["layer"].split(".")
+        node = nodes.get(layer[0])
+        if isinstance(node, RepeatNode):
+            node = next(n for n in node.layers if n.name == layer[2])
+        is_t = len(p["shape"]) == 2 and p["name"].endswith("weight") and node.op in TRANSPOSED_OPS
+        if is_t:
+            transposed.add(p["name"])
+        d = p["fsdp_dim"]
+        fsdp_dims[p["name"]] = None if d is None else (1 - d if is_t else d)
+
+    pdtype = plan.spec.training.precision.params
+    opt = plan.spec.training.optimizer
+    slots = SLOTS[opt.name] if not (opt.name == "sgd" and opt.momentum == 0) else 0
+    devices = plan.mesh.devices
+    per_node = min(devices, 8)
+    while devices % per_node:
+        per_node -= 1
+    return {
+        "inputs": inputs,
+        "layers": layers,
+        "blocks": blocks,
+        "loss": loss,
+        "torch": {
+            "ops": sorted(ops),
+            "rotary": rotary,
+            "has_buffers": bool(ctx["buffers"]),
+            "dp": dp,
+            "fsdp_sharded": fsdp_sharded,
+            "tp_plan": tp_plan,
+            "sp_repeats": sp_repeats,
+            "transposed": [p["name"] for p in ctx["params"] if p["name"] in transposed],
+            "fsdp_dims": fsdp_dims,
+            "mesh3": {"data": D, "fsdp": Fs, "tensor": T},
+            "optimizer_slots": slots,
+            "param_bytes": DTYPE_BYTES[pdtype],
+            "planned": {"params": plan.memory.params, "grads": plan.memory.grads,
+                        "optimizer": plan.memory.optimizer, "buffers": plan.memory.buffers},
+            "nodes": devices // per_node,
+            "gpus_per_node": per_node,
+            "job_name": "".join(c if c.isalnum() or c in "_.-" else "-" for c in plan.spec.name),
+        },
+    }
