@@ -8,6 +8,7 @@ program on the same mesh (resume, other data, --init-params) skips compilation.
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import contextlib
 import dataclasses
@@ -15,12 +16,12 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 
@@ -29,6 +30,8 @@ from mithril_spec import cli
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = ROOT / "specs"
 WORK = Path(tempfile.mkdtemp(prefix="mithril-jax-tests-"))
+if not os.environ.get("MITHRIL_KEEP_TEST_RUNS"):  # set it to keep the programs, runs and figures.jsonl
+    atexit.register(shutil.rmtree, WORK, ignore_errors=True)
 PY = sys.executable
 # Two programs at a time: XLA compiles mostly on one thread, so two overlap well on two cores.
 WORKERS = int(os.environ.get("MITHRIL_TEST_WORKERS", "2"))
@@ -52,7 +55,7 @@ def spec_variant(spec: Path, edits: tuple[tuple[str, str], ...] = ()) -> Path:
     return path
 
 
-def build(spec: Path, mesh: Optional[str] = None, edits: tuple[tuple[str, str], ...] = ()) -> Path:
+def build(spec: Path, mesh: str | None = None, edits: tuple[tuple[str, str], ...] = ()) -> Path:
     """`mithril-spec build SPEC --target jax [--mesh MESH]` into a fresh directory (memoised)."""
     key = (str(spec), mesh, edits)
     if key not in _builds:
@@ -72,7 +75,7 @@ class Run:
     rc: int
     output: str  # stdout + stderr
     metrics: list[dict]
-    params: Optional[dict]  # --export-params, when written
+    params: dict | None  # --export-params, when written
     cwd: Path
 
     @property
@@ -86,7 +89,7 @@ class Run:
         return json.loads(line[len("memory "):])
 
 
-def env_for(extra: Optional[dict] = None) -> dict:
+def env_for(extra: dict | None = None) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES", "JAX_PLATFORMS")}
     env.update({
         "JAX_PLATFORMS": "cpu",
@@ -99,8 +102,8 @@ def env_for(extra: Optional[dict] = None) -> dict:
     return env
 
 
-def run(program: Path, *args: str, env: Optional[dict] = None, expect_rc: int = 0, export: bool = True,
-        metrics: bool = True, launcher: Optional[list[str]] = None, timeout: int = 600) -> Run:
+def run(program: Path, *args: str, env: dict | None = None, expect_rc: int = 0, export: bool = True,
+        metrics: bool = True, launcher: list[str] | None = None, timeout: int = 600) -> Run:
     """Runs `program/train.py ARGS` (or `launcher + ARGS`) in its own directory (memoised)."""
     key = (str(program), args, tuple(sorted((env or {}).items())), expect_rc, export, metrics, tuple(launcher or ()))
     if key in _runs:
@@ -115,7 +118,7 @@ def run(program: Path, *args: str, env: Optional[dict] = None, expect_rc: int = 
         flags += ["--checkpoint-dir", ""]
     cmd = (launcher or [PY, str(program / "train.py")]) + flags
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, cwd=cwd, env=env_for(env), capture_output=True, text=True, timeout=timeout)
+    p = subprocess.run(cmd, check=False, cwd=cwd, env=env_for(env), capture_output=True, text=True, timeout=timeout)
     with open(WORK / "runs.log", "a") as f:
         f.write(f"{time.perf_counter() - t0:6.1f}s {' '.join(cmd[1:2] + list(args))}\n")
     out = p.stdout + p.stderr

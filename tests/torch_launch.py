@@ -7,6 +7,10 @@ MASTER_PORT) and runs the program's `main(parse_args(argv))` in processes starte
 torch.multiprocessing.spawn, which skips torchrun's agent and rendezvous (about twice as fast to start
 on a 2-core machine). The program still calls init_process_group itself, as under torchrun. Exits with
 the first failing rank's exit code (2 when the program rejects the launch), 0 when every rank succeeds.
+
+With MITHRIL_COUNT_COLLECTIVES=PREFIX set, each rank counts the calls of the gradient collectives FSDP2
+issues (torch.distributed.reduce_scatter_single, and all_reduce for HSDP and the loss) and writes them
+to PREFIX.<rank>.json when the program destroys its process group.
 """
 
 import importlib.util
@@ -25,10 +29,36 @@ def _child(rank, world, port, path, argv):
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     sys.argv = [path, *argv]
+    if os.environ.get("MITHRIL_COUNT_COLLECTIVES"):
+        _count_collectives(os.environ["MITHRIL_COUNT_COLLECTIVES"], rank)
     spec = importlib.util.spec_from_file_location("train_program", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     mod.main(mod.parse_args(argv))
+
+
+def _count_collectives(prefix, rank):
+    import json
+
+    import torch.distributed as dist
+
+    counts = {"reduce_scatter": 0, "all_reduce": 0}
+    for name, key in (("reduce_scatter_single", "reduce_scatter"), ("all_reduce", "all_reduce")):
+        orig = getattr(dist, name)
+
+        def counted(*a, _orig=orig, _key=key, **k):
+            counts[_key] += 1
+            return _orig(*a, **k)
+
+        setattr(dist, name, counted)
+    destroy = dist.destroy_process_group
+
+    def destroy_and_report(*a, **k):
+        with open(f"{prefix}.{rank}.json", "w") as f:
+            json.dump(counts, f)
+        return destroy(*a, **k)
+
+    dist.destroy_process_group = destroy_and_report
 
 
 def main():

@@ -6,12 +6,11 @@ import dataclasses
 import math
 from typing import Any, Optional
 
-from ..diagnostics import Diagnostic, DiagnosticError
+from ..diagnostics import Diagnostic, DiagnosticError, did_you_mean
 from ..graph import Graph, InputNode, Param
 from ..source import Document
 from ..spec.root import Spec
 from .layouts import Layout, batch_axes, check_layout, local_shape, param_layouts, read_rules
-from ..diagnostics import did_you_mean
 from ..spec.sharding import MESH_AXES
 from .mesh import Mesh, select_mesh
 from .pipeline import PipelinePlan, plan_pipeline
@@ -204,8 +203,6 @@ def _input_plans(graph, spec, doc, mesh, rules, baxes, micro, dp, diags, seen) -
     names = {i.name for i in graph.inputs}
     for name in explicit:
         if name not in names:
-            from ..diagnostics import did_you_mean
-
             diags.append(Diagnostic("E045", f"`sharding.inputs` names `{name}`, which is not a model input",
                                     doc.pos(("sharding", "inputs", name), key=True), help=did_you_mean(name, names)))
     out = []
@@ -255,8 +252,6 @@ def _warnings(graph, spec, doc, mesh, rules, params, baxes) -> list[Diagnostic]:
     used.add("batch")
     for logical, path in rules.paths.items():
         if logical not in used:
-            from ..diagnostics import did_you_mean
-
             out.append(Diagnostic("W002", f"the rule for `{logical}` matches no parameter or input axis",
                                   doc.pos(path, key=True), help=did_you_mean(logical, sorted(used))))
     return out

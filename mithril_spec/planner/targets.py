@@ -46,11 +46,12 @@ def check_target(plan: Plan, doc: Document, target: str) -> list[Diagnostic]:
                 "E049", f"the {target} target does not support the `{axis}` mesh axis yet", doc.pos(plan.mesh.source),
                 help=f"supported axes: {', '.join(SUPPORTED[target])}"))
     tr = plan.spec.training
-    if getattr(tr, "zero", 0):
+    # The jax target implements ZeRO-1/2 and float32 master weights (templates/jax/train.py.j2).
+    if getattr(tr, "zero", 0) and target != "jax":
         out.append(Diagnostic("E049", f"the {target} target does not implement `training.zero: {tr.zero}` yet",
                               doc.pos(("training", "zero")),
                               help="use an fsdp mesh axis (ZeRO-3), which both targets implement"))
-    if getattr(tr.precision, "master_weights", False):
+    if getattr(tr.precision, "master_weights", False) and target != "jax":
         out.append(Diagnostic("E049", f"the {target} target does not implement `precision.master_weights` yet",
                               doc.pos(("training", "precision", "master_weights")),
                               help="keep parameters in float32 (`precision.params: float32`)"))
@@ -90,11 +91,39 @@ def _torch(plan: Plan, doc: Document) -> list[Diagnostic]:
     def err(node, msg, help=None):
         out.append(Diagnostic("E049", msg, doc.pos(node.path + ("name",)), help=help))
 
+    tr = plan.spec.training
+    if tr.zero:
+        out.append(Diagnostic(
+            "E049", f"the torch target does not shard optimizer state over data axes (zero: {tr.zero}) yet",
+            doc.pos(("training", "zero")), help="use the `fsdp` mesh axis (FSDP2) to shard parameters, gradients "
+            "and optimizer state, or build for jax"))
+    if tr.precision.params != "float32" and (tr.precision.master_weights or tr.precision.compute == "float32"):
+        what = "float32 master weights" if tr.precision.master_weights else "float32 compute"
+        out.append(Diagnostic(
+            "E049", f"the torch target does not support {what} with {tr.precision.params} parameters",
+            doc.pos(("training", "precision")),
+            help="store parameters in float32 and compute in bfloat16 (FSDP2 MixedPrecisionPolicy or autocast)"))
+    for n in plan.graph.layers:
+        if isinstance(n, RepeatNode) and torch_sequence_parallel(plan, n):
+            for node in n.layers:
+                if node.op not in SP_OPS or (node.op == "dropout" and node.attrs["rate"] > 0):
+                    err(node, f"`{node.name}`: the torch target cannot run a {node.op} layer on a sequence split "
+                        "over `tensor` (sequence parallelism)",
+                        help=f"sequence-parallel blocks hold {', '.join(sorted(SP_OPS))} (dropout only with "
+                        "rate 0); or do not rule the sequence axis to `tensor`")
+                elif node.op in ("attention", "mlp") and not any(
+                        tensor_dims(plan, f"{n.name}.0.{node.name}.{p.name}") for p in node.params):
+                    err(node, f"`{node.name}`: under sequence parallelism the torch target needs {node.op} layers "
+                        "split over `tensor`", help="rule `heads`/`kv_heads` (attention) or `mlp` to `tensor`")
+
     for prefix, nodes in _scopes(plan):
         for i, node in enumerate(nodes):
             if node.name in TORCH_MODULE_ATTRS:
                 err(node, f"layer name `{node.name}` clashes with torch.nn.Module.{node.name}",
                     help="rename the layer (names are shared by every target)")
+            if isinstance(node, Node) and node.op == "moe":
+                err(node, f"`{node.name}`: the torch target does not support the moe operator yet",
+                    help="use an mlp layer here, or leave torch out of the spec's `targets`")
             if not isinstance(node, Node):
                 continue
             name = prefix + node.name
@@ -132,6 +161,24 @@ def _torch(plan: Plan, doc: Document) -> list[Diagnostic]:
                 err(node, f"`{node.name}`: the torch target cannot split a {node.op} layer over `tensor`",
                     help="tensor parallelism applies to linear, attention and mlp layers in the torch target")
     return out
+
+
+# Operators a torch sequence-parallel block may hold: per-position ones, and tensor-parallel attention / mlp.
+SP_OPS = {"relu", "gelu", "silu", "tanh", "sigmoid", "softmax", "dropout", "add", "mul", "layer_norm", "rms_norm",
+          "linear", "attention", "mlp"}
+
+
+def torch_sequence_parallel(plan: Plan, rep: RepeatNode) -> bool:
+    """Does the plan split the sequence axis of this repeat's residual stream ([seq, dim]) over `tensor`?
+    The torch target then runs the block sequence-parallel (SequenceParallel between the tensor-parallel
+    layers), the way the plan's costs assume."""
+    t = plan.mesh.sizes.get("tensor", 1)
+    if t <= 1 or len(rep.out.shape) != 2 or not rep.out.axes[0]:
+        return False
+    raw = plan.spec.sharding.rules
+    items = list(raw.items()) if isinstance(raw, dict) else [(k, v) for k, v in raw]
+    rules = {k: ((v,) if isinstance(v, str) else tuple(v or ())) for k, v in items}
+    return "tensor" in rules.get(rep.out.axes[0], ()) and rep.out.shape[0] % t == 0
 
 
 def _neighbour(plan: Plan, prefix: str, nodes: list, i: int, step: int) -> str | None:

@@ -87,6 +87,24 @@ def _tp_styles(plan: Plan, prefix: str, node: Node) -> dict[str, str]:
     return out
 
 
+def _pipeline(plan: Plan) -> dict[str, Any] | None:
+    pp = plan.pipeline
+    if pp is None:
+        return None
+    return {
+        "pipe": pp.pipe,
+        "virtual_stages": pp.virtual,
+        "stages": len(pp.stages),
+        "microbatches": pp.microbatches,
+        "schedule": pp.schedule,
+        "bubble": pp.bubble,
+        "layer_stage": dict(pp.layer_stage),
+        # repeat name -> [[start, end], ...] copies per stage
+        "repeat_split": {k: [list(s) for s in v] for k, v in pp.repeat_split.items()},
+        "stage_layers": [list(s.units) for s in pp.stages],
+    }
+
+
 def make_context(plan: Plan, target: str, spec_file: str) -> dict[str, Any]:
     spec, graph, mesh = plan.spec, plan.graph, plan.mesh
     tr = spec.training
@@ -190,5 +208,6 @@ def make_context(plan: Plan, target: str, spec_file: str) -> dict[str, Any]:
             "checkpoint": tr.checkpoint.model_dump() if tr.checkpoint else None,
         },
         "data": spec.data.model_dump(),
+        "pipeline": _pipeline(plan),
         "seq_len": first_seq,
     }

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any, Optional
+from typing import Any
 
 from ..graph import RepeatNode
 from ..ops import TensorType
@@ -43,7 +43,7 @@ def _activation_layout(t: TensorType, plan: Plan, rules: dict[str, tuple[str, ..
     """Mesh axes per dimension of [batch, *t.shape]: None where the dimension is not split."""
     mesh, batch = plan.mesh, tuple(plan.batch_axes)
     used = set(batch)
-    out: list[Optional[list[str]]] = [list(batch) or None]
+    out: list[list[str] | None] = [list(batch) or None]
     for size, logical in zip(t.shape, t.axes):
         axes = [a for a in rules.get(logical, ()) if mesh.sizes.get(a, 1) > 1 and a not in used] if logical else []
         if axes and size % math.prod(mesh.sizes[a] for a in axes) == 0:

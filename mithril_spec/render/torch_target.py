@@ -18,19 +18,16 @@
 from __future__ import annotations
 
 import copy
-from typing import Any, Optional
+from typing import Any
 
 from ..graph import Node, RepeatNode
 from ..planner.plan import Plan
+from ..planner.targets import torch_sequence_parallel
 
 # Names the generated forward methods use besides tensor variables.
 MODEL_NAMES = {"F", "torch", "nn", "np", "math", "self", "block", "rope", "zlib", "checkpoint", "layers", "selective_remat"}
 
 TRANSPOSED_OPS = ("linear", "attention", "mlp")  # their 2-D weights are nn.Linear weights: [out, in] in torch
-NORMS = ("layer_norm", "rms_norm")
-# Operators that act on each position of a sequence on its own: fine on a sequence-sharded activation.
-PER_POSITION = {"relu", "gelu", "silu", "tanh", "sigmoid", "softmax", "dropout", "add", "mul", "layer_norm",
-                "rms_norm", "linear"}
 SLOTS = {"adamw": 2, "adam": 2, "sgd": 1}
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -56,21 +53,6 @@ def attr_path(name: str) -> str:
     for part in name.split("."):
         out += f"[{part}]" if part.isdigit() else (("." if out else "") + part)
     return out
-
-
-def _rules(plan: Plan) -> dict[str, tuple[str, ...]]:
-    raw = plan.spec.sharding.rules
-    items = list(raw.items()) if isinstance(raw, dict) else [(k, v) for k, v in raw]
-    return {k: ((v,) if isinstance(v, str) else tuple(v or ())) for k, v in items}
-
-
-def _sequence_parallel(plan: Plan, rep: RepeatNode) -> bool:
-    """Does the plan split the sequence axis of this repeat's residual stream ([seq, dim]) over `tensor`?"""
-    t = plan.mesh.sizes.get("tensor", 1)
-    if t <= 1 or len(rep.out.shape) != 2:
-        return False
-    logical = rep.out.axes[0]
-    return bool(logical) and "tensor" in _rules(plan).get(logical, ()) and rep.out.shape[0] % t == 0
 
 
 def _styles(ctx_tp: dict[str, str], prefix: str, nodes, sp: bool) -> dict[str, str]:
@@ -159,7 +141,7 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
         block_tp = {b["name"]: b["tp"] for b in ctx["blocks"]}
         for node in plan.graph.layers:
             if isinstance(node, RepeatNode):
-                sp = _sequence_parallel(plan, node)
+                sp = torch_sequence_parallel(plan, node)
                 tp_plan.update(_styles(block_tp.get(node.block, {}), f"{node.name}.*.", node.layers, sp))
                 if sp:
                     sp_repeats.append({"name": node.name, "count": node.count})
@@ -170,7 +152,7 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
 
     # ---- parameters
     transposed = set()
-    fsdp_dims: dict[str, Optional[int]] = {}
+    fsdp_dims: dict[str, int | None] = {}
     for p in ctx["params"]:
         layer = p["layer"].split(".")
         node = nodes.get(layer[0])

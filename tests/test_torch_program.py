@@ -1,0 +1,300 @@
+"""The generated PyTorch program's interface and features (docs/program.md), with gloo ranks on CPU:
+resume (10 steps == 5 + resume + 5), resharding a checkpoint from 4 ranks to 2, gradient accumulation
+without needless gradient syncs, --steps 0 export and --init-params, the world-size check, the real
+torchrun path through the generated launch.sh, --dry-run, remat, bf16, --compile, data on disk, and every
+operator (tests/specs/all-ops.yaml)."""
+
+from __future__ import annotations
+
+import os
+import zlib
+
+import numpy as np
+import pytest
+from torch_runs import (
+    GPT,
+    GPT_STEPS,
+    SPECS,
+    TESTS,
+    WORK,
+    build,
+    ckpt_dir,
+    equivalence_jobs,
+    max_diff,
+    max_param_diff,
+    parallel,
+    reference,
+    report,
+    run,
+    run_many,
+)
+
+from mithril_spec.frontend import compile_file
+
+MLP = SPECS / "mlp-dp.yaml"
+ALL_OPS = TESTS / "specs" / "all-ops.yaml"
+# all-ops without its batch_norm layers, which the torch target allows only on a single data shard
+NO_BN = (("      - {op: batch_norm, name: bn_seq}\n", ""), ("    - {op: batch_norm, name: bn}\n", ""))
+ARRAYS = WORK / "arrays-mlp"
+ACCUM = (("  batch_size: 16\n", "  batch_size: 16\n  grad_accum: 2\n"),)
+
+
+def _run(job):
+    kw = job[-1] if isinstance(job[-1], dict) else {}
+    return run(*(job[:-1] if isinstance(job[-1], dict) else job), **kw)
+
+
+def gpt_single(n=GPT_STEPS):
+    return run(*reference("gpt-tiny.yaml", n))
+
+
+def write_arrays():
+    """mlp-dp's synthetic samples 0..319 by the documented rule, as .npy files (data: arrays)."""
+    if ARRAYS.exists():
+        return
+    c = compile_file(MLP, "data=1")
+    cols = {i.input.name: [] for i in c.plan.inputs}
+    for n in range(5 * c.spec.training.batch_size):
+        rng = np.random.default_rng([c.spec.training.seed + 1, n])
+        for i in c.plan.inputs:
+            t = i.input.type
+            if t.is_int:
+                cols[i.input.name].append(rng.integers(0, i.input.high, size=t.shape, dtype=np.int64).astype(t.dtype))
+            else:
+                cols[i.input.name].append(rng.standard_normal(t.shape, dtype=np.float32))
+    ARRAYS.mkdir()
+    for name, rows in cols.items():
+        np.save(ARRAYS / f"{name}.npy", np.stack(rows))
+
+
+def numpy_init(spec, seed=0):
+    """The documented initialisation (docs/program.md), written out independently of the programs."""
+    out = {}
+    for p in compile_file(spec, "data=1").plan.params:
+        shape, init = p.param.shape, p.param.init
+        if init == "zeros":
+            out[p.name] = np.zeros(shape, np.float32)
+        elif init == "ones":
+            out[p.name] = np.ones(shape, np.float32)
+        else:
+            rng = np.random.default_rng([seed, zlib.crc32(p.name.encode())])
+            out[p.name] = (rng.standard_normal(shape, dtype=np.float32) * np.float32(p.param.std)).astype(np.float32)
+    return out
+
+
+def jobs():
+    """Every run of this module except the ones that depend on another run's output."""
+    write_arrays()
+    arrays = build(MLP, "data=1", (("data: {kind: synthetic}", f"data: {{kind: arrays, path: {ARRAYS}}}"),))
+    return equivalence_jobs() + [
+        reference("gpt-tiny.yaml", 5) + ("--checkpoint-dir", str(ckpt_dir("single")), {}),
+        (build(GPT, "data=1"), "--steps", "0"),
+        reference("gpt-tiny.yaml", 5),
+        (build(GPT, "data=2,fsdp=2", ACCUM), "--steps", str(GPT_STEPS), {"count": True}),
+        (build(MLP, "four", (("  batch_size: 64\n", "  batch_size: 64\n  grad_accum: 2\n"),)), "--steps", "5"),
+        (build(GPT, "data=1", (("  seed: 0\n", "  seed: 0\n  remat: full\n"),)), "--steps", "5"),
+        (build(GPT, "data=1", (("  seed: 0\n", "  seed: 0\n  remat: selective\n"),)), "--steps", "5"),
+        (build(GPT, "data=1", (("compute: float32", "compute: bfloat16"),)), "--steps", "5"),
+        (build(GPT, "fsdp=2", (("compute: float32", "compute: bfloat16"),)), "--steps", "5"),
+        (build(MLP, "data=1"), "--steps", "5", "--compile"),
+        (arrays, "--steps", "5"),
+        (build(ALL_OPS, "single"), "--steps", "3"),
+        (build(ALL_OPS, "single", NO_BN), "--steps", "3"),
+        (build(ALL_OPS, "two", NO_BN), "--steps", "3"),
+        (build(GPT, "fsdp_tp"), "--dry-run", {"export": False, "metrics": False}),
+    ]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def all_runs():
+    run_many(jobs())
+
+
+# ---------------------------------------------------------------- checkpoints
+
+
+@pytest.mark.slow
+def test_resume_one_process_10_equals_5_plus_5():
+    full = gpt_single()
+    first = _run(reference("gpt-tiny.yaml", 5) + ("--checkpoint-dir", str(ckpt_dir("single")), {}))
+    assert sorted(os.listdir(ckpt_dir("single"))) == ["step_00000005"]  # no temporary directory left
+    second = run(build(GPT, "data=1"), "--steps", str(GPT_STEPS), "--resume", str(ckpt_dir("single")))
+    assert "resumed from" in second.output
+    both = np.concatenate([first.losses, second.losses])
+    d = max_diff(both, full.losses)
+    dp = max_param_diff(second.params, full.params)
+    report("torch resume 1 process: 5 + 5 vs 10", max_dloss=d, max_dparam=dp)
+    assert [r["step"] for r in second.metrics] == list(range(6, 11))
+    assert d < 1e-6 and dp < 1e-6
+
+
+@pytest.mark.slow
+def test_resume_sharded_fsdp_tp():
+    """fsdp=2 x tensor=2: the equivalence run saved step 5; resuming there retraces steps 6-10."""
+    full = _run(parallel("gpt-tiny.yaml", "fsdp_tp"))
+    assert sorted(os.listdir(ckpt_dir("fsdp_tp"))) == ["step_00000005", "step_00000010"]
+    resumed = run(build(GPT, "fsdp_tp"), "--steps", str(GPT_STEPS), "--resume",
+                  str(ckpt_dir("fsdp_tp") / "step_00000005"))
+    d = max_diff(resumed.losses, full.losses[5:])
+    dp = max_param_diff(resumed.params, full.params)
+    report("torch resume fsdp=2 x tensor=2 at step 5", max_dloss=d, max_dparam=dp)
+    assert d < 1e-6 and dp < 1e-6
+
+
+@pytest.mark.slow
+def test_reshard_4_ranks_to_2():
+    """A checkpoint saved on fsdp=4 (4 ranks) resumes on a build for fsdp=2 (2 ranks): DCP reshards."""
+    saved = _run(parallel("gpt-tiny.yaml", "fsdp=4"))
+    resumed = run(build(GPT, "fsdp=2"), "--steps", str(GPT_STEPS), "--resume", str(ckpt_dir("fsdp=4") / "step_00000005"))
+    d_self = max_diff(resumed.losses, saved.losses[5:])
+    d_ref = max_diff(resumed.losses, gpt_single().losses[5:])
+    report("torch reshard fsdp=4 -> fsdp=2 at step 5", max_dloss_vs_fsdp4=d_self, max_dloss_vs_1_process=d_ref)
+    assert d_self < 1e-5 and d_ref < 1e-5
+    assert [r["step"] for r in resumed.metrics] == list(range(6, 11))
+
+
+# ---------------------------------------------------------------- gradient accumulation
+
+
+@pytest.mark.slow
+def test_grad_accum_hsdp_without_extra_syncs():
+    """grad_accum 2 on data=2 x fsdp=2 matches one process, and runs exactly as many FSDP2 gradient
+    collectives as grad_accum 1: the first micro-step of each step syncs nothing."""
+    ref = gpt_single()
+    one = _run(parallel("gpt-tiny.yaml", "data=2,fsdp=2"))
+    two = run(build(GPT, "data=2,fsdp=2", ACCUM), "--steps", str(GPT_STEPS), count=True)
+    d = max_diff(two.losses, ref.losses)
+    c1, c2 = one.collectives(), two.collectives()
+    report("torch grad_accum 2 on data=2 x fsdp=2", max_dloss=d, collectives_accum1=c1[0], collectives_accum2=c2[0])
+    assert d < 1e-5
+    assert len(c1) == len(c2) == 4 and c1 == c2, (c1, c2)
+    assert c1[0]["reduce_scatter"] > 0
+
+
+@pytest.mark.slow
+def test_grad_accum_ddp():
+    ref = run(*reference("mlp-dp.yaml"))
+    two = run(build(MLP, "four", (("  batch_size: 64\n", "  batch_size: 64\n  grad_accum: 2\n"),)), "--steps", "5")
+    d = max_diff(two.losses, ref.losses)
+    report("torch grad_accum 2 on data=4 (DDP no_sync)", max_dloss=d)
+    assert d < 1e-5
+
+
+# ---------------------------------------------------------------- parameters in and out
+
+
+@pytest.mark.slow
+def test_steps_0_export_is_the_numpy_init_and_init_params_round_trip(tmp_path):
+    exported = run(build(GPT, "data=1"), "--steps", "0").params
+    expected = numpy_init(GPT)
+    assert sorted(exported) == sorted(expected)
+    assert max_param_diff(exported, expected) == 0.0
+    # a sharded, tensor-parallel build loads the file (transposing nn.Linear weights) and gives it back
+    init = tmp_path / "init.npz"
+    np.savez(init, **exported)
+    back = run(build(GPT, "fsdp_tp"), "--steps", "0", "--init-params", str(init)).params
+    assert max_param_diff(back, exported) == 0.0
+    report("torch --steps 0 export == numpy init; fsdp_tp --init-params round trip", max_dparam=0.0)
+
+
+# ---------------------------------------------------------------- launching
+
+
+def test_wrong_world_size_exits_2():
+    prog = build(GPT, "fsdp_tp")
+    alone = run(prog, "--steps", "1", ranks=1, expect_rc=2, export=False, metrics=False)
+    assert "needs 4 rank(s), but WORLD_SIZE is 1" in alone.output
+    two = run(prog, "--steps", "1", ranks=2, expect_rc=2, export=False, metrics=False)
+    assert "needs 4 rank(s), but WORLD_SIZE is 2" in two.output
+    assert "Traceback" not in alone.output + two.output
+
+
+@pytest.mark.slow
+def test_real_torchrun_through_launch_sh():
+    """The generated launch.sh (torchrun --standalone, 4 processes) trains like one process, and every
+    rank shuts down cleanly (no gloo abort)."""
+    ref = run(*reference("mlp-dp.yaml"))
+    r = run(build(MLP, "four"), "--steps", "5", launcher="launch.sh")
+    d = max_diff(r.losses, ref.losses)
+    report("torch launch.sh (torchrun) data=4 vs 1 process", max_dloss=d, seconds=round(r.seconds, 1))
+    assert d < 1e-5
+    assert "terminate called" not in r.output and "SIGABRT" not in r.output
+    assert r.output.count("step     5 |") == 1  # logs from rank 0 only
+
+
+@pytest.mark.slow
+def test_dry_run_shows_layouts_and_planned_bytes():
+    out = run(build(GPT, "fsdp_tp"), "--dry-run", export=False, metrics=False).output
+    assert "mesh: data=1, fsdp=2, tensor=2 (4 rank(s))" in out
+    assert "blocks.3.attn.q.weight" in out and "Shard(dim=1), Shard(dim=0)" in out
+    plan = compile_file(GPT, "fsdp_tp").plan.memory
+    for r in range(4):
+        assert (f'rank {r} bytes: {{"params": {plan.params}, "grads": {plan.grads}, '
+                f'"optimizer": {plan.optimizer}, "buffers": 0}}') in out
+
+
+# ---------------------------------------------------------------- training options
+
+
+@pytest.mark.slow
+def test_remat_full_and_selective():
+    ref = run(*reference("gpt-tiny.yaml", 5))
+    for mode in ("full", "selective"):
+        r = run(build(GPT, "data=1", (("  seed: 0\n", f"  seed: 0\n  remat: {mode}\n"),)), "--steps", "5")
+        d = max_diff(r.losses, ref.losses)
+        report(f"torch remat {mode} vs none, 1 process", max_dloss=d)
+        assert d < 1e-6
+
+
+@pytest.mark.slow
+def test_bf16_autocast_and_fsdp_mixed_precision():
+    ref = run(*reference("gpt-tiny.yaml", 5))
+    auto = run(build(GPT, "data=1", (("compute: float32", "compute: bfloat16"),)), "--steps", "5")
+    fsdp = run(build(GPT, "fsdp=2", (("compute: float32", "compute: bfloat16"),)), "--steps", "5")
+    da, df = max_diff(auto.losses, ref.losses), max_diff(fsdp.losses, ref.losses)
+    report("torch bf16 compute vs fp32", autocast_1_process=da, fsdp2_mixed_precision_fsdp2=df)
+    assert 0 < da < 5e-2 and 0 < df < 5e-2
+
+
+@pytest.mark.slow
+def test_compile():
+    ref = run(*reference("mlp-dp.yaml"))
+    r = run(build(MLP, "data=1"), "--steps", "5", "--compile")
+    d = max_diff(r.losses, ref.losses)
+    report("torch --compile vs eager, mlp-dp 1 process", max_dloss=d, seconds=round(r.seconds, 1))
+    assert d < 1e-5
+    assert sorted(r.params) == sorted(ref.params)  # canonical names survive compile
+
+
+@pytest.mark.slow
+def test_data_arrays_on_disk():
+    write_arrays()
+    ref = run(*reference("mlp-dp.yaml"))
+    prog = build(MLP, "data=1", (("data: {kind: synthetic}", f"data: {{kind: arrays, path: {ARRAYS}}}"),))
+    d = max_diff(run(prog, "--steps", "5").losses, ref.losses)
+    report("torch data: arrays vs synthetic", max_dloss=d)
+    assert d < 1e-6
+
+
+# ---------------------------------------------------------------- every operator
+
+
+@pytest.mark.slow
+def test_all_ops():
+    """Every operator trains (3 steps, finite losses); without batch_norm, data=2 matches one process."""
+    r = run(build(ALL_OPS, "single"), "--steps", "3")
+    assert np.all(np.isfinite(r.losses)) and len(r.losses) == 3
+    one = run(build(ALL_OPS, "single", NO_BN), "--steps", "3")
+    two = run(build(ALL_OPS, "two", NO_BN), "--steps", "3")
+    d = max_diff(two.losses, one.losses)
+    report("torch all-ops (no batch_norm) data=2 vs 1 process", max_dloss=d)
+    assert d < 1e-5
+
+
+def test_batch_norm_under_data_parallelism_is_rejected():
+    from mithril_spec.diagnostics import DiagnosticError
+    from mithril_spec.render.build import render_files
+
+    with pytest.raises(DiagnosticError) as e:
+        render_files(compile_file(ALL_OPS, "two"), "torch", "all-ops.yaml")
+    assert {d.code for d in e.value.diagnostics} == {"E049"}
