@@ -34,7 +34,7 @@ def _timed_subprocess(cmd: list[str], runs: int) -> list[float]:
     times = []
     for _ in range(runs):
         t = time.perf_counter()
-        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
         times.append(time.perf_counter() - t)
         if r.returncode not in (0, 1):
             raise SystemExit(f"{' '.join(cmd)} exited {r.returncode}:\n{r.stderr}")
@@ -71,7 +71,9 @@ def main() -> None:
     )
     imports, calls = [], []
     for _ in range(max(args.runs // 2, 3)):
-        out = subprocess.run([sys.executable, "-c", first], cwd=ROOT, capture_output=True, text=True).stdout.split()
+        out = subprocess.run(
+            [sys.executable, "-c", first], cwd=ROOT, capture_output=True, text=True, check=False
+        ).stdout.split()
         imports.append(float(out[0]))
         calls.append(float(out[1]))
     print(f"  import mithril_spec.cli    {_stats(imports)}")

@@ -34,7 +34,7 @@ if not os.environ.get("MITHRIL_KEEP_TEST_RUNS"):  # set it to keep the programs,
     atexit.register(shutil.rmtree, WORK, ignore_errors=True)
 PY = sys.executable
 # Two programs at a time: XLA compiles mostly on one thread, so two overlap well on two cores.
-WORKERS = int(os.environ.get("MITHRIL_TEST_WORKERS", "2"))
+WORKERS = int(os.environ.get("MITHRIL_TEST_WORKERS", min(4, os.cpu_count() or 2)))
 
 _builds: dict = {}
 _runs: dict = {}

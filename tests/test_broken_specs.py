@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
+from corpus import corpus_files, read_case
 
 from mithril_spec import cli
-
-from corpus import corpus_files, read_case
 
 FILES = corpus_files()
 
@@ -30,7 +30,7 @@ def _run(capsys, argv):
 def test_broken_spec_json(path, capsys):
     case = read_case(path)
     assert case.expect, f"{path.name} declares no `# expect:` line"
-    rc, out, err = _run(capsys, ["validate", str(path), "--format", "json", *case.args])
+    rc, out, _err = _run(capsys, ["validate", str(path), "--format", "json", *case.args])
     diags = json.loads(out) if out.strip() else []
     got = {(d["code"], d["file"], d["line"], d["col"]) for d in diags}
     assert got == set(case.expect), "\n".join(
@@ -48,14 +48,14 @@ def test_broken_spec_json(path, capsys):
 def test_broken_spec_text(path, capsys):
     """The text rendering names `file:line:col: severity[CODE]` and shows a caret under the column."""
     case = read_case(path)
-    rc, out, err = _run(capsys, ["validate", str(path), "--color", "never", *case.args])
+    rc, _out, err = _run(capsys, ["validate", str(path), "--color", "never", *case.args])
     assert rc == case.exit_code
     for code, file, line, col in case.expect:
         sev = "warning" if code.startswith("W") and "--strict" not in case.args else "error"
         header = f"{file}:{line}:{col}: {sev}[{code}]"
         assert header in err, err
-        block = err[err.index(header):].splitlines()
-        src_lines = open(file, encoding="utf-8", errors="replace").read().split("\n")
+        block = err[err.index(header) :].splitlines()
+        src_lines = Path(file).read_text(encoding="utf-8", errors="replace").split("\n")
         if 1 <= line <= len(src_lines):
             # header, gutter, source line, caret line
             assert block[2].endswith(src_lines[line - 1].expandtabs(1).rstrip()) or src_lines[line - 1] in block[2]

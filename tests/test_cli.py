@@ -15,7 +15,9 @@ from mithril_spec.codes import CATALOG
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECS_DIR = ROOT / "specs"
-EXAMPLES = sorted(p for p in SPECS_DIR.iterdir() if p.suffix in (".yaml", ".yml", ".toml") and not p.name.startswith("_"))
+EXAMPLES = sorted(
+    p for p in SPECS_DIR.iterdir() if p.suffix in (".yaml", ".yml", ".toml") and not p.name.startswith("_")
+)
 BROKEN = ROOT / "tests" / "broken"
 
 
@@ -63,13 +65,13 @@ def test_examples_exist():
 
 
 def test_validate_examples_directory_exits_0(capsys):
-    rc, out, err = run(capsys, "validate", SPECS_DIR)
+    rc, _out, err = run(capsys, "validate", SPECS_DIR)
     assert rc == 0, err
     assert f"{len(EXAMPLES)} spec(s) checked: 0 error(s), 0 warning(s) - ok" in err
 
 
 def test_validate_examples_strict_exits_0(capsys):
-    rc, out, err = run(capsys, "validate", SPECS_DIR, "--strict", "--format", "json")
+    rc, out, _err = run(capsys, "validate", SPECS_DIR, "--strict", "--format", "json")
     assert rc == 0, out
     assert json.loads(out) == []
 
@@ -80,24 +82,27 @@ def test_validate_each_example(spec, capsys):
 
 
 def test_validate_broken_exits_1(capsys):
-    rc, out, err = run(capsys, "validate", BROKEN / "undefined_dim.yaml")
+    rc, _out, err = run(capsys, "validate", BROKEN / "undefined_dim.yaml")
     assert rc == 1
     assert "1 spec(s) checked: 1 error(s), 0 warning(s) - failed" in err
 
 
 def test_validate_good_and_bad_together_exits_1(capsys):
-    rc, out, err = run(capsys, "validate", SPECS_DIR / "mlp-dp.yaml", BROKEN / "undefined_dim.yaml")
+    rc, _out, err = run(capsys, "validate", SPECS_DIR / "mlp-dp.yaml", BROKEN / "undefined_dim.yaml")
     assert rc == 1
     assert "2 spec(s) checked: 1 error(s)" in err
 
 
 def test_validate_directory_of_broken_specs_reports_every_file(capsys):
-    rc, out, err = run(capsys, "validate", BROKEN, "--format", "json")
+    rc, out, _err = run(capsys, "validate", BROKEN, "--format", "json")
     assert rc == 1
     files = {Path(d["file"]).name for d in json.loads(out)}
     # base specs in bases/ are found too (they are not `_`-prefixed); at least every corpus file is there
-    corpus = {p.name for p in BROKEN.iterdir() if p.is_file() and p.suffix in (".yaml", ".toml")
-              and "# args:" not in p.read_text(errors="replace")}
+    corpus = {
+        p.name
+        for p in BROKEN.iterdir()
+        if p.is_file() and p.suffix in (".yaml", ".toml") and "# args:" not in p.read_text(errors="replace")
+    }
     extends_into_bases = {n for n in corpus if n.startswith("extends_base") or n == "extends_cycle.yaml"}
     assert corpus - extends_into_bases <= files
 
@@ -105,7 +110,7 @@ def test_validate_directory_of_broken_specs_reports_every_file(capsys):
 def test_validate_skips_underscore_base_files_in_directories(tmp_path, capsys):
     (tmp_path / "_base.yaml").write_text("version: 1\nname: [unfinished\n")
     shutil.copy(SPECS_DIR / "mlp-dp.yaml", tmp_path / "mlp.yaml")
-    rc, out, err = run(capsys, "validate", tmp_path)
+    rc, _out, err = run(capsys, "validate", tmp_path)
     assert rc == 0, err
     assert "1 spec(s) checked" in err
     # named explicitly, a base file is checked
@@ -134,17 +139,17 @@ def test_validate_skips_underscore_base_files_in_directories(tmp_path, capsys):
     ids=lambda a: " ".join(map(str, a))[:60].replace(str(ROOT) + "/", ""),
 )
 def test_usage_errors_exit_2(argv, capsys):
-    rc, out, err = run(capsys, *argv)
+    rc, _out, err = run(capsys, *argv)
     assert rc == 2
     assert "error" in err
 
 
 def test_usage_error_messages(capsys):
-    rc, out, err = run(capsys, "plan", SPECS_DIR / "gpt-tiny.yaml", "--mesh", "nosuch")
+    err = run(capsys, "plan", SPECS_DIR / "gpt-tiny.yaml", "--mesh", "nosuch")[2]
     assert "no mesh named `nosuch`" in err and "default, fsdp_tp, single" in err
-    rc, out, err = run(capsys, "plan", SPECS_DIR / "gpt-tiny.yaml", "--mesh", "tensr=2")
+    err = run(capsys, "plan", SPECS_DIR / "gpt-tiny.yaml", "--mesh", "tensr=2")[2]
     assert "unknown mesh axis `tensr`" in err and "did you mean `tensor`?" in err
-    rc, out, err = run(capsys, "validate", "no/such/file.yaml")
+    _rc, _out, err = run(capsys, "validate", "no/such/file.yaml")
     assert "no/such/file.yaml: no such file" in err
 
 
@@ -158,7 +163,7 @@ def test_mesh_override_and_named_mesh(capsys):
 
 
 def test_mesh_override_that_breaks_the_plan_exits_1(capsys):
-    rc, out, err = run(capsys, "plan", SPECS_DIR / "mlp-dp.yaml", "--mesh", "data=3", "--color", "never")
+    rc, _out, err = run(capsys, "plan", SPECS_DIR / "mlp-dp.yaml", "--mesh", "data=3", "--color", "never")
     assert rc == 1
     assert "error[E043]" in err and "data-parallel degree of 3" in err
 
@@ -166,7 +171,7 @@ def test_mesh_override_that_breaks_the_plan_exits_1(capsys):
 def test_devices_flag(capsys):
     assert run(capsys, "validate", SPECS_DIR / "gpt-tiny.yaml", "--devices", "8", "--mesh", "default")[0] == 0
     assert run(capsys, "plan", SPECS_DIR / "gpt-tiny.yaml", "--devices", "4", "--mesh", "fsdp_tp")[0] == 0
-    rc, out, err = run(capsys, "validate", SPECS_DIR / "gpt-tiny.yaml", "--devices", "4", "--format", "json")
+    rc, out, _err = run(capsys, "validate", SPECS_DIR / "gpt-tiny.yaml", "--devices", "4", "--format", "json")
     assert rc == 1
     diags = json.loads(out)
     assert {d["code"] for d in diags} == {"E046"}
@@ -195,7 +200,13 @@ def test_plan_text_and_json_for_every_example_and_mesh(spec, capsys):
         lines = out.splitlines()
         assert lines[0].startswith(f"plan for {j['name']} on mesh `{j['mesh']['name']}`")
         assert re.split(r"\s{2,}", lines[3].strip()) == [
-            "parameter", "shape", "logical axes", "layout", "per device", "bytes/device"]
+            "parameter",
+            "shape",
+            "logical axes",
+            "layout",
+            "per device",
+            "bytes/device",
+        ]
         rows = table_rows(out)
         for p in j["params"]:
             assert p["name"] in rows or f"{p['name']} (buffer)" in rows
@@ -226,18 +237,28 @@ def test_plan_text_and_json_for_every_example_and_mesh(spec, capsys):
 
 def test_plan_gpt_tiny_default_mesh(capsys):
     spec = SPECS_DIR / "gpt-tiny.yaml"
-    rc, out, err = run(capsys, "plan", spec)
+    rc, out, _err = run(capsys, "plan", spec)
     assert rc == 0
     assert out.startswith("plan for gpt-tiny on mesh `default`: data=2, fsdp=2, tensor=2 (8 device(s))\n")
     assert "split over data, fsdp (data-parallel degree 4): 4 per device" in out
     rows = table_rows(out)
     assert rows["wte.weight"][1:] == ["[256, 128]", "[vocab, embed]", "[-, fsdp]", "[256, 64]", "64.0 KiB"]
     assert rows["wpe.weight"][1:] == ["[64, 128]", "[-, embed]", "[-, fsdp]", "[64, 64]", "16.0 KiB"]
-    assert rows["blocks.0.attn.q.weight"][1:] == ["[128, 128]", "[embed, heads]", "[fsdp, tensor]", "[64, 64]",
-                                                 "16.0 KiB"]
+    assert rows["blocks.0.attn.q.weight"][1:] == [
+        "[128, 128]",
+        "[embed, heads]",
+        "[fsdp, tensor]",
+        "[64, 64]",
+        "16.0 KiB",
+    ]
     assert rows["blocks.3.attn.o.weight"][3] == "[tensor, fsdp]"
-    assert rows["blocks.2.mlp.fc.weight"][1:] == ["[128, 512]", "[embed, mlp]", "[fsdp, tensor]", "[64, 256]",
-                                                 "64.0 KiB"]
+    assert rows["blocks.2.mlp.fc.weight"][1:] == [
+        "[128, 512]",
+        "[embed, mlp]",
+        "[fsdp, tensor]",
+        "[64, 256]",
+        "64.0 KiB",
+    ]
     assert rows["blocks.0.mlp.fc.bias"][3:5] == ["[(tensor,fsdp)]", "[128]"]
     assert rows["ln_f.bias"][3] == "[fsdp]"
     assert rows["input tokens"][1:] == ["[batch, 64]", "[batch, seq]", "[(data,fsdp), -]", "[4, 64]", "int32"]
@@ -293,7 +314,7 @@ def test_plan_cnn_buffers_and_counts(capsys):
 
 
 def test_plan_of_broken_spec_exits_1_with_diagnostics(capsys):
-    rc, out, err = run(capsys, "plan", BROKEN / "undefined_dim.yaml", "--format", "json")
+    rc, out, _err = run(capsys, "plan", BROKEN / "undefined_dim.yaml", "--format", "json")
     assert rc == 1
     assert [d["code"] for d in json.loads(out)] == ["E020"]
 
@@ -303,7 +324,7 @@ def test_plan_of_broken_spec_exits_1_with_diagnostics(capsys):
 
 def test_text_rendering_header_source_line_and_caret(capsys):
     path = BROKEN / "unknown_op.yaml"
-    rc, out, err = run(capsys, "validate", path, "--color", "never")
+    rc, _out, err = run(capsys, "validate", path, "--color", "never")
     assert rc == 1
     lines = err.splitlines()
     i = lines.index(f"{path}:11:12: error[E024]: unknown operator `layernorm`")
@@ -315,15 +336,15 @@ def test_text_rendering_header_source_line_and_caret(capsys):
 
 
 def test_text_rendering_colour(capsys):
-    rc, out, err = run(capsys, "validate", BROKEN / "unknown_op.yaml", "--color", "always")
+    err = run(capsys, "validate", BROKEN / "unknown_op.yaml", "--color", "always")[2]
     assert "\x1b[1;31merror[E024]\x1b[0m" in err
-    rc, out, err = run(capsys, "validate", BROKEN / "unknown_op.yaml", "--color", "never")
+    _rc, _out, err = run(capsys, "validate", BROKEN / "unknown_op.yaml", "--color", "never")
     assert "\x1b[" not in err
 
 
 def test_text_rendering_of_a_warning(capsys):
     path = BROKEN / "unused_rule_warning.yaml"
-    rc, out, err = run(capsys, "validate", path, "--color", "never")
+    rc, _out, err = run(capsys, "validate", path, "--color", "never")
     assert rc == 0
     assert f"{path}:20:5: warning[W002]: the rule for `mpl` matches no parameter or input axis" in err
     assert "1 spec(s) checked: 0 error(s), 1 warning(s) - ok" in err
@@ -336,15 +357,20 @@ def test_json_format(capsys):
     assert err == ""
     (d,) = json.loads(out)
     assert d == {
-        "code": "E028", "severity": "error", "file": str(path), "line": 12, "col": 36,
+        "code": "E028",
+        "severity": "error",
+        "file": str(path),
+        "line": 12,
+        "col": 36,
         "message": "`res`: add needs inputs of one shape, got [batch, 16] and [batch, 32]",
-        "help": None, "notes": [],
+        "help": None,
+        "notes": [],
     }
 
 
 def test_github_format(capsys):
     path = BROKEN / "glob_matches_nothing.yaml"
-    rc, out, err = run(capsys, "validate", path, "--format", "github")
+    rc, out, _ = run(capsys, "validate", path, "--format", "github")
     assert rc == 1
     (line,) = out.splitlines()
     m = re.fullmatch(r"::error file=(.+),line=(\d+),col=(\d+),title=(E\d{3})::(.+)", line)
@@ -352,7 +378,7 @@ def test_github_format(capsys):
     assert m.groups()[:4] == (str(path).replace(":", "%3A").replace(",", "%2C"), "20", "5", "E045")
     assert m.group(5).startswith("`attn.qq.weight` matches no parameter (help: did you mean `attn.q.weight`?)")
 
-    rc, out, err = run(capsys, "validate", BROKEN / "unused_rule_warning.yaml", "--format", "github")
+    rc, out, _err = run(capsys, "validate", BROKEN / "unused_rule_warning.yaml", "--format", "github")
     assert rc == 0 and out.startswith("::warning file=") and ",title=W002::" in out
 
 
@@ -382,7 +408,7 @@ def test_strict_turns_w001_into_an_error(capsys):
 def test_strict_turns_w002_into_an_error(capsys):
     path = BROKEN / "unused_rule_warning.yaml"
     assert run(capsys, "validate", path)[0] == 0
-    rc, out, err = run(capsys, "validate", path, "--strict", "--color", "never")
+    rc, _out, err = run(capsys, "validate", path, "--strict", "--color", "never")
     assert rc == 1 and "error[W002]" in err
 
 
@@ -395,17 +421,17 @@ def test_plan_json_carries_warnings(capsys):
 
 
 def test_explain_code(capsys):
-    rc, out, err = run(capsys, "explain", "E042")
+    rc, out, _ = run(capsys, "explain", "E042")
     assert rc == 0
     assert out.startswith("E042 (error): sharded size not divisible\n\n")
     assert "6 heads over tensor=4" in out
     assert run(capsys, "explain", "e042")[1] == out  # case-insensitive
-    rc, out, err = run(capsys, "explain", "W001")
+    rc, out, _err = run(capsys, "explain", "W001")
     assert out.startswith("W001 (warning): large parameter fully replicated")
 
 
 def test_explain_lists_every_code(capsys):
-    rc, out, err = run(capsys, "explain")
+    rc, out, _err = run(capsys, "explain")
     assert rc == 0
     lines = out.splitlines()
     assert [line.split()[0] for line in lines] == list(CATALOG)
@@ -436,6 +462,6 @@ def test_non_utf8_file_is_a_broken_spec(tmp_path, capsys):
     """A file that exists but is not UTF-8 is a broken spec (exit 1, with a position), not a usage error."""
     bad = tmp_path / "latin1.yaml"
     bad.write_bytes("version: 1\nname: caf\xe9\n".encode("latin-1"))
-    rc, out, err = run(capsys, "validate", bad, "--color", "never")
+    rc, _out, err = run(capsys, "validate", bad, "--color", "never")
     assert rc == 1
     assert f"{bad}:2:10: error[E001]: YAML syntax error: the file is not UTF-8 text (byte 0xe9)" in err

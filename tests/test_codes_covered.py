@@ -3,9 +3,9 @@ corpus names no code outside the catalog."""
 
 from __future__ import annotations
 
-from mithril_spec.codes import CATALOG
-
 from corpus import corpus_files, read_case
+
+from mithril_spec.codes import CATALOG
 
 
 def _corpus_codes() -> dict[str, list[str]]:

@@ -162,7 +162,7 @@ def test_error_inside_the_base_points_into_the_base(tree, capsys):
 
 def test_error_in_the_override_points_into_the_derived_spec(tree, capsys):
     spec = write(tree / "derived.yaml", "extends: bases/mlp.yaml\nname: derived\ntraining:\n  steps: many\n")
-    rc, diags = validate_json(capsys, spec)
+    _rc, diags = validate_json(capsys, spec)
     assert [(d["code"], d["file"], d["line"], d["col"]) for d in diags] == [("E012", str(spec), 4, 10)]
 
 
@@ -179,7 +179,7 @@ def test_overridden_value_position_and_kept_value_position(tree, capsys):
 def test_syntax_error_in_a_toml_base(tree, capsys):
     write(tree / "bases" / "broken.toml", 'version = 1\nname = "x\n')
     spec = write(tree / "derived.yaml", "extends: bases/broken.toml\n")
-    rc, diags = validate_json(capsys, spec)
+    _rc, diags = validate_json(capsys, spec)
     assert [(d["code"], Path(d["file"]).name, d["line"]) for d in diags] == [("E002", "broken.toml", 2)]
 
 
@@ -209,7 +209,7 @@ def test_indirect_cycle(tree, capsys):
     write(tree / "bases" / "a.yaml", "extends: b.yaml\n")
     write(tree / "bases" / "b.yaml", "name: b\nextends: a.yaml\n")
     spec = write(tree / "derived.yaml", "extends: bases/a.yaml\n")
-    rc, diags = validate_json(capsys, spec)
+    _rc, diags = validate_json(capsys, spec)
     assert [(d["code"], Path(d["file"]).name, d["line"]) for d in diags] == [("E004", "b.yaml", 2)]
 
 
@@ -221,5 +221,5 @@ def test_base_that_is_not_a_mapping(tree, capsys):
     assert [(d.code, Path(d.pos.file).name, d.pos.line) for d in e.value.diagnostics] == [("E005", "list.yaml", 1)]
     write(tree / "bases" / "empty.yaml", "# nothing\n")
     spec = write(tree / "derived.yaml", "name: d\nextends: bases/empty.yaml\n")
-    rc, diags = validate_json(capsys, spec)
+    _rc, diags = validate_json(capsys, spec)
     assert [(d["code"], Path(d["file"]).name) for d in diags] == [("E005", "empty.yaml")]

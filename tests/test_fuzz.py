@@ -99,10 +99,53 @@ def write(text: str | bytes, suffix: str) -> Path:
 
 SYNTAX = list(":{}[],\"'#=.-*&!|>?%@`\\\t\n ") + ["\r\n", "  ", "- ", "---", "...", '"""', "'''", "[[", "]]", "<<: "]
 WORDS = [
-    "", "0", "-1", "1e309", "-0.0", "nan", "inf", ".nan", "null", "~", "true", "no", "yes", "[]", "{}", "batch",
-    "d/3", "heads*2", "vocab - 256", "x" * 70, "1_000", "0x10", "0o17", "'q'", '"', ":", "&a", "*a", "!!binary",
-    "!!python/object:os.system", "2001-02-30", "12:30:00", "é", "\u2028", "\x00", "\x7f", "\ufeff", "tensor",
-    "fsdp", "pipe", "expert", "block_input", "layer_norm", "repeat", "extends", "../x.yaml", "9" * 40,
+    "",
+    "0",
+    "-1",
+    "1e309",
+    "-0.0",
+    "nan",
+    "inf",
+    ".nan",
+    "null",
+    "~",
+    "true",
+    "no",
+    "yes",
+    "[]",
+    "{}",
+    "batch",
+    "d/3",
+    "heads*2",
+    "vocab - 256",
+    "x" * 70,
+    "1_000",
+    "0x10",
+    "0o17",
+    "'q'",
+    '"',
+    ":",
+    "&a",
+    "*a",
+    "!!binary",
+    "!!python/object:os.system",
+    "2001-02-30",
+    "12:30:00",
+    "é",
+    "\u2028",
+    "\x00",
+    "\x7f",
+    "\ufeff",
+    "tensor",
+    "fsdp",
+    "pipe",
+    "expert",
+    "block_input",
+    "layer_norm",
+    "repeat",
+    "extends",
+    "../x.yaml",
+    "9" * 40,
 ]
 
 
@@ -133,7 +176,8 @@ def mutated(draw, seeds=SEEDS):
                 lines.insert(k, lines[k])
             else:
                 lines[k] = draw(st.sampled_from(["  ", "", "\t", "    "])) + lines[k].lstrip(
-                    " " if draw(st.booleans()) else "")
+                    " " if draw(st.booleans()) else ""
+                )
             text = "\n".join(lines)
         else:
             tokens = list(re.finditer(r"[A-Za-z0-9_.+\-]+", text))
@@ -151,8 +195,10 @@ def test_fuzz_text_mutations(case):
 
 
 @FUZZ
-@given(st.sampled_from(SEEDS), st.lists(st.tuples(st.integers(0, 10**6), st.binary(min_size=0, max_size=4)),
-                                         min_size=1, max_size=4))
+@given(
+    st.sampled_from(SEEDS),
+    st.lists(st.tuples(st.integers(0, 10**6), st.binary(min_size=0, max_size=4)), min_size=1, max_size=4),
+)
 @example(SEEDS[0], [(30, b"\xe9")])
 @example(SEEDS[0], [(0, b"\xef\xbb\xbf")])
 @example(SEEDS[0], [(10, b"\x00")])
@@ -189,22 +235,52 @@ def _schema_keys() -> list[str]:
 
 
 KEYS = _schema_keys()
-NAMES = sorted(set(OPS) | set(MESH_AXES) | {"batch", "block_input", "x", "y", "tokens", "wte", "fc1", "head",
-                                             "decoder", "blocks", "d", "heads", "vocab", "seq", "embed", "mlp"})
+NAMES = sorted(
+    set(OPS)
+    | set(MESH_AXES)
+    | {
+        "batch",
+        "block_input",
+        "x",
+        "y",
+        "tokens",
+        "wte",
+        "fc1",
+        "head",
+        "decoder",
+        "blocks",
+        "d",
+        "heads",
+        "vocab",
+        "seq",
+        "embed",
+        "mlp",
+    }
+)
 SCALARS = (
-    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.integers(-3, 300)
-    | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=12) | st.sampled_from(NAMES + WORDS)
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.integers(-3, 300)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=12)
+    | st.sampled_from(NAMES + WORDS)
 )
 VALUES = st.recursive(
     SCALARS,
-    lambda inner: st.lists(inner, max_size=4)
-    | st.dictionaries(st.sampled_from(KEYS + NAMES) | st.text(min_size=1, max_size=8), inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(st.sampled_from(KEYS + NAMES) | st.text(min_size=1, max_size=8), inner, max_size=4)
+    ),
     max_leaves=10,
 )
 
 
 PLAUSIBLE = (
-    st.integers(-1, 300) | st.booleans() | st.sampled_from(NAMES) | st.sampled_from(["d/2", "4*d", "heads", "ff"])
+    st.integers(-1, 300)
+    | st.booleans()
+    | st.sampled_from(NAMES)
+    | st.sampled_from(["d/2", "4*d", "heads", "ff"])
     | st.lists(st.sampled_from(NAMES + ["batch", 8, 64, None]), max_size=4)
 )
 LOGICAL = ["batch", "embed", "heads", "kv_heads", "mlp", "vocab", "experts", "features", "seq", "nope"]
@@ -212,23 +288,39 @@ AXES = st.sampled_from(list(MESH_AXES) + ["dta"])
 PLANS = st.fixed_dictionaries(
     {},
     optional={
-        "meshes": st.dictionaries(st.sampled_from(["default", "a", "b"]),
-                                  st.dictionaries(AXES, st.integers(1, 8) | st.just(0), max_size=4), max_size=3),
+        "meshes": st.dictionaries(
+            st.sampled_from(["default", "a", "b"]),
+            st.dictionaries(AXES, st.integers(1, 8) | st.just(0), max_size=4),
+            max_size=3,
+        ),
         "mesh": st.dictionaries(AXES, st.integers(1, 8), max_size=4),
         "devices": st.integers(0, 16),
-        "sharding": st.fixed_dictionaries({}, optional={
-            "rules": st.dictionaries(st.sampled_from(LOGICAL), AXES | st.lists(AXES, max_size=3), max_size=5)
-            | st.lists(st.tuples(st.sampled_from(LOGICAL), AXES).map(list), max_size=4),
-            "params": st.dictionaries(st.sampled_from(["*", "*.weight", "wte.weight", "fc1.*", "blocks.*.attn.*",
-                                                       "head.bias", "nothing"]),
-                                      st.lists(AXES | st.none() | st.lists(AXES, max_size=2), max_size=3),
-                                      max_size=3),
-            "inputs": st.dictionaries(st.sampled_from(["x", "y", "tokens", "targets", "z"]),
-                                      st.lists(AXES | st.none(), max_size=3), max_size=2),
-        }),
-        "pipeline": st.fixed_dictionaries({"microbatches": st.integers(0, 8)},
-                                          optional={"schedule": st.sampled_from(["gpipe", "1f1b", "interleaved"]),
-                                                    "virtual_stages": st.integers(1, 3)}),
+        "sharding": st.fixed_dictionaries(
+            {},
+            optional={
+                "rules": st.dictionaries(st.sampled_from(LOGICAL), AXES | st.lists(AXES, max_size=3), max_size=5)
+                | st.lists(st.tuples(st.sampled_from(LOGICAL), AXES).map(list), max_size=4),
+                "params": st.dictionaries(
+                    st.sampled_from(
+                        ["*", "*.weight", "wte.weight", "fc1.*", "blocks.*.attn.*", "head.bias", "nothing"]
+                    ),
+                    st.lists(AXES | st.none() | st.lists(AXES, max_size=2), max_size=3),
+                    max_size=3,
+                ),
+                "inputs": st.dictionaries(
+                    st.sampled_from(["x", "y", "tokens", "targets", "z"]),
+                    st.lists(AXES | st.none(), max_size=3),
+                    max_size=2,
+                ),
+            },
+        ),
+        "pipeline": st.fixed_dictionaries(
+            {"microbatches": st.integers(0, 8)},
+            optional={
+                "schedule": st.sampled_from(["gpipe", "1f1b", "interleaved"]),
+                "virtual_stages": st.integers(1, 3),
+            },
+        ),
         "training": st.fixed_dictionaries({"batch_size": st.integers(1, 64), "grad_accum": st.integers(1, 4)}),
     },
 )
@@ -367,7 +459,8 @@ def test_fuzz_planner(data, toml):
 
 @settings(max_examples=80, deadline=None, database=None)
 @given(
-    mesh=st.none() | st.text(alphabet="datfspiesnorx=,0123456789 ", max_size=20)
+    mesh=st.none()
+    | st.text(alphabet="datfspiesnorx=,0123456789 ", max_size=20)
     | st.sampled_from(["default", "single", "fsdp_tp", "data=4,tensor=2", "pipe=2", "expert=2", "data=0"]),
     devices=st.none() | st.integers(-2, 64),
     strict=st.booleans(),
@@ -397,8 +490,11 @@ REGRESSIONS = {
     "deep-flow.yaml": ("x: " + "[" * 3000 + "]" * 3000 + "\n", "E001"),  # RecursionError: was exit 3
     "deep-array.toml": ("x = " + "[" * 3000 + "]" * 3000 + "\n", "E002"),  # RecursionError: was exit 3
     "deep-table.toml": ("x = " + "{a=" * 600 + "1" + "}" * 600 + "\n", "E002"),  # RecursionError: was exit 3
-    "laughs.yaml": ("a: &a [1,1,1,1,1,1,1,1,1,1]\n" + "".join(
-        f"a{i}: &a{i} [{','.join([('*a' if i == 1 else f'*a{i - 1}')] * 10)}]\n" for i in range(1, 9)), "E001"),
+    "laughs.yaml": (
+        "a: &a [1,1,1,1,1,1,1,1,1,1]\n"
+        + "".join(f"a{i}: &a{i} [{','.join([('*a' if i == 1 else f'*a{i - 1}')] * 10)}]\n" for i in range(1, 9)),
+        "E001",
+    ),
     "control-char.yaml": ('version: 1\nname: "a\x01b"\n', "E001"),  # was reported at 1:1
     "latin1.toml": (b'version = 1\nname = "caf\xe9"\n', "E002"),  # was a usage error (exit 2)
     "bom.toml": (b"\xef\xbb\xbfversion = 2\n", "E014"),  # a BOM made every TOML spec a syntax error

@@ -120,7 +120,7 @@ class Attention(nn.Module):
 
     def forward(self, x):
         b, t, d = x.shape
-        split = lambda y: y.view(b, t, self.heads, d // self.heads).transpose(1, 2)  # noqa: E731
+        split = lambda y: y.view(b, t, self.heads, d // self.heads).transpose(1, 2)
         y = F.scaled_dot_product_attention(split(self.q(x)), split(self.k(x)), split(self.v(x)), is_causal=True)
         return self.o(y.transpose(1, 2).reshape(b, t, d))
 
@@ -170,8 +170,11 @@ def test_gpt_tiny(capsys):
     model = Gpt()
     assert model(torch.zeros(2, 64, dtype=torch.long)).shape == (2, 64, 256)
     assert numel(model) == j["totals"]["param_count"] == 832_256
-    linear = {n for n, _ in model.named_parameters()
-              if n.endswith("weight") and any(f".{k}." in n for k in ("q", "k", "v", "o", "fc", "proj"))}
+    linear = {
+        n
+        for n, _ in model.named_parameters()
+        if n.endswith("weight") and any(f".{k}." in n for k in ("q", "k", "v", "o", "fc", "proj"))
+    }
     assert_same_params(model, j, linear)  # lm_head.weight is wte.weight: named once, as wte.weight
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import json
 import os
 import subprocess
 import sys
@@ -81,8 +82,8 @@ def test_spec_text_is_escaped(tmp_path):
     src = (ROOT / "specs" / "mlp-dp.yaml").read_text()
     evil = 'x"; import os; os.system("echo pwned") #\\n\'\'\''
     spec = tmp_path / "evil.yaml"
-    spec.write_text(src.replace("data: {kind: synthetic}", f"data: {{kind: arrays, path: {py(evil)}}}")
-                    .replace("description", "description"))
+    # A JSON string is a valid YAML double-quoted scalar.
+    spec.write_text(src.replace("data: {kind: synthetic}", f"data: {{kind: arrays, path: {json.dumps(evil)}}}"))
     c = compile_file(spec)
     for target in ("jax", "torch"):
         if not (ROOT / "templates" / target / "train.py.j2").exists():

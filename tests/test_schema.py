@@ -19,7 +19,8 @@ EXAMPLES = sorted(p for p in (ROOT / "specs").iterdir() if p.suffix in (".yaml",
 def test_committed_schema_is_current():
     assert SCHEMA.is_file(), "schemas/mithril-spec.schema.json is missing: run `mithril-spec schema`"
     assert SCHEMA.read_text(encoding="utf-8") == schema_text(), (
-        "schemas/mithril-spec.schema.json is stale: run `mithril-spec schema`")
+        "schemas/mithril-spec.schema.json is stale: run `mithril-spec schema`"
+    )
 
 
 def test_schema_is_json_schema():

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import random
 import re
 import tomllib
 
@@ -161,7 +160,9 @@ def test_toml_errors(text, code, line, col, message):
 
 KEY = st.from_regex(r"[a-z][a-z0-9_]{0,6}", fullmatch=True) | st.sampled_from(["with space", "dot.ted", "é"])
 SCALAR = (
-    st.booleans() | st.integers(-(10**20), 10**20) | st.floats(allow_nan=False, allow_infinity=False)
+    st.booleans()
+    | st.integers(-(10**20), 10**20)
+    | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=8)
 )
 DOC = st.recursive(
@@ -249,7 +250,8 @@ def test_toml_positions_point_at_values(data, rnd):
 YAML_TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cc", "Zl", "Zp")), max_size=8)
 YAML_DOC = st.recursive(
     st.booleans() | st.integers(-(10**20), 10**20) | YAML_TEXT,
-    lambda c: st.lists(c, max_size=3) | st.dictionaries(KEY, c, min_size=1, max_size=3), max_leaves=12,
+    lambda c: st.lists(c, max_size=3) | st.dictionaries(KEY, c, min_size=1, max_size=3),
+    max_leaves=12,
 )
 
 

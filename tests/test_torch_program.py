@@ -226,7 +226,7 @@ def test_real_torchrun_through_launch_sh():
 def test_dry_run_shows_layouts_and_planned_bytes():
     out = run(build(GPT, "fsdp_tp"), "--dry-run", export=False, metrics=False).output
     assert "mesh: data=1, fsdp=2, tensor=2 (4 rank(s))" in out
-    assert "blocks.3.attn.q.weight" in out and "Shard(dim=1), Shard(dim=0)" in out
+    assert "blocks.3.attn.q.weight" in out and "fsdp,tensor: S(1), S(0)" in out
     plan = compile_file(GPT, "fsdp_tp").plan.memory
     for r in range(4):
         assert (f'rank {r} bytes: {{"params": {plan.params}, "grads": {plan.grads}, '

@@ -29,7 +29,8 @@ def _plan(capsys, spec: Path, mesh: str | None) -> str:
 def test_twins_validate_to_the_same_spec(yaml_spec, toml_spec):
     a, b = compile_file(yaml_spec), compile_file(toml_spec)
     assert a.spec.model_dump() == b.spec.model_dump(), (
-        f"{toml_spec.relative_to(ROOT)} no longer matches {yaml_spec.relative_to(ROOT)}: update the twin")
+        f"{toml_spec.relative_to(ROOT)} no longer matches {yaml_spec.relative_to(ROOT)}: update the twin"
+    )
     assert a.graph == b.graph
 
 

@@ -91,17 +91,11 @@ def _torch(plan: Plan, doc: Document) -> list[Diagnostic]:
     def err(node, msg, help=None):
         out.append(Diagnostic("E049", msg, doc.pos(node.path + ("name",)), help=help))
 
-    tr = plan.spec.training
-    if tr.zero:
+    pr = plan.spec.training.precision
+    if pr.params != "float32" and pr.compute == "float32":  # (zero and master_weights: check_target)
         out.append(Diagnostic(
-            "E049", f"the torch target does not shard optimizer state over data axes (zero: {tr.zero}) yet",
-            doc.pos(("training", "zero")), help="use the `fsdp` mesh axis (FSDP2) to shard parameters, gradients "
-            "and optimizer state, or build for jax"))
-    if tr.precision.params != "float32" and (tr.precision.master_weights or tr.precision.compute == "float32"):
-        what = "float32 master weights" if tr.precision.master_weights else "float32 compute"
-        out.append(Diagnostic(
-            "E049", f"the torch target does not support {what} with {tr.precision.params} parameters",
-            doc.pos(("training", "precision")),
+            "E049", f"the torch target does not compute in float32 with {pr.params} parameters",
+            doc.pos(("training", "precision", "compute")),
             help="store parameters in float32 and compute in bfloat16 (FSDP2 MixedPrecisionPolicy or autocast)"))
     for n in plan.graph.layers:
         if isinstance(n, RepeatNode) and torch_sequence_parallel(plan, n):
