@@ -10,22 +10,22 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures
-import contextlib
 import dataclasses
 import hashlib
-import io
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
 
-from mithril_spec import cli
+from mithril_spec.frontend import compile_file
+from mithril_spec.render import build as render
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = ROOT / "specs"
@@ -38,6 +38,9 @@ WORKERS = int(os.environ.get("MITHRIL_TEST_WORKERS", min(4, os.cpu_count() or 2)
 
 _builds: dict = {}
 _runs: dict = {}
+_build_lock = threading.Lock()
+_run_locks: dict = {}  # one lock per run key: a run asked for twice at once happens once
+_locks_lock = threading.Lock()
 
 
 def spec_variant(spec: Path, edits: tuple[tuple[str, str], ...] = ()) -> Path:
@@ -58,14 +61,16 @@ def spec_variant(spec: Path, edits: tuple[tuple[str, str], ...] = ()) -> Path:
 def build(spec: Path, mesh: str | None = None, edits: tuple[tuple[str, str], ...] = ()) -> Path:
     """`mithril-spec build SPEC --target jax [--mesh MESH]` into a fresh directory (memoised)."""
     key = (str(spec), mesh, edits)
+    with _build_lock:
+        return _build(key, spec, mesh, edits)
+
+
+def _build(key, spec: Path, mesh: str | None, edits: tuple[tuple[str, str], ...]) -> Path:
     if key not in _builds:
         path = spec_variant(spec, edits)
         out = WORK / f"build{len(_builds)}-{spec.stem}-{(mesh or 'default').replace(',', '_').replace('=', '')}"
-        argv = ["build", str(path), "--target", "jax", "-o", str(out)] + (["--mesh", mesh] if mesh else [])
-        err = io.StringIO()
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
-            rc = cli.main(argv)
-        assert rc == 0, f"build failed: {' '.join(argv)}\n{err.getvalue()}"
+        # what `mithril-spec build PATH --target jax [--mesh MESH] -o OUT` does, without printing
+        render.build(compile_file(path, mesh), "jax", out, str(path))
         _builds[key] = out
     return _builds[key]
 
@@ -106,8 +111,15 @@ def run(program: Path, *args: str, env: dict | None = None, expect_rc: int = 0, 
         metrics: bool = True, launcher: list[str] | None = None, timeout: int = 600) -> Run:
     """Runs `program/train.py ARGS` (or `launcher + ARGS`) in its own directory (memoised)."""
     key = (str(program), args, tuple(sorted((env or {}).items())), expect_rc, export, metrics, tuple(launcher or ()))
-    if key in _runs:
+    with _locks_lock:
+        lock = _run_locks.setdefault(key, threading.Lock())
+    with lock:
+        if key not in _runs:
+            _runs[key] = _run(program, args, env, expect_rc, export, metrics, launcher, timeout)
         return _runs[key]
+
+
+def _run(program, args, env, expect_rc, export, metrics, launcher, timeout) -> Run:
     cwd = Path(tempfile.mkdtemp(prefix="run-", dir=WORK))
     flags = list(args)
     if metrics:
@@ -125,10 +137,8 @@ def run(program: Path, *args: str, env: dict | None = None, expect_rc: int = 0, 
     assert p.returncode == expect_rc, f"{' '.join(cmd)}: exit {p.returncode}, expected {expect_rc}\n{out[-6000:]}"
     m = cwd / "metrics.jsonl"
     params = cwd / "params.npz"
-    result = Run(p.returncode, out, [json.loads(line) for line in m.read_text().splitlines()] if m.exists() else [],
-                 dict(np.load(params)) if params.exists() else None, cwd)
-    _runs[key] = result
-    return result
+    return Run(p.returncode, out, [json.loads(line) for line in m.read_text().splitlines()] if m.exists() else [],
+               dict(np.load(params)) if params.exists() else None, cwd)
 
 
 def run_many(jobs: list[tuple]) -> list[Run]:

@@ -108,3 +108,48 @@ def test_lr_follows_the_documented_schedule(spec):
     for r in got.metrics:
         want = documented_lr(tr.schedule, tr.optimizer.lr, tr.steps, r["step"] - 1)
         assert math.isclose(r["lr"], want, rel_tol=1e-6, abs_tol=1e-12), (r["step"], r["lr"], want)
+
+
+def numpy_attention(x, p, pre, heads, kv_heads, head_dim, base):
+    """docs/program.md "Operators": causal GQA (kv head j // (H/K)), rotate-half rotary, in float64."""
+    B, T, _ = x.shape
+
+    def proj(n, count):
+        return (x @ p[pre + n + ".weight"] + p[pre + n + ".bias"]).reshape(B, T, count, head_dim)
+
+    def rope(t):
+        half = head_dim // 2
+        ang = np.arange(T)[:, None] * base ** (-np.arange(half) * 2 / head_dim)[None]
+        cos, sin = np.cos(ang)[:, None], np.sin(ang)[:, None]
+        a, b = t[..., :half], t[..., half:]
+        return np.concatenate([a * cos - b * sin, a * sin + b * cos], -1)
+
+    q, k, v = rope(proj("q", heads)), rope(proj("k", kv_heads)), proj("v", kv_heads)
+    out = np.zeros((B, T, heads, head_dim))
+    for j in range(heads):
+        kv = j // (heads // kv_heads)
+        s = np.einsum("btd,bsd->bts", q[:, :, j], k[:, :, kv]) / math.sqrt(head_dim)
+        s = np.where(np.tril(np.ones((T, T), bool)), s, -np.inf)
+        w = np.exp(s - s.max(-1, keepdims=True))
+        w /= w.sum(-1, keepdims=True)
+        out[:, :, j] = np.einsum("bts,bsd->btd", w, v[:, :, kv])
+    return out.reshape(B, T, -1) @ p[pre + "o.weight"] + p[pre + "o.bias"]
+
+
+def test_attention_matches_a_numpy_reference():
+    """The generated attention (grouped-query, rotary, bias, causal) against the documented conventions."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("all_ops_train", build(ALL_OPS, "single") / "train.py")
+    train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train)
+    rng = np.random.default_rng(0)
+    pre = "blocks.0.attn."
+    p = {n: rng.standard_normal(shape).astype(np.float32) * 0.3 for n, (shape, _, _) in train.PARAMS.items()
+         if n.startswith(pre)}
+    x = rng.standard_normal((2, 8, 32)).astype(np.float32)
+    got = np.asarray(train.attention(x, p, pre, heads=4, head_dim=8, kv_heads=2, causal=True, rotary_base=10000.0,
+                                     bias=True))
+    want = numpy_attention(x.astype(np.float64), {k: v.astype(np.float64) for k, v in p.items()}, pre, 4, 2, 8,
+                           10000.0)
+    assert np.abs(got - want).max() < 1e-4

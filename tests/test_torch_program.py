@@ -37,6 +37,8 @@ ALL_OPS = TESTS / "specs" / "all-ops.yaml"
 NO_BN = (("      - {op: batch_norm, name: bn_seq}\n", ""), ("    - {op: batch_norm, name: bn}\n", ""))
 ARRAYS = WORK / "arrays-mlp"
 ACCUM = (("  batch_size: 16\n", "  batch_size: 16\n  grad_accum: 2\n"),)
+DROPOUT = (("    - {op: relu, name: act1}\n",
+             "    - {op: relu, name: act1}\n    - {op: dropout, name: drop, rate: 0.5}\n"),)
 
 
 def _run(job):
@@ -102,6 +104,8 @@ def jobs():
         (build(ALL_OPS, "single", NO_BN), "--steps", "3"),
         (build(ALL_OPS, "two", NO_BN), "--steps", "3"),
         (build(GPT, "fsdp_tp"), "--dry-run", {"export": False, "metrics": False}),
+        (build(MLP, "data=1", DROPOUT), "--steps", "5"),
+        (build(MLP, "four", DROPOUT), "--steps", "5"),
     ]
 
 
@@ -145,7 +149,8 @@ def test_resume_sharded_fsdp_tp():
 def test_reshard_4_ranks_to_2():
     """A checkpoint saved on fsdp=4 (4 ranks) resumes on a build for fsdp=2 (2 ranks): DCP reshards."""
     saved = _run(parallel("gpt-tiny.yaml", "fsdp=4"))
-    resumed = run(build(GPT, "fsdp=2"), "--steps", str(GPT_STEPS), "--resume", str(ckpt_dir("fsdp=4") / "step_00000005"))
+    resumed = run(build(GPT, "fsdp=2"), "--steps", str(GPT_STEPS), "--resume",
+                  str(ckpt_dir("fsdp=4") / "step_00000005"))
     d_self = max_diff(resumed.losses, saved.losses[5:])
     d_ref = max_diff(resumed.losses, gpt_single().losses[5:])
     report("torch reshard fsdp=4 -> fsdp=2 at step 5", max_dloss_vs_fsdp4=d_self, max_dloss_vs_1_process=d_ref)
@@ -274,6 +279,17 @@ def test_data_arrays_on_disk():
     d = max_diff(run(prog, "--steps", "5").losses, ref.losses)
     report("torch data: arrays vs synthetic", max_dloss=d)
     assert d < 1e-6
+
+
+@pytest.mark.slow
+def test_dropout_masks_do_not_depend_on_the_mesh():
+    ref = run(*reference("mlp-dp.yaml"))
+    one = run(build(MLP, "data=1", DROPOUT), "--steps", "5")
+    four = run(build(MLP, "four", DROPOUT), "--steps", "5")
+    d = max_diff(four.losses, one.losses)
+    report("torch dropout 0.5: data=4 vs 1 process", max_dloss=d)
+    assert d < 1e-5
+    assert max_diff(one.losses, ref.losses) > 1e-3  # it does drop
 
 
 # ---------------------------------------------------------------- every operator

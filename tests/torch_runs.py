@@ -20,7 +20,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 
@@ -52,7 +51,7 @@ def spec_variant(spec: Path, edits: tuple[tuple[str, str], ...] = ()) -> Path:
     return path
 
 
-def build(spec: Path, mesh: Optional[str] = None, edits: tuple[tuple[str, str], ...] = ()) -> Path:
+def build(spec: Path, mesh: str | None = None, edits: tuple[tuple[str, str], ...] = ()) -> Path:
     """`mithril-spec build SPEC --target torch [--mesh MESH]` into a fresh directory (memoised)."""
     key = (str(spec), mesh, edits)
     if key not in _builds:
@@ -79,7 +78,7 @@ class Run:
     rc: int
     output: str  # stdout + stderr
     metrics: list[dict]
-    params: Optional[dict]  # --export-params, when written
+    params: dict | None  # --export-params, when written
     cwd: Path
     seconds: float
 
@@ -103,7 +102,7 @@ class Run:
         return [json.loads(f.read_text()) for f in files]
 
 
-def env_for(extra: Optional[dict] = None) -> dict:
+def env_for(extra: dict | None = None) -> dict:
     env = dict(os.environ)
     env.update({"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
                 "PATH": os.path.dirname(PY) + os.pathsep + env.get("PATH", "")})
@@ -111,8 +110,8 @@ def env_for(extra: Optional[dict] = None) -> dict:
     return env
 
 
-def run(program: Path, *args: str, ranks: Optional[int] = None, launcher: str = "spawn", expect_rc: int = 0,
-        export: bool = True, metrics: bool = True, count: bool = False, env: Optional[dict] = None,
+def run(program: Path, *args: str, ranks: int | None = None, launcher: str = "spawn", expect_rc: int = 0,
+        export: bool = True, metrics: bool = True, count: bool = False, env: dict | None = None,
         timeout: int = 600) -> Run:
     """Runs `program/train.py ARGS` on `ranks` ranks (default: what it was built for), memoised.
 
@@ -143,12 +142,14 @@ def run(program: Path, *args: str, ranks: Optional[int] = None, launcher: str = 
     if count:
         extra["MITHRIL_COUNT_COLLECTIVES"] = str(cwd / "collectives")
     t0 = time.perf_counter()
-    p = subprocess.run(cmd + flags, cwd=cwd, env=env_for(extra), capture_output=True, text=True, timeout=timeout)
+    p = subprocess.run(cmd + flags, check=False, cwd=cwd, env=env_for(extra), capture_output=True, text=True,
+                       timeout=timeout)
     seconds = time.perf_counter() - t0
     with open(WORK / "runs.log", "a") as f:
         f.write(f"{seconds:6.1f}s {ranks}r {launcher} {program.name} {' '.join(args)}\n")
     out = p.stdout + p.stderr
-    assert p.returncode == expect_rc, f"{' '.join(cmd + flags)}: exit {p.returncode}, expected {expect_rc}\n{out[-6000:]}"
+    assert p.returncode == expect_rc, (
+        f"{' '.join(cmd + flags)}: exit {p.returncode}, expected {expect_rc}\n{out[-6000:]}")
     m = cwd / "metrics.jsonl"
     params = cwd / "params.npz"
     result = Run(p.returncode, out, [json.loads(line) for line in m.read_text().splitlines()] if m.exists() else [],

@@ -115,6 +115,10 @@ def _torch(plan: Plan, doc: Document) -> list[Diagnostic]:
             if node.name in TORCH_MODULE_ATTRS:
                 err(node, f"layer name `{node.name}` clashes with torch.nn.Module.{node.name}",
                     help="rename the layer (names are shared by every target)")
+            elif node.name.startswith("_") or node.name in FSDP_MODULE_ATTRS:
+                what = "FSDPModule" if node.name in FSDP_MODULE_ATTRS else "torch.nn.Module's internal attributes"
+                err(node, f"layer name `{node.name}` clashes with {what} in the torch target",
+                    help="rename the layer (names are shared by every target)")
             if isinstance(node, Node) and node.op == "moe":
                 err(node, f"`{node.name}`: the torch target does not support the moe operator yet",
                     help="use an mlp layer here, or leave torch out of the spec's `targets`")
@@ -156,6 +160,16 @@ def _torch(plan: Plan, doc: Document) -> list[Diagnostic]:
                     help="tensor parallelism applies to linear, attention and mlp layers in the torch target")
     return out
 
+
+# Methods fully_shard adds to a module (FSDP2's FSDPModule): a layer of that name would be shadowed.
+FSDP_MODULE_ATTRS = {
+    "reshard", "unshard", "set_is_last_backward", "set_requires_gradient_sync", "set_requires_all_reduce",
+    "set_reshard_after_forward", "set_reshard_after_backward", "set_modules_to_forward_prefetch",
+    "set_modules_to_backward_prefetch", "set_all_reduce_hook", "set_post_optim_event",
+    "set_reduce_scatter_divide_factor", "set_gradient_divide_factor", "set_force_sum_reduction_for_comms",
+    "set_unshard_in_backward", "set_custom_all_gather", "set_custom_reduce_scatter", "share_comm_ctx",
+    "set_allocate_memory_from_process_group_for_comm",
+}  # fmt: skip
 
 # Operators a torch sequence-parallel block may hold: per-position ones, and tensor-parallel attention / mlp.
 SP_OPS = {"relu", "gelu", "silu", "tanh", "sigmoid", "softmax", "dropout", "add", "mul", "layer_norm", "rms_norm",

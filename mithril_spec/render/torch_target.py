@@ -25,7 +25,12 @@ from ..planner.plan import Plan
 from ..planner.targets import torch_sequence_parallel
 
 # Names the generated forward methods use besides tensor variables.
-MODEL_NAMES = {"F", "torch", "nn", "np", "math", "self", "block", "rope", "zlib", "checkpoint", "layers", "selective_remat"}
+MODEL_NAMES = {"F", "torch", "nn", "np", "math", "self", "block", "rope", "zlib", "checkpoint", "layers",
+               "selective_remat"}
+
+# Classes and names the program defines at module level: a block class must not take one of them.
+PROGRAM_NAMES = {"Model", "Attention", "MLP", "LayerNorm", "RMSNorm", "BatchNorm", "Dropout", "PosEmbedding", "Data",
+                 "Metrics", "F", "DDP"}
 
 TRANSPOSED_OPS = ("linear", "attention", "mlp")  # their 2-D weights are nn.Linear weights: [out, in] in torch
 SLOTS = {"adamw": 2, "adam": 2, "sgd": 1}
@@ -107,7 +112,18 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
             rotary |= layer["op"] == "attention" and bool(layer["attrs"].get("rotary"))
         return layer
 
+    # block classes: never a name the program uses for something else
+    classes: dict[str, str] = {}
+    for block in ctx["blocks"]:
+        name = block["class_name"]
+        while name in PROGRAM_NAMES or name in classes.values():
+            name += "Block"
+        classes[block["name"]] = name
+
     layers = [annotate(layer, top_vars) for layer in copy.deepcopy(ctx["layers"])]
+    for layer in layers:
+        if layer["op"] == "repeat":
+            layer["class_name"] = classes[layer["block"]]
 
     blocks = []
     for block in copy.deepcopy(ctx["blocks"]):
@@ -118,6 +134,7 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
         for layer in block["layers"]:
             annotate(layer, vars_)
         block["output_var"] = vars_[block["output"]]
+        block["class_name"] = classes[block["name"]]
         blocks.append(block)
 
     loss = dict(ctx["loss"])

@@ -237,12 +237,13 @@ def attention(
     q, k, v = project("q", heads), project("k", kv_heads), project("v", kv_heads)
     if rotary_base:
         q, k = rope(q, rotary_base), rope(k, rotary_base)
-    q = q.reshape(B, T, kv_heads, heads // kv_heads, head_dim)  # [B, T, kv head, group, h]
-    scores = jnp.einsum("btkgh,bskh->bkgts", q, k).astype(jnp.float32) / math.sqrt(head_dim)
+    if kv_heads != heads:  # grouped-query: kv head i serves the query heads i*g .. i*g+g-1
+        k, v = (jnp.repeat(t, heads // kv_heads, axis=2) for t in (k, v))
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / math.sqrt(head_dim)
     if causal:
         scores = jnp.where(jnp.tril(jnp.ones((T, T), dtype=bool)), scores, -jnp.inf)
     probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
-    out = jnp.einsum("bkgts,bskh->btkgh", probs, v).reshape(B, T, heads * head_dim)
+    out = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(B, T, heads * head_dim)
     out = out @ p[pre + "o.weight"]
     return out + p[pre + "o.bias"] if bias else out
 
