@@ -6,6 +6,7 @@ operator (tests/specs/all-ops.yaml)."""
 
 from __future__ import annotations
 
+import json
 import os
 import zlib
 
@@ -205,6 +206,7 @@ def test_steps_0_export_is_the_numpy_init_and_init_params_round_trip(tmp_path):
 # ---------------------------------------------------------------- launching
 
 
+@pytest.mark.slow
 def test_wrong_world_size_exits_2():
     prog = build(GPT, "fsdp_tp")
     alone = run(prog, "--steps", "1", ranks=1, expect_rc=2, export=False, metrics=False)
@@ -225,6 +227,30 @@ def test_real_torchrun_through_launch_sh():
     assert d < 1e-5
     assert "terminate called" not in r.output and "SIGABRT" not in r.output
     assert r.output.count("step     5 |") == 1  # logs from rank 0 only
+
+
+@pytest.mark.slow
+def test_multi_node_rendezvous_through_launch_sh(tmp_path):
+    """launch.sh's several-machine path (NNODES=2: torchrun --nnodes 2 with a c10d rendezvous), played
+    by two launch.sh processes on this machine, 2 ranks each: the 4 ranks train like one process."""
+    import subprocess
+
+    from torch_runs import env_for, free_port
+
+    prog = build(MLP, "four")
+    env = env_for({"NNODES": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RDZV_ID": "test"})
+    flags = ["--steps", "5", "--checkpoint-dir", ""]
+    nodes = [subprocess.Popen([str(prog / "launch.sh"), *flags, "--metrics", str(tmp_path / f"m{i}.jsonl")],
+                              cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for i in range(2)]
+    outs = [n.communicate(timeout=300)[0] for n in nodes]
+    assert [n.returncode for n in nodes] == [0, 0], outs
+    written = [f for f in tmp_path.glob("m*.jsonl")]
+    assert len(written) == 1  # rank 0 only, on whichever node the rendezvous made rank 0
+    losses = [json.loads(line)["loss"] for line in written[0].read_text().splitlines()]
+    d = max_diff(losses, run(*reference("mlp-dp.yaml")).losses)
+    report("torch launch.sh NNODES=2 (c10d rendezvous, 2 x 2 ranks) vs 1 process", max_dloss=d)
+    assert d < 1e-5
 
 
 @pytest.mark.slow
@@ -289,7 +315,7 @@ def test_dropout_masks_do_not_depend_on_the_mesh():
     d = max_diff(four.losses, one.losses)
     report("torch dropout 0.5: data=4 vs 1 process", max_dloss=d)
     assert d < 1e-5
-    assert max_diff(one.losses, ref.losses) > 1e-3  # it does drop
+    assert max_diff(one.grad_norms, ref.grad_norms) > 1e-3  # it does drop
 
 
 # ---------------------------------------------------------------- every operator
@@ -306,11 +332,3 @@ def test_all_ops():
     report("torch all-ops (no batch_norm) data=2 vs 1 process", max_dloss=d)
     assert d < 1e-5
 
-
-def test_batch_norm_under_data_parallelism_is_rejected():
-    from mithril_spec.diagnostics import DiagnosticError
-    from mithril_spec.render.build import render_files
-
-    with pytest.raises(DiagnosticError) as e:
-        render_files(compile_file(ALL_OPS, "two"), "torch", "all-ops.yaml")
-    assert {d.code for d in e.value.diagnostics} == {"E049"}

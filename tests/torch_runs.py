@@ -15,6 +15,7 @@ import hashlib
 import io
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +36,12 @@ WORKERS = int(os.environ.get("MITHRIL_TEST_WORKERS", "2"))
 
 _builds: dict = {}
 _runs: dict = {}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def spec_variant(spec: Path, edits: tuple[tuple[str, str], ...] = ()) -> Path:

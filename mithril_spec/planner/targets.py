@@ -23,7 +23,7 @@ TORCH_MODULE_ATTRS = {
     "type", "xpu", "zero_grad", "call_super_init", "T_destination",
 }  # fmt: skip
 
-SUPPORTED = {"jax": ("data", "fsdp", "tensor"), "torch": ("data", "fsdp", "tensor")}
+SUPPORTED = {"jax": ("pipe", "data", "fsdp", "expert", "tensor"), "torch": ("data", "fsdp", "tensor")}
 
 
 def tensor_dims(plan: Plan, name: str) -> tuple[int, ...]:
@@ -63,15 +63,63 @@ def check_target(plan: Plan, doc: Document, target: str) -> list[Diagnostic]:
 
 
 def _jax(plan: Plan, doc: Document) -> list[Diagnostic]:
-    """The JAX target renders every operator but moe (expert routing comes with the expert axis)."""
+    """The JAX target renders every operator; a pipeline (more than one stage) has the limits below."""
+    pp = plan.pipeline
+    if pp is None or pp.pipe <= 1:
+        return []
+    return _jax_pipeline(plan, doc)
+
+
+def _jax_pipeline(plan: Plan, doc: Document) -> list[Diagnostic]:
+    """The jax target pipelines one repeated block, split evenly over the stages (the planner's automatic
+    split; templates/jax/train.py.j2 "Pipeline"). The layers before and after it run outside the pipeline
+    on every pipe rank, so they may not read what the other side computes."""
     out: list[Diagnostic] = []
+    pp = plan.pipeline
+
+    def err(path, msg, help):
+        out.append(Diagnostic("E049", msg, doc.pos(path), help=help))
+
+    if not pp.repeat_split:
+        first = next((n for n in plan.graph.layers if n.stage is not None), plan.graph.layers[0])
+        err(first.path + ("stage",), "the jax target pipelines one repeated block split evenly over the stages; "
+            "it does not support explicit `stage:` fields yet",
+            help="remove the `stage:` fields: the planner then splits the repeated block evenly")
+        return out
+    tr = plan.spec.training
+    if tr.zero:
+        err(("training", "zero"), f"the jax target does not combine `training.zero: {tr.zero}` with a pipeline yet",
+            help="shard over `fsdp` instead (ZeRO-3), which the pipeline supports")
+    (name,) = pp.repeat_split
+    at = next(i for i, n in enumerate(plan.graph.layers) if n.name == name)
+    rep = plan.graph.layers[at]
     for _, nodes in _scopes(plan):
         for node in nodes:
-            if isinstance(node, Node) and node.op == "moe":
-                out.append(Diagnostic(
-                    "E049", f"`{node.name}`: the jax target does not support the moe operator yet",
-                    doc.pos(node.path + ("op",)),
-                    help="use an mlp layer here, or leave jax out of the spec's `targets`"))
+            if not isinstance(node, Node):
+                continue
+            what = {"moe": "moe layers (their load-balancing loss does not cross the pipeline yet)",
+                    "batch_norm": "batch_norm (running statistics per stage)",
+                    "dropout": "dropout with a rate above 0 (masks per micro-batch and stage)"}.get(node.op)
+            if what and not (node.op == "dropout" and not node.attrs["rate"]):
+                err(node.path + ("op",), f"`{node.name}`: the jax target does not support {what} in a pipelined "
+                    "model yet", help="drop the `pipe` mesh axis, or change the layer")
+    if len(rep.inputs) != 1:
+        err(rep.path + ("name",), f"`{name}`: the jax target pipelines a repeated block with one input",
+            help="give the block one input (block_input)")
+    # the layers after the block run in the last stage (1f1b) or after the pipeline: they see the block's
+    # output, later layers and the model inputs, never the layers before the block
+    before = {n.name for n in plan.graph.layers[:at]}
+    for n in plan.graph.layers[at + 1:]:
+        bad = [i for i in n.inputs if i in before]
+        if bad:
+            err(n.path + ("name",), f"`{n.name}` reads `{bad[0]}` from before the pipelined block `{name}`: the jax "
+                "target runs the layers after the block apart from those before it",
+                help="let the layers after the block read only its output, later layers and the model inputs")
+    loss = plan.graph.loss
+    for role, t in (("prediction", loss.prediction), ("targets", loss.targets)):
+        if t in before:
+            err(("model", "loss"), f"the loss reads `{t}` ({role}) from before the pipelined block `{name}`",
+                help="compute the loss from the layers after the block or the model inputs")
     return out
 
 

@@ -8,7 +8,13 @@
   it. The program pins such a layout with `with_sharding_constraint` where it is more than batch
   splitting (tensor-parallel features), on every block output (the residual stream) and after
   embedding lookups.
-- Which op helpers the program needs, and whether it carries buffers (batch_norm) or dropout keys.
+- Which op helpers the program needs, and whether it carries buffers (batch_norm), dropout keys or a
+  load-balancing loss (moe).
+- moe layers: their per-sample capacity, and the two layouts of the dispatched tokens [B, E, C, d] the
+  program pins (like the tokens: batch split; like the experts: experts split over the experts' mesh axes).
+- The pipeline (`jax.pipeline`, only with more than one stage): the repeated block it splits, the layers
+  before and after it, and how the train state stacks the block's copies (`<repeat>.*.<param>`,
+  [copies, ...] split over `pipe`).
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ MODEL_NAMES = {
     "P", "jax", "jnp", "np", "optax", "zlib", "math", "linear", "layer_norm", "rms_norm", "batch_norm",
     "embedding", "attention", "rope", "mlp", "conv2d", "max_pool2d", "avg_pool2d", "dropout", "layer_key",
     "cross_entropy", "mse", "remat", "forward", "loss_fn", "pre", "p", "batch", "buffers", "key", "x", "i",
-    "block", "REMAT", "COMPUTE_DTYPE",
+    "block", "REMAT", "COMPUTE_DTYPE", "moe", "aux", "aux_loss", "pre_forward", "post_loss",
 }  # fmt: skip
 
 
@@ -68,6 +74,54 @@ def _rename(scope: dict[str, str], taken: set[str]) -> dict[str, str]:
     return out
 
 
+def _moe(layer: dict[str, Any], plan: Plan, prefix: str) -> None:
+    """Capacity per sample (docs/program.md: ceil(cf * T * k / E), T = tokens per sample) and the two
+    layouts of the dispatched tokens [B, E, C, d]."""
+    a = layer["attrs"] = dict(layer["attrs"])
+    tokens = math.prod(layer["in_shapes"][0][:-1])
+    a["capacity"] = math.ceil(a["capacity_factor"] * tokens * a["top_k"] / a["experts"])
+    batch = list(plan.batch_axes)
+    experts = list(plan.param(f"{prefix}{layer['name']}.experts.fc.weight").spec[0])
+    layer["moe_tokens_layout"] = [batch or None, None, None, None]
+    layer["moe_experts_layout"] = [[x for x in batch if x not in experts] or None, experts or None, None, None]
+
+
+def _pipeline(plan: Plan, layers: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The pipeline of a build with more than one stage (planner/targets.py rejects what this cannot run:
+    it pipelines the one repeated block that the planner split evenly over the stages)."""
+    pp = plan.pipeline
+    if pp is None or pp.pipe <= 1:
+        return None
+    ((name, spans),) = pp.repeat_split.items()
+    at = next(i for i, layer in enumerate(layers) if layer["name"] == name)
+    per = spans[0][1] - spans[0][0]
+    # stacked row q holds copy order[q]: pipe rank r's rows are the copies of its stages r, r + pipe, ...
+    order = [c for r in range(pp.pipe) for v in range(pp.virtual) for c in range(*spans[v * pp.pipe + r])]
+    first = f"{name}.0."
+    stacked = []
+    for p in plan.params:
+        if p.name.startswith(first):
+            suffix = p.name[len(first):]
+            stacked.append({"name": f"{name}.*.{suffix}", "suffix": suffix, "shape": [len(order), *p.param.shape],
+                            "layout": [["pipe"], *[list(d) if d else None for d in p.spec]]})
+    pre, post = layers[:at], layers[at + 1:]
+    return {
+        "repeat": layers[at],
+        "pre": pre,
+        "post": post,
+        # model inputs that the layers before / after the block read
+        "pre_reads": sorted({n for layer in pre + [layers[at]] for n in layer["inputs"]}),
+        "post_reads": sorted({n for layer in post for n in layer["inputs"]}),
+        "pipe": pp.pipe,
+        "virtual_stages": pp.virtual,
+        "microbatches": pp.microbatches,
+        "schedule": pp.schedule,
+        "per_stage": per,
+        "order": order,
+        "stacked": stacked,
+    }
+
+
 def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
     rules = _rules(plan)
     block_fns = {b["name"]: f"{b['name']}_block" for b in ctx["blocks"]}
@@ -103,6 +157,8 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
             layer["block_fn"] = block_fns[node.block]
         else:
             ops.add(node.op)
+            if node.op == "moe":
+                _moe(layer, plan, "")
         layers.append(layer)
 
     blocks = []
@@ -117,11 +173,14 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
         for layer in block["layers"]:
             annotate(layer, inner[layer["name"]], vars_)
             ops.add(layer["op"])
+            if layer["op"] == "moe":
+                _moe(layer, plan, f"{rep.name}.0.")
         block["output_var"] = vars_[block["output"]]
         block["has_buffers"] = any(layer["buffers"] for layer in block["layers"])
         block["has_dropout"] = any(layer["op"] == "dropout" and layer["attrs"]["rate"] > 0
                                    for layer in block["layers"])
         block["out_layout"] = _activation_layout(rep.out, plan, rules)
+        block["has_aux"] = any(layer["op"] == "moe" for layer in block["layers"])
         has_dropout |= block["has_dropout"]
         has_buffers |= block["has_buffers"]
         blocks.append(block)
@@ -143,6 +202,8 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
             "ops": sorted(ops),
             "has_dropout": has_dropout,
             "has_buffers": has_buffers,
+            "has_aux": "moe" in ops,  # a load-balancing loss joins the model loss
+            "pipeline": _pipeline(plan, layers),
             "zero": plan.spec.training.zero,  # not in the shared context (yet)
             # per-device bytes the planner predicts (`mithril-spec plan`); the program reports what it holds
             "planned": {"params": plan.memory.params, "optimizer": plan.memory.optimizer,

@@ -665,10 +665,8 @@ def main(args):
         scheduler.step()
         if step == start:  # grads and optimizer state exist now: report what this rank holds
             every = all_ranks(held_bytes(model, optimizer))
-            log(
-                "memory "
-                + json.dumps({"device0": every[0], "ranks": every, "planned": PLANNED_BYTES})
-            )
+            report = {"device0": every[0], "ranks": every, "planned": PLANNED_BYTES}
+            log(f"memory {json.dumps(report)}")
         optimizer.zero_grad(set_to_none=True)
         # each rank's mean over an equal share of the batch (tensor peers hold the same one)
         dist.all_reduce(loss_sum)

@@ -1,0 +1,140 @@
+"""Pipeline parallelism in the JAX target (templates/jax/train.py.j2, "Pipeline"), on 8 simulated CPU devices.
+
+Equivalence: every schedule (gpipe, 1f1b, interleaved with 2 virtual stages) on pipe=2 x data=2 x tensor=2
+(the gpt-pipe example's default mesh: pipeline with data and tensor parallelism) and 1f1b on pipe=4 give
+the loss trajectory of the one-device build (`--mesh data=1`, which runs the same micro-batches one after
+the other), max abs difference below 1e-5 over 5 steps, float32. Also: canonical export and parameter
+count, resume of the stacked train state, the memory the program holds, and the E049s for what the jax
+pipeline does not run.
+"""
+
+from __future__ import annotations
+
+import pytest
+from jax_runs import ROOT, SPECS, WORK, build, max_diff, max_param_diff, report, run, run_many
+
+from mithril_spec.frontend import compile_file
+from mithril_spec.planner.targets import check_target
+
+# the example moves to specs/ once both targets run it
+GPT_PIPE = SPECS / "gpt-pipe.yaml" if (SPECS / "gpt-pipe.yaml").exists() else ROOT / "prototypes/specs/gpt-pipe.yaml"
+STEPS = 5
+GPIPE = (("schedule: 1f1b}", "schedule: gpipe}"),)
+INTERLEAVED = (("schedule: 1f1b}", "schedule: interleaved, virtual_stages: 2}"),)
+CASES = [  # (what, mesh (None: the spec's default, pipe=2,data=2,tensor=2), spec edits)
+    ("1f1b pipe=2 x data=2 x tensor=2", None, ()),
+    ("gpipe pipe=2 x data=2 x tensor=2", None, GPIPE),
+    ("interleaved pipe=2 x 2 virtual x data=2 x tensor=2", None, INTERLEAVED),
+    ("1f1b pipe=4", "pipe4", ()),
+]
+
+
+def reference():
+    return run(build(GPT_PIPE, "single"), "--steps", str(STEPS))
+
+
+def parallel(mesh, edits):
+    return run(build(GPT_PIPE, mesh, edits), "--steps", str(STEPS))
+
+
+def resumed():
+    program, ck = build(GPT_PIPE), WORK / "ckpt-gpt-pipe"
+    first = run(program, "--steps", "3", "--checkpoint-dir", str(ck))
+    return first, run(program, "--steps", str(STEPS), "--resume", str(ck))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def all_runs():
+    jobs = [(build(GPT_PIPE, "single"), "--steps", str(STEPS))]
+    jobs += [(build(GPT_PIPE, mesh, edits), "--steps", str(STEPS)) for _, mesh, edits in CASES]
+    jobs += [(build(GPT_PIPE), "--steps", "3", "--checkpoint-dir", str(WORK / "ckpt-gpt-pipe"))]
+    run_many(jobs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES, ids=[c[0].split()[0] + "-" + (c[1] or "default") for c in CASES])
+def test_schedule_equals_one_device(case):
+    what, mesh, edits = case
+    ref, par = reference(), parallel(mesh, edits)
+    assert len(par.losses) == len(ref.losses) == STEPS
+    dl = max_diff(par.losses, ref.losses)
+    dg = max_diff([r["grad_norm"] for r in par.metrics], [r["grad_norm"] for r in ref.metrics])
+    dp = max_param_diff(par.params, ref.params)
+    report(f"pipeline {what} vs 1 device", max_dloss=dl, max_dgrad_norm=dg, max_dparam=dp, steps=STEPS)
+    assert dl < 1e-5, f"{what}: losses differ from one device by {dl:.2e}"
+    assert dg < 1e-4 and dp < 1e-4
+
+
+@pytest.mark.slow
+def test_export_is_canonical_and_counts_the_plans_parameters():
+    plan = compile_file(GPT_PIPE).plan
+    got = parallel(None, ()).params
+    assert sorted(got) == sorted(p.name for p in plan.params)
+    assert all(got[p.name].shape == p.param.shape for p in plan.params)
+    assert sum(a.size for a in got.values()) == plan.param_count == 233_856
+
+
+@pytest.mark.slow
+def test_memory_held_stage_copies_and_replicated_rest():
+    """Device 0 holds its stages' copies of the repeated block (stacked, split over `pipe`) and every other
+    parameter whole (replicated over `pipe`: the layers before and after the block run outside the
+    pipeline). The plan counts only the first stage's layers on pipe rank 0, so the program holds the
+    parameters of the layers after the block (ln_f, lm_head) in addition."""
+    plan = compile_file(GPT_PIPE).plan
+    pp = plan.pipeline
+    (rep,) = pp.repeat_split
+    on_rank0 = {s for s in range(len(pp.stages)) if s % pp.pipe == 0}
+    want = sum(p.local_bytes for p in plan.params
+               if not p.name.startswith(rep + ".") or pp.param_stage[p.name] in on_rank0)
+    extra = sum(p.local_bytes for p in plan.params if not p.name.startswith(rep + ".") and p.stage not in on_rank0)
+    held = parallel(None, ()).memory
+    report("pipeline device-0 bytes", held_params=held["device0"]["params"], planned_params=plan.memory.params,
+           replicated_last_stage_params=extra)
+    assert held["device0"]["params"] == want == plan.memory.params + extra
+    assert held["device0"]["optimizer"] == 2 * want  # adamw: mu and nu
+    assert held["planned"]["params"] == plan.memory.params
+
+
+@pytest.mark.slow
+def test_resume_the_stacked_state():
+    first, second = resumed()
+    full = parallel(None, ())
+    assert len(first.losses) == 3 and len(second.losses) == STEPS - 3
+    assert max_diff(list(first.losses) + list(second.losses), full.losses) == 0.0
+    assert max_param_diff(second.params, full.params) == 0.0
+
+
+def test_single_stage_build_runs_the_micro_batches_one_after_the_other():
+    text = (build(GPT_PIPE, "single") / "train.py").read_text()
+    assert "shard_map" not in text and "STACK_ORDER" not in text
+    assert "MICROBATCHES = 4" in text and "jnp.arange(CHUNKS)" in text
+    text = (build(GPT_PIPE) / "train.py").read_text()
+    assert "def pipeline_1f1b(" in text and '"blocks.*.mlp.fc.weight": P("pipe", None, "tensor")' in text
+
+
+def e049(edits, mesh=None) -> list[str]:
+    from jax_runs import spec_variant
+
+    c = compile_file(spec_variant(GPT_PIPE, edits), mesh)
+    return [d.message for d in check_target(c.plan, c.doc, "jax") if d.code == "E049"]
+
+
+def test_unsupported_pipelines_are_e049():
+    assert e049(()) == []
+    assert e049(INTERLEAVED) == [] and e049(GPIPE) == []
+    # explicit stages
+    staged = (("- {op: layer_norm, name: ln_f}", "- {op: layer_norm, name: ln_f, stage: 1}"),)
+    assert any("explicit `stage:`" in m for m in e049(staged))
+    # dropout in the pipelined block
+    drop = (("- {op: add, name: res2, inputs: [res1, mlp]}",
+             "- {op: add, name: res2, inputs: [res1, mlp]}\n      - {op: dropout, name: drop, rate: 0.1}"),)
+    assert any("`drop`" in m and "dropout" in m for m in e049(drop))
+    assert e049(drop, "single") == []  # one stage: no pipeline
+    # a layer after the block that reads one before it
+    skip = (("- {op: layer_norm, name: ln_f}", "- {op: add, name: skip, inputs: [blocks, wpe]}\n"
+             "    - {op: layer_norm, name: ln_f}"),)
+    assert any("`skip` reads `wpe`" in m for m in e049(skip))
+    # moe in a pipelined model
+    moe = (("- {op: mlp, name: mlp, hidden: ff, activation: gelu}",
+            "- {op: moe, name: mlp, experts: 2, hidden: ff}"),)
+    assert any("moe" in m for m in e049(moe))
