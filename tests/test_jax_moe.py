@@ -82,7 +82,7 @@ def test_tokens_travel_by_all_to_all_over_expert():
 
 def numpy_moe(x, p, experts, top_k, capacity):
     """docs/program.md "Mixture of experts", written out per sample and token (float64)."""
-    B, T, d = x.shape
+    B, T, _ = x.shape
     out, aux, dropped = np.zeros_like(x), [], 0
     for b in range(B):
         logits = x[b] @ p["router.weight"]

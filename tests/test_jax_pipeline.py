@@ -21,6 +21,8 @@ GPT_PIPE = SPECS / "gpt-pipe.yaml" if (SPECS / "gpt-pipe.yaml").exists() else RO
 STEPS = 5
 GPIPE = (("schedule: 1f1b}", "schedule: gpipe}"),)
 INTERLEAVED = (("schedule: 1f1b}", "schedule: interleaved, virtual_stages: 2}"),)
+# bfloat16 compute, full remat and 2 accumulation micro-batches of 4 pipeline micro-batches each
+BF16 = (("  seed: 0", "  seed: 0\n  precision: {compute: bfloat16}\n  remat: full\n  grad_accum: 2"),)
 CASES = [  # (what, mesh (None: the spec's default, pipe=2,data=2,tensor=2), spec edits)
     ("1f1b pipe=2 x data=2 x tensor=2", None, ()),
     ("gpipe pipe=2 x data=2 x tensor=2", None, GPIPE),
@@ -48,6 +50,7 @@ def all_runs():
     jobs = [(build(GPT_PIPE, "single"), "--steps", str(STEPS))]
     jobs += [(build(GPT_PIPE, mesh, edits), "--steps", str(STEPS)) for _, mesh, edits in CASES]
     jobs += [(build(GPT_PIPE), "--steps", "3", "--checkpoint-dir", str(WORK / "ckpt-gpt-pipe"))]
+    jobs += [(build(GPT_PIPE, None, BF16 + edits), "--steps", str(STEPS)) for edits in ((), GPIPE)]
     run_many(jobs)
 
 
@@ -104,6 +107,17 @@ def test_resume_the_stacked_state():
     assert max_param_diff(second.params, full.params) == 0.0
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("edits", [(), GPIPE], ids=["1f1b", "gpipe"])
+def test_bf16_remat_grad_accum(edits):
+    """bfloat16 compute with full remat and gradient accumulation around the pipeline: trains, and stays
+    within bfloat16 rounding of the float32 run."""
+    got = parallel(None, BF16 + edits)
+    d = max_diff(got.losses, reference().losses)
+    report(f"pipeline {'gpipe' if edits else '1f1b'} bf16 + remat full + grad_accum 2 vs float32", max_dloss=d)
+    assert len(got.losses) == STEPS and d < 1e-2
+
+
 def test_single_stage_build_runs_the_micro_batches_one_after_the_other():
     text = (build(GPT_PIPE, "single") / "train.py").read_text()
     assert "shard_map" not in text and "STACK_ORDER" not in text
@@ -131,8 +145,8 @@ def test_unsupported_pipelines_are_e049():
     assert any("`drop`" in m and "dropout" in m for m in e049(drop))
     assert e049(drop, "single") == []  # one stage: no pipeline
     # a layer after the block that reads one before it
-    skip = (("- {op: layer_norm, name: ln_f}", "- {op: add, name: skip, inputs: [blocks, wpe]}\n"
-             "    - {op: layer_norm, name: ln_f}"),)
+    skip = (("- {op: layer_norm, name: ln_f}",
+             "- {op: add, name: skip, inputs: [blocks, wpe]}\n    - {op: layer_norm, name: ln_f}"),)
     assert any("`skip` reads `wpe`" in m for m in e049(skip))
     # moe in a pipelined model
     moe = (("- {op: mlp, name: mlp, hidden: ff, activation: gelu}",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import Field
@@ -35,6 +36,7 @@ class Moe(Op):
             raise OpError("E056", f"top_k ({k}) is larger than the number of experts ({e})", "top_k",
                           help="each token is routed to top_k distinct experts")
         tokens = x.numel // d
+        tokens_per_sample = tokens
         params = (
             ParamDef("router.weight", (d, e), (emb, None)),
             ParamDef("experts.fc.weight", (e, d, h), ("experts", emb, "mlp")),
@@ -43,6 +45,9 @@ class Moe(Op):
             ParamDef("experts.proj.bias", (e, d), ("experts", emb), init="zeros"),
         )
         flops = 2 * tokens * d * e + k * (2 * tokens * 2 * d * h + 8 * tokens * h)
+        # Slots per expert per sample (docs/program.md "Mixture of experts"): decided here, once, for every target.
+        capacity = math.ceil(args.capacity_factor * tokens_per_sample * k / e)
         attrs = {"dim": d, "experts": e, "top_k": k, "hidden": h, "capacity_factor": args.capacity_factor,
+                 "capacity": capacity,
                  "aux_loss_weight": args.aux_loss_weight, "activation": args.activation}
         return OpResult(x, params, attrs, flops=flops)

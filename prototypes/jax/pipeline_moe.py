@@ -19,7 +19,7 @@ choice-rank-first slot filling, un-renormalised gates, per-sample load-balancing
     python pipeline_moe.py --model moe-dp --mesh data=2,expert=4 --steps 5
     python pipeline_moe.py --verify            # every equivalence check below, as subprocesses
 
-Design choices (see NOTES-pipeline-moe.md):
+Design choices (see NOTES.md, "Pipeline and expert parallelism"):
 - The layers before the repeated block (embeddings) and after it (final norm, head, loss) are not
   pipelined: their parameters are replicated over `pipe`. The embeddings run on every pipe rank (a
   gather: cheap); the head runs once per micro-batch, micro-batches split over the pipe ranks (gpipe,
