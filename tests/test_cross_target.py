@@ -1,9 +1,9 @@
 """Across targets: the JAX and the PyTorch programs of one spec compute the same thing.
 
-For the MLP, the CNN and the GPT examples (and tests/specs/all-ops.yaml, every operator), both built for
-one device / process: the JAX program exports its initial parameters (--steps 0 --export-params), both
-programs train 5 steps from that file (--init-params) on the same data, and their losses agree (max abs
-difference below 1e-4). Then the parameters the PyTorch program exports after training load into the JAX
+For the MLP, the CNN, the GPT and the mixture-of-experts examples (and tests/specs/all-ops.yaml, every
+operator), both built for one device / process: the JAX program exports its initial parameters
+(--steps 0 --export-params), both programs train 5 steps from that file (--init-params) on the same
+data, and their losses agree (max abs difference below 1e-4). Then the parameters the PyTorch program exports after training load into the JAX
 program (--init-params, --steps 0 --export-params) and come back unchanged: the canonical names and
 layouts are the same in both targets (nn.Linear's [out, in] weights are transposed at the boundary).
 """
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch_runs as tr
 
-SPECS = ["mlp-dp.yaml", "cnn-dp.yaml", "gpt-tiny.yaml", "all-ops"]
+SPECS = ["mlp-dp.yaml", "cnn-dp.yaml", "gpt-tiny.yaml", "moe-dp.yaml", "all-ops"]
 STEPS = 5
 
 

@@ -3,6 +3,8 @@ what the target supports, never a crash inside the generated program."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from ..diagnostics import Diagnostic
 from ..graph import Node, RepeatNode
 from ..source import Document
@@ -23,7 +25,8 @@ TORCH_MODULE_ATTRS = {
     "type", "xpu", "zero_grad", "call_super_init", "T_destination",
 }  # fmt: skip
 
-SUPPORTED = {"jax": ("pipe", "data", "fsdp", "expert", "tensor"), "torch": ("data", "fsdp", "tensor")}
+SUPPORTED = {"jax": ("pipe", "data", "fsdp", "expert", "tensor"),
+             "torch": ("pipe", "data", "fsdp", "expert", "tensor")}
 
 
 def tensor_dims(plan: Plan, name: str) -> tuple[int, ...]:
@@ -158,6 +161,10 @@ def _torch(plan: Plan, doc: Document) -> list[Diagnostic]:
                     err(node, f"`{node.name}`: under sequence parallelism the torch target needs {node.op} layers "
                         "split over `tensor`", help="rule `heads`/`kv_heads` (attention) or `mlp` to `tensor`")
 
+    out += _torch_experts(plan, doc)
+    if plan.pipeline is not None and len(plan.pipeline.stages) > 1:
+        out += _torch_pipeline(plan, doc)
+
     for prefix, nodes in _scopes(plan):
         for i, node in enumerate(nodes):
             if node.name in TORCH_MODULE_ATTRS:
@@ -167,9 +174,6 @@ def _torch(plan: Plan, doc: Document) -> list[Diagnostic]:
                 what = "FSDPModule" if node.name in FSDP_MODULE_ATTRS else "torch.nn.Module's internal attributes"
                 err(node, f"layer name `{node.name}` clashes with {what} in the torch target",
                     help="rename the layer (names are shared by every target)")
-            if isinstance(node, Node) and node.op == "moe":
-                err(node, f"`{node.name}`: the torch target does not support the moe operator yet",
-                    help="use an mlp layer here, or leave torch out of the spec's `targets`")
             if not isinstance(node, Node):
                 continue
             name = prefix + node.name
@@ -207,6 +211,180 @@ def _torch(plan: Plan, doc: Document) -> list[Diagnostic]:
                 err(node, f"`{node.name}`: the torch target cannot split a {node.op} layer over `tensor`",
                     help="tensor parallelism applies to linear, attention and mlp layers in the torch target")
     return out
+
+
+def _torch_experts(plan: Plan, doc: Document) -> list[Diagnostic]:
+    """Expert parallelism in the torch target: the experts of every moe layer split over `expert` (dim 0,
+    DTensor Shard(0)), tokens sent to them with all-to-all; everything else data parallel (DDP) over
+    data x expert. So the expert axis goes with data alone, and only the experts are split over it."""
+    out: list[Diagnostic] = []
+    sizes = plan.mesh.sizes
+    if sizes.get("expert", 1) <= 1:
+        return out
+    others = [a for a in ("pipe", "fsdp", "tensor") if sizes.get(a, 1) > 1]
+    if others:
+        out.append(Diagnostic(
+            "E049", f"the torch target combines the `expert` mesh axis with `data` only, not with "
+            f"{', '.join(f'`{a}`' for a in others)}", doc.pos(plan.mesh.source),
+            help="use a mesh of data and expert axes for expert parallelism in the torch target"))
+    moe_params = set()
+    for prefix, nodes in _scopes(plan):
+        for node in nodes:
+            if not (isinstance(node, Node) and node.op == "moe"):
+                continue
+            for p in node.params:
+                if p.name.startswith("experts."):
+                    moe_params.add(f"{prefix}{node.name}.{p.name}")
+            for p in node.params:
+                if not p.name.startswith("experts."):
+                    continue
+                spec = plan.param(f"{prefix}{node.name}.{p.name}").spec
+                if tuple(spec[0]) != ("expert",) or any(spec[1:]):
+                    out.append(Diagnostic(
+                        "E049", f"`{node.name}`: the torch target splits a moe layer's experts over exactly the "
+                        f"`expert` axis (its `{p.name}` is laid out as {_layout(spec)})",
+                        doc.pos(node.path + ("name",)),
+                        help="rule the `experts` axis to `expert` alone (the default) and leave the other "
+                        "dimensions of the experts whole"))
+                    break
+    for pp in plan.params:
+        if "expert" in {a for d in pp.spec for a in d} and _first_copy(plan, pp.name) not in moe_params:
+            out.append(Diagnostic(
+                "E049", f"`{pp.name}` is split over `expert`; the torch target splits only the experts of moe "
+                "layers over that axis", doc.pos(plan.mesh.source),
+                help="rule no logical axis but `experts` to the `expert` mesh axis"))
+            break
+    return out
+
+
+def _layout(spec) -> str:
+    return "[" + ", ".join(",".join(d) if d else "-" for d in spec) + "]"
+
+
+def _first_copy(plan: Plan, name: str) -> str:
+    """blocks.3.moe.router.weight -> blocks.0.moe.router.weight (the name in the repeat's first copy)."""
+    parts = name.split(".")
+    if len(parts) > 2 and parts[1].isdigit() and any(
+            isinstance(n, RepeatNode) and n.name == parts[0] for n in plan.graph.layers):
+        parts[1] = "0"
+    return ".".join(parts)
+
+
+def _torch_pipeline(plan: Plan, doc: Document) -> list[Diagnostic]:
+    """torch.distributed.pipelining in the torch target: one module per stage, exactly one tensor passed
+    from stage to stage, the model inputs fed to the first stage and the loss targets to the last."""
+    out: list[Diagnostic] = []
+
+    def err(node, msg, help):
+        out.append(Diagnostic("E049", msg, doc.pos(node.path + ("name",)), help=help))
+
+    _, problems = pipeline_flow(plan)
+    for node, msg in problems:
+        err(node, msg, help="restructure the layers so that one tensor flows from stage to stage, or change the "
+            "`stage:` fields")
+    for n in plan.graph.layers:
+        if isinstance(n, RepeatNode) and torch_sequence_parallel(plan, n):
+            err(n, f"`{n.name}`: the torch target does not run sequence parallelism in a pipeline yet",
+                help="do not rule the sequence axis to `tensor` in a pipelined model")
+    if plan.spec.training.remat != "none" and not any(isinstance(n, RepeatNode) for n in plan.graph.layers):
+        err(plan.graph.layers[0], "the torch target rematerialises repeated blocks in a pipeline; this model has "
+            "none", help="use `remat: none`, or a repeated block")
+    for _, nodes in _scopes(plan):
+        for node in nodes:
+            if not isinstance(node, Node):
+                continue
+            what = {"moe": "moe layers (their load-balancing loss does not cross the pipeline yet)",
+                    "batch_norm": "batch_norm (running statistics per micro-batch)",
+                    "dropout": "dropout with a rate above 0 (masks per micro-batch and stage)"}.get(node.op)
+            if what and not (node.op == "dropout" and not node.attrs["rate"]):
+                err(node, f"`{node.name}`: the torch target does not support {what} in a pipelined model yet",
+                    help="drop the `pipe` mesh axis, or change the layer")
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class StageFlow:
+    """What one pipeline stage runs and what passes between stages (more than one stage)."""
+
+    index: int
+    units: tuple  # (node, start, end): top-level layers in order; start/end: the copies of a repeat
+    inputs: tuple[str, ...]  # the model inputs the stage reads (the first stage only)
+    receives: str | None  # the tensor from the previous stage (None on the first)
+    sends: str  # the tensor for the next stage; the loss prediction on the last
+
+
+def pipeline_flow(plan: Plan) -> tuple[list[StageFlow], list[tuple[object, str]]]:
+    """Stage by stage: the layers, the model inputs read and the one tensor passed on; and the problems
+    (node, message) that keep exactly one tensor from flowing from each stage to the next."""
+    pp = plan.pipeline
+    graph = plan.graph
+    n = len(pp.stages)
+    inputs = [i.name for i in graph.inputs]
+    units: list[list] = [[] for _ in range(n)]
+    begins: dict[str, int] = {}  # node -> the first stage that runs it
+    ends: dict[str, int] = {}  # node -> the stage that computes its output
+    for node in graph.layers:
+        spans = pp.repeat_split.get(node.name) if isinstance(node, RepeatNode) else None
+        if spans and len(spans) > 1:
+            used = [(s, a, b) for s, (a, b) in enumerate(spans) if b > a]
+            for s, a, b in used:
+                units[s].append((node, a, b))
+            begins[node.name], ends[node.name] = used[0][0], used[-1][0]
+        else:
+            s = pp.layer_stage[node.name]
+            units[s].append((node, 0, node.count) if isinstance(node, RepeatNode) else (node, None, None))
+            begins[node.name] = ends[node.name] = s
+    problems: list[tuple[object, str]] = []
+    crossing: list[list[str]] = [[] for _ in range(n - 1)]  # boundary b: from stage b to stage b + 1
+    readers: list[dict[str, object]] = [{} for _ in range(n - 1)]  # boundary b: tensor -> a layer beyond it
+    first_inputs: set[str] = set()
+    for node in graph.layers:
+        s = begins[node.name]
+        for name in node.inputs:
+            if name in inputs:
+                if s > 0:
+                    msg = (f"`{node.name}` reads the model input `{name}` on pipeline stage {s}; the torch target "
+                           "feeds the model inputs to the first stage only")
+                    problems.append((node, msg))
+                first_inputs.add(name)
+                continue
+            for b in range(ends[name], s):
+                if name not in crossing[b]:
+                    crossing[b].append(name)
+                    readers[b][name] = node
+        for b in range(begins[node.name], ends[node.name]):
+            crossing[b].append(node.name)  # a repeat split over stages passes its stream on
+            readers[b][node.name] = node
+        tie = node.attrs.get("tie") if isinstance(node, Node) else None
+        owner = tie.split(".")[0] if tie else None
+        if owner in ends and ends[owner] != s:
+            msg = f"`{node.name}` is tied to `{tie}`, which is on pipeline stage {ends[owner]}, not on stage {s} with it"
+            problems.append((node, msg))
+    loss = graph.loss
+    if loss.targets not in inputs:
+        msg = (f"the loss targets `{loss.targets}` are not a model input; the torch pipeline gives the last stage "
+               "its targets from the model inputs")
+        problems.append((graph.layers[-1], msg))
+    if loss.prediction in ends:
+        for b in range(ends[loss.prediction], n - 1):
+            if loss.prediction not in crossing[b]:
+                crossing[b].append(loss.prediction)
+                readers[b][loss.prediction] = graph.layers[-1]
+    for b, names in enumerate(crossing):
+        if len(names) != 1:
+            # the layer that reads the last of the tensors (usually the one that should not cross)
+            node = readers[b][names[-1]] if names else (units[b + 1][0][0] if units[b + 1] else graph.layers[-1])
+            what = ", ".join(f"`{x}`" for x in names) or "nothing"
+            msg = (f"pipeline stage {b} would pass {what} to stage {b + 1}; the torch target passes exactly one "
+                   "tensor from stage to stage")
+            problems.append((node, msg))
+    flows = []
+    for s in range(n):
+        sends = loss.prediction if s == n - 1 else (crossing[s][0] if len(crossing[s]) == 1 else "")
+        receives = None if s == 0 else (crossing[s - 1][0] if len(crossing[s - 1]) == 1 else "")
+        mine = tuple(i for i in inputs if i in first_inputs) if s == 0 else ()
+        flows.append(StageFlow(s, tuple(units[s]), mine, receives, sends))
+    return flows, problems
 
 
 # Methods fully_shard adds to a module (FSDP2's FSDPModule): a layer of that name would be shadowed.

@@ -22,15 +22,15 @@ from typing import Any
 
 from ..graph import Node, RepeatNode
 from ..planner.plan import Plan
-from ..planner.targets import torch_sequence_parallel
+from ..planner.targets import pipeline_flow, torch_sequence_parallel
 
 # Names the generated forward methods use besides tensor variables.
 MODEL_NAMES = {"F", "torch", "nn", "np", "math", "self", "block", "rope", "zlib", "checkpoint", "layers",
-               "selective_remat"}
+               "selective_remat", "loss_fn", "moe_aux_loss"}
 
 # Classes and names the program defines at module level: a block class must not take one of them.
 PROGRAM_NAMES = {"Model", "Attention", "MLP", "LayerNorm", "RMSNorm", "BatchNorm", "Dropout", "PosEmbedding", "Data",
-                 "Metrics", "F", "DDP"}
+                 "Metrics", "F", "DDP", "MoE", "Weights", "Holder"}
 
 TRANSPOSED_OPS = ("linear", "attention", "mlp")  # their 2-D weights are nn.Linear weights: [out, in] in torch
 SLOTS = {"adamw": 2, "adam": 2, "sgd": 1}
@@ -83,6 +83,43 @@ def _styles(ctx_tp: dict[str, str], prefix: str, nodes, sp: bool) -> dict[str, s
     return out
 
 
+def _is_stage_class(name: str) -> bool:
+    return name.startswith("Stage") and name[5:].isdigit()  # the pipeline's stage modules
+
+
+def _pipeline(plan: Plan, layers: list[dict[str, Any]], top_vars: dict[str, str]) -> dict[str, Any] | None:
+    """The stages of a pipelined build (more than one stage): per stage its layers (a repeat with the
+    copies it runs), the model inputs it reads (first stage), the tensor it receives and the one it sends
+    (the loss prediction from the last stage)."""
+    pp = plan.pipeline
+    if pp is None or len(pp.stages) < 2:
+        return None
+    flows, _ = pipeline_flow(plan)  # the target check has rejected any problem
+    by_name = {layer["name"]: layer for layer in layers}
+    stages = []
+    for f in flows:
+        units = []
+        for node, a, b in f.units:
+            layer = copy.deepcopy(by_name[node.name])
+            if layer["op"] == "repeat":
+                layer["start"], layer["end"] = a, b
+            units.append(layer)
+        stages.append({
+            "index": f.index,
+            "class_name": f"Stage{f.index}",
+            "rank": f.index % pp.pipe,
+            "layers": units,
+            "inputs": [top_vars[i] for i in f.inputs],
+            "input_names": list(f.inputs),
+            "receives": top_vars[f.receives] if f.receives else None,
+            "sends": top_vars[f.sends],
+            "describe": ", ".join(pp.stages[f.index].units),
+        })
+    return {"pipe": pp.pipe, "virtual": pp.virtual, "n_stages": len(pp.stages), "microbatches": pp.microbatches,
+            "schedule": pp.schedule, "stages": stages,
+            "first_inputs": list(flows[0].inputs), "targets": plan.graph.loss.targets}
+
+
 def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
     sizes = plan.mesh.sizes
     D, Fs, T = sizes.get("data", 1), sizes.get("fsdp", 1), sizes.get("tensor", 1)
@@ -116,7 +153,7 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
     classes: dict[str, str] = {}
     for block in ctx["blocks"]:
         name = block["class_name"]
-        while name in PROGRAM_NAMES or name in classes.values():
+        while name in PROGRAM_NAMES or name in classes.values() or _is_stage_class(name):
             name += "Block"
         classes[block["name"]] = name
 
@@ -141,11 +178,13 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
     loss["prediction_var"] = top_vars[loss["prediction"]]
     loss["targets_var"] = top_vars[loss["targets"]]
 
-    # ---- data parallelism
+    # ---- data parallelism (the expert axis splits the batch too: DDP over data x expert). Pipeline stages
+    # replicate over data with FSDP2 (fsdp = 1), not DDP: DDP's reducer fails under the interleaved schedule.
+    P, X = sizes.get("pipe", 1), sizes.get("expert", 1)
     fsdp_sharded = any(p["fsdp_dim"] is not None for p in ctx["params"])
-    if Fs > 1 or (T > 1 and D > 1):
+    if Fs > 1 or (T > 1 and D > 1) or (P > 1 and D > 1):
         dp = "hsdp" if D > 1 else "fsdp"
-    elif D > 1:
+    elif D * X > 1:
         dp = "ddp"
     else:
         dp = "none"
@@ -204,6 +243,15 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
             "transposed": [p["name"] for p in ctx["params"] if p["name"] in transposed],
             "fsdp_dims": fsdp_dims,
             "mesh3": {"data": D, "fsdp": Fs, "tensor": T},
+            # every mesh axis the program builds its device mesh with, in canonical order (pipe and
+            # expert only when split)
+            "mesh_axes": ({"pipe": P} if P > 1 else {}) | {"data": D, "fsdp": Fs} | (
+                {"expert": X} if X > 1 else {}) | {"tensor": T},
+            "expert": X,
+            "expert_params": [p["name"] for p in ctx["params"] if any(d and "expert" in d for d in p["layout"])],
+            "pipeline": _pipeline(plan, layers, top_vars),
+            # a pipeline spec built for one stage runs its micro-batches one after the other
+            "chunks": plan.pipeline.microbatches if plan.pipeline and len(plan.pipeline.stages) == 1 else 1,
             "optimizer_slots": slots,
             "param_bytes": DTYPE_BYTES[pdtype],
             "planned": {"params": plan.memory.params, "grads": plan.memory.grads,

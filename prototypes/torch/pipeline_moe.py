@@ -1,6 +1,6 @@
 """Pipeline and expert parallelism: a hand-written reference for the torch templates (issue 5).
 
-Two models of prototypes/specs/, written by hand, following docs/program.md (canonical names and layouts,
+Two models of specs/ (gpt-pipe.yaml, moe-dp.yaml), written by hand, following docs/program.md (canonical names and layouts,
 numpy initialisation, data by global sample index, the documented optimizer numerics):
 
   gpt-pipe  a small GPT whose repeated decoder blocks are split into pipeline stages

@@ -598,8 +598,10 @@ def setup():
     else:
         dist.init_process_group("gloo")
     mesh = init_device_mesh(device.type, tuple(MESH.values()), mesh_dim_names=tuple(MESH))
-    d, f, _ = mesh.get_coordinate()
-    dp_rank = d * MESH["fsdp"] + f  # which data shard this rank reads (tensor peers share one)
+    at = dict(zip(MESH, mesh.get_coordinate()))
+    dp_rank = 0  # which data shard this rank reads: its index over the batch axes (the other ranks share it)
+    for axis in BATCH_AXES:
+        dp_rank = dp_rank * MESH.get(axis, 1) + at.get(axis, 0)
     return device, mesh, dp_rank
 
 

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Starts train.py (gpt-pipe, built by mithril-spec for 8 device(s)) as N JAX processes on
+# this machine, joined by jax.distributed. Every process contributes 8 / N devices to the
+# mesh (simulated CPU devices when there is no accelerator) and reads only its part of each batch.
+#
+#   ./launch.sh [--nproc N] [--port PORT] [--] [train.py arguments...]
+#   ./launch.sh --nproc 2 --steps 20 --metrics metrics.jsonl
+#
+# N defaults to $NPROC or 1 (then this is just `python train.py`). PYTHON picks the interpreter
+# (default: python3). If any process fails, the others are stopped and the first failure's code returned.
+#
+# Several hosts: run train.py once per host with
+#   MITHRIL_COORDINATOR=<host of process 0>:<port> MITHRIL_NUM_PROCESSES=<N> MITHRIL_PROCESS_ID=<0..N-1>
+# (under SLURM: MITHRIL_PROCESS_ID=$SLURM_PROCID MITHRIL_NUM_PROCESSES=$SLURM_NTASKS), and a checkpoint
+# directory on a filesystem that every host shares.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+python="${PYTHON:-python3}"
+nproc="${NPROC:-1}"
+port="${MITHRIL_PORT:-}"
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --nproc) nproc="$2"; shift 2 ;;
+    --nproc=*) nproc="${1#*=}"; shift ;;
+    --port) port="$2"; shift 2 ;;
+    --port=*) port="${1#*=}"; shift ;;
+    --) shift; break ;;
+    *) break ;;
+  esac
+done
+if ! [[ "$nproc" =~ ^[1-9][0-9]*$ ]]; then
+  echo "launch.sh: --nproc must be a positive integer, got '$nproc'" >&2
+  exit 2
+fi
+if (( nproc == 1 )); then
+  exec "$python" "$here/train.py" "$@"
+fi
+if [[ -z "$port" ]]; then  # a free port for the coordinator (process 0)
+  port="$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+fi
+
+pids=()
+for (( i = 0; i < nproc; i++ )); do
+  MITHRIL_COORDINATOR="127.0.0.1:$port" MITHRIL_NUM_PROCESSES="$nproc" MITHRIL_PROCESS_ID="$i" \
+    "$python" "$here/train.py" "$@" &
+  pids+=("$!")
+done
+# One process failing leaves the others waiting in a collective: stop them.
+status=0
+for (( i = 0; i < nproc; i++ )); do
+  rc=0
+  wait -n || rc=$?
+  if (( rc != 0 && status == 0 )); then
+    status=$rc
+    kill "${pids[@]}" 2>/dev/null || true
+  fi
+done
+exit "$status"

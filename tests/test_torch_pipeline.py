@@ -1,0 +1,160 @@
+"""Pipeline parallelism in the PyTorch target (torch.distributed.pipelining; templates/torch/pipeline_*.py.j2),
+with gloo ranks on CPU.
+
+Equivalence: each schedule (gpipe, 1f1b, interleaved with 2 virtual stages) gives the loss trajectory of the
+one-process build (`--mesh data=1`, which runs the same micro-batches one after the other), max abs
+difference below 1e-5 over 5 steps, float32: 1f1b on the example's default mesh pipe=2 x data=2 x tensor=2
+(pipeline with data and tensor parallelism, 8 ranks), gpipe on pipe=2 x fsdp=2 (FSDP2 inside the stages),
+interleaved on pipe=2 x data=2 (DDP inside the stages) and 1f1b on pipe=4. Also: gradient accumulation
+around the pipeline, canonical export (the plan's parameter count), the memory each rank holds, a
+checkpoint saved on pipe=4 resumed on one process, and the E049s for what the torch pipeline does not run.
+"""
+
+from __future__ import annotations
+
+import pytest
+from torch_runs import SPECS, WORK, build, max_diff, max_param_diff, report, run, run_many, spec_variant
+
+from mithril_spec.frontend import compile_file
+from mithril_spec.planner.targets import check_target
+
+GPT_PIPE = SPECS / "gpt-pipe.yaml"
+STEPS = 5
+GPIPE = (("schedule: 1f1b}", "schedule: gpipe}"),)
+INTERLEAVED = (("schedule: 1f1b}", "schedule: interleaved, virtual_stages: 2}"),)
+ACCUM = (("  seed: 0\n", "  seed: 0\n  grad_accum: 2\n"),)  # 2 micro-steps of 4 pipeline micro-batches
+CKPT = WORK / "ckpt-gpt-pipe4"
+CASES = [  # (what, mesh (None: the spec's default, pipe=2,data=2,tensor=2), spec edits)
+    ("1f1b pipe=2 x data=2 x tensor=2", None, ()),
+    ("gpipe pipe=2 x fsdp=2", "pipe=2,fsdp=2", GPIPE),
+    ("interleaved pipe=2 x 2 virtual x data=2", "pipe=2,data=2", INTERLEAVED),
+    ("1f1b pipe=4", "pipe4", ()),
+    ("gpipe pipe=2, grad_accum 2", "pipe=2", GPIPE + ACCUM),
+]
+
+
+def reference():
+    return run(build(GPT_PIPE, "single"), "--steps", str(STEPS))
+
+
+def _args(mesh, edits):
+    args = ("--steps", str(STEPS))
+    if mesh == "pipe4" and not edits:  # also the checkpoint the resume test starts from
+        args += ("--checkpoint-dir", str(CKPT), "--checkpoint-every", "3")
+    return args
+
+
+def parallel(mesh, edits):
+    return run(build(GPT_PIPE, mesh, edits), *_args(mesh, edits))
+
+
+def resumed():
+    """The one-process build resumed from the pipe=4 run's step-3 checkpoint, to step 5."""
+    parallel("pipe4", ())
+    return run(build(GPT_PIPE, "single"), "--steps", str(STEPS), "--resume", str(CKPT / "step_00000003"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def all_runs():
+    run_many([(build(GPT_PIPE, "single"), "--steps", str(STEPS))]
+             + [(build(GPT_PIPE, mesh, edits), *_args(mesh, edits)) for _, mesh, edits in CASES])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES, ids=[c[0].split()[0] + "-" + (c[1] or "default") for c in CASES])
+def test_schedule_equals_one_process(case):
+    what, mesh, edits = case
+    ref, par = reference(), parallel(mesh, edits)
+    assert len(par.losses) == len(ref.losses) == STEPS
+    dl = max_diff(par.losses, ref.losses)
+    dg = max_diff(par.grad_norms, ref.grad_norms)
+    dp = max_param_diff(par.params, ref.params)
+    report(f"torch pipeline {what} vs 1 process", max_dloss=dl, max_dgrad_norm=dg, max_dparam=dp, steps=STEPS,
+           seconds=round(par.seconds, 1))
+    assert dl < 1e-5, f"{what}: losses differ from one process by {dl:.2e}"
+    assert dg < 1e-4 and dp < 1e-4, (dg, dp)
+    assert "Traceback" not in par.output and "terminate called" not in par.output
+
+
+@pytest.mark.slow
+def test_export_is_canonical_and_counts_the_plans_parameters():
+    plan = compile_file(GPT_PIPE).plan
+    got = parallel(None, ()).params
+    assert sorted(got) == sorted(p.name for p in plan.params)
+    assert all(got[p.name].shape == p.param.shape for p in plan.params)
+    assert sum(a.size for a in got.values()) == plan.param_count == 233_856
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mesh", [None, "pipe4"], ids=["default", "pipe4"])
+def test_memory_each_rank_holds_its_stages(mesh):
+    """Each rank holds only its stages' parameters (TP shards of them); the plan reports the fullest pipe
+    rank, which is what that rank holds (params, grads, adamw's two slots)."""
+    plan = compile_file(GPT_PIPE, mesh).plan
+    memory = parallel(mesh, ()).memory
+    predicted = {"params": plan.memory.params, "grads": plan.memory.grads, "optimizer": plan.memory.optimizer,
+                 "buffers": plan.memory.buffers}
+    assert memory["planned"] == predicted
+    fullest = max(memory["ranks"], key=lambda r: sum(r.values()))
+    report(f"torch pipeline memory {mesh or 'default'}", fullest=fullest, planned=predicted,
+           ranks=[r["params"] for r in memory["ranks"]])
+    assert fullest == predicted
+    pp = plan.pipeline
+    stage_params = [sum(p.local_bytes for p in plan.params if p.stage % pp.pipe == r) for r in range(pp.pipe)]
+    per_pipe_rank = len(memory["ranks"]) // pp.pipe  # ranks are pipe-major
+    for r, held in enumerate(memory["ranks"]):
+        assert held["params"] == stage_params[r // per_pipe_rank], (r, held)
+
+
+@pytest.mark.slow
+def test_checkpoint_from_pipe4_resumes_on_one_process():
+    """DCP under canonical names: a checkpoint written by 4 pipeline stages loads into the one-process build
+    and continues on the uninterrupted trajectory."""
+    second = resumed()
+    ref = reference()
+    assert len(second.losses) == STEPS - 3
+    d = max_diff(second.losses, ref.losses[3:])
+    report("torch pipeline checkpoint pipe=4 -> 1 process, steps 4-5", max_dloss=d)
+    assert d < 1e-5
+    assert max_param_diff(second.params, ref.params) < 1e-4
+
+
+def test_single_stage_build_runs_the_micro_batches_one_after_the_other():
+    text = (build(GPT_PIPE, "single") / "train.py").read_text()
+    assert "pipelining" not in text and "class Stage0" not in text
+    assert "GRAD_ACCUM = 4" in text  # 4 pipeline micro-batches, one after the other
+    text = (build(GPT_PIPE) / "train.py").read_text()
+    assert "Schedule1F1B(" in text and "class Stage1(nn.Module)" in text
+    assert 'self.blocks = nn.ModuleDict({str(i): Decoder() for i in range(2, 4)})' in text
+    text = (build(GPT_PIPE, None, INTERLEAVED) / "train.py").read_text()
+    assert "ScheduleInterleaved1F1B(" in text and "STAGES = 4" in text
+
+
+def e049(edits, mesh=None) -> list[tuple[str, int, int]]:
+    c = compile_file(spec_variant(GPT_PIPE, edits), mesh)
+    return [(d.message, d.pos.line, d.pos.col) for d in check_target(c.plan, c.doc, "torch") if d.code == "E049"]
+
+
+def test_unsupported_pipelines_are_e049_with_their_position():
+    assert e049(()) == [] and e049(INTERLEAVED) == [] and e049(GPIPE) == [] and e049((), "pipe4") == []
+    # the head tied to the embedding on the other stage
+    tied = (("{op: linear, name: lm_head, dimension: vocab, bias: false}",
+             "{op: linear, name: lm_head, dimension: vocab, bias: false, tie: wte}"),)
+    ((msg, line, col),) = e049(tied)
+    assert "tied to `wte.weight`" in msg and (line, col) == (26, 26)
+    # a layer after the block reads one before it: two tensors would cross the stage boundary
+    skip = (("{op: layer_norm, name: ln_f}", "{op: add, name: skip, inputs: [blocks, wpe]}"),
+            ("{op: linear, name: lm_head, dimension: vocab, bias: false}",
+             "{op: linear, name: lm_head, dimension: vocab, bias: false, input: skip}"))
+    ((msg, line, col),) = e049(skip)
+    assert "would pass `blocks`, `wpe` to stage 1" in msg and (line, col) == (25, 23)  # at `skip`
+    # dropout with a rate above 0 in a pipelined block
+    drop = (("      - {op: add, name: res2, inputs: [res1, mlp]}",
+             "      - {op: dropout, name: drop, rate: 0.1}\n      - {op: add, name: res2, inputs: [res1, drop]}"),)
+    ((msg, line, col),) = e049(drop)
+    assert "dropout with a rate above 0" in msg and (line, col) == (20, 29)
+    # sequence parallelism inside a pipeline
+    sp = (("    mlp: tensor\n", "    mlp: tensor\n    seq: tensor\n"),)
+    assert [(line, col) for m, line, col in e049(sp) if "sequence parallelism in a pipeline" in m] == [(24, 46)]
+    # the expert axis goes with data alone
+    assert any("`expert` mesh axis with `data` only" in m for m, _, _ in e049((), "pipe=2,expert=2"))
