@@ -20,7 +20,7 @@ from jax_runs import ROOT, SPECS, WORKERS, build, max_diff, max_param_diff, repo
 
 from mithril_spec.frontend import compile_file
 
-MOE_DP = SPECS / "moe-dp.yaml" if (SPECS / "moe-dp.yaml").exists() else ROOT / "prototypes/specs/moe-dp.yaml"
+MOE_DP = SPECS / "moe-dp.yaml"
 STEPS = 5
 MESHES = [(None, "data=2 x expert=4"), ("four", "data=2 x expert=2")]
 # the default build also dumps its optimised HLO (compiled afresh: the persistent cache would skip it)

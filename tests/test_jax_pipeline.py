@@ -17,7 +17,7 @@ from mithril_spec.frontend import compile_file
 from mithril_spec.planner.targets import check_target
 
 # the example moves to specs/ once both targets run it
-GPT_PIPE = SPECS / "gpt-pipe.yaml" if (SPECS / "gpt-pipe.yaml").exists() else ROOT / "prototypes/specs/gpt-pipe.yaml"
+GPT_PIPE = SPECS / "gpt-pipe.yaml"
 STEPS = 5
 GPIPE = (("schedule: 1f1b}", "schedule: gpipe}"),)
 INTERLEAVED = (("schedule: 1f1b}", "schedule: interleaved, virtual_stages: 2}"),)

@@ -24,8 +24,8 @@ from .plan import Plan, make_plan
 
 SEARCH_AXES = ("data", "fsdp", "tensor")
 NOT_SEARCHED = {
-    "pipe": "no target runs pipeline stages yet (E049); `plan --mesh pipe=..` costs a given pipeline",
-    "expert": "no target runs expert parallelism yet (E049); `plan --mesh expert=..` costs a given split",
+    "pipe": "not searched (a pipeline also needs its schedule and micro-batches); `plan --mesh pipe=..` costs one",
+    "expert": "not searched (experts need an moe layer); `plan --mesh expert=..` costs a given split",
 }
 
 

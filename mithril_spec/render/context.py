@@ -30,6 +30,21 @@ def var(name: str) -> str:
     return f"{name}_" if name in RESERVED else name
 
 
+def rename_vars(scope: dict[str, str], reserved: set[str]) -> dict[str, str]:
+    """tensor name -> variable, moving aside (with trailing `_`) the variables that collide with names a
+    target's code uses itself, so that every variable stays unique in its scope."""
+    clash = {name for name, v in scope.items() if v in reserved}
+    used = {v for name, v in scope.items() if name not in clash} | reserved
+    out: dict[str, str] = {}
+    for name, v in scope.items():
+        if name in clash:
+            while v in used:
+                v += "_"
+            used.add(v)
+        out[name] = v
+    return out
+
+
 def class_name(name: str) -> str:
     return "".join(part[:1].upper() + part[1:] for part in name.replace("-", "_").split("_") if part) or "Block"
 

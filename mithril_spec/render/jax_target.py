@@ -27,6 +27,7 @@ from ..graph import RepeatNode
 from ..ops import TensorType
 from ..planner.layouts import DEFAULT_RULES, _as_axes
 from ..planner.plan import Plan
+from .context import rename_vars
 
 # Names the generated model code uses inside the functions that hold tensor variables.
 MODEL_NAMES = {
@@ -61,17 +62,7 @@ def _activation_layout(t: TensorType, plan: Plan, rules: dict[str, tuple[str, ..
 
 
 def _rename(scope: dict[str, str], taken: set[str]) -> dict[str, str]:
-    """tensor name -> variable, with variables that collide with MODEL_NAMES moved aside (unique in scope)."""
-    clash = {name for name, var in scope.items() if var in MODEL_NAMES or var in taken}
-    used = {var for name, var in scope.items() if name not in clash} | MODEL_NAMES | taken
-    out: dict[str, str] = {}
-    for name, var in scope.items():
-        if name in clash:
-            while var in used:
-                var += "_"
-            used.add(var)
-        out[name] = var
-    return out
+    return rename_vars(scope, MODEL_NAMES | taken)
 
 
 def _moe(layer: dict[str, Any], plan: Plan, prefix: str) -> None:

@@ -23,6 +23,7 @@ from typing import Any
 from ..graph import Node, RepeatNode
 from ..planner.plan import Plan
 from ..planner.targets import pipeline_flow, torch_sequence_parallel
+from .context import rename_vars
 
 # Names the generated forward methods use besides tensor variables.
 MODEL_NAMES = {"F", "torch", "nn", "np", "math", "self", "block", "rope", "zlib", "checkpoint", "layers",
@@ -38,17 +39,7 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 def _rename(scope: dict[str, str], taken: set[str]) -> dict[str, str]:
-    """tensor name -> variable, with variables that collide with MODEL_NAMES moved aside (unique in scope)."""
-    clash = {name for name, var in scope.items() if var in MODEL_NAMES or var in taken}
-    used = {var for name, var in scope.items() if name not in clash} | MODEL_NAMES | taken
-    out: dict[str, str] = {}
-    for name, var in scope.items():
-        if name in clash:
-            while var in used:
-                var += "_"
-            used.add(var)
-        out[name] = var
-    return out
+    return rename_vars(scope, MODEL_NAMES | taken)
 
 
 def attr_path(name: str) -> str:
