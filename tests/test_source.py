@@ -247,7 +247,11 @@ def test_toml_positions_point_at_values(data, rnd):
                 assert text[kstart:].startswith(_key(path[i - 1])) or text[kstart] == "[", (path[:i], text)
 
 
-YAML_TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cc", "Zl", "Zp")), max_size=8)
+# Strings such as `1e3` are left out: PyYAML dumps them unquoted (its floats need a dot) and the loader
+# reads them back as numbers, as YAML 1.2 and TOML do (on purpose: `lr: 1e-3` is a number to a spec author).
+YAML_TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cc", "Zl", "Zp")), max_size=8).filter(
+    lambda s: not re.match(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$", s.strip())
+)
 YAML_DOC = st.recursive(
     st.booleans() | st.integers(-(10**20), 10**20) | YAML_TEXT,
     lambda c: st.lists(c, max_size=3) | st.dictionaries(KEY, c, min_size=1, max_size=3),
