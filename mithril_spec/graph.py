@@ -11,6 +11,7 @@ import dataclasses
 import operator
 from typing import Any, Optional, Union
 
+from . import pyast
 from .diagnostics import Diagnostic, DiagnosticError, did_you_mean
 from .ops import OPS, OpError, ParamDef, TensorType
 from .ops.loss import check_loss
@@ -129,7 +130,7 @@ def eval_size(value: Any, dims: dict[str, int]) -> int:
         n = value
     else:
         try:
-            tree = ast.parse(value.strip(), mode="eval")
+            tree = pyast.parse(value.strip(), mode="eval")
         except SyntaxError:
             raise _SizeError("E021", f"cannot read size expression {value!r}", "use dim names, integers and + - * /")
         n = _eval(tree.body, dims, value)

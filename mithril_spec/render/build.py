@@ -5,12 +5,12 @@ leaves a partial program behind.
 
 from __future__ import annotations
 
-import ast
 import json
 import subprocess
 from pathlib import Path
 from typing import Any
 
+from .. import pyast
 from ..atomic import write_atomic
 from ..diagnostics import Diagnostic, DiagnosticError
 from ..frontend import Compiled
@@ -67,7 +67,7 @@ def format_python(text: str, name: str) -> str:
     from ruff.__main__ import find_ruff_bin
 
     try:
-        ast.parse(text, filename=name)
+        pyast.parse(text, filename=name)
     except SyntaxError as e:
         raise RenderError(f"generated {name} does not parse (line {e.lineno}): {e.msg}") from None
     proc = subprocess.run(
