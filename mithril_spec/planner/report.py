@@ -233,18 +233,9 @@ def context(plan: Plan, costs: Costs) -> dict[str, Any]:
 
 
 def render_report(plan: Plan, costs: Optional[Costs] = None) -> str:
-    import jinja2
-
-    from ..render.environment import template_dirs
+    from ..render.environment import make_environment
 
     costs = costs or estimate(plan)
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader([str(d) for d in template_dirs()]),
-        undefined=jinja2.StrictUndefined,
-        autoescape=True,
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
+    env = make_environment(autoescape=True)
     env.filters["px"] = lambda v: f"{float(v):.1f}"
     return env.get_template("report/report.html.j2").render(**context(plan, costs))

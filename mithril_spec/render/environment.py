@@ -48,16 +48,23 @@ def shell(value: Any) -> str:
     return "'" + str(value).replace("'", "'\"'\"'") + "'"
 
 
-@functools.lru_cache(maxsize=1)
-def environment() -> jinja2.Environment:
-    env = jinja2.Environment(
+def make_environment(autoescape: bool) -> jinja2.Environment:
+    """A Jinja environment over the template directories: undefined names are errors. `autoescape` for
+    HTML (the plan report); programs escape values explicitly with the `py` filter instead."""
+    return jinja2.Environment(
         loader=jinja2.FileSystemLoader([str(d) for d in template_dirs()]),
         undefined=jinja2.StrictUndefined,
-        autoescape=False,
+        autoescape=autoescape,
         keep_trailing_newline=True,
         trim_blocks=True,
         lstrip_blocks=True,
     )
+
+
+@functools.lru_cache(maxsize=1)
+def environment() -> jinja2.Environment:
+    """The environment that renders programs, with the filters that keep spec text escaped."""
+    env = make_environment(autoescape=False)
     env.filters["py"] = py
     env.filters["ident"] = ident
     env.filters["shell"] = shell
