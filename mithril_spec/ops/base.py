@@ -83,15 +83,53 @@ SizeFn = Callable[[str], int]  # resolves a Size-valued argument by field name (
 
 
 class Op:
-    """One operator. Subclasses set `kind`, `Args`, `arity` and implement `infer`."""
+    """One operator and everything the compiler knows about it.
+
+    Subclasses set `kind`, `Args`, `arity` and implement `infer` (shape rule, parameters, FLOPs). The class
+    attributes and methods below are what the planner, the cost model, the target checks and the render
+    adapters ask instead of comparing operator names; the defaults describe an operator with no parameters
+    that keeps nothing for the backward pass.
+    """
 
     kind: ClassVar[str]
     Args: ClassVar[type[LayerArgs]]
     arity: ClassVar[int] = 1  # number of inputs; 0 means two or more
     has_params: ClassVar[bool] = False
 
+    # -- how it computes
+    # Acts on each element alone: may sit between a column- and a row-parallel linear layer.
+    elementwise: ClassVar[bool] = False
+    # Acts on each sequence position alone: runs unchanged on a sequence split over `tensor`.
+    per_position: ClassVar[bool] = False
+    # Normalises over the features: a feature axis split over the mesh needs its statistics reduced.
+    normalizes: ClassVar[bool] = False
+    # Adds an auxiliary (load-balancing) loss to the model's loss.
+    has_aux_loss: ClassVar[bool] = False
+    # Tensor parallelism: None (cannot split), "linear" (column or row parallel by its weight's layout) or
+    # "pair" (a column-parallel projection in and a row-parallel projection out, Megatron style).
+    tensor_parallel: ClassVar[Optional[str]] = None
+    # Parameter dimensions the operator computes on sharded (tensor parallelism); a mesh axis that shards
+    # another dimension, or a batch axis on any dimension, is gathered before use (ZeRO-3 / FSDP).
+    handled_dims: ClassVar[dict[str, tuple[int, ...]]] = {}
+    # Parameter dimensions whose mesh axes are expert parallelism (the experts stay, tokens travel).
+    expert_dims: ClassVar[dict[str, int]] = {}
+    # In torch these parameters are nn.Linear weights, stored [out, in] (canonical layout is [in, out]).
+    torch_transposed: ClassVar[frozenset[str]] = frozenset()
+
     def infer(self, args: Any, inputs: list[TensorType], size: SizeFn, ctx: Any) -> OpResult:
         raise NotImplementedError
+
+    def pipeline_limit(self, attrs: dict[str, Any]) -> Optional[str]:
+        """Why this layer cannot run inside a pipeline (the targets' shared limit), or None."""
+        return None
+
+    def is_random(self, attrs: dict[str, Any]) -> bool:
+        """Does the layer draw random numbers (a mask per step, micro-batch and rank)?"""
+        return False
+
+    def costs(self, c: Any) -> None:
+        """Record what one layer saves for the backward pass and the collectives it implies, through the
+        cost model's per-layer context `c` (planner/model_walk.py, `LayerCosts`). Default: nothing saved."""
 
 
 def expect_float(t: TensorType, what: str) -> None:

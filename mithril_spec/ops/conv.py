@@ -53,6 +53,7 @@ class Conv2dArgs(LayerArgs):
 
 class Conv2d(Op):
     kind = "conv2d"
+    handled_dims = {"weight": (0, 1), "bias": (0,)}
     Args = Conv2dArgs
     has_params = True
 

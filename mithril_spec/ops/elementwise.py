@@ -11,6 +11,8 @@ from .base import LayerArgs, Op, OpError, OpResult, expect_float
 
 class _Unary(Op):
     flops_per_element = 1
+    elementwise = True
+    per_position = True
 
     def infer(self, args, inputs, size, ctx):
         (x,) = inputs
@@ -58,6 +60,7 @@ class Softmax(_Unary):
     kind = "softmax"
     Args = SoftmaxArgs
     flops_per_element = 5
+    elementwise = False  # normalises over the last dimension
 
 
 class DropoutArgs(LayerArgs):
@@ -72,9 +75,16 @@ class Dropout(_Unary):
     def attrs(self, args):
         return {"rate": args.rate}
 
+    def is_random(self, attrs):
+        return attrs["rate"] > 0
+
+    def pipeline_limit(self, attrs):
+        return "dropout with a rate above 0 (masks per micro-batch and stage)" if attrs["rate"] > 0 else None
+
 
 class _Nary(Op):
     arity = 0
+    per_position = True
 
     def infer(self, args, inputs, size, ctx):
         first = inputs[0]

@@ -18,6 +18,7 @@ class EmbeddingArgs(LayerArgs):
 
 class Embedding(Op):
     kind = "embedding"
+    handled_dims = {"weight": (0, 1)}
     Args = EmbeddingArgs
     has_params = True
 

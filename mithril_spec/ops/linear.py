@@ -22,6 +22,10 @@ class Linear(Op):
     kind = "linear"
     Args = LinearArgs
     has_params = True
+    per_position = True
+    tensor_parallel = "linear"
+    handled_dims = {"weight": (0, 1), "bias": (0,)}
+    torch_transposed = frozenset({"weight"})
 
     def infer(self, args, inputs, size, ctx):
         (x,) = inputs

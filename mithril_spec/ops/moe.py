@@ -25,6 +25,12 @@ class Moe(Op):
     kind = "moe"
     Args = MoeArgs
     has_params = True
+    has_aux_loss = True
+    handled_dims = {"experts.fc.weight": (2,), "experts.fc.bias": (1,), "experts.proj.weight": (1,)}
+    expert_dims = {"experts.fc.weight": 0, "experts.fc.bias": 0, "experts.proj.weight": 0, "experts.proj.bias": 0}
+
+    def pipeline_limit(self, attrs):
+        return "moe layers (their load-balancing loss does not cross the pipeline yet)"
 
     def infer(self, args, inputs, size, ctx):
         (x,) = inputs

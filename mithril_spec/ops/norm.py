@@ -19,6 +19,8 @@ class LayerNorm(Op):
     kind = "layer_norm"
     Args = LayerNormArgs
     has_params = True
+    per_position = True
+    normalizes = True
 
     def infer(self, args, inputs, size, ctx):
         (x,) = inputs
@@ -40,6 +42,8 @@ class RmsNorm(Op):
     kind = "rms_norm"
     Args = RmsNormArgs
     has_params = True
+    per_position = True
+    normalizes = True
 
     def infer(self, args, inputs, size, ctx):
         (x,) = inputs
@@ -62,6 +66,10 @@ class BatchNorm(Op):
     kind = "batch_norm"
     Args = BatchNormArgs
     has_params = True
+    normalizes = True
+
+    def pipeline_limit(self, attrs):
+        return "batch_norm (running statistics per micro-batch and stage)"
 
     def infer(self, args, inputs, size, ctx):
         (x,) = inputs
