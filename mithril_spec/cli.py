@@ -16,6 +16,7 @@ from . import codes
 from .diagnostics import Diagnostic, DiagnosticError, render_github, render_json, render_text, sort_key
 from .frontend import SPEC_SUFFIXES, Compiled, compile_document
 from .planner.mesh import UsageError
+from .targets import TARGET_NAMES
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 
@@ -61,7 +62,7 @@ def _parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("build", help="render the training program for a target")
     b.add_argument("spec", metavar="SPEC")
-    b.add_argument("--target", choices=("jax", "torch"), required=True)
+    b.add_argument("--target", choices=TARGET_NAMES, required=True)
     b.add_argument("-o", "--output", required=True, metavar="DIR")
     common(b, ("text", "json", "github"))
 
@@ -218,7 +219,7 @@ def _other_meshes(path: Path, c: Optional[Compiled], devices: Optional[int]) -> 
 
 def _target_checks(c: Compiled) -> list[Diagnostic]:
     """What `build` would refuse (E049) for each target the spec names, so that CI catches it too."""
-    from .planner.targets import check_target
+    from .targets import check_target
 
     out: list[Diagnostic] = []
     for target in c.spec.targets:
@@ -267,7 +268,7 @@ def _fit_all(c: Compiled, args) -> list[Diagnostic]:
 def cmd_plan(args) -> int:
     from .planner.auto import fit_diagnostics
     from .planner.costs import estimate
-    from .planner.plan import plan_to_json
+    from .planner.plan_json import plan_to_json
     from .planner.table import render_plan
 
     if args.auto:

@@ -1,12 +1,32 @@
-"""The diagnostic code catalog: every code, a one-line title and the text `mithril-spec explain` prints.
+"""The diagnostic code catalog: every code, a one-line title, the text `mithril-spec explain` prints and an
+example spec that triggers it.
 
-Errors are E..., warnings W... (`--strict` turns warnings into errors). Every code here is triggered
-by at least one test (tests/test_codes_covered.py checks that).
+Errors are E..., warnings W... (`--strict` turns warnings into errors). Every code here is triggered by at
+least one spec of tests/broken/ (tests/test_codes_covered.py) and by its own example (tests/test_explain.py).
+docs/diagnostics.md is generated from this catalog: `python -m mithril_spec.docs_gen`.
 """
 
 from __future__ import annotations
 
-CATALOG: dict[str, tuple[str, str]] = {
+from typing import NamedTuple
+
+
+class Example(NamedTuple):
+    """A small spec that triggers a code: `mithril-spec validate FILE ARGS` reports it."""
+
+    spec: str  # the spec's text
+    args: tuple[str, ...] = ()  # extra `mithril-spec validate` arguments
+    file: str = "example.yaml"  # the spec's file name (`.toml` for TOML)
+    files: tuple[tuple[str, str], ...] = ()  # other files it needs (relative path, text), e.g. a base spec
+
+
+class Entry(NamedTuple):
+    title: str
+    text: str
+    example: Example
+
+
+_TEXTS: dict[str, tuple[str, str]] = {
     # ---- reading the file
     "E001": (
         "YAML syntax error",
@@ -51,8 +71,9 @@ CATALOG: dict[str, tuple[str, str]] = {
     ),
     "E013": (
         "invalid value",
-        "The value has the right type but is not allowed here: out of range (sizes and steps must be "
-        "positive), not one of the accepted choices, or not a valid identifier for a name.",
+        "The value has the right type but is not allowed here: out of range (steps and batch sizes must be "
+        "positive), not one of the accepted choices, or not a valid identifier for a name (names become "
+        "Python identifiers in the generated program). Mesh axis sizes are E047.",
     ),
     "E014": (
         "unsupported spec version",
@@ -158,7 +179,9 @@ CATALOG: dict[str, tuple[str, str]] = {
     "E047": (
         "bad mesh definition",
         "A spec gives either `mesh:` (one mesh) or `meshes:` (named meshes, the first is the default), "
-        "not both; `meshes` must not be empty. With neither, the spec plans for a single device.",
+        "not both; `meshes` must not be empty, and every mesh axis size is a positive integer "
+        "(`mesh: {data: 0}` is E047, not E013). With neither, the spec plans for a single device. (A mesh "
+        "whose size differs from the device count is E046.)",
     ),
     "E048": (
         "layout rank mismatch",
@@ -169,6 +192,19 @@ CATALOG: dict[str, tuple[str, str]] = {
         "target cannot express the plan",
         "The chosen target (jax or torch) cannot run this layout, e.g. PyTorch tensor parallelism needs "
         "column-parallel layers followed by row-parallel layers. The message says what the target supports.",
+    ),
+    # ---- costs
+    "E050": (
+        "does not fit in device memory",
+        "With `--hardware NAME`, the cost model predicts each device's peak memory for one training step: "
+        "parameters, gradients and optimizer state (by layout, with ZeRO and fsdp sharding), the activations "
+        "saved for the backward pass of one micro-batch (under the spec's `training.remat`), and temporaries "
+        "(gathered fsdp parameters, gradients in flight, the loss). The peak exceeds the profile's memory less "
+        "what the runtime reserves. The help lists changes predicted to fit: shard the parameters and "
+        "optimizer state over more devices (a larger `fsdp` axis, `training.zero`), recompute activations "
+        "(`training.remat: selective` or `full`), smaller micro-batches (a larger `training.grad_accum`), or "
+        "another mesh (`mithril-spec plan --auto --devices N --hardware NAME` searches them). "
+        "docs/cost-model.md states the formulas and their assumptions.",
     ),
     # ---- pipeline and experts
     "E051": (
@@ -212,28 +248,308 @@ CATALOG: dict[str, tuple[str, str]] = {
         "unused sharding rule",
         "A rule names a logical axis that no parameter or input has. It has no effect; it may be misspelt.",
     ),
-    "E050": (
-        "does not fit in device memory",
-        "With `--hardware NAME`, the cost model predicts each device's peak memory for one training step: "
-        "parameters, gradients and optimizer state (by layout, with ZeRO and fsdp sharding), the activations "
-        "saved for the backward pass of one micro-batch (under the spec's `training.remat`), and temporaries "
-        "(gathered fsdp parameters, gradients in flight, the loss). The peak exceeds the profile's memory less "
-        "what the runtime reserves. The help lists changes predicted to fit: shard the parameters and "
-        "optimizer state over more devices (a larger `fsdp` axis, `training.zero`), recompute activations "
-        "(`training.remat: selective` or `full`), smaller micro-batches (a larger `training.grad_accum`), or "
-        "another mesh (`mithril-spec plan --auto --devices N --hardware NAME` searches them). "
-        "docs/cost-model.md states the formulas and their assumptions.",
-    ),
 }
 
 
+def _spec(text: str) -> str:
+    return text.lstrip("\n")
+
+
+# A small valid model, reused by the examples below (each shows its whole spec).
+_MLP_HEAD = """
+version: 1
+name: example
+dims: {features: 16, classes: 4}
+model:
+  inputs:
+    x: {shape: [batch, features]}
+    y: {shape: [batch], dtype: int32}
+"""
+_LM_HEAD = """
+version: 1
+name: example
+dims: {vocab: 96, d: 64, heads: 4}
+model:
+  inputs:
+    tokens: {shape: [batch, 8], dtype: int32}
+  layers:
+    - {op: embedding, name: wte, vocab: vocab, dim: d}
+    - {op: attention, name: attn, heads: heads, causal: true}
+    - {op: linear, name: lm_head, dimension: vocab}
+  loss: {op: cross_entropy, logits: lm_head, targets: tokens}
+training: {batch_size: 16, steps: 10, optimizer: {name: adamw, lr: 1.0e-3}}
+"""
+_PIPE_HEAD = """
+version: 1
+name: example
+dims: {vocab: 64, d: 32, heads: 2}
+targets: [jax]
+model:
+  inputs:
+    tokens: {shape: [batch, 8], dtype: int32}
+  blocks:
+    layer:
+      - {op: attention, name: attn, heads: heads}
+      - {op: mlp, name: mlp, hidden: 64}
+  layers:
+    - {op: embedding, name: wte, vocab: vocab, dim: d}
+    - {repeat: 4, block: layer, name: blocks}
+    - {op: linear, name: lm_head, dimension: vocab}
+  loss: {op: cross_entropy, logits: lm_head, targets: tokens}
+training: {batch_size: 16, steps: 10, optimizer: {name: sgd, lr: 0.1}}
+"""
+_TRAIN = "training: {batch_size: 8, steps: 10, optimizer: {name: adamw, lr: 1.0e-3}}\n"
+_MLP = _MLP_HEAD + """  layers:
+    - {op: linear, name: head, dimension: classes}
+  loss: {op: cross_entropy, logits: head, targets: y}
+"""
+
+_EXAMPLES: dict[str, Example] = {
+    "E001": Example(_spec("""
+version: 1
+name: example
+dims: {features: 16, classes: [4}
+""")),
+    "E002": Example(_spec("""
+version = 1
+name = "example"
+dims = { features = 16, classes = 4
+"""), file="example.toml"),
+    "E003": Example(_spec("""
+version: 1
+name: example
+dims: {features: 16, classes: 4}
+training:
+  batch_size: 8
+  steps: 10
+  batch_size: 16
+""")),
+    "E004": Example(_spec("""
+extends: base.yaml
+name: example
+"""), files=(("base.yaml", "extends: example.yaml\nversion: 1\n"),)),
+    "E005": Example(_spec("""
+- version: 1
+- name: example
+""")),
+    "E010": Example(_spec(_MLP + """
+training:
+  batch_size: 8
+  steps: 10
+  optimizer: {name: adamw, lr: 1.0e-3, weight_decy: 0.1}
+""")),
+    "E011": Example(_spec(_MLP + """
+training:
+  batch_size: 8
+  optimizer: {name: adamw, lr: 1.0e-3}
+""")),
+    "E012": Example(_spec(_MLP + """
+training:
+  batch_size: eight
+  steps: 10
+  optimizer: {name: adamw, lr: 1.0e-3}
+""")),
+    "E013": Example(_spec(_MLP + """
+training:
+  batch_size: 8
+  steps: 10
+  remat: sometimes
+  optimizer: {name: adamw, lr: 1.0e-3}
+""")),
+    "E014": Example(_spec("version: 2\n" + _MLP.removeprefix("\nversion: 1\n") + _TRAIN)),
+    "E020": Example(_spec(_MLP_HEAD + """  layers:
+    - {op: linear, name: head, dimension: clases}
+  loss: {op: cross_entropy, logits: head, targets: y}
+""" + _TRAIN)),
+    "E021": Example(_spec(_MLP_HEAD + """  layers:
+    - {op: linear, name: hidden, dimension: features/3}
+    - {op: linear, name: head, dimension: classes}
+  loss: {op: cross_entropy, logits: head, targets: y}
+""" + _TRAIN)),
+    "E022": Example(_spec(_MLP_HEAD + """  layers:
+    - {op: linear, name: head, dimension: classes, input: z}
+  loss: {op: cross_entropy, logits: head, targets: y}
+""" + _TRAIN)),
+    "E023": Example(_spec(_MLP_HEAD + """  blocks:
+    decoder: [{op: mlp, hidden: 32}]
+  layers:
+    - {repeat: 2, name: body, block: decodr}
+    - {op: linear, name: head, dimension: classes}
+  loss: {op: cross_entropy, logits: head, targets: y}
+""" + _TRAIN)),
+    "E024": Example(_spec(_MLP_HEAD + """  layers:
+    - {op: layernorm, name: ln}
+    - {op: linear, name: head, dimension: classes}
+  loss: {op: cross_entropy, logits: head, targets: y}
+""" + _TRAIN)),
+    "E025": Example(_spec(_MLP_HEAD + """  layers:
+    - {op: linear, name: fc, dimension: 32}
+    - {op: relu, name: fc}
+    - {op: linear, name: head, dimension: classes}
+  loss: {op: cross_entropy, logits: head, targets: y}
+""" + _TRAIN)),
+    "E026": Example(_spec(_MLP_HEAD + """  layers:
+    - {op: relu, name: act, input: act}
+    - {op: linear, name: head, dimension: classes, input: x}
+  loss: {op: cross_entropy, logits: head, targets: y}
+""" + _TRAIN)),
+    "E027": Example(_spec(_MLP_HEAD + """  layers:
+    - {op: linear, name: side, dimension: 8, input: x}
+    - {op: linear, name: head, dimension: classes, input: x}
+  loss: {op: cross_entropy, logits: head, targets: y}
+""" + _TRAIN)),
+    "E028": Example(_spec(_MLP_HEAD + """  layers:
+    - {op: linear, name: wide, dimension: 32}
+    - {op: add, name: res, inputs: [x, wide]}
+    - {op: linear, name: head, dimension: classes}
+  loss: {op: cross_entropy, logits: head, targets: y}
+""" + _TRAIN)),
+    "E029": Example(_spec("""
+version: 1
+name: example
+dims: {vocab: 100, d: 64}
+model:
+  inputs:
+    tokens: {shape: [batch, 8]}
+    targets: {shape: [batch, 8], dtype: int32}
+  layers:
+    - {op: embedding, name: wte, vocab: vocab, dim: d, input: tokens}
+    - {op: linear, name: head, dimension: vocab}
+  loss: {op: cross_entropy, logits: head, targets: targets}
+""" + _TRAIN)),
+    "E030": Example(_spec(_LM_HEAD.replace("heads: 4}", "heads: 6}"))),
+    "E040": Example(_spec(_LM_HEAD + "mesh: {data: 2, tensr: 2}\n")),
+    "E041": Example(_spec(_LM_HEAD + """mesh: {data: 2, tensor: 2}
+sharding:
+  rules:
+    vocab: tensor
+    embed: tensor
+""")),
+    "E042": Example(_spec(_LM_HEAD.replace("heads: 4}", "heads: 6}").replace("d: 64", "d: 96") + """mesh: {tensor: 4}
+sharding:
+  rules: {heads: tensor}
+""")),
+    "E043": Example(_spec(_LM_HEAD + "mesh: {data: 3}\n")),
+    "E044": Example(_spec(_LM_HEAD + """mesh: {fsdp: 2, tensor: 2}
+sharding:
+  rules:
+    - [vocab, tensor]
+    - [embed, fsdp]
+    - [vocab, fsdp]
+""")),
+    "E045": Example(_spec(_LM_HEAD + """mesh: {tensor: 2}
+sharding:
+  params:
+    "attn.qq.weight": [null, tensor]
+""")),
+    "E046": Example(_spec(_LM_HEAD + "mesh: {data: 2, tensor: 2}\n"), args=("--devices", "8")),
+    "E047": Example(_spec(_LM_HEAD + """mesh: {data: 2}
+meshes:
+  big: {data: 4}
+""")),
+    "E048": Example(_spec(_LM_HEAD + """mesh: {tensor: 2}
+sharding:
+  params:
+    wte.weight: [tensor]
+""")),
+    "E049": Example(_spec(_MLP_HEAD + """  layers:
+    - {op: linear, name: fc1, dimension: 64, axis: mlp}
+    - {op: layer_norm, name: ln}
+    - {op: linear, name: head, dimension: classes}
+  loss: {op: cross_entropy, logits: head, targets: y}
+mesh: {tensor: 2}
+sharding:
+  rules: {mlp: tensor}
+targets: [torch]
+""" + _TRAIN)),
+    "E050": Example(_spec("""
+version: 1
+name: example
+dims: {d: 32768}
+model:
+  inputs:
+    x: {shape: [batch, d]}
+    y: {shape: [batch, d]}
+  layers:
+    - {op: linear, name: fc, dimension: d}
+  loss: {op: mse, predictions: fc, targets: y}
+training: {batch_size: 8, steps: 10, optimizer: {name: adam, lr: 1.0e-4}}
+"""), args=("--hardware", "tpu-v5e")),
+    "E051": Example(_spec(_PIPE_HEAD + """mesh: {pipe: 4}
+pipeline: {schedule: 1f1b, microbatches: 2}
+""")),
+    "E052": Example(_spec(_PIPE_HEAD + """mesh: {pipe: 2}
+pipeline: {microbatches: 3}
+""")),
+    "E053": Example(_spec(_PIPE_HEAD + """mesh: {pipe: 3}
+pipeline: {microbatches: 3}
+""").replace("batch_size: 16", "batch_size: 18")),
+    "E054": Example(_spec(_MLP_HEAD + """  layers:
+    - {op: linear, name: fc1, dimension: 32, stage: 0}
+    - {op: relu, name: act, stage: 1}
+    - {op: linear, name: fc2, dimension: classes, stage: 0}
+  loss: {op: cross_entropy, logits: fc2, targets: y}
+targets: [jax]
+mesh: {pipe: 2}
+pipeline: {microbatches: 2}
+""" + _TRAIN)),
+    "E055": Example(_spec("""
+version: 1
+name: example
+dims: {features: 16, classes: 4}
+targets: [jax]
+model:
+  inputs:
+    x: {shape: [batch, 4, features]}
+    y: {shape: [batch, 4], dtype: int32}
+  layers:
+    - {op: moe, name: moe, experts: 6, hidden: 32}
+    - {op: linear, name: head, dimension: classes}
+  loss: {op: cross_entropy, logits: head, targets: y}
+mesh: {expert: 4}
+sharding: {rules: {experts: expert}}
+""" + _TRAIN)),
+    "E056": Example(_spec("""
+version: 1
+name: example
+dims: {features: 16, classes: 4}
+model:
+  inputs:
+    x: {shape: [batch, 4, features]}
+    y: {shape: [batch, 4], dtype: int32}
+  layers:
+    - {op: moe, name: moe, experts: 2, hidden: 32, top_k: 3}
+    - {op: linear, name: head, dimension: classes}
+  loss: {op: cross_entropy, logits: head, targets: y}
+""" + _TRAIN)),
+    "W001": Example(_spec(_MLP_HEAD.replace("features: 16", "features: 1024") + """  layers:
+    - {op: linear, name: fc, dimension: features}
+    - {op: linear, name: head, dimension: classes}
+  loss: {op: cross_entropy, logits: head, targets: y}
+mesh: {data: 2}
+""" + _TRAIN)),
+    "W002": Example(_spec(_LM_HEAD + """mesh: {data: 2, tensor: 2}
+sharding:
+  rules:
+    haeds: tensor
+""")),
+}
+
+CATALOG: dict[str, Entry] = {code: Entry(title, text, _EXAMPLES[code]) for code, (title, text) in _TEXTS.items()}
+assert set(_EXAMPLES) == set(CATALOG), "every code needs an example"
+
+
 def title(code: str) -> str:
-    return CATALOG[code][0]
+    return CATALOG[code].title
+
+
+def severity(code: str) -> str:
+    return "warning" if code.upper().startswith("W") else "error"
 
 
 def explain(code: str) -> str | None:
+    """The code, its title and its text (the `explain` command adds the example)."""
     entry = CATALOG.get(code.upper())
     if entry is None:
         return None
-    kind = "warning" if code.upper().startswith("W") else "error"
-    return f"{code.upper()} ({kind}): {entry[0]}\n\n{entry[1]}\n"
+    return f"{code.upper()} ({severity(code)}): {entry.title}\n\n{entry.text}\n"

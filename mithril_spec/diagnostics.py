@@ -1,9 +1,12 @@
 """Diagnostics: what every stage reports instead of raising.
 
-A `Diagnostic` carries an error code from the catalog (`codes.py`), the position of the spec node that
-caused it, a message, and an optional help line. Stages collect them; `DiagnosticError` carries a batch
-of them out of a stage that cannot go on. Renderers turn them into text (rustc/ruff style), JSON or
-GitHub workflow annotations.
+A `Diagnostic` carries an error code from the catalog (`codes.py`), the span of the spec node that caused
+it (a `Position`: where it starts and, when known, where it ends), a message, an optional help line,
+secondary labels (other places worth showing, e.g. "first defined here") and structured fields (the path
+into the spec data, the key concerned, the mesh it was found on, the spec that reached a base file through
+`extends`). Stages collect them; `DiagnosticError` carries a batch of them out of a stage that cannot go
+on. Renderers turn them into text (rustc/ruff style), JSON or GitHub workflow annotations; nothing ever
+parses a message back.
 """
 
 from __future__ import annotations
@@ -11,51 +14,102 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Iterable, Sequence
+from typing import Any, Optional
 
 from .codes import CATALOG
 
 
 @dataclasses.dataclass(frozen=True)
 class Position:
-    """A place in a source file; line and column are 1-based."""
+    """A place in a source file: where a node starts (line and column, 1-based) and, when known, where it
+    ends (`end_line`, `end_col`: the column just after its last character, so a one-character node at
+    column 5 ends at column 6)."""
 
     file: str
     line: int
     col: int
+    end_line: Optional[int] = None
+    end_col: Optional[int] = None
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line}:{self.col}"
+
+    @property
+    def has_end(self) -> bool:
+        return self.end_line is not None and self.end_col is not None
+
+    def start(self) -> Position:
+        """Only the start (no extent)."""
+        return Position(self.file, self.line, self.col)
+
+
+@dataclasses.dataclass(frozen=True)
+class Label:
+    """A secondary place shown with a diagnostic (underlined with `-` in text output)."""
+
+    pos: Position
+    message: str
+
+    def to_json(self) -> dict:
+        return {"message": self.message, **_pos_json(self.pos)}
 
 
 @dataclasses.dataclass(frozen=True)
 class Diagnostic:
     code: str
     message: str
-    pos: Position | None = None
-    help: str | None = None
+    pos: Optional[Position] = None
+    help: Optional[str] = None
     notes: tuple[str, ...] = ()
     severity: str = ""  # "error" or "warning"; derived from the code when empty
+    labels: tuple[Label, ...] = ()  # secondary places ("first defined here")
+    path: Optional[tuple[Any, ...]] = None  # the path into the spec data (keys and list indices)
+    key: Optional[str] = None  # the mapping key concerned (unknown, missing or duplicate keys)
+    mesh: Optional[str] = None  # the named mesh the diagnostic was found on
+    spec: Optional[str] = None  # the spec that reached `pos.file` through `extends`, when they differ
 
     def __post_init__(self) -> None:
         if self.code not in CATALOG:
             raise ValueError(f"unknown diagnostic code {self.code}")
         if not self.severity:
             object.__setattr__(self, "severity", "warning" if self.code.startswith("W") else "error")
+        object.__setattr__(self, "notes", tuple(self.notes))
+        object.__setattr__(self, "labels", tuple(self.labels))
+        if self.path is not None:
+            object.__setattr__(self, "path", tuple(self.path))
 
     def as_error(self) -> Diagnostic:
         return dataclasses.replace(self, severity="error")
+
+    @property
+    def full_message(self) -> str:
+        """The message with its context (the mesh it was found on), as every renderer shows it."""
+        return f"{self.message} (mesh `{self.mesh}`)" if self.mesh else self.message
 
     def to_json(self) -> dict:
         return {
             "code": self.code,
             "severity": self.severity,
-            "message": self.message,
-            "file": self.pos.file if self.pos else None,
-            "line": self.pos.line if self.pos else None,
-            "col": self.pos.col if self.pos else None,
+            "message": self.full_message,
+            **_pos_json(self.pos),
             "help": self.help,
             "notes": list(self.notes),
+            "labels": [lab.to_json() for lab in self.labels],
+            "path": list(self.path) if self.path is not None else None,
+            "key": self.key,
+            "mesh": self.mesh,
+            "spec": self.spec,
         }
+
+
+def _pos_json(p: Optional[Position]) -> dict:
+    return {
+        "file": p.file if p else None,
+        "line": p.line if p else None,
+        "col": p.col if p else None,
+        "end_line": p.end_line if p else None,
+        "end_col": p.end_col if p else None,
+    }
 
 
 class DiagnosticError(Exception):
@@ -81,13 +135,21 @@ def edit_distance(a: str, b: str) -> int:
     return prev[-1]
 
 
-def did_you_mean(word: str, choices: Iterable[str]) -> str | None:
+def closest(word: str, choices: Iterable[str]) -> Optional[str]:
+    """The choice close enough to `word` to be what was meant, if any."""
+    choices = sorted(set(choices))
+    if not choices:
+        return None
+    best = min(choices, key=lambda c: (edit_distance(word.lower(), c.lower()), c))
+    return best if edit_distance(word.lower(), best.lower()) <= max(1, len(word) // 3) else None
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> Optional[str]:
     """A help line suggesting the closest of `choices`, or listing them when none is close."""
     choices = sorted(set(choices))
-    if choices:
-        best = min(choices, key=lambda c: (edit_distance(word.lower(), c.lower()), c))
-        if edit_distance(word.lower(), best.lower()) <= max(1, len(word) // 3):
-            return f"did you mean `{best}`?"
+    best = closest(word, choices)
+    if best is not None:
+        return f"did you mean `{best}`?"
     if choices and len(choices) <= 12:
         return "expected one of: " + ", ".join(f"`{c}`" for c in choices)
     return None
@@ -101,35 +163,152 @@ def sort_key(d: Diagnostic) -> tuple:
 # ---------------------------------------------------------------- renderers
 
 
+def escape(text: str) -> str:
+    """User text made safe for a terminal: control and other non-printable characters (escape sequences,
+    bidirectional overrides, zero-width characters) are shown as Python-style escapes (`\\x1b`)."""
+    if text.isprintable():
+        return text
+    out = []
+    for ch in text:
+        if ch.isprintable():
+            out.append(ch)
+        elif ch == "\t":
+            out.append("\\t")
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\r":
+            out.append("\\r")
+        else:
+            n = ord(ch)
+            out.append(f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}")
+    return "".join(out)
+
+
 def _style(text: str, code: str, color: bool) -> str:
     return f"\x1b[{code}m{text}\x1b[0m" if color else text
 
 
+@dataclasses.dataclass(frozen=True)
+class _Mark:
+    pos: Position
+    primary: bool
+    text: str
+
+
+def _source_lines(text: str) -> list[str]:
+    return [ln.rstrip("\r") for ln in text.split("\n")]  # as the loaders count lines
+
+
+def _columns(src: str, pos: Position) -> tuple[int, int]:
+    """(start, width) of `pos` on its first line, in displayed characters (after escaping) from 0."""
+    start = max(pos.col, 1) - 1
+    shown = escape(src[:start])
+    if pos.has_end and pos.end_line == pos.line:
+        end = max(pos.end_col - 1, start + 1)
+    elif pos.has_end and pos.end_line > pos.line:
+        end = max(len(src.rstrip()), start + 1)  # a span over several lines: underline the first
+    else:
+        end = start + 1
+    width = len(escape(src[start:end])) if start < len(src) else 1
+    return len(shown), max(width, 1)
+
+
+def _marker_lines(src: str, marks: list[_Mark], sev_color: str, color: bool) -> list[str]:
+    """The underline row for one source line (`^` primary, `-` secondary) and the label texts (rustc style:
+    the rightmost text on the underline row, the others below it on `|` connectors)."""
+    cols = [(*_columns(src, m.pos), m) for m in marks]
+    cols.sort(key=lambda c: (c[0], not c[2].primary))
+    width = max(s + w for s, w, _ in cols)
+    row = [" "] * width
+    for s, w, m in cols:
+        for k in range(s, s + w):
+            if row[k] == " " or m.primary:
+                row[k] = "^" if m.primary else "-"
+    texts = [(s, m) for s, _w, m in cols if m.text]
+    line = "".join(row).rstrip()
+    if color:  # colour each run of markers
+        styled, k = [], 0
+        while k < len(line):
+            j = k
+            while j < len(line) and line[j] == line[k]:
+                j += 1
+            run = line[k:j]
+            styled.append(run if run[0] == " " else _style(run, sev_color if run[0] == "^" else "1;34", color))
+            k = j
+        line = "".join(styled)
+    out = []
+    if texts and texts[-1][1] is cols[-1][2]:  # the rightmost mark's text goes on the underline row
+        out.append(f"{line} {escape(texts.pop()[1].text)}")
+    else:
+        out.append(line)
+    while texts:
+        rest = [s for s, _ in texts]
+        out.append(_connectors(rest))
+        s, m = texts.pop()
+        out.append(_connectors(rest[:-1], upto=s) + escape(m.text))
+    return out
+
+
+def _connectors(cols: list[int], upto: Optional[int] = None) -> str:
+    width = upto if upto is not None else (max(cols) + 1 if cols else 0)
+    row = [" "] * width
+    for c in cols:
+        if c < width:
+            row[c] = "|"
+    return "".join(row) if upto is not None else "".join(row).rstrip()
+
+
 def render_text(diags: Sequence[Diagnostic], sources: dict[str, str], color: bool = False) -> str:
-    """rustc/ruff-like: header, source line with a caret, help line."""
+    """rustc/ruff-like: a header, the source lines with the span underlined (`^`) and secondary labels
+    (`-` and their text), then note and help lines. User text is escaped (see `escape`)."""
     out: list[str] = []
     for d in diags:
         sev_color = "1;31" if d.severity == "error" else "1;33"
-        head = f"{_style(d.severity + '[' + d.code + ']', sev_color, color)}: {_style(d.message, '1', color)}"
-        out.append(f"{d.pos}: {head}" if d.pos else head)
-        text = sources.get(d.pos.file) if d.pos else None
-        if d.pos and text is not None:
-            lines = [ln.rstrip("\r") for ln in text.split("\n")]  # as the loaders count lines
-            if 1 <= d.pos.line <= len(lines):
-                src = lines[d.pos.line - 1].expandtabs(1)
-                num = str(d.pos.line)
-                pad = " " * len(num)
-                bar = _style("|", "1;34", color)
-                out.append(f" {pad} {bar}")
-                out.append(f" {_style(num, '1;34', color)} {bar} {src}")
-                caret = " " * (max(d.pos.col, 1) - 1) + _style("^", sev_color, color)
-                out.append(f" {pad} {bar} {caret}")
+        head = f"{_style(d.severity + '[' + d.code + ']', sev_color, color)}: {_style(escape(d.full_message), '1', color)}"
+        out.append(f"{escape(str(d.pos))}: {head}" if d.pos else head)
+        marks = ([_Mark(d.pos, True, "")] if d.pos else []) + [_Mark(lab.pos, False, lab.message) for lab in d.labels]
+        out += _snippets(marks, sources, sev_color, color)
         for note in d.notes:
-            out.append(f"  = note: {note}")
+            out.append(f"  = note: {escape(note)}")
         if d.help:
-            out.append(f"  = {_style('help', '1;36', color)}: {d.help}")
+            out.append(f"  = {_style('help', '1;36', color)}: {escape(d.help)}")
         out.append("")
     return "\n".join(out)
+
+
+def _snippets(marks: list[_Mark], sources: dict[str, str], sev_color: str, color: bool) -> list[str]:
+    """Source excerpts for the marks, one block per file (the primary's first), lines in order."""
+    by_file: dict[str, dict[int, list[_Mark]]] = {}
+    for m in marks:
+        text = sources.get(m.pos.file)
+        if text is None:
+            continue
+        lines = _source_lines(text)
+        if 1 <= m.pos.line <= len(lines):
+            by_file.setdefault(m.pos.file, {}).setdefault(m.pos.line, []).append(m)
+    if not by_file:
+        return []
+    width = max(len(str(n)) for rows in by_file.values() for n in rows)
+    pad = " " * width
+    bar = _style("|", "1;34", color)
+    out: list[str] = []
+    for i, (file, rows) in enumerate(by_file.items()):
+        lines = _source_lines(sources[file])
+        if i > 0 or (marks and marks[0].pos.file != file):
+            first = min(rows)
+            ref = min(rows[first], key=lambda m: m.pos.col).pos
+            out.append(f" {pad}{_style(':::', '1;34', color)} {escape(str(ref))}")
+        out.append(f" {pad} {bar}")
+        prev = None
+        for n in sorted(rows):
+            if prev is not None and n > prev + 1:
+                out.append(_style("...", "1;34", color))
+            src = lines[n - 1].expandtabs(1)
+            out.append(f" {_style(str(n).rjust(width), '1;34', color)} {bar} {escape(src)}".rstrip())
+            for row in _marker_lines(src, rows[n], sev_color, color):
+                out.append(f" {pad} {bar} {row}".rstrip())
+            prev = n
+    return out
 
 
 def render_json(diags: Sequence[Diagnostic]) -> str:
@@ -155,6 +334,6 @@ def render_github(diags: Sequence[Diagnostic]) -> str:
                 f"line={d.pos.line}",
                 f"col={d.pos.col}",
             ] + props
-        msg = d.message + (f" (help: {d.help})" if d.help else "")
+        msg = d.full_message + (f" (help: {d.help})" if d.help else "")
         out.append(f"::{kind} {','.join(props)}::{_gh_escape(msg)}")
     return "\n".join(out) + ("\n" if out else "")

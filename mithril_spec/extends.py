@@ -53,7 +53,28 @@ def _load(path: Path, chain: tuple[Path, ...]) -> Document:
     values = {**base.values, **doc.values}
     keys = {**base.keys, **doc.keys}
     sources = {**base.sources, **doc.sources}
-    return Document(data, doc.file, doc.text, values, keys, sources)
+    return Document(data, doc.file, doc.text, values, keys, sources, _overridden(base, doc))
+
+
+def _overridden(base: Document, doc: Document) -> dict:
+    """Where the base spec's values stand that this spec replaced (not merged into): for secondary labels."""
+    out = dict(base.overridden)
+    for path in sorted((p for p in doc.values if p and p in base.values and p != ("extends",)), key=len):
+        if any(path[:n] in out for n in range(1, len(path))):
+            continue  # inside a value that was replaced whole
+        b, o = _get(base.data, path), _get(doc.data, path)
+        if not (isinstance(b, dict) and isinstance(o, dict)):
+            out[path] = base.values[path]
+    return out
+
+
+def _get(data: Any, path: tuple) -> Any:
+    for k in path:
+        try:
+            data = data[k]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return data
 
 
 def _merge(base: Any, over: Any) -> Any:

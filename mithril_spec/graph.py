@@ -9,12 +9,12 @@ from __future__ import annotations
 import ast
 import dataclasses
 import operator
-from typing import Any, Optional, Union
+from typing import Any, ClassVar, Optional, Union
 
 from . import pyast
-from .diagnostics import Diagnostic, DiagnosticError, did_you_mean
+from .diagnostics import Diagnostic, DiagnosticError, Label, did_you_mean
 from .ops import OPS, OpError, ParamDef, TensorType
-from .ops.loss import check_loss
+from .ops.loss import LOSSES
 from .source import Document
 from .spec.root import Spec
 from .spec.model import Repeat
@@ -43,6 +43,7 @@ class Node:
     flops: int  # forward, per sample
     path: tuple
     stage: Optional[int] = None
+    is_repeat: ClassVar[bool] = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +58,7 @@ class RepeatNode:
     path: tuple
     stage: Optional[int] = None
     op: str = "repeat"
+    is_repeat: ClassVar[bool] = True
 
     @property
     def flops(self) -> int:
@@ -169,8 +171,9 @@ class _Resolver:
         self.top: dict[str, Node] = {}  # resolved top-level layers, for ties
         self.failed: set[str] = set()  # inputs and layers that could not be resolved (already reported)
 
-    def error(self, code: str, message: str, path: tuple, help: str | None = None, key: bool = False) -> None:
-        self.diags.append(Diagnostic(code, message, self.doc.pos(path, key=key), help=help))
+    def error(self, code: str, message: str, path: tuple, help: str | None = None, key: bool = False,
+              labels: tuple[Label, ...] = ()) -> None:
+        self.diags.append(Diagnostic(code, message, self.doc.pos(path, key=key), help=help, labels=labels))
 
     def size(self, value: Any, path: tuple) -> Optional[int]:
         try:
@@ -255,8 +258,15 @@ class _Resolver:
             lpath = path + (i,)
             name = self._name(layer, i)
             if name in env:
+                if name in produced:
+                    first = (self.doc.pos(produced[name] + ("name",)),)
+                elif not in_block and name in self.spec.model.inputs:
+                    first = (self.doc.pos(("model", "inputs", name), key=True),)
+                else:
+                    first = ()
                 self.error("E025", f"duplicate name `{name}`", lpath + ("name",),
-                           help="layer names must be unique in their scope and differ from the model inputs")
+                           help="layer names must be unique in their scope and differ from the model inputs",
+                           labels=tuple(Label(p, "first defined here") for p in first))
                 continue
             refs = self.references(layer, lpath, prev)
             if refs is None or any(ref in failed for ref, _ in refs):
@@ -394,7 +404,7 @@ class _Resolver:
     def loss(self, env, used, layers) -> Optional[LossNode]:
         loss = self.spec.model.loss
         path = ("model", "loss")
-        pred_field = "logits" if loss.op == "cross_entropy" else "predictions"
+        pred_field = LOSSES[loss.op].prediction_field
         pred = getattr(loss, pred_field) or (layers[-1].name if layers else None)
         ok = True
         for ref, field in ((pred, pred_field), (loss.targets, "targets")):
@@ -409,7 +419,7 @@ class _Resolver:
         if not ok:
             return None
         try:
-            check_loss(loss, env[pred], env[loss.targets])
+            LOSSES[loss.op].check(env[pred], env[loss.targets])
         except OpError as e:
             self.error(e.code, e.message, path + (e.field,) if getattr(loss, e.field or "", None) else path, e.help)
             return None
@@ -419,10 +429,11 @@ class _Resolver:
     def integer_ranges(self, inputs, layers, loss, env) -> list[InputNode]:
         highs: dict[str, int] = {}
         for node in layers:
-            if isinstance(node, Node) and node.op == "embedding":
+            high = OPS[node.op].index_bound(node.attrs) if isinstance(node, Node) else None
+            if high is not None:  # integer inputs index a table of `high` rows
                 for r in node.inputs:
-                    highs[r] = min(highs.get(r, node.attrs["vocab"]), node.attrs["vocab"])
-        if loss.op == "cross_entropy":
+                    highs[r] = min(highs.get(r, high), high)
+        if LOSSES[loss.op].class_targets:
             classes = env[loss.prediction].shape[-1]
             highs[loss.targets] = min(highs.get(loss.targets, classes), classes)
         return [
@@ -461,7 +472,7 @@ class _TieContext:
         if node is None:
             raise OpError("E022", f"`tie` names `{name}`, which is not an earlier top-level layer", "tie",
                           help=did_you_mean(name, self.r.top) or None)
-        if node.op != "embedding":
+        if not OPS[node.op].tieable:
             raise OpError("E030", f"`tie` must name an embedding layer; `{name}` is a {node.op}", "tie")
         (w,) = node.params
         return f"{name}.{w.name}", w.shape, w.axes

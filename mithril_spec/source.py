@@ -2,7 +2,8 @@
 
 YAML goes through PyYAML's composer (which keeps marks); TOML values come from `tomllib` and their
 positions from a small scanner that walks the same text. Both give a `Document`: the plain data and,
-for every path into it (a tuple of keys and list indices), where its key and its value stand in the file.
+for every path into it (a tuple of keys and list indices), where its key and its value stand in the file:
+a `Position` with the start and the end of the node's text (a span).
 """
 
 from __future__ import annotations
@@ -11,11 +12,11 @@ import dataclasses
 import re
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import yaml
 
-from .diagnostics import Diagnostic, DiagnosticError, Position
+from .diagnostics import Diagnostic, DiagnosticError, Label, Position
 
 PathT = tuple[Any, ...]
 
@@ -25,15 +26,18 @@ class Document:
     data: Any
     file: str
     text: str
-    values: dict[PathT, Position]  # where each node's value starts
-    keys: dict[PathT, Position]  # where the key of a mapping entry stands
+    values: dict[PathT, Position]  # where each node's value stands (start and end)
+    keys: dict[PathT, Position]  # where the key of a mapping entry stands (start and end)
     sources: dict[str, str] = dataclasses.field(default_factory=dict)  # file -> text, for every file merged
+    # Through `extends`: for a value of this spec that replaced one of a base spec, where the base's value stands.
+    overridden: dict[PathT, Position] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.sources.setdefault(self.file, self.text)
+        self._paths: Optional[dict[Position, PathT]] = None
 
     def pos(self, path: PathT, key: bool = False) -> Position:
-        """The position of `path` (of its key when `key`), or of its nearest located ancestor."""
+        """The span of `path` (of its key when `key`), or of its nearest located ancestor."""
         table = self.keys if key else self.values
         p = tuple(path)
         while p:
@@ -43,6 +47,18 @@ class Document:
                 return self.values[p]
             p = p[:-1]
         return self.values.get((), Position(self.file, 1, 1))
+
+    span = pos  # the same thing, by the name that says it has an end
+
+    def path_at(self, pos: Position) -> Optional[PathT]:
+        """The path whose key or value stands exactly at `pos` (start and end), if any."""
+        if self._paths is None:
+            paths: dict[Position, PathT] = {}
+            for table in (self.values, self.keys):
+                for p, where in table.items():
+                    paths.setdefault(where, p)
+            self._paths = paths
+        return self._paths.get(pos)
 
 
 def load_text(text: str, file: str) -> Document:
@@ -110,6 +126,14 @@ def _load_yaml(text: str, file: str) -> Document:
         msg = (e.problem or "invalid YAML").strip()
         if e.context:
             msg = f"{msg} ({e.context.strip()})"
+        labels = ()
+        ctx = e.context_mark
+        if e.context and ctx is not None and e.problem_mark is not None and (ctx.line + 1, ctx.column + 1) != (
+            line,
+            col,
+        ):
+            what = re.sub(r"^while (parsing|scanning|constructing) ", "", e.context.strip())
+            labels = (Label(Position(file, ctx.line + 1, ctx.column + 1), f"{what} starts here"),)
         raise DiagnosticError(
             [
                 Diagnostic(
@@ -117,6 +141,7 @@ def _load_yaml(text: str, file: str) -> Document:
                     f"YAML syntax error: {msg}",
                     Position(file, line, col),
                     help="check indentation (spaces, not tabs), brackets and quotes near this point",
+                    labels=labels,
                 )
             ]
         ) from None
@@ -168,7 +193,10 @@ def _scalar(loader, node) -> Any:
 
 
 def _mark(node: yaml.Node, file: str) -> Position:
-    return Position(file, node.start_mark.line + 1, node.start_mark.column + 1)
+    start, end = node.start_mark, node.end_mark
+    if end is None or (end.line, end.column) <= (start.line, start.column):
+        return Position(file, start.line + 1, start.column + 1)
+    return Position(file, start.line + 1, start.column + 1, end.line + 1, end.column + 1)
 
 
 def _yaml_node(loader, node, path, file, values, keys, errors, depth=0):
@@ -205,12 +233,16 @@ def _yaml_node(loader, node, path, file, values, keys, errors, depth=0):
             if key in out and key in merged:
                 out.pop(key)  # several merged mappings define it: the later one wins, as in PyYAML
             if key in out:
+                first = keys[path + (key,)]
                 errors.append(
                     Diagnostic(
                         "E003",
                         f"duplicate key `{key}`",
                         _mark(knode, file),
-                        help=f"`{key}` is already defined at line {keys[path + (key,)].line}; keep one",
+                        help=f"`{key}` is already defined at line {first.line}; keep one",
+                        labels=(Label(first, "first defined here"),),
+                        path=path + (key,),
+                        key=key,
                     )
                 )
                 continue
@@ -253,19 +285,13 @@ def _load_toml(text: str, file: str) -> Document:
         msg = _TOML_ERR.sub("", _TOML_EOF.sub("", msg)).strip()
         dup = "Cannot overwrite a value" in msg or "Cannot declare" in msg or "Duplicate inline table key" in msg
         if dup:
-            line, col, msg = _toml_duplicate(text, line, col, msg)
-        raise DiagnosticError(
-            [
-                Diagnostic(
-                    "E003" if dup else "E002",
-                    msg if dup else f"TOML syntax error: {msg}",
-                    Position(file, line, col),
-                    help="a key or table may be defined only once"
-                    if dup
-                    else "check `key = value` syntax, string quotes and brackets near this point",
-                )
-            ]
-        ) from None
+            pos, msg, first, key = _toml_duplicate(text, file, line, col, msg)
+            raise DiagnosticError([Diagnostic(
+                "E003", msg, pos, help="a key or table may be defined only once",
+                labels=(Label(first, "first defined here"),) if first else (), key=key)]) from None
+        raise DiagnosticError([Diagnostic(
+            "E002", f"TOML syntax error: {msg}", Position(file, line, col),
+            help="check `key = value` syntax, string quotes and brackets near this point")]) from None
     values: dict[PathT, Position] = {(): Position(file, 1, 1)}
     keys: dict[PathT, Position] = {}
     try:
@@ -278,35 +304,72 @@ def _load_toml(text: str, file: str) -> Document:
 _TOML_KEYVAL = re.compile(r"\s*(\[|[A-Za-z0-9_\-\"'][^=\n]*=)")
 
 
-def _toml_duplicate(text: str, line: int, col: int, msg: str) -> tuple[int, int, str]:
-    """tomllib reports a duplicate where it stopped (after the value); point at the duplicate key instead."""
+def _toml_duplicate(
+    text: str, file: str, line: int, col: int, msg: str
+) -> tuple[Position, str, Optional[Position], Optional[str]]:
+    """tomllib reports a duplicate where it stopped (after the value); point at the duplicate key instead,
+    and (best effort) at its first definition. Returns (span of the duplicate, message, first, key)."""
     lines = [ln.rstrip("\r") for ln in text.split("\n")]  # tomllib counts lines by "\n" only
     if not 1 <= line <= len(lines):
-        return line, col, f"duplicate key: {msg}"
+        return Position(file, line, col), f"duplicate key: {msg}", None, None
+
+    def span(ln: int, start: int, end: int) -> Position:  # 0-based columns on line `ln`
+        return Position(file, ln, start + 1, ln, max(end, start + 1) + 1)
+
     m = re.search(r"Duplicate inline table key '(.*)'", msg)
     if m:
         key = m.group(1)
         here = lines[line - 1][: max(col - 1, 0)]
-        hits = list(re.finditer(r"(?<![\w-])[\"']?" + re.escape(key) + r"[\"']?\s*=", here))
+        hits = list(re.finditer(r"(?<![\w-])([\"']?" + re.escape(key) + r"[\"']?)\s*=", here))
+        pos, first = Position(file, line, col), None
         if hits:
-            col = hits[-1].start() + 1
-        return line, col, f"duplicate key `{key}` in an inline table"
+            pos = span(line, hits[-1].start(1), hits[-1].end(1))
+        if len(hits) > 1:
+            first = span(line, hits[-2].start(1), hits[-2].end(1))
+        return pos, f"duplicate key `{key}` in an inline table", first, key
     m = re.search(r"Cannot declare \((.*)\) twice", msg)
     if m:
         src = lines[line - 1]
         name = ".".join(p.strip().strip("'\"") for p in m.group(1).split(",") if p.strip())
-        return line, len(src) - len(src.lstrip()) + 1, f"duplicate key: table `[{name}]` is declared twice"
+        first = None
+        for i in range(line - 1, 0, -1):
+            h = _TOML_HEADER.match(lines[i - 1])
+            if h and _toml_name(h.group(2)) == name and not h.group(1).startswith("[["):
+                first = span(i, h.start(1), h.end(1))
+                break
+        h = _TOML_HEADER.match(src)
+        pos = span(line, h.start(1), h.end(1)) if h else Position(file, line, len(src) - len(src.lstrip()) + 1)
+        return pos, f"duplicate key: table `[{name}]` is declared twice", first, name
     for i in range(line, 0, -1):
         src = lines[i - 1]
         if _TOML_KEYVAL.match(src):
             start = len(src) - len(src.lstrip())
-            key = src.strip().split("=")[0].strip() if not src.lstrip().startswith("[") else src.strip()
-            return i, start + 1, f"duplicate key: `{key}` is already defined"
-    return line, col, f"duplicate key: {msg}"
+            if src.lstrip().startswith("["):
+                key = src.strip()
+                h = _TOML_HEADER.match(src)
+                pos = span(i, h.start(1), h.end(1)) if h else Position(file, i, start + 1)
+                return pos, f"duplicate key: `{key}` is already defined", None, None
+            key = src.strip().split("=")[0].strip()
+            first = None
+            for j in range(i - 1, 0, -1):
+                prev = lines[j - 1]
+                if re.match(r"\s*" + re.escape(key) + r"\s*=", prev):
+                    k0 = len(prev) - len(prev.lstrip())
+                    first = span(j, k0, k0 + len(key))
+                    break
+            return span(i, start, start + len(key)), f"duplicate key: `{key}` is already defined", first, key
+    return Position(file, line, col), f"duplicate key: {msg}", None, None
+
+
+_TOML_HEADER = re.compile(r"\s*(\[\[?\s*([^\]\n]*?)\s*\]\]?)")
+
+
+def _toml_name(raw: str) -> str:
+    return ".".join(p.strip().strip("'\"") for p in raw.split("."))
 
 
 class _TomlScanner:
-    """Walks valid TOML text recording where each key and value starts (tomllib gives values only)."""
+    """Walks valid TOML text recording where each key and value starts and ends (tomllib gives values only)."""
 
     def __init__(self, text: str, file: str, values: dict, keys: dict):
         self.s = text
@@ -323,6 +386,10 @@ class _TomlScanner:
 
         line = bisect.bisect_right(self.starts, offset)
         return Position(self.file, line, offset - self.starts[line - 1] + 1)
+
+    def span(self, start: int, end: int) -> Position:
+        a, b = self.at(start), self.at(max(end, start + 1))
+        return Position(self.file, a.line, a.col, b.line, b.col)
 
     # -- low level
     def peek(self, n: int = 1) -> str:
@@ -347,12 +414,13 @@ class _TomlScanner:
         self.i = m.end()
         return m.group(0)
 
-    def read_key(self) -> list[tuple[str, int]]:
+    def read_key(self) -> list[tuple[str, int, int]]:
         parts = []
         while True:
             self.skip_ws()
             start = self.i
-            parts.append((self.read_key_part(), start))
+            name = self.read_key_part()
+            parts.append((name, start, self.i))
             self.skip_ws()
             if self.peek() == ".":
                 self.i += 1
@@ -393,23 +461,24 @@ class _TomlScanner:
             if self.peek(2) == "[[":
                 start = self.i
                 self.i += 2
-                names = tuple(k for k, _ in self.read_key())
+                names = tuple(k for k, *_ in self.read_key())
                 base = self._resolve(names[:-1]) + names[-1:]  # [[a.b]] under [[a]]: the latest a
                 self.i = self.s.index("]]", self.i) + 2
                 n = self.array_counts.get(base, 0)
                 self.array_counts[base] = n + 1
                 table = base + (n,)
-                self.keys.setdefault(base, self.at(start))
-                self.values.setdefault(base, self.at(start))
-                self.values[table] = self.at(start)
+                header = self.span(start, self.i)
+                self.keys.setdefault(base, header)
+                self.values.setdefault(base, header)
+                self.values[table] = header
             elif self.peek() == "[":
                 start = self.i
                 self.i += 1
                 parts = self.read_key()
                 self.i = self.s.index("]", self.i) + 1
-                table = self._resolve(tuple(k for k, _ in parts))
-                self.keys.setdefault(table, self.at(parts[-1][1]))
-                self.values.setdefault(table, self.at(start))
+                table = self._resolve(tuple(k for k, *_ in parts))
+                self.keys.setdefault(table, self.span(parts[-1][1], parts[-1][2]))
+                self.values.setdefault(table, self.span(start, self.i))
             else:
                 self.key_value(table)
 
@@ -425,9 +494,9 @@ class _TomlScanner:
     def key_value(self, table: PathT) -> None:
         parts = self.read_key()
         path = table
-        for k, start in parts:
+        for k, start, end in parts:
             path = path + (k,)
-            self.keys.setdefault(path, self.at(start))
+            self.keys.setdefault(path, self.span(start, end))
         self.skip_ws()
         assert self.peek() == "="
         self.i += 1
@@ -435,7 +504,12 @@ class _TomlScanner:
         self.value(path)
 
     def value(self, path: PathT) -> None:
-        self.values[path] = self.at(self.i)
+        start = self.i
+        self.values[path] = self.at(start)
+        self._value(path)
+        self.values[path] = self.span(start, self.i)
+
+    def _value(self, path: PathT) -> None:
         c = self.peek()
         if c in "\"'":
             self.read_string()

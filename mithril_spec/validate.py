@@ -13,7 +13,7 @@ from typing import Any, Union
 import pydantic
 from pydantic import BaseModel
 
-from .diagnostics import Diagnostic, DiagnosticError, did_you_mean
+from .diagnostics import Diagnostic, DiagnosticError, closest, did_you_mean
 from .source import Document
 from .spec.root import Spec
 
@@ -35,6 +35,7 @@ def validate(doc: Document) -> Spec:
                     f"a spec must be a mapping at the top level, got {_kind(data)}",
                     doc.pos(()),
                     help="start with `version: 1`, `name: ...`, `model: ...`",
+                    path=(),
                 )
             ]
         )
@@ -46,6 +47,7 @@ def validate(doc: Document) -> Spec:
                     f"unsupported spec version {data['version']!r}",
                     doc.pos(("version",)),
                     help="this mithril-spec reads `version: 1`",
+                    path=("version",),
                 )
             ]
         )
@@ -71,13 +73,14 @@ def _convert(err: pydantic.ValidationError, doc: Document) -> list[Diagnostic]:
         out.append(d)
     # `optimiser: ...` gives both "unknown key `optimiser`" (did you mean `optimizer`?) and "missing key
     # `optimizer`": the first says it all.
-    suggested = {(d.message.rsplit(" in ", 1)[-1], d.help) for d in out if d.code == "E010" and d.help}
-    return [
-        d for d in out
-        if not (d.code == "E011" and any(
-            sec == d.message.rsplit(" in ", 1)[-1] and h == f"did you mean `{d.message.split('`')[1]}`?"
-            for sec, h in suggested))
-    ]
+    meant = set()
+    for d in out:
+        if d.code == "E010" and d.path:
+            section = d.path[:-1]
+            best = closest(str(d.key), _allowed_keys(section, doc.data) or ())
+            if best is not None:
+                meant.add(section + (best,))
+    return [d for d in out if not (d.code == "E011" and d.path in meant)]
 
 
 def _real_path(loc: tuple, data: Any) -> tuple:
@@ -134,7 +137,7 @@ def _diagnostic(e: dict, path: tuple, doc: Document) -> Diagnostic:
     if sizes and d.code in ("E012", "E013") and e["type"] != "string_pattern_mismatch":
         value = _get(doc.data, path)
         d = Diagnostic("E047", f"mesh axis `{path[-1]}` has size {value!r}; sizes are positive integers", d.pos,
-                       help="e.g. `mesh: {data: 2, tensor: 4}`")
+                       help="e.g. `mesh: {data: 2, tensor: 4}`", path=path)
     return d
 
 
@@ -150,6 +153,8 @@ def _diagnostic_for(e: dict, path: tuple, doc: Document) -> Diagnostic:
             f"unknown key `{key}` in {_section(path[:-1])}",
             doc.pos(path, key=True),
             help=did_you_mean(str(key), allowed) if allowed else None,
+            path=path,
+            key=str(key),
         )
     if typ == "missing":
         return Diagnostic(
@@ -157,6 +162,8 @@ def _diagnostic_for(e: dict, path: tuple, doc: Document) -> Diagnostic:
             f"missing key `{path[-1]}` in {_section(path[:-1])}",
             doc.pos(path[:-1], key=True),
             help=f"add `{path[-1]}:` here",
+            path=path,
+            key=str(path[-1]),
         )
     if typ == "union_tag_invalid":
         tag, expected = ctx.get("tag"), ctx.get("expected_tags", "")
@@ -170,12 +177,14 @@ def _diagnostic_for(e: dict, path: tuple, doc: Document) -> Diagnostic:
                 f"unknown operator `{tag}`",
                 doc.pos(path + ("op",)),
                 help=did_you_mean(str(tag), choices) or "see docs/spec.md for the operators",
+                path=path + ("op",),
             )
         return Diagnostic(
             "E013",
             f"invalid value {tag!r} for {_section(path + (field,))}",
             doc.pos(path + (field,)),
             help=did_you_mean(str(tag), choices),
+            path=path + (field,),
         )
     if typ == "union_tag_not_found":
         disc = ctx.get("discriminator", "")
@@ -187,6 +196,8 @@ def _diagnostic_for(e: dict, path: tuple, doc: Document) -> Diagnostic:
             help="every layer names its operator with `op:` (or is a `repeat:` of a block)"
             if field == "op"
             else f"add `{field}:`",
+            path=path + (field,),
+            key=field,
         )
     value = _get(doc.data, path)
     if typ in _TYPE_ERRORS:
@@ -195,6 +206,7 @@ def _diagnostic_for(e: dict, path: tuple, doc: Document) -> Diagnostic:
             f"wrong type for {here}: {e['msg'].replace('Input should be', 'expected')}, got {_kind(value)}",
             doc.pos(path),
             help=_type_help(typ),
+            path=path,
         )
     if typ == "literal_error":
         expected = ctx.get("expected", "")
@@ -204,6 +216,7 @@ def _diagnostic_for(e: dict, path: tuple, doc: Document) -> Diagnostic:
             f"invalid value {value!r} for {here}",
             doc.pos(path),
             help=did_you_mean(str(value), choices) if choices else None,
+            path=path,
         )
     if typ == "string_pattern_mismatch":
         return Diagnostic(
@@ -212,12 +225,14 @@ def _diagnostic_for(e: dict, path: tuple, doc: Document) -> Diagnostic:
             "with a digit)",
             doc.pos(path),
             help="names become Python identifiers in the generated program",
+            path=path,
         )
     return Diagnostic(
         "E013",
         f"invalid value {value!r} for {here}: {e['msg'].removeprefix('Value error, ')}",
         doc.pos(path),
         help=None,
+        path=path,
     )
 
 

@@ -38,7 +38,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 from mithril_spec.frontend import compile_file  # noqa: E402
 from mithril_spec.graph import RepeatNode  # noqa: E402
-from mithril_spec.planner.costs import _rules  # noqa: E402
+
 
 DT = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16, "int32": jnp.int32,
       "int64": jnp.int64}
@@ -54,7 +54,7 @@ def build(spec_path: str, mesh_arg: str):
     graph = plan.graph
     tr = plan.spec.training
     cdt = DT[tr.precision.compute]
-    rules = _rules(plan.spec)
+    rules = plan.rules.table
     batch = tuple(plan.batch_axes)
 
     def pspec(spec):

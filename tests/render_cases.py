@@ -1,14 +1,19 @@
-"""The (spec, target) pairs every render test covers: each example for each target it names."""
+"""The (spec, target) pairs every render test covers: each example for each target it names, and the
+golden files they are compared with (written only by scripts/update_goldens.py, never by a test)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from mithril_spec.frontend import compile_file
-from mithril_spec.render.build import TARGET_FILES
+from mithril_spec.render.build import render_files
+from mithril_spec.targets import TARGETS
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = sorted(p for p in (ROOT / "specs").iterdir() if p.suffix in (".yaml", ".toml") and not p.name.startswith("_"))
+GOLDEN = ROOT / "tests" / "golden"
+# plan.json does not depend on the target: one golden per spec, not one per (spec, target)
+PLANS = GOLDEN / "plans"
 
 
 def cases() -> list[tuple[Path, str]]:
@@ -18,10 +23,31 @@ def cases() -> list[tuple[Path, str]]:
             continue  # twins: same program as their YAML (tested in test_twins)
         c = compile_file(spec)
         for target in c.spec.targets:
-            if (ROOT / "templates" / target / "train.py.j2").exists() and target in TARGET_FILES:
+            if (ROOT / "templates" / target / "train.py.j2").exists() and target in TARGETS:
                 out.append((spec, target))
     return out
 
 
 def case_id(case) -> str:
     return f"{case[0].stem}-{case[1]}"
+
+
+def plan_golden(spec: Path) -> Path:
+    return PLANS / f"{spec.stem}.plan.json"
+
+
+def golden_paths(case) -> list[Path]:
+    """The golden files of one case, without rendering anything."""
+    spec, target = case
+    return [GOLDEN / case_id(case) / name for _, name in TARGETS[target].files] + [plan_golden(spec)]
+
+
+def golden_files(case) -> dict[Path, str]:
+    """{golden path: the text the compiler renders now} for one case."""
+    spec, target = case
+    files = render_files(compile_file(spec), target, str(spec.relative_to(ROOT)))
+    plan = files.pop("plan.json")
+    out = {GOLDEN / case_id(case) / name: text for name, text in files.items()}
+    out[plan_golden(spec)] = plan
+    assert sorted(out) == sorted(golden_paths(case)), f"{case_id(case)}: the target's files and render_files disagree"
+    return out

@@ -14,7 +14,7 @@ import pytest
 from jax_runs import ROOT, SPECS, WORK, build, max_diff, max_param_diff, report, run, run_many
 
 from mithril_spec.frontend import compile_file
-from mithril_spec.planner.targets import check_target
+from mithril_spec.targets import check_target
 
 # the example moves to specs/ once both targets run it
 GPT_PIPE = SPECS / "gpt-pipe.yaml"

@@ -1,4 +1,4 @@
-"""Rendering: deterministic, formatted, parseable, escaped, golden-file reviewed, atomic."""
+"""Rendering: deterministic, formatted and ruff-clean, parseable, escaped, golden-file reviewed, atomic."""
 
 from __future__ import annotations
 
@@ -7,10 +7,9 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from render_cases import ROOT, case_id, cases
+from render_cases import GOLDEN, PLANS, ROOT, case_id, cases, golden_files, golden_paths
 from ruff.__main__ import find_ruff_bin
 
 from mithril_spec import cli
@@ -19,7 +18,10 @@ from mithril_spec.render.build import render_files
 from mithril_spec.render.environment import py
 
 CASES = cases()
-GOLDEN = ROOT / "tests" / "golden"
+# What every generated program must pass (besides `ruff format --check`): pyflakes (F: unused or undefined
+# names, ...), syntax and statement errors (E4, E7, E9), import order (I), whitespace (W).
+RUFF_CHECK = "E4,E7,E9,F,I,W"
+UPDATE = "run `.venv/bin/python scripts/update_goldens.py` and review `git diff tests/golden`"
 
 
 def test_there_are_cases():
@@ -29,35 +31,76 @@ def test_there_are_cases():
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_golden(case):
-    """The rendered program equals the reviewed golden copy (UPDATE_GOLDEN=1 rewrites it)."""
-    spec, target = case
-    files = render_files(compile_file(spec), target, str(spec.relative_to(ROOT)))
-    gdir = GOLDEN / f"{spec.stem}-{target}"
-    if os.environ.get("UPDATE_GOLDEN"):
-        gdir.mkdir(parents=True, exist_ok=True)
-        for old in gdir.iterdir():
-            old.unlink()
-        for name, text in files.items():
-            (gdir / name).write_text(text)
-    assert gdir.is_dir(), f"no golden files for {gdir.name}: run UPDATE_GOLDEN=1 pytest tests/test_render.py"
-    assert sorted(files) == sorted(p.name for p in gdir.iterdir())
-    for name, text in files.items():
-        assert text == (gdir / name).read_text(), f"{gdir.name}/{name} differs from golden (UPDATE_GOLDEN=1 to accept)"
+    """The rendered program equals the reviewed golden copy (scripts/update_goldens.py writes them)."""
+    for path, text in golden_files(case).items():
+        name = path.relative_to(GOLDEN)
+        assert path.is_file(), f"no golden file {name}: {UPDATE}"
+        assert text == path.read_text(encoding="utf-8"), f"{name} differs from the golden file: {UPDATE}"
+
+
+def test_golden_tree_holds_only_what_the_cases_render():
+    """One plan.json per spec (tests/golden/plans/), the other files per (spec, target), nothing stale."""
+    want = {p for case in CASES for p in golden_paths(case)}
+    have = {p for p in GOLDEN.rglob("*") if p.is_file()}
+    assert not have - want, f"golden files no case renders: {sorted(str(p.relative_to(GOLDEN)) for p in have - want)}"
+    assert not want - have, f"missing golden files: {UPDATE}"
+    assert {p.name for p in PLANS.iterdir()} == {f"{s.stem}.plan.json" for s, _ in CASES}
+    assert not [p for p in have if p.name == "plan.json"]
 
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
-def test_deterministic_parses_and_ruff_clean(case, tmp_path):
+def test_parses_and_ruff_clean(case, tmp_path):
+    """Every generated Python file parses, is formatted, and `ruff check` finds nothing in it."""
     spec, target = case
-    a = render_files(compile_file(spec), target, spec.name)
-    b = render_files(compile_file(spec), target, spec.name)
-    assert a == b
-    for name, text in a.items():
+    files = render_files(compile_file(spec), target, spec.name)
+    for name, text in files.items():
         if name.endswith(".py"):
             ast.parse(text)
             (tmp_path / name).write_text(text)
-    proc = subprocess.run([find_ruff_bin(), "format", "--isolated", "--line-length", "100", "--check", str(tmp_path)],
-                          capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert list(tmp_path.glob("*.py"))
+    common = ["--isolated", "--no-cache", "--line-length", "100", "--target-version", "py311"]
+    for cmd in (
+        ["format", "--check"],
+        ["check", "--select", RUFF_CHECK, "--ignore", "E501", "--output-format", "concise"],
+    ):
+        proc = subprocess.run(
+            [find_ruff_bin(), *cmd, *common, "."], check=False, cwd=tmp_path, capture_output=True, text=True
+        )
+        assert proc.returncode == 0, f"ruff {cmd[0]}: " + proc.stdout + proc.stderr
+
+
+def test_output_ignores_ruff_configuration_and_hash_seed(tmp_path):
+    """Builds are byte-identical whatever directory they run from (a ruff config there, or a directory named
+    like a package the program imports) and whatever the hash seed; ruff's RUFF_* variables do not matter."""
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.ruff]\nline-length = 40\n[tool.ruff.format]\nquote-style = "single"\nindent-style = "tab"\n'
+        '[tool.ruff.lint]\nselect = ["ALL"]\n[tool.ruff.lint.isort]\nforce-single-line = true\n'
+    )
+    (tmp_path / "ruff.toml").write_text("line-length = 50\n")
+    for package in ("numpy", "jax", "torch"):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+    spec = ROOT / "specs" / "gpt-tiny.yaml"
+    code = (
+        "import json, sys; from mithril_spec.frontend import compile_file; "
+        "from mithril_spec.render.build import render_files; "
+        f"c = compile_file({str(spec)!r}); "
+        f"json.dump({{t: render_files(c, t, {spec.name!r}) for t in ('jax', 'torch')}}, sys.stdout)"
+    )
+    env = {
+        **os.environ,
+        "PYTHONHASHSEED": "12345",
+        "RUFF_OUTPUT_FORMAT": "json",
+        "RUFF_NO_CACHE": "false",
+        "PYTHONPATH": str(ROOT),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", code], check=False, cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    there = json.loads(proc.stdout)
+    for target in ("jax", "torch"):
+        assert there[target] == render_files(compile_file(spec), target, spec.name), target
 
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
@@ -80,7 +123,7 @@ def test_program_imports_only_stdlib_numpy_and_framework(case):
 def test_spec_text_is_escaped(tmp_path):
     """Strings from the spec reach the program only through repr: a hostile name or path stays data."""
     src = (ROOT / "specs" / "mlp-dp.yaml").read_text()
-    evil = 'x"; import os; os.system("echo pwned") #\\n\'\'\''
+    evil = "x\"; import os; os.system(\"echo pwned\") #\\n'''"
     spec = tmp_path / "evil.yaml"
     # A JSON string is a valid YAML double-quoted scalar.
     spec.write_text(src.replace("data: {kind: synthetic}", f"data: {{kind: arrays, path: {json.dumps(evil)}}}"))
@@ -117,5 +160,5 @@ def test_build_never_imports_frameworks(tmp_path):
         "bad = [m for m in ('jax', 'torch', 'optax') if m in sys.modules]; "
         "print('BAD', bad) if bad else None; sys.exit(rc or (1 if bad else 0))"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+import jsonschema  # a dev dependency: these tests must not skip themselves
 import pytest
 
+from mithril_spec import cli
 from mithril_spec.schema import schema_text
 from mithril_spec.source import load_file
 
@@ -31,8 +36,19 @@ def test_schema_is_json_schema():
     assert schema["additionalProperties"] is False  # unknown keys are errors for editors too
 
 
-def test_schema_text_is_deterministic():
-    assert schema_text() == schema_text()
+@pytest.mark.parametrize("seed", ["0", "4242"])
+def test_schema_command_writes_the_committed_schema_in_any_process(seed):
+    """`mithril-spec schema` in a fresh process (another hash seed: set and dict order) prints the committed
+    file byte for byte, so regenerating it never produces a spurious diff."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "mithril_spec.cli", "schema", "-o", "-"],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        env={**os.environ, "PYTHONHASHSEED": seed},
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert proc.stdout == SCHEMA.read_bytes()
 
 
 @pytest.mark.parametrize("spec", YAML_EXAMPLES, ids=lambda p: p.name)
@@ -44,20 +60,22 @@ def test_yaml_examples_name_the_schema(spec):
 
 @pytest.mark.parametrize("spec", EXAMPLES, ids=lambda p: p.name)
 def test_examples_validate_against_the_json_schema(spec):
-    jsonschema = pytest.importorskip("jsonschema")
     data = load_file(spec).data
     jsonschema.validate(data, json.loads(SCHEMA.read_text(encoding="utf-8")))
 
 
-def test_schema_rejects_what_the_validator_rejects():
-    """A few broken documents fail the JSON Schema too (when jsonschema is installed)."""
-    jsonschema = pytest.importorskip("jsonschema")
+def test_schema_rejects_what_the_validator_rejects(tmp_path, capsys):
+    """A few broken documents fail both the validator (E010, E012, E011) and the JSON Schema."""
     schema = json.loads(SCHEMA.read_text(encoding="utf-8"))
     good = load_file(ROOT / "specs" / "mlp-dp.yaml").data
-    for broken in (
-        {**good, "descripton": "x"},
-        {**good, "training": {**good["training"], "batch_size": "sixteen"}},
-        {k: v for k, v in good.items() if k != "model"},
+    for code, broken in (
+        ("E010", {**good, "descripton": "x"}),
+        ("E012", {**good, "training": {**good["training"], "batch_size": "sixteen"}}),
+        ("E011", {k: v for k, v in good.items() if k != "model"}),
     ):
+        spec = tmp_path / "broken.yaml"
+        spec.write_text(json.dumps(broken), encoding="utf-8")  # JSON is YAML
+        assert cli.main(["validate", str(spec), "--format", "json"]) == 1
+        assert [d["code"] for d in json.loads(capsys.readouterr().out)] == [code]
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(broken, schema)

@@ -8,7 +8,7 @@ from .conv import AvgPool2d, Conv2d, MaxPool2d
 from .elementwise import Add, Dropout, Gelu, Mul, Relu, Sigmoid, Silu, Softmax, Tanh
 from .embedding import Embedding, PosEmbedding
 from .linear import Linear
-from .loss import CrossEntropy, Mse
+from .loss import LOSSES, CrossEntropy, Loss, Mse
 from .mlp import Mlp
 from .moe import Moe
 from .norm import BatchNorm, LayerNorm, RmsNorm
@@ -22,4 +22,4 @@ _ALL: list[type[Op]] = [
 
 OPS: dict[str, Op] = {cls.kind: cls() for cls in _ALL}
 
-__all__ = ["OPS", "Op", "OpError", "OpResult", "ParamDef", "TensorType", "LayerArgs", "CrossEntropy", "Mse"]
+__all__ = ["OPS", "LOSSES", "Loss", "Op", "OpError", "OpResult", "ParamDef", "TensorType", "LayerArgs", "CrossEntropy", "Mse"]

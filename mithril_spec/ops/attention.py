@@ -8,7 +8,7 @@ from typing import Literal, Optional
 from pydantic import Field
 
 from ..spec.common import Size
-from .base import LayerArgs, Op, OpError, OpResult, ParamDef, TensorType, expect_float
+from .base import MASK_BYTES, LayerArgs, Op, OpError, OpResult, ParamDef, TensorType, expect_float
 
 
 class AttentionArgs(LayerArgs):
@@ -71,3 +71,29 @@ class Attention(Op):
             "rotary": args.rotary, "rotary_base": args.rotary_base, "bias": args.bias,
         }
         return OpResult(TensorType(x.shape, x.axes, x.dtype), tuple(params), attrs, flops=proj + scores)
+
+    def score_flops(self, attrs):
+        return 2 * 2 * attrs["seq"] * attrs["seq"] * attrs["heads"] * attrs["head_dim"]  # q @ k^T and p @ v
+
+    def costs(self, c):
+        a = c.attrs
+        T = c.tp.get("q.weight", frozenset())  # heads split over these axes (tensor parallel)
+        c.div_axes |= T
+        t = c.deg(T)
+        c.save_input()
+        seq = c.x.shape[0]
+        q = c.b * seq * a["heads"] * a["head_dim"] // t
+        kv = c.b * seq * a["kv_heads"] * a["head_dim"] // c.deg(c.tp.get("k.weight", frozenset()))
+        probs = c.b * a["heads"] * seq * seq // t
+        cb = c.compute_bytes
+        c.save("q", q * cb)
+        c.save("k", kv * cb)
+        c.save("v", kv * cb)
+        c.save("probs", probs * cb, scores=True)
+        if a.get("dropout", 0):
+            c.save("dropout_mask", probs * MASK_BYTES, scores=True)
+            c.save("dropout_out", probs * cb, scores=True)
+        c.save("o_in", q * cb)
+        c.add_score_flops(self.score_flops(a) * c.b / t)
+        if T:
+            c.tp_pair(T, 3)  # q, k and v each reduce their input's gradient

@@ -103,9 +103,11 @@ class Op:
     per_position: ClassVar[bool] = False
     # Normalises over the features: a feature axis split over the mesh needs its statistics reduced.
     normalizes: ClassVar[bool] = False
+    # Normalises with statistics over the batch: data parallelism must reduce them over the ranks.
+    batch_statistics: ClassVar[bool] = False
     # Adds an auxiliary (load-balancing) loss to the model's loss.
     has_aux_loss: ClassVar[bool] = False
-    # Tensor parallelism: None (cannot split), "linear" (column or row parallel by its weight's layout) or
+    # Tensor parallelism: None (cannot split), "matmul" (column or row parallel by its weight's layout) or
     # "pair" (a column-parallel projection in and a row-parallel projection out, Megatron style).
     tensor_parallel: ClassVar[Optional[str]] = None
     # Parameter dimensions the operator computes on sharded (tensor parallelism); a mesh axis that shards
@@ -113,6 +115,8 @@ class Op:
     handled_dims: ClassVar[dict[str, tuple[int, ...]]] = {}
     # Parameter dimensions whose mesh axes are expert parallelism (the experts stay, tokens travel).
     expert_dims: ClassVar[dict[str, int]] = {}
+    # Its table may be reused, transposed, by a later linear layer (`tie:`).
+    tieable: ClassVar[bool] = False
     # In torch these parameters are nn.Linear weights, stored [out, in] (canonical layout is [in, out]).
     torch_transposed: ClassVar[frozenset[str]] = frozenset()
 
@@ -123,13 +127,32 @@ class Op:
         """Why this layer cannot run inside a pipeline (the targets' shared limit), or None."""
         return None
 
+    def index_bound(self, attrs: dict[str, Any]) -> Optional[int]:
+        """For an operator whose integer input indexes a table: the number of rows (synthetic data stays
+        below it); None otherwise."""
+        return None
+
     def is_random(self, attrs: dict[str, Any]) -> bool:
         """Does the layer draw random numbers (a mask per step, micro-batch and rank)?"""
         return False
 
+    def score_flops(self, attrs: dict[str, Any]) -> float:
+        """Forward FLOPs per sample that selective remat recomputes (attention scores); 0 for most."""
+        return 0.0
+
     def costs(self, c: Any) -> None:
-        """Record what one layer saves for the backward pass and the collectives it implies, through the
-        cost model's per-layer context `c` (planner/model_walk.py, `LayerCosts`). Default: nothing saved."""
+        """Records what one layer saves for the backward pass and the collectives it implies, through the
+        cost model's per-layer context `c` (`planner/costs/walk.py`, `LayerCosts`). Default: nothing saved."""
+
+
+MASK_BYTES = 1  # a dropout mask element (bool)
+
+
+class SavesInputs(Op):
+    """An operator whose backward pass needs its inputs (activations, norms, max pooling)."""
+
+    def costs(self, c: Any) -> None:
+        c.save_inputs()
 
 
 def expect_float(t: TensorType, what: str) -> None:

@@ -75,6 +75,14 @@ class Conv2d(Op):
                  "bias": args.bias}
         return OpResult(out, params, attrs, flops=2 * c * k[0] * k[1] * f * oh * ow)
 
+    def costs(self, c):
+        w, spec = c.tp.get("weight", frozenset()), c.param("weight").spec  # [filters, channels, kh, kw]
+        T_in = frozenset(a for a in spec[1] if a in w)
+        T_out = frozenset(a for a in spec[0] if a in w)
+        c.div_axes |= T_in | T_out
+        c.save_input(div_axes=c.in_axes | T_in)
+        c.matmul(T_in, T_out, c.act_axes(c.x, (0,)), c.act_axes(c.out, (0,)))
+
 
 class _PoolArgs(LayerArgs):
     kernel_size: Pair
@@ -108,6 +116,9 @@ class _Pool(Op):
 
 
 class MaxPool2d(_Pool):
+    def costs(self, c):
+        c.save_inputs()  # the backward pass routes gradients to each window's maximum
+
     kind = "max_pool2d"
     Args = MaxPool2dArgs
 

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import Field
 
-from .base import LayerArgs, Op, OpError, OpResult, expect_float
+from .base import MASK_BYTES, LayerArgs, Op, OpError, OpResult, SavesInputs, expect_float
 
 
-class _Unary(Op):
+class _Unary(SavesInputs):
     flops_per_element = 1
     elementwise = True
     per_position = True
@@ -62,6 +63,9 @@ class Softmax(_Unary):
     flops_per_element = 5
     elementwise = False  # normalises over the last dimension
 
+    def costs(self, c):
+        c.save("out", c.nbytes(c.out, c.out_axes))  # its backward needs the output, not the input
+
 
 class DropoutArgs(LayerArgs):
     op: Literal["dropout"]
@@ -77,6 +81,9 @@ class Dropout(_Unary):
 
     def is_random(self, attrs):
         return attrs["rate"] > 0
+
+    def costs(self, c):
+        c.save("mask", math.ceil(c.b * c.out.numel / c.deg(c.out_axes)) * MASK_BYTES)
 
     def pipeline_limit(self, attrs):
         return "dropout with a rate above 0 (masks per micro-batch and stage)" if attrs["rate"] > 0 else None
@@ -116,3 +123,6 @@ class Add(_Nary):
 class Mul(_Nary):
     kind = "mul"
     Args = MulArgs
+
+    def costs(self, c):
+        c.save_inputs()  # each input's gradient needs the others

@@ -18,6 +18,7 @@ class EmbeddingArgs(LayerArgs):
 
 class Embedding(Op):
     kind = "embedding"
+    tieable = True
     handled_dims = {"weight": (0, 1)}
     Args = EmbeddingArgs
     has_params = True
@@ -30,6 +31,21 @@ class Embedding(Op):
         out = TensorType(x.shape + (dim,), x.axes + ("embed",), "float32")
         params = (ParamDef("weight", (vocab, dim), ("vocab", "embed")),)
         return OpResult(out, params, {"vocab": vocab, "dim": dim}, flops=0)
+
+    def index_bound(self, attrs):
+        return attrs["vocab"]
+
+    def costs(self, c):
+        c.save_input()
+        w, spec = c.tp.get("weight", frozenset()), c.param("weight").spec  # [vocab, dim]
+        T_v = frozenset(a for a in spec[0] if a in w)
+        T_e = frozenset(a for a in spec[1] if a in w)
+        if T_v:  # vocab parallel: each rank looks up its rows, the others give zeros
+            c.reduce_out(T_v, "tensor-parallel all-reduce (embedding output)")
+        missing = T_e - c.act_axes(c.out, (len(c.out.shape) - 1,))
+        if missing:
+            c.add_coll("all-gather", c.sorted_axes(missing), "forward", "all-gather (embedding output)",
+                       c.nbytes(c.out, c.out_axes - missing), True)
 
 
 class PosEmbeddingArgs(LayerArgs):

@@ -23,7 +23,7 @@ class Linear(Op):
     Args = LinearArgs
     has_params = True
     per_position = True
-    tensor_parallel = "linear"
+    tensor_parallel = "matmul"
     handled_dims = {"weight": (0, 1), "bias": (0,)}
     torch_transposed = frozenset({"weight"})
 
@@ -59,3 +59,17 @@ class Linear(Op):
                 params += (ParamDef("bias", (d_out,), (out_axis,), init="zeros"),)
         out = TensorType(x.shape[:-1] + (d_out,), x.axes[:-1] + (out_axis,), x.dtype)
         return OpResult(out, params, attrs, flops=2 * x.numel * d_out)
+
+    def costs(self, c):
+        if c.attrs.get("tie"):  # the embedding's table [vocab, dim], used transposed
+            table = c.global_param(c.attrs["tie"])
+            T_out = frozenset(a for a in table.spec[0] if a not in c.batch)
+            T_in = frozenset(a for a in table.spec[1] if a not in c.batch)
+        else:
+            w, spec = c.tp.get("weight", frozenset()), c.param("weight").spec  # [in, out]
+            T_in = frozenset(a for a in spec[0] if a in w)
+            T_out = frozenset(a for a in spec[1] if a in w)
+        c.div_axes |= T_in | T_out
+        feat = len(c.x.shape) - 1
+        c.save_input(div_axes=c.in_axes | T_in)
+        c.matmul(T_in, T_out, c.act_axes(c.x, (feat,)), c.act_axes(c.out, (len(c.out.shape) - 1,)))

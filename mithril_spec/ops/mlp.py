@@ -47,3 +47,14 @@ class Mlp(Op):
                 params.append(ParamDef(f"{n}.bias", (shape[1],), (axes[1],), init="zeros"))
         return OpResult(x, tuple(params), {"dim": d, "hidden": h, "activation": args.activation, "bias": bias},
                         flops=flops)
+
+    def costs(self, c):
+        swiglu = c.attrs["activation"] == "swiglu"
+        T = c.tp.get("gate.weight" if swiglu else "fc.weight", frozenset())  # hidden split (tensor parallel)
+        c.div_axes |= T
+        c.save_input()
+        hid = c.b * (c.x.numel // c.x.shape[-1]) * c.attrs["hidden"] // c.deg(T)
+        for j in range(3 if swiglu else 2):  # the hidden pre- and post-activation (and swiglu's product)
+            c.save(f"hidden{j}", hid * c.compute_bytes)
+        if T:
+            c.tp_pair(T, 2 if swiglu else 1)  # gate and up (or fc) each reduce their input's gradient

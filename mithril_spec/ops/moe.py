@@ -57,3 +57,26 @@ class Moe(Op):
                  "capacity": capacity,
                  "aux_loss_weight": args.aux_loss_weight, "activation": args.activation}
         return OpResult(x, params, attrs, flops=flops)
+
+    def costs(self, c):
+        a = c.attrs
+        tokens = c.b * (c.x.numel // c.x.shape[-1])
+        ep = c.sorted_axes(c.param("experts.fc.weight").spec[0])  # expert parallel axes
+        T = c.tp.get("experts.fc.weight", frozenset())
+        c.div_axes |= T
+        slots = math.ceil(a["capacity_factor"] * tokens * a["top_k"])  # token slots computed per device
+        cb = c.compute_bytes
+        c.save_input()
+        c.save("router", tokens * a["experts"] * 4)
+        c.save("dispatched", slots * a["dim"] * cb)
+        c.save("hidden0", slots * a["hidden"] // c.deg(T) * cb)
+        c.save("hidden1", slots * a["hidden"] // c.deg(T) * cb)
+        c.save("combined", slots * a["dim"] * cb)
+        if ep:
+            payload = slots * a["dim"] * cb
+            what = "expert parallel (moe dispatch and combine)"
+            for ph in c.phases:
+                c.add_coll("all-to-all", ep, ph, what, payload, True, 2)
+            c.add_coll("all-to-all", ep, "backward", what, payload, True, 2)
+        if T:
+            c.tp_pair(T, 1)

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from .base import LayerArgs, Op, OpError, OpResult, ParamDef, expect_features, expect_float
+from .base import LayerArgs, OpError, OpResult, ParamDef, SavesInputs, expect_features, expect_float
 
 
 class LayerNormArgs(LayerArgs):
@@ -15,7 +15,7 @@ class LayerNormArgs(LayerArgs):
     bias: bool = True
 
 
-class LayerNorm(Op):
+class LayerNorm(SavesInputs):
     kind = "layer_norm"
     Args = LayerNormArgs
     has_params = True
@@ -38,7 +38,7 @@ class RmsNormArgs(LayerArgs):
     eps: float = Field(1e-6, gt=0)
 
 
-class RmsNorm(Op):
+class RmsNorm(SavesInputs):
     kind = "rms_norm"
     Args = RmsNormArgs
     has_params = True
@@ -60,16 +60,25 @@ class BatchNormArgs(LayerArgs):
     momentum: float = Field(0.1, gt=0, lt=1)
 
 
-class BatchNorm(Op):
+class BatchNorm(SavesInputs):
     """Normalises each channel over the batch (and spatial dims); statistics are over the *global* batch."""
 
     kind = "batch_norm"
     Args = BatchNormArgs
     has_params = True
     normalizes = True
+    batch_statistics = True
 
     def pipeline_limit(self, attrs):
         return "batch_norm (running statistics per micro-batch and stage)"
+
+    def costs(self, c):
+        c.save_inputs()
+        if c.batch:  # statistics over the global batch: a mean and a variance per channel, both ways
+            stats = 2 * c.attrs["channels"] * 4
+            ax = c.sorted_axes(c.batch)
+            c.add_coll("all-reduce", ax, "forward", "batch-norm statistics", stats, True)
+            c.add_coll("all-reduce", ax, "backward", "batch-norm statistics", stats, True)
 
     def infer(self, args, inputs, size, ctx):
         (x,) = inputs

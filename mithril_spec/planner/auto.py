@@ -5,8 +5,9 @@ Every candidate mesh is checked by the real planner (`make_plan` with a `--mesh`
 batch splitting and layout checks are the ones `plan` applies), then costed under each remat setting.
 Candidates that fit in device memory are ranked by predicted step time.
 
-Searched axes: data, fsdp, tensor. Not searched (reported as such): pipe and expert, which the planner and
-the cost model handle but no target can run yet (targets.SUPPORTED).
+Searched axes: data, fsdp, tensor. Not searched (reported as such, NOT_SEARCHED): pipe, because a pipeline
+also needs its schedule and micro-batches, and expert, which needs moe layers. Both targets run them;
+`plan --mesh pipe=..,expert=..` costs a chosen split.
 """
 
 from __future__ import annotations

@@ -177,7 +177,7 @@ def check_layout(name: str, shape: tuple[int, ...], units: Optional[tuple[int, .
                 "E041", f"mesh axis `{twice[0]}` shards two dimensions of `{name}` {list(shape)}",
                 doc.pos(layout.origin),
                 help="change one of the rules for this parameter's logical axes, or give it an explicit layout "
-                f"under `sharding.params`"))
+                "under `sharding.params`"))
         ok = False
     units = units or shape
     for i, d in enumerate(layout.spec):

@@ -3,21 +3,23 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-from typing import Any, Optional
+from typing import Optional
 
 from ..diagnostics import Diagnostic, DiagnosticError, did_you_mean
 from ..graph import Graph, InputNode, Param
+from ..ops import OPS
 from ..source import Document
 from ..spec.root import Spec
-from .layouts import Layout, batch_axes, check_layout, local_shape, param_layouts, read_rules
+from .layouts import DEFAULT_RULES, Layout, Rules, batch_axes, check_layout, local_shape, param_layouts, read_rules
 from ..spec.sharding import MESH_AXES
 from .mesh import Mesh, select_mesh
 from .pipeline import PipelinePlan, plan_pipeline
+from .sizes import DTYPE_BYTES, OPTIMIZER_SLOTS  # noqa: F401 (re-exported)
+from .states import state_memory
 
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int32": 4, "int64": 8}
 REPLICATED_WARN_NUMEL = 1 << 20
-OPTIMIZER_SLOTS = {"adamw": 2, "adam": 2, "sgd": 1}  # state tensors per parameter (sgd: momentum only)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,13 +82,24 @@ class Plan:
     memory: Memory
     warnings: tuple[Diagnostic, ...]
     pipeline: Optional[PipelinePlan] = None
+    rules: Rules = Rules({}, {})  # the sharding rules as resolved (logical axis -> mesh axes)
 
     @property
     def param_count(self) -> int:
         return self.graph.param_count
 
+    @functools.cached_property
+    def _by_name(self) -> dict[str, ParamPlan]:
+        return {p.name: p for p in self.params + self.buffers}
+
     def param(self, name: str) -> ParamPlan:
-        return next(p for p in self.params + self.buffers if p.name == name)
+        return self._by_name[name]
+
+    def rule(self, logical: Optional[str]) -> tuple[str, ...]:
+        """The mesh axes the rules assign to a logical axis (as written; the built-in defaults apply)."""
+        if logical is None:
+            return ()
+        return self.rules.table.get(logical, DEFAULT_RULES.get(logical, ()))
 
 
 def make_plan(spec: Spec, doc: Document, graph: Graph, mesh_choice: Optional[str] = None,
@@ -145,10 +158,8 @@ def make_plan(spec: Spec, doc: Document, graph: Graph, mesh_choice: Optional[str
 
     # A device holds the parameters of the stages on its pipe rank; report the fullest rank. The cost model
     # owns the formulas (fp32 master weights, ZeRO sharding of optimizer state and gradients).
-    from .costs import state_memory
-
     plan = Plan(spec, graph, mesh, tuple(params), tuple(buffers), tuple(inputs), baxes, dp, micro,
-                Memory(0, 0, 0, 0), tuple(warnings), pipeline)
+                Memory(0, 0, 0, 0), tuple(warnings), pipeline, rules)
     st = state_memory(plan)
     return dataclasses.replace(plan, memory=Memory(params=st.params, grads=st.grads, optimizer=st.optimizer,
                                                    buffers=st.buffers))
@@ -181,13 +192,15 @@ def _check_experts(graph: Graph, doc: Document, mesh: Mesh, layouts, diags) -> s
         copies = [(f"{top.name}.{i}.", n) for i in range(top.count) for n in top.layers] if isinstance(
             top, RepeatNode) else [("", top)]
         for prefix, node in copies:
-            if node.op != "moe":
+            experts = OPS[node.op].expert_dims  # parameter -> its expert dimension
+            if not experts:
                 continue
-            name = f"{prefix}{node.name}.experts.fc.weight"
-            axes = layouts[name].spec[0]
+            local = next(iter(experts))
+            name = f"{prefix}{node.name}.{local}"
+            axes = layouts[name].spec[experts[local]]
             deg = mesh.degree(axes)
             if deg > 1 and node.attrs["experts"] % deg:
-                skip |= {n for n in layouts if n.startswith(f"{prefix}{node.name}.experts.")}
+                skip |= {f"{prefix}{node.name}.{k}" for k in experts}
                 if node.path in reported:
                     continue
                 reported.add(node.path)
@@ -255,51 +268,3 @@ def _warnings(graph, spec, doc, mesh, rules, params, baxes) -> list[Diagnostic]:
             out.append(Diagnostic("W002", f"the rule for `{logical}` matches no parameter or input axis",
                                   doc.pos(path, key=True), help=did_you_mean(logical, sorted(used))))
     return out
-
-
-def plan_to_json(plan: Plan, costs: Any = None) -> dict[str, Any]:
-    """Everything `plan --format json` prints (documented in docs/plan-json.md; "costs" in
-    docs/cost-model.md). `costs`: a `costs.Costs` (e.g. with a hardware profile); estimated when None."""
-    from .costs import costs_to_json, estimate
-
-    def pspec(s):
-        return [list(d) if d else None for d in s]
-
-    tr = plan.spec.training
-    return {
-        "format": 1,
-        "name": plan.spec.name,
-        "mesh": {"name": plan.mesh.name, "axes": {a: plan.mesh.sizes[a] for a in plan.mesh.axes},
-                 "devices": plan.mesh.devices},
-        "batch": {"global": tr.batch_size, "grad_accum": tr.grad_accum, "micro_batch": plan.micro_batch,
-                  "axes": list(plan.batch_axes), "data_parallel": plan.dp_degree,
-                  "per_device": plan.micro_batch // plan.dp_degree},
-        "inputs": [
-            {"name": i.input.name, "shape": ["batch", *i.input.type.shape], "dtype": i.input.type.dtype,
-             "layout": pspec(i.spec), "local_batch": i.local_batch}
-            for i in plan.inputs
-        ],
-        "params": [
-            {"name": p.name, "shape": list(p.param.shape), "axes": list(p.param.axes), "layout": pspec(p.spec),
-             "local_shape": list(p.local_shape), "dtype": p.dtype, "bytes": p.bytes, "local_bytes": p.local_bytes,
-             "stage": p.stage, "buffer": not p.param.trainable}
-            for p in plan.params + plan.buffers
-        ],
-        "totals": {
-            "param_count": plan.param_count,
-            "param_bytes": sum(p.bytes for p in plan.params),
-            "per_device": {"params": plan.memory.params, "grads": plan.memory.grads,
-                           "optimizer": plan.memory.optimizer, "buffers": plan.memory.buffers,
-                           "total": plan.memory.total},
-            "flops_per_sample_forward": plan.graph.flops_per_sample,
-        },
-        "pipeline": None if plan.pipeline is None else {
-            "pipe": plan.pipeline.pipe, "virtual_stages": plan.pipeline.virtual,
-            "microbatches": plan.pipeline.microbatches, "schedule": plan.pipeline.schedule,
-            "bubble_fraction": plan.pipeline.bubble,
-            "stages": [{"index": s.index, "rank": s.rank, "layers": list(s.units), "params": s.params,
-                        "flops_per_sample_forward": s.flops} for s in plan.pipeline.stages],
-        },
-        "diagnostics": [d.to_json() for d in plan.warnings],
-        "costs": costs_to_json(costs if costs is not None else estimate(plan)),
-    }

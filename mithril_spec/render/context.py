@@ -1,8 +1,8 @@
 """Plan -> the template context: plain, JSON-able data that the Jinja templates of every target read.
 
 Everything the generated program needs is decided here (names, layouts, hyper-parameters), so templates
-only arrange it. The context is documented by example in docs/render-context.md
-(`mithril-spec build ... --emit-context` prints it).
+only arrange it. Each target adds its own entries (render/jax_target.py, render/torch_target.py); what the
+programs do with them is docs/program.md.
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from typing import Any
 
 from .. import __version__
 from ..graph import Node, RepeatNode
+from ..ops import OPS
 from ..planner.plan import Plan
-from ..planner.targets import linear_style, tensor_dims
+from ..targets.base import linear_style, tensor_dims
 
 # Local variable names the templates use themselves; tensor variables that would shadow them get a `_`.
 RESERVED = {
@@ -81,9 +82,6 @@ def _layer(node: Node | RepeatNode) -> dict[str, Any]:
     }
 
 
-TRANSPOSED_OPS = ("linear", "attention", "mlp")  # their 2-D weights are [in, out]; nn.Linear stores [out, in]
-
-
 def _tp_styles(plan: Plan, prefix: str, node: Node) -> dict[str, str]:
     """Tensor-parallel style per sub-module of a layer: colwise / rowwise (PyTorch's parallelize_module)."""
     out = {}
@@ -92,7 +90,7 @@ def _tp_styles(plan: Plan, prefix: str, node: Node) -> dict[str, str]:
             continue
         module = p.name[: -len(".weight")] if "." in p.name else ""
         full = f"{prefix}{node.name}.{p.name}"
-        if node.op == "embedding":
+        if OPS[node.op].tieable:  # an embedding table [vocab, dim]: vocab split is row-wise in torch
             dims = tensor_dims(plan, full)
             style = "rowwise" if dims == (0,) else "colwise" if dims == (1,) else "replicate"
         else:

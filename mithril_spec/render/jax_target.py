@@ -78,7 +78,7 @@ def _moe(layer: dict[str, Any], plan: Plan, prefix: str) -> None:
 
 
 def _pipeline(plan: Plan, layers: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The pipeline of a build with more than one stage (planner/targets.py rejects what this cannot run:
+    """The pipeline of a build with more than one stage (targets/jax.py rejects what this cannot run:
     it pipelines the one repeated block that the planner split evenly over the stages)."""
     pp = plan.pipeline
     if pp is None or pp.pipe <= 1:

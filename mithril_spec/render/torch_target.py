@@ -22,7 +22,8 @@ from typing import Any
 
 from ..graph import Node, RepeatNode
 from ..planner.plan import Plan
-from ..planner.targets import pipeline_flow, torch_sequence_parallel
+from ..targets.torch import pipeline_flow
+from ..targets.torch import sequence_parallel as torch_sequence_parallel
 from .context import rename_vars
 
 # Names the generated forward methods use besides tensor variables.

@@ -6,6 +6,7 @@ from typing import Annotated, Literal, Optional
 
 from pydantic import Field, PositiveInt, StrictInt
 
+from ..targets import TARGET_NAMES
 from .common import Ident, Strict
 from .data import Data, Synthetic
 from .hardware import Hardware
@@ -20,8 +21,8 @@ class Spec(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100)
     extends: Optional[str] = Field(None, description="base spec merged under this one (relative path)")
     description: Optional[str] = None
-    targets: list[Literal["jax", "torch"]] = Field(
-        default_factory=lambda: ["jax", "torch"], min_length=1, description="targets this spec is built for"
+    targets: list[Literal[TARGET_NAMES]] = Field(  # type: ignore[valid-type]
+        default_factory=lambda: list(TARGET_NAMES), min_length=1, description="targets this spec is built for"
     )
     dims: dict[Ident, Annotated[StrictInt, Field(ge=1)]] = Field(default_factory=dict, description="named sizes")
     model: Model

@@ -1,0 +1,58 @@
+"""Predicted step time: compute at the profile's efficiency, blocking and exposed communication, the
+pipeline bubble and the memory-bound optimizer update."""
+
+from __future__ import annotations
+
+from ..hardware import Hardware, link
+from ..plan import Plan
+from .collectives import ring_time, pipeline_bubble
+from .results import CostOptions, Costs, StepTime
+
+
+def _comm(colls, plan: Plan, hw: Hardware) -> tuple[list[float], list[str], float, float]:
+    times, links = [], []
+    blocking = overlapped = 0.0
+    for c in colls:
+        bw, lat, name = link(plan.mesh, c.axes, hw)
+        t = c.count * ring_time(c.kind, c.bytes, c.group, bw, lat)
+        times.append(t)
+        links.append(name)
+        if c.blocking:
+            blocking += t
+        else:
+            overlapped += t
+    return times, links, blocking, overlapped
+
+
+def step_time(costs: Costs, plan: Plan, hw: Hardware, options: CostOptions) -> StepTime:
+    """Per pipe rank: compute + blocking communication + the data-parallel communication compute does not
+    hide; the slowest rank sets the pace, stretched by the pipeline bubble; then the optimizer update."""
+    tr = plan.spec.training
+    eff = options.efficiency or hw.efficiency
+    peak = hw.peak_flops(tr.precision.compute)
+    worst = None
+    for st in costs.stages:
+        compute = st.flops_per_device / (peak * eff)
+        _, _, blocking, overlapped = _comm(st.collectives, plan, hw)
+        exposed = max(0.0, overlapped - compute) if options.overlap else overlapped
+        busy = compute + blocking + exposed
+        if worst is None or busy > worst[0]:
+            worst = (busy, compute, blocking, overlapped, exposed)
+    assert worst is not None
+    busy, compute, blocking, overlapped, exposed = worst
+    times, links, _, _ = _comm(costs.collectives, plan, hw)
+    st = costs.worst.states
+    optimizer = (st.params + st.grads + 2 * st.optimizer + st.params) / hw.hbm_bytes_per_s
+    pl = plan.pipeline
+    bubble = pipeline_bubble(plan.mesh.sizes.get("pipe", 1), pl.microbatches, pl.virtual) if pl else 0.0
+    step = busy / (1 - bubble) + optimizer
+    devices = plan.mesh.devices
+    mfu = costs.flops.model / (step * devices * peak) if step > 0 else 0.0
+    hfu = (costs.flops.model + costs.flops.recompute) / (step * devices * peak) if step > 0 else 0.0
+    tokens = None
+    for i in plan.graph.inputs:
+        if i.type.is_int and len(i.type.shape) == 1:
+            tokens = tr.batch_size * i.type.shape[0] / step
+            break
+    return StepTime(hw.name, peak, eff, compute, blocking, overlapped, exposed, optimizer, bubble, step, mfu, hfu,
+                    tr.batch_size / step, tokens, tuple(times), tuple(links))

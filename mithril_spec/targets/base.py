@@ -1,0 +1,149 @@
+"""What a target is: its capabilities, declared once, and the checks that turn a plan it cannot run into
+E049 diagnostics at validate time (never a crash, never a silent difference inside the generated program).
+
+This module and the target entries import nothing from the planner or the renderer at module level, so
+the spec language (`spec/root.py`) can take its `targets` values from the registry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any, ClassVar, Optional
+
+from ..diagnostics import Diagnostic
+from ..ops import OPS
+
+if TYPE_CHECKING:
+    from ..planner.plan import Plan
+    from ..source import Document
+
+MESH_AXES = ("pipe", "data", "fsdp", "expert", "tensor")  # canonical order (spec/sharding.py)
+
+
+@dataclasses.dataclass(frozen=True)
+class Capabilities:
+    """What a target can express. Everything here is checked against the plan by `Target.check` and listed
+    in the capability table of docs/targets.md (generated)."""
+
+    mesh_axes: tuple[str, ...]  # mesh axes it can split over
+    zero_stages: tuple[int, ...]  # training.zero values (the fsdp axis is ZeRO-3 in every target)
+    master_weights: bool  # fp32 master copy of 16-bit parameters
+    pipeline_schedules: tuple[str, ...]
+    explicit_stages: bool  # `stage:` fields (otherwise the planner's even split of one repeated block)
+    zero_with_pipeline: bool
+    compute_dtypes: tuple[str, ...]
+    param_dtypes: tuple[str, ...]
+    # (params dtype, compute dtype) pairs it cannot run, with the reason
+    dtype_limits: tuple[tuple[str, str, str], ...] = ()
+    # batch statistics (batch_norm) reduced over the data-parallel ranks
+    global_batch_statistics: bool = True
+    ops: Optional[frozenset[str]] = None  # operators it renders; None: every registered operator
+    launchers: tuple[str, ...] = ()
+
+
+def layout_text(spec) -> str:
+    return "[" + ", ".join(",".join(d) if d else "-" for d in spec) + "]"
+
+
+def scopes(plan: Plan):
+    """(prefix of the first copy, nodes) for the top level and each repeated block (first copy suffices)."""
+    yield "", list(plan.graph.layers)
+    for n in plan.graph.layers:
+        if n.is_repeat:
+            yield f"{n.name}.0.", list(n.layers)
+
+
+def tensor_dims(plan: Plan, name: str) -> tuple[int, ...]:
+    """The dimensions of parameter `name` that are split over the tensor axis."""
+    p = plan.param(name)
+    return tuple(i for i, d in enumerate(p.spec) if "tensor" in d)
+
+
+def linear_style(plan: Plan, weight: str) -> str:
+    """colwise (output features split), rowwise (input features split) or replicate, for [in, out] weights."""
+    dims = tensor_dims(plan, weight)
+    return "colwise" if dims == (1,) else "rowwise" if dims == (0,) else "replicate" if not dims else "both"
+
+
+class Target:
+    """One target. Subclasses set the class attributes and add their own checks in `check_more`."""
+
+    name: ClassVar[str]
+    title: ClassVar[str]  # for people: "JAX", "PyTorch"
+    capabilities: ClassVar[Capabilities]
+    # (template, output file) rendered by `mithril-spec build`; plan.json is added to every build
+    files: ClassVar[tuple[tuple[str, str], ...]]
+    adapter: ClassVar[str]  # the module under mithril_spec/render/ that builds its render context
+    imports: ClassVar[str]  # what its programs import besides the standard library
+
+    def check(self, plan: Plan, doc: Document) -> list[Diagnostic]:
+        """E049 for everything in `plan` this target cannot run."""
+        out: list[Diagnostic] = []
+        cap = self.capabilities
+
+        def refuse(path: Any, what: str, help: str, pos=None) -> None:
+            out.append(Diagnostic("E049", f"the {self.name} target does not support {what}",
+                                  pos or doc.pos(path), help=help))
+
+        for axis in plan.mesh.axes:
+            if axis not in cap.mesh_axes and plan.mesh.sizes.get(axis, 1) > 1:
+                refuse(None, f"the `{axis}` mesh axis", f"supported axes: {', '.join(cap.mesh_axes)}",
+                       pos=doc.pos(plan.mesh.source))
+        tr = plan.spec.training
+        if tr.zero not in cap.zero_stages:
+            refuse(("training", "zero"), f"`training.zero: {tr.zero}`",
+                   "use an fsdp mesh axis (ZeRO-3), which every target implements" if cap.zero_stages == (0,)
+                   else f"supported: {', '.join(map(str, cap.zero_stages))}")
+        pr = tr.precision
+        if getattr(pr, "master_weights", False) and not cap.master_weights:
+            refuse(("training", "precision", "master_weights"), "`precision.master_weights`",
+                   "keep parameters in float32 (`precision.params: float32`)")
+        if pr.compute not in cap.compute_dtypes:
+            refuse(("training", "precision", "compute"), f"computing in {pr.compute}",
+                   f"supported compute dtypes: {', '.join(cap.compute_dtypes)}")
+        if pr.params not in cap.param_dtypes:
+            refuse(("training", "precision", "params"), f"{pr.params} parameters",
+                   f"supported parameter dtypes: {', '.join(cap.param_dtypes)}")
+        for params, compute, help in cap.dtype_limits:
+            if pr.params == params and pr.compute == compute:
+                refuse(("training", "precision", "compute"), f"computing in {compute} with {params} parameters",
+                       help)
+        if cap.ops is not None:
+            for _, nodes in scopes(plan):
+                for node in nodes:
+                    if not node.is_repeat and node.op not in cap.ops:
+                        refuse(node.path + ("op",), f"the `{node.op}` operator",
+                               f"operators it renders: {', '.join(sorted(cap.ops))}")
+        if not cap.global_batch_statistics and plan.dp_degree > 1:
+            for _, nodes in scopes(plan):
+                for node in nodes:
+                    if not node.is_repeat and OPS[node.op].batch_statistics:
+                        out.append(Diagnostic(
+                            "E049", f"`{node.name}`: {node.op} under data parallelism would use per-rank "
+                            f"statistics in the {self.name} target, not the global batch's",
+                            doc.pos(node.path + ("name",)),
+                            help="use layer_norm or rms_norm, or a single data shard"))
+        pp = plan.pipeline
+        if pp is not None and len(pp.stages) > 1:
+            if pp.schedule not in cap.pipeline_schedules:
+                refuse(("pipeline", "schedule"), f"the `{pp.schedule}` pipeline schedule",
+                       f"supported schedules: {', '.join(cap.pipeline_schedules)}")
+            if tr.zero and not cap.zero_with_pipeline:
+                refuse(("training", "zero"), f"`training.zero: {tr.zero}` with a pipeline",
+                       "shard over `fsdp` instead (ZeRO-3), which the pipeline supports")
+            for _, nodes in scopes(plan):
+                for node in nodes:
+                    why = None if node.is_repeat else OPS[node.op].pipeline_limit(node.attrs)
+                    if why:
+                        out.append(Diagnostic(
+                            "E049", f"`{node.name}`: the {self.name} target does not support {why} in a "
+                            "pipelined model yet", doc.pos(node.path + self.pipeline_limit_field),
+                            help="drop the `pipe` mesh axis, or change the layer"))
+        out += self.check_more(plan, doc)
+        return out
+
+    # where the per-layer pipeline diagnostics point (within the layer)
+    pipeline_limit_field: ClassVar[tuple[str, ...]] = ("name",)
+
+    def check_more(self, plan: Plan, doc: Document) -> list[Diagnostic]:
+        return []

@@ -1,0 +1,78 @@
+"""The JAX target (templates/jax): jit with NamedSharding over every mesh axis, optax, orbax checkpoints,
+and a shard_map pipeline of one repeated block split evenly over `pipe`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..diagnostics import Diagnostic
+from .base import MESH_AXES, Capabilities, Target
+
+if TYPE_CHECKING:
+    from ..planner.plan import Plan
+    from ..source import Document
+
+
+class JaxTarget(Target):
+    name = "jax"
+    title = "JAX"
+    capabilities = Capabilities(
+        mesh_axes=MESH_AXES,
+        zero_stages=(0, 1, 2),
+        master_weights=True,
+        pipeline_schedules=("gpipe", "1f1b", "interleaved"),
+        explicit_stages=False,
+        zero_with_pipeline=False,
+        compute_dtypes=("float32", "bfloat16", "float16"),
+        param_dtypes=("float32", "bfloat16", "float16"),
+        launchers=("launch.sh (jax.distributed, one process per host)",),
+    )
+    files = (("jax/train.py.j2", "train.py"), ("jax/launch.sh.j2", "launch.sh"), ("jax/README.md.j2", "README.md"))
+    adapter = "jax_target"
+    imports = "numpy, jax, optax, orbax-checkpoint"
+    pipeline_limit_field = ("op",)
+
+    def check_more(self, plan: Plan, doc: Document) -> list[Diagnostic]:
+        pp = plan.pipeline
+        if pp is None or pp.pipe <= 1:
+            return []
+        return _pipeline(plan, doc)
+
+
+def _pipeline(plan: Plan, doc: Document) -> list[Diagnostic]:
+    """The jax target pipelines one repeated block, split evenly over the stages (the planner's automatic
+    split; templates/jax/train.py.j2 "Pipeline"). The layers before and after it run outside the pipeline
+    on every pipe rank, so they may not read what the other side computes."""
+    out: list[Diagnostic] = []
+    pp = plan.pipeline
+
+    def err(path, msg, help):
+        out.append(Diagnostic("E049", msg, doc.pos(path), help=help))
+
+    if not pp.repeat_split:
+        first = next((n for n in plan.graph.layers if n.stage is not None), plan.graph.layers[0])
+        err(first.path + ("stage",), "the jax target pipelines one repeated block split evenly over the stages; "
+            "it does not support explicit `stage:` fields yet",
+            help="remove the `stage:` fields: the planner then splits the repeated block evenly")
+        return out
+    (name,) = pp.repeat_split
+    at = next(i for i, n in enumerate(plan.graph.layers) if n.name == name)
+    rep = plan.graph.layers[at]
+    if len(rep.inputs) != 1:
+        err(rep.path + ("name",), f"`{name}`: the jax target pipelines a repeated block with one input",
+            help="give the block one input (block_input)")
+    # the layers after the block run in the last stage (1f1b) or after the pipeline: they see the block's
+    # output, later layers and the model inputs, never the layers before the block
+    before = {n.name for n in plan.graph.layers[:at]}
+    for n in plan.graph.layers[at + 1:]:
+        bad = [i for i in n.inputs if i in before]
+        if bad:
+            err(n.path + ("name",), f"`{n.name}` reads `{bad[0]}` from before the pipelined block `{name}`: the jax "
+                "target runs the layers after the block apart from those before it",
+                help="let the layers after the block read only its output, later layers and the model inputs")
+    loss = plan.graph.loss
+    for role, t in (("prediction", loss.prediction), ("targets", loss.targets)):
+        if t in before:
+            err(("model", "loss"), f"the loss reads `{t}` ({role}) from before the pipelined block `{name}`",
+                help="compute the loss from the layers after the block or the model inputs")
+    return out

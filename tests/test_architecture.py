@@ -1,0 +1,134 @@
+"""Structural rules of the compiler (the architecture issue): an operator's knowledge lives in its `ops/`
+file, so no other module compares operator names; and the modules of `mithril_spec` import each other
+without cycles (the spec language at the bottom, the CLI at the top)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from mithril_spec.ops import LOSSES, OPS
+from mithril_spec.targets import TARGET_NAMES, TARGETS
+
+PKG = Path(__file__).resolve().parent.parent / "mithril_spec"
+NAMES = set(OPS) | set(LOSSES)
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(PKG.rglob("*.py")):
+        rel = path.relative_to(PKG.parent).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def _op_names_in(node: ast.AST) -> list[str]:
+    """Operator names written as string constants in `node` (a comparison operand or a literal container)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in NAMES:
+        return [node.value]
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return [n for e in node.elts for n in _op_names_in(e)]
+    return []
+
+
+def op_name_uses(tree: ast.AST) -> list[tuple[int, str]]:
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            for operand in (node.left, *node.comparators):
+                found += [(node.lineno, n) for n in _op_names_in(operand)]
+        elif isinstance(node, ast.Dict):  # tables keyed by operator (what each op handles, etc.)
+            found += [(node.lineno, n) for k in node.keys if k is not None for n in _op_names_in(k)]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+            found += [(node.lineno, n) for a in node.args[:1] for n in _op_names_in(a)]
+    return found
+
+
+def test_the_checker_finds_op_name_comparisons():
+    code = 'if node.op == "attention": pass\nif op in ("relu", "gelu"): pass\nT = {"linear": 1}\nd.get("mlp")\n'
+    assert [n for _, n in op_name_uses(ast.parse(code))] == ["attention", "relu", "gelu", "linear", "mlp"]
+    assert op_name_uses(ast.parse('if x == "weight": pass\nOPS[node.op].elementwise\n')) == []
+
+
+def test_no_operator_name_comparisons_outside_ops():
+    offenders = []
+    for name, path in _modules().items():
+        if name.startswith("mithril_spec.ops"):
+            continue
+        for line, op in op_name_uses(ast.parse(path.read_text(), str(path))):
+            offenders.append(f"{path.relative_to(PKG.parent)}:{line}: `{op}`")
+    assert not offenders, "operator names compared outside mithril_spec/ops:\n" + "\n".join(offenders)
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """Modules of the package that `name` imports when it runs (not those imported for type checking)."""
+    tree = ast.parse(path.read_text(), str(path))
+    is_pkg = path.name == "__init__.py"
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip.update(id(n) for child in node.body for n in ast.walk(child))
+    out = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name in modules)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".") if is_pkg else name.split(".")[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            if mod in modules:
+                out.add(mod)
+            for a in node.names:  # `from . import codes`
+                if f"{mod}.{a.name}" in modules:
+                    out.add(f"{mod}.{a.name}")
+    # importing a module runs its packages' __init__ first
+    for mod in list(out):
+        parts = mod.split(".")
+        out.update(".".join(parts[:i]) for i in range(2, len(parts)) if ".".join(parts[:i]) in modules)
+    out.discard(name)
+    return out
+
+
+def test_no_import_cycles():
+    modules = _modules()
+    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
+    # a package's own __init__ importing its submodules is how packages work, not a cycle
+    for name in graph:
+        graph[name] = {m for m in graph[name] if not name.startswith(m + ".")}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(n: str) -> None:
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(graph[n]):
+            if state.get(m) == 1:
+                cycles.append(stack[stack.index(m):] + [m])
+            elif m not in state:
+                visit(m)
+        stack.pop()
+        state[n] = 2
+
+    for n in sorted(graph):
+        if n not in state:
+            visit(n)
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_target_names_come_from_the_registry():
+    from mithril_spec.schema import schema_text
+    from mithril_spec.spec.root import Spec
+
+    assert TARGET_NAMES == tuple(TARGETS) and set(TARGET_NAMES) >= {"jax", "torch"}
+    items = Spec.model_json_schema()["properties"]["targets"]["items"]
+    assert sorted(items["enum"]) == sorted(TARGET_NAMES)
+    assert all(f'"{t}"' in schema_text() for t in TARGET_NAMES)
