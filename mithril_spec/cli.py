@@ -1,24 +1,42 @@
 """The `mithril-spec` command line: validate, plan, build, schema, explain.
 
-Exit codes: 0 success, 1 invalid spec (or warnings under --strict), 2 usage error, 3 internal error.
+Exit codes: 0 success, 1 invalid spec (or warnings under --strict), 2 usage error, 3 internal error; 141 when
+the reader of the output goes away (`| head`), quietly, like a Unix tool ended by SIGPIPE.
+
+Each spec file is loaded, validated and resolved once per call, and planned once per mesh (`_Spec`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
+import io
 import json
 import os
 import sys
+import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 from . import codes
-from .diagnostics import Diagnostic, DiagnosticError, render_github, render_json, render_text, sort_key
-from .frontend import SPEC_SUFFIXES, Compiled, compile_document
+from .codes import Example
+from .diagnostics import (
+    Diagnostic,
+    DiagnosticError,
+    Label,
+    escape,
+    render_github,
+    render_json,
+    render_text,
+    sort_key,
+)
+from .frontend import SPEC_SUFFIXES, Compiled
 from .planner.mesh import UsageError
 from .targets import TARGET_NAMES
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+EXIT_PIPE = 128 + 13  # as a process ended by SIGPIPE
 
 
 class _Parser(argparse.ArgumentParser):
@@ -66,8 +84,12 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("-o", "--output", required=True, metavar="DIR")
     common(b, ("text", "json", "github"))
 
-    s = sub.add_parser("schema", help="write the JSON Schema of the spec language")
-    s.add_argument("-o", "--output", default="schemas/mithril-spec.schema.json", help="path, or - for stdout")
+    s = sub.add_parser("schema", help="write the JSON Schema of the spec language (or, with --plan, of "
+                       "`plan --format json`)")
+    s.add_argument("--plan", action="store_true",
+                   help="the schema of `plan --format json` (default output schemas/plan.schema.json)")
+    s.add_argument("-o", "--output", default=None,
+                   help="path, or - for stdout (default schemas/mithril-spec.schema.json)")
     s.add_argument("--check", action="store_true", help="exit 1 if the file differs from the current schema")
 
     e = sub.add_parser("explain", help="explain a diagnostic code")
@@ -75,18 +97,46 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        rc = _main(argv)
+        sys.stdout.flush()  # a closed pipe shows up here, not at interpreter exit
+        return rc
+    except BrokenPipeError:
+        return _broken_pipe()
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
     try:
         return _COMMANDS[args.command](args)
     except UsageError as e:
-        print(f"mithril-spec: error: {e}", file=sys.stderr)
+        print(f"mithril-spec: error: {escape(str(e))}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
-    except Exception as e:  # a bug in mithril-spec, not in the user's spec: say so in one line
-        print(f"mithril-spec: internal error: {type(e).__name__}: {e} (please report this)", file=sys.stderr)
+    except BrokenPipeError:
+        raise
+    except Exception as e:  # noqa: BLE001 (a bug in mithril-spec, not in the user's spec: say so in one line)
+        print(f"mithril-spec: internal error: {type(e).__name__}: {escape(str(e))} (please report this)", file=sys.stderr)
         return EXIT_INTERNAL
+
+
+def _broken_pipe() -> int:
+    """The reader of the output went away (`mithril-spec explain | head -2`): stop quietly. Whatever is still
+    buffered for stdout goes to /dev/null, so that the interpreter's last flush does not fail either (the
+    standard recipe; SIGPIPE itself stays ignored, so that `main` can run inside other programs)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return EXIT_PIPE
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
+    except OSError:
+        pass
+    return EXIT_PIPE
 
 
 # ---------------------------------------------------------------- helpers
@@ -125,25 +175,105 @@ def _read(path: Path):
         raise UsageError(f"{path}: cannot read as UTF-8 text ({e})")
 
 
-def _compile(path: Path, mesh: Optional[str], devices: Optional[int]) -> tuple[Optional[Compiled], list, dict]:
-    """Compiles one spec; returns (result or None, diagnostics, sources)."""
-    if not path.is_file():
-        raise UsageError(f"{path}: no such file")
-    if path.suffix.lower() not in SPEC_SUFFIXES:
-        raise UsageError(f"{path}: not a spec file (expected {', '.join(SPEC_SUFFIXES)})")
-    try:
-        doc = _read(path)
-    except DiagnosticError as e:
-        sources = {str(path): path.read_text(encoding="utf-8", errors="replace")}
-        for d in e.diagnostics:  # an error inside a base spec reached through `extends`
-            if d.pos and d.pos.file not in sources and Path(d.pos.file).is_file():
-                sources[d.pos.file] = Path(d.pos.file).read_text(encoding="utf-8", errors="replace")
-        return None, e.diagnostics, sources
-    try:
-        c = compile_document(doc, mesh, devices)
-    except DiagnosticError as e:
-        return None, e.diagnostics, doc.sources
-    return c, list(c.plan.warnings), doc.sources
+class _Spec:
+    """One spec file, loaded (with `extends`), validated and resolved once per command, and planned once per
+    mesh. Every diagnostic it hands out has its structured fields filled in (`finish`)."""
+
+    def __init__(self, path: Path, devices: int | None):
+        from .graph import resolve
+        from .validate import validate
+
+        if not path.is_file():
+            raise UsageError(f"{path}: no such file")
+        if path.suffix.lower() not in SPEC_SUFFIXES:
+            raise UsageError(f"{path}: not a spec file (expected {', '.join(SPEC_SUFFIXES)})")
+        self.path, self.devices = path, devices
+        self.doc = self.spec = self.graph = None
+        self.diags: list[Diagnostic] = []  # of loading, validation and resolution
+        self._plans: dict[str | None, tuple[Compiled | None, list[Diagnostic]]] = {}
+        try:
+            self.doc = _read(path)
+        except DiagnosticError as e:
+            self.sources = {str(path): path.read_text(encoding="utf-8", errors="replace")}
+            for d in e.diagnostics:  # an error inside a base spec reached through `extends`
+                for where in [d.pos] + [lab.pos for lab in d.labels]:
+                    if where and where.file not in self.sources and Path(where.file).is_file():
+                        self.sources[where.file] = Path(where.file).read_text(encoding="utf-8", errors="replace")
+            self.diags = self.finish(e.diagnostics)
+            return
+        self.sources = dict(self.doc.sources)
+        try:
+            self.spec = validate(self.doc)
+            self.graph = resolve(self.spec, self.doc)
+        except DiagnosticError as e:
+            self.diags = self.finish(e.diagnostics)
+
+    def compiled(self, mesh: str | None) -> tuple[Compiled | None, list[Diagnostic]]:
+        """The plan for `mesh` (None: the spec's default) as a `Compiled`, or None when it failed; and its
+        diagnostics (the planner's warnings, or the errors that stopped it, or those of an earlier stage)."""
+        from .planner.plan import make_plan
+
+        if self.graph is None:
+            return None, list(self.diags)
+        if mesh not in self._plans:
+            try:
+                plan = make_plan(self.spec, self.doc, self.graph, mesh, self.devices)
+            except DiagnosticError as e:
+                self._plans[mesh] = (None, self.finish(e.diagnostics))
+            else:
+                self._plans[mesh] = (Compiled(self.doc, self.spec, self.graph, plan), self.finish(plan.warnings))
+        c, diags = self._plans[mesh]
+        return c, list(diags)
+
+    def finish(self, diags) -> list[Diagnostic]:
+        """Fills in what a stage does not know: the path of the node a diagnostic points at, the spec that
+        reached a base file through `extends` (with a label on that `extends`), and the base spec's value
+        that the pointed-at value replaced."""
+        out = []
+        for d in diags:
+            changes: dict = {}
+            labels = list(d.labels)
+            if d.path is None and d.pos is not None and self.doc is not None:
+                path = self.doc.path_at(d.pos)
+                if path is not None:
+                    changes["path"] = path
+            path = changes.get("path", d.path)
+            if d.pos is not None and d.pos.file != str(self.path):
+                if d.spec is None:
+                    changes["spec"] = str(self.path)
+                ext = self._extends_pos()
+                if ext is not None:
+                    labels.append(Label(ext, "the base spec is extended here"))
+            if self.doc is not None and path is not None and d.pos is not None:
+                base = self.doc.overridden.get(path)
+                if base is not None and base != d.pos:
+                    labels.append(Label(base, "the value it replaces in the base spec"))
+            if len(labels) != len(d.labels):
+                changes["labels"] = tuple(labels)
+            out.append(dataclasses.replace(d, **changes) if changes else d)
+        return out
+
+    def _extends_pos(self):
+        """Where this spec's own `extends:` value stands, if it has one."""
+        if self.doc is not None:
+            pos = self.doc.values.get(("extends",))
+            return pos if pos is not None and pos.file == str(self.path) else None
+        from .source import load_file
+
+        try:
+            doc = load_file(self.path)
+        except (DiagnosticError, OSError, ValueError):
+            return None
+        if isinstance(doc.data, dict) and "extends" in doc.data:
+            return doc.pos(("extends",))
+        return None
+
+
+def _compile(path: Path, mesh: str | None, devices: int | None) -> tuple[Compiled | None, list, dict]:
+    """Compiles one spec for one mesh; returns (result or None, diagnostics, sources)."""
+    s = _Spec(path, devices)
+    c, diags = s.compiled(mesh)
+    return c, diags, s.sources
 
 
 def _spec_files(paths: list[str]) -> list[Path]:
@@ -172,14 +302,9 @@ def cmd_validate(args) -> int:
     all_diags: list[Diagnostic] = []
     sources: dict[str, str] = {}
     for f in files:
-        c, diags, src = _compile(f, args.mesh, args.devices)
-        sources.update(src)
-        if c is not None:
-            diags += _target_checks(c)
-        if args.mesh is None:
-            diags += _other_meshes(f, c, args.devices)
-        if c is not None and args.hardware:
-            diags += _fit_all(c, args)
+        s = _Spec(f, args.devices)
+        sources.update(s.sources)
+        diags = list(s.diags) if s.graph is None else _check_meshes(s, args)
         all_diags += _dedupe(_strict(diags, args.strict))
     _emit(all_diags, sources, args)
     if args.format == "json" and not all_diags:
@@ -192,28 +317,32 @@ def cmd_validate(args) -> int:
     return EXIT_INVALID if errors else EXIT_OK
 
 
-def _other_meshes(path: Path, c: Optional[Compiled], devices: Optional[int]) -> list[Diagnostic]:
-    """Every named mesh must plan, not only the default one (which may have failed on its own)."""
-    from .validate import validate
+def _check_meshes(s: _Spec, args) -> list[Diagnostic]:
+    """Plans a resolved spec for `--mesh` or, without it, for every named mesh (not only the default one,
+    which may fail on its own): the planner's diagnostics, what the spec's targets refuse (E049) and, with
+    `--hardware`, whether each device's memory suffices (E050). On named meshes each diagnostic says which."""
+    from .planner.auto import fit_diagnostics
+    from .planner.costs import estimate
+    from .planner.hardware import lookup
 
-    if c is not None:
-        doc, spec = c.doc, c.spec
-    else:
-        try:
-            doc = _read(path)
-            spec = validate(doc)
-        except (DiagnosticError, UsageError):
-            return []  # reported by the default mesh's compile already
-    if not spec.meshes or spec.mesh is not None:
-        return []
+    spec = s.spec
+    names = list(spec.meshes or ())
+    every = args.mesh is None and bool(names) and spec.mesh is None
     out: list[Diagnostic] = []
-    for name in list(spec.meshes)[1:]:
+    hw = None
+    if args.hardware:
         try:
-            extra = compile_document(doc, name, devices)
-            more = list(extra.plan.warnings) + _target_checks(extra)
+            hw = lookup(args.hardware, spec, s.doc)  # UsageError, or DiagnosticError for a bad spec profile
         except DiagnosticError as e:
-            more = e.diagnostics
-        out += [Diagnostic(d.code, f"{d.message} (mesh `{name}`)", d.pos, d.help, d.notes, d.severity) for d in more]
+            out += s.finish(e.diagnostics)
+    for choice in [None] + names[1:] if every else [args.mesh]:
+        c, diags = s.compiled(choice)
+        if c is not None:
+            diags += s.finish(_target_checks(c))
+            if hw is not None:
+                diags += s.finish(fit_diagnostics(c.spec, c.doc, c.graph, c.plan, hw, estimate(c.plan, hw)))
+        mesh = names[0] if every and choice is None else choice if choice in names else None
+        out += [dataclasses.replace(d, mesh=mesh) for d in diags] if mesh else diags
     return out
 
 
@@ -228,9 +357,11 @@ def _target_checks(c: Compiled) -> list[Diagnostic]:
 
 
 def _dedupe(diags: list[Diagnostic]) -> list[Diagnostic]:
+    """One diagnostic per problem: the same code, span and message found on several meshes is kept once
+    (the first, on the default mesh)."""
     seen, out = set(), []
     for d in diags:
-        key = (d.code, d.pos, d.message.split(" (mesh `")[0])
+        key = (d.code, d.pos, d.message)
         if key not in seen:
             seen.add(key)
             out.append(d)
@@ -241,28 +372,6 @@ def _hardware(c: Compiled, name: str):
     from .planner.hardware import lookup
 
     return lookup(name, c.spec, c.doc)  # UsageError, or DiagnosticError for a bad spec profile
-
-
-def _fit_all(c: Compiled, args) -> list[Diagnostic]:
-    """E050 for the default mesh (or --mesh) and, without --mesh, every other named mesh (for `validate`)."""
-    from .planner.auto import fit_diagnostics
-    from .planner.costs import estimate
-
-    try:
-        hw = _hardware(c, args.hardware)
-    except DiagnosticError as e:
-        return e.diagnostics
-    out = fit_diagnostics(c.spec, c.doc, c.graph, c.plan, hw, estimate(c.plan, hw),
-                          mesh_label=f" (mesh `{c.plan.mesh.name}`)" if c.spec.meshes else "")
-    if args.mesh is None and c.spec.meshes:
-        for name in list(c.spec.meshes)[1:]:
-            try:
-                extra = compile_document(c.doc, name, args.devices)
-            except DiagnosticError:
-                continue  # reported by the planner already
-            out += fit_diagnostics(c.spec, c.doc, c.graph, extra.plan, hw, estimate(extra.plan, hw),
-                                   mesh_label=f" (mesh `{name}`)")
-    return out
 
 
 def cmd_plan(args) -> int:
@@ -302,7 +411,7 @@ def cmd_plan(args) -> int:
 
 def _write_report(path: Path, c: Compiled, costs) -> None:
     from .atomic import write_atomic
-    from .planner.report import render_report
+    from .render.report import render_report
 
     write_atomic(path, render_report(c.plan, costs))
     print(f"wrote {path}", file=sys.stderr)
@@ -344,9 +453,9 @@ def _plan_auto(args) -> int:
     if args.format == "json":
         sys.stdout.write(json.dumps(res.to_json(max(args.top, 1)), indent=2) + "\n")
         return EXIT_OK if best else EXIT_INVALID
-    out = [f"auto plan for {c.spec.name} on {devices} x {hw.name}: {res.meshes} mesh(es) x 3 remat settings; "
+    out = [(f"auto plan for {c.spec.name} on {devices} x {hw.name}: {res.meshes} mesh(es) x 3 remat settings; "
            f"{len(res.candidates)} valid, {len(res.fitting)} fit in {human_bytes(int(hw.usable_bytes))} usable "
-           f"per device"]
+           f"per device")]
     if best:
         rows = [("rank", "mesh", "remat", "peak/device", "step time", "MFU")]
         for i, cand in enumerate(best, 1):
@@ -397,18 +506,18 @@ def cmd_build(args) -> int:
 
 
 def cmd_schema(args) -> int:
-    from .schema import schema_text
     from .atomic import write_atomic
+    from .schema import plan_schema_text, schema_text
 
-    text = schema_text()
+    text = plan_schema_text() if args.plan else schema_text()
     if args.output == "-":
         sys.stdout.write(text)
         return EXIT_OK
-    out = Path(args.output)
+    out = Path(args.output or ("schemas/plan.schema.json" if args.plan else "schemas/mithril-spec.schema.json"))
     if args.check:
         current = out.read_text(encoding="utf-8") if out.is_file() else None
         if current != text:
-            print(f"{out} is stale: run `mithril-spec schema`", file=sys.stderr)
+            print(f"{out} is stale: run `mithril-spec schema{' --plan' if args.plan else ''}`", file=sys.stderr)
             return EXIT_INVALID
         print(f"{out} is up to date", file=sys.stderr)
         return EXIT_OK
@@ -419,14 +528,62 @@ def cmd_schema(args) -> int:
 
 def cmd_explain(args) -> int:
     if args.code is None:
-        for code, (title, _) in codes.CATALOG.items():
-            print(f"{code}  {title}")
+        for code, entry in codes.CATALOG.items():
+            sys.stdout.write(f"{code}  {entry.title}\n")
         return EXIT_OK
     text = codes.explain(args.code)
     if text is None:
         raise UsageError(f"unknown code {args.code!r}; `mithril-spec explain` lists them")
-    sys.stdout.write(text)
+    sys.stdout.write(text + "\nExample:\n\n" + example_text(args.code.upper()))
     return EXIT_OK
+
+
+# ---------------------------------------------------------------- examples (explain, docs/diagnostics.md)
+
+
+def example_command(ex: Example, fmt: str | None = None) -> str:
+    return " ".join(["mithril-spec", "validate", ex.file, *ex.args, *(["--format", fmt] if fmt else [])])
+
+
+def run_example(ex: Example, fmt: str = "text") -> tuple[int, str]:
+    """Writes the example's files to a temporary directory and validates it there; returns the exit code and
+    the output (stderr for text, stdout for json), with file names relative to that directory."""
+    with tempfile.TemporaryDirectory(prefix="mithril-example-") as tmp:
+        root = Path(tmp)
+        for rel, text in ((ex.file, ex.spec), *ex.files):
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_text(text, encoding="utf-8")
+        out, err = io.StringIO(), io.StringIO()
+        argv = ["validate", str(root / ex.file), *ex.args, "--format", fmt]
+        if fmt == "text":
+            argv += ["--color", "never"]
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = main(argv)
+        text = out.getvalue() if fmt == "json" else err.getvalue()
+        for prefix in (str(root) + os.sep, json.dumps(str(root) + os.sep)[1:-1]):
+            text = text.replace(prefix, "")
+    return rc, text
+
+
+def example_text(code: str, markdown: bool = False) -> str:
+    """The example of a code: its files, the command and what it reports (indented, or fenced markdown)."""
+    ex = codes.CATALOG[code].example
+    out = []
+
+    def block(text: str, lang: str) -> None:
+        lines = text.rstrip("\n").split("\n")
+        if markdown:
+            out.extend([f"```{lang}", *lines, "```"])
+        else:
+            out.extend(("    " + ln).rstrip() for ln in lines)
+
+    for rel, text in ((ex.file, ex.spec), *ex.files):
+        out += [f"`{rel}`:", ""]
+        block(text, "toml" if rel.endswith(".toml") else "yaml")
+        out.append("")
+    _rc, output = run_example(ex)
+    block(f"$ {example_command(ex)}\n{output}", "console")
+    return "\n".join(out) + "\n"
 
 
 _COMMANDS = {"validate": cmd_validate, "plan": cmd_plan, "build": cmd_build, "schema": cmd_schema,

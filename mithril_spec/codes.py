@@ -30,50 +30,79 @@ _TEXTS: dict[str, tuple[str, str]] = {
     # ---- reading the file
     "E001": (
         "YAML syntax error",
-        "The file is not valid YAML. The position points where the parser gave up; the real mistake is "
-        "often just before it (an unclosed bracket or quote, a tab used for indentation, a mis-indented key).",
+        (
+            "The file is not valid YAML. The position points where the parser gave up; the real mistake is "
+            "often just before it (an unclosed bracket or quote, a tab used for indentation, a mis-indented key)."
+        ),
     ),
     "E002": (
         "TOML syntax error",
-        "The file is not valid TOML. Check quoting of strings, `key = value` syntax, and that a table "
-        "header `[section]` is not defined twice.",
+        (
+            "The file is not valid TOML (`tomllib` fails). Check `key = value` syntax, quotes around strings and "
+            "brackets near the position."
+        ),
     ),
     "E003": (
         "duplicate key",
-        "A mapping defines the same key twice. YAML parsers usually keep the last one silently; "
-        "mithril-spec refuses, because one of the two values is a mistake. Remove or rename one.",
+        (
+            "A mapping defines the same key twice (YAML), or a TOML key or table is defined twice. YAML parsers "
+            "usually keep the last one silently; mithril-spec refuses, because one of the two values is a "
+            "mistake. A label points at the first definition. Remove or rename one of the two."
+        ),
     ),
     "E004": (
         "bad `extends`",
-        "`extends:` names a base spec that is merged under this one. The path must be relative, stay inside "
-        "the directory tree of the spec that names it, exist, and not lead back to a spec already being "
-        "extended (no cycles). Merge rules: mappings merge key by key (the extending spec wins), lists and "
-        "scalars are replaced whole, and a key set to null in the extending spec is removed.",
+        (
+            "`extends:` names a base spec that is merged under this one. It must be a non-empty string: a "
+            "relative path to a `.yaml`, `.yml` or `.toml` file that stays inside the directory tree of the spec "
+            "that names it, exists, and does not lead back to a spec already being extended (no cycles; chains at "
+            "most 16 deep). Merge rules: mappings merge key by key (the extending spec wins), lists and scalars "
+            "are replaced whole, and a key set to null in the extending spec is removed. A diagnostic in a base "
+            "spec carries a label on the `extends` that reached it."
+        ),
     ),
     "E005": (
         "document is not a mapping",
-        "A spec is a mapping at the top level (`version: 1`, `name: ...`, `model: ...`, ...).",
+        (
+            "A spec is a mapping at the top level (`version: 1`, `name: ...`, `model: ...`, ...); so is a base "
+            "spec reached through `extends`. The file (or base spec) is a list, a scalar or empty."
+        ),
     ),
     # ---- the spec's structure
     "E010": (
         "unknown key",
-        "The key is not part of the spec language at this place. Typos are never ignored: a misspelt "
-        "`weight_decay` would otherwise silently train without weight decay. See docs/spec.md for the keys "
-        "each section accepts, or `mithril-spec schema` for the JSON Schema.",
+        (
+            "The key is not part of the spec language at this place. Typos are never ignored: a misspelt "
+            "`weight_decay` would otherwise silently train without weight decay. The help suggests the closest "
+            "key or lists the accepted ones; see docs/spec.md for the keys each section accepts, or `mithril-spec "
+            "schema` for the JSON Schema."
+        ),
     ),
     "E011": (
         "missing key",
-        "A required key is absent. The message names it and the section that needs it.",
+        (
+            "A required key is absent (`name`, `model`, `training`, the `op` of a layer, the `targets` of the "
+            "loss, ...). The message names it and the section that needs it, and points at that section. (A "
+            "misspelt key reports only E010 with its did-you-mean, not also E011 for the key it meant.)"
+        ),
     ),
     "E012": (
         "wrong type",
-        "The value has the wrong type (e.g. a string where a number is expected, a list where a mapping is).",
+        (
+            "The value has the wrong type: a string for a number, `2.0` for an integer, `1` for a boolean, a list "
+            "for a mapping. Write the value with the expected type."
+        ),
     ),
     "E013": (
         "invalid value",
-        "The value has the right type but is not allowed here: out of range (steps and batch sizes must be "
-        "positive), not one of the accepted choices, or not a valid identifier for a name (names become "
-        "Python identifiers in the generated program). Mesh axis sizes are E047.",
+        (
+            "The value has the right type but is not allowed here: out of range (`seed: -1`, steps and batch "
+            "sizes must be positive), not one of the accepted choices (`data: {kind: csv}`, a loss `op`), a name "
+            "that is not an identifier or is a Python keyword (names become Python identifiers in the generated "
+            "program), `batch` not first in an input shape, `input` and `inputs` together, a `repeat` inside a "
+            "block. The help lists the accepted values. (A mesh axis size that is not a positive integer is "
+            "E047.)"
+        ),
     ),
     "E014": (
         "unsupported spec version",
@@ -82,20 +111,28 @@ _TEXTS: dict[str, tuple[str, str]] = {
     # ---- the model graph
     "E020": (
         "undefined dim",
-        "A size names a dim that is not defined in `dims`. Define it (`dims: {d: 128}`) or use a number. "
-        "`batch` is the only size that needs no definition: it is the per-step batch.",
+        (
+            "A size names a dim that `dims` does not define. Define it (`dims: {d: 128}`) or write a number. "
+            "`batch` is the only size that needs no definition, and only as the first dimension of a model input: "
+            "it is the per-step batch."
+        ),
     ),
     "E021": (
         "bad size expression",
-        "Sizes are positive integers, dim names, or arithmetic on them (`4*d`, `d/heads`). The expression "
-        "could not be evaluated to a positive integer (a division that leaves a remainder, a negative or "
-        "zero result, or an unsupported operator).",
+        (
+            "Sizes are positive integers, dim names, or arithmetic on them (`4*d`, `d/heads`). The expression "
+            "could not be evaluated to a positive integer (a division that leaves a remainder, a negative or "
+            "zero result, or an unsupported operator)."
+        ),
     ),
     "E022": (
         "undefined tensor",
-        "A layer's `input`/`inputs` (or the loss) refers to a name that is neither a model input, nor an "
-        "earlier layer in the same scope, nor `block_input` inside a block. Layers may only refer to layers "
-        "that come before them.",
+        (
+            "A layer's `input`/`inputs`, the loss's `logits`/`predictions`/`targets`, or `tie` names nothing in "
+            "scope: neither a model input nor an earlier layer of the same list (inside a block only "
+            "`block_input` and the block's layers are in scope; `tie` needs an earlier top-level layer). Layers "
+            "may only refer to layers that come before them. The help suggests the closest name."
+        ),
     ),
     "E023": (
         "undefined block",
@@ -103,136 +140,204 @@ _TEXTS: dict[str, tuple[str, str]] = {
     ),
     "E024": (
         "unknown operator",
-        "`op` is not one of the operators mithril-spec knows. See docs/spec.md for the list.",
+        (
+            "A layer's `op` is not one of the operators mithril-spec knows; the help suggests the closest. See "
+            "the operator reference in docs/spec.md."
+        ),
     ),
     "E025": (
         "duplicate name",
-        "Two layers in one scope (or a layer and a model input) have the same name. Names identify "
-        "outputs and parameters (`blocks.3.attn.q.weight`), so they must be unique.",
+        (
+            "Two layers of one list have the same name (given, or automatic for unnamed layers), or a top-level "
+            "layer has a model input's name. Names identify outputs and parameters (`blocks.3.attn.q.weight`), so "
+            "they must be unique: rename one. A label points at the first definition."
+        ),
     ),
     "E026": (
         "graph cycle",
-        "A layer refers to its own output or to a layer defined after it. Layers form a directed acyclic "
-        "graph in the order they are written.",
+        (
+            "A layer reads its own output or a layer written after it. Layers form a directed acyclic graph in "
+            "the order they are written: move the layer, or read an earlier tensor."
+        ),
     ),
     "E027": (
         "dangling tensor",
-        "A model input or a layer output is never used by any later layer or by the loss. Remove it, or "
-        "wire it in; dead parameters would be trained for nothing and unused inputs loaded for nothing.",
+        (
+            "A model input is never read, a layer output is read by nothing (the last layer of a list and the "
+            "loss's prediction excepted), or a block never reads `block_input`. Remove it, or wire it in with "
+            "`input:`/`inputs:`; dead parameters would be trained for nothing and unused inputs loaded for "
+            "nothing."
+        ),
     ),
     "E028": (
         "shape mismatch",
-        "An operator received a tensor whose shape it cannot accept (e.g. adding [batch, 64, 128] to "
-        "[batch, 64, 256], a linear layer tied to an embedding of another width). Both shapes are shown.",
+        (
+            "An operator gets a shape it cannot take: the wrong rank, `add` of different shapes (e.g. [batch, 64, "
+            "128] and [batch, 64, 256]), a tie to a table of another shape, loss shapes that do not fit, or a "
+            "block repeated more than once that changes its input's shape. The message shows both shapes."
+        ),
     ),
     "E029": (
         "dtype mismatch",
-        "An operator received a tensor of the wrong dtype, e.g. an embedding given float features instead "
-        "of integer token ids, or cross-entropy targets that are not integers.",
+        (
+            "An integer tensor where a floating-point one is needed, or the reverse: an embedding given float "
+            "features instead of integer token ids, cross-entropy targets that are not integers, mse targets that "
+            "are. Change the input's `dtype` or the wiring."
+        ),
     ),
     "E030": (
         "invalid operator arguments",
-        "The operator's arguments are inconsistent: heads that do not divide the model width, kv_heads "
-        "that do not divide heads, a kernel larger than its input, a reshape that changes the element "
-        "count, a tie to something that is not an embedding.",
+        (
+            "The operator's arguments are inconsistent: heads not dividing the model width, kv_heads not dividing "
+            "heads, an odd head_dim with rotary, a kernel larger than the padded input, `padding: same` with an "
+            "even kernel, pool padding over half the kernel, a reshape changing the element count, seq longer "
+            "than `max_len`, `tie` to a non-embedding or with `bias: true`, `add`/`mul` with fewer than two "
+            "inputs, a one-input operator given several."
+        ),
     ),
     # ---- mesh and sharding
     "E040": (
         "unknown mesh axis",
-        "Mesh axes are `data`, `fsdp`, `tensor`, `pipe` and `expert` (their role is fixed: the targets "
-        "map each to a framework feature). A mesh, rule or layout names an axis that is not one of them. "
-        "Axes absent from the selected mesh are simply size 1, so one spec serves every mesh. (An unknown "
-        "axis in a `--mesh` override is a usage error, exit code 2.)",
+        (
+            "Mesh axes are `data`, `fsdp`, `tensor`, `pipe` and `expert` (their role is fixed: the targets map "
+            "each to a framework feature). `mesh`, `meshes`, a rule or a `sharding.params` or `sharding.inputs` "
+            "layout names an axis that is not one of them; the help suggests the closest. Axes absent from the "
+            "selected mesh are simply size 1, so one spec serves every mesh. (An unknown axis in a `--mesh` "
+            "override is a usage error, exit code 2.)"
+        ),
     ),
     "E041": (
         "mesh axis used twice in one layout",
-        "A tensor's layout shards two of its dimensions over the same mesh axis, which no framework can "
-        "express. Usually two logical axes of one parameter map to the same mesh axis (e.g. `vocab: tensor` "
-        "and `embed: tensor` both apply to the embedding table): change a rule, or give that parameter an "
-        "explicit layout under `sharding.params`.",
+        (
+            "A parameter's or input's layout shards two of its dimensions over the same mesh axis, which no "
+            "framework can express, or one rule names an axis twice. Usually two logical axes of one parameter "
+            "map to the same mesh axis (e.g. `vocab: tensor` and `embed: tensor` both apply to the embedding "
+            "table): change a rule, or give that parameter an explicit layout under `sharding.params`."
+        ),
     ),
     "E042": (
         "sharded size not divisible",
-        "A dimension is sharded over mesh axes whose total size does not divide it (e.g. 6 heads over "
-        "tensor=4). Change the mesh, the size, or the rule.",
+        (
+            "A split dimension's size (in heads for attention projections) is not divisible by the product of its "
+            "mesh axes' sizes (e.g. 6 heads over tensor=4). The position is the rule or layout that splits the "
+            "dimension. Change the mesh, the size, or the rule."
+        ),
     ),
     "E043": (
         "batch not divisible",
-        "The global batch must split evenly into grad_accum micro-batches and then over the "
-        "data-parallel degree (the product of the mesh axes the batch is sharded over).",
+        (
+            "The global batch must split evenly into `grad_accum` micro-batches and then over the data-parallel "
+            "degree (the product of the mesh axes the batch is sharded over). The help gives a batch size that "
+            "does."
+        ),
     ),
     "E044": (
         "conflicting sharding rules",
-        "Two rules map one logical axis to different mesh axes, or two `sharding.params` globs give one "
-        "parameter different layouts. mithril-spec never picks one silently: keep one.",
+        (
+            "The list form of `sharding.rules` maps one logical axis to different mesh axes, or two "
+            "`sharding.params` globs give one parameter different layouts. mithril-spec never picks one silently: "
+            "keep one rule; make the globs disjoint or give them the same layout."
+        ),
     ),
     "E045": (
         "glob matches nothing",
-        "A `sharding.params` glob (or a `sharding.inputs` name) matches no parameter (input). It is "
-        "probably misspelt; `mithril-spec plan` lists every parameter name.",
+        (
+            "A `sharding.params` glob matches no parameter, or a `sharding.inputs` key is not a model input. It "
+            "is probably misspelt (the help suggests the closest); `mithril-spec plan` lists every parameter "
+            "name."
+        ),
     ),
     "E046": (
         "mesh size does not match the device count",
-        "The product of the mesh axes must equal the number of devices given with `--devices` or the "
-        "spec's `devices`.",
+        (
+            "The product of the mesh axes' sizes must equal the number of devices given with `--devices` or the "
+            "spec's `devices:`. Choose sizes whose product is the device count. With `meshes:`, `validate` checks "
+            "every named mesh."
+        ),
     ),
     "E047": (
         "bad mesh definition",
-        "A spec gives either `mesh:` (one mesh) or `meshes:` (named meshes, the first is the default), "
-        "not both; `meshes` must not be empty, and every mesh axis size is a positive integer "
-        "(`mesh: {data: 0}` is E047, not E013). With neither, the spec plans for a single device. (A mesh "
-        "whose size differs from the device count is E046.)",
+        (
+            "A spec gives either `mesh:` (one mesh) or `meshes:` (named meshes, the first is the default), "
+            "not both; `meshes` must not be empty, and every mesh axis size is a positive integer "
+            "(`mesh: {data: 0}` is E047, not E013). With neither, the spec plans for a single device. (A mesh "
+            "whose size differs from the device count is E046.)"
+        ),
     ),
     "E048": (
         "layout rank mismatch",
-        "An explicit layout under `sharding.params` or `sharding.inputs` must have one entry per dimension "
-        "of the tensor (null for a replicated dimension).",
+        (
+            "An explicit layout under `sharding.params` or `sharding.inputs` must have one entry per dimension of "
+            "the tensor (inputs: batch first); `null` or `[]` for a dimension that is not split."
+        ),
     ),
     "E049": (
         "target cannot express the plan",
-        "The chosen target (jax or torch) cannot run this layout, e.g. PyTorch tensor parallelism needs "
-        "column-parallel layers followed by row-parallel layers. The message says what the target supports.",
+        (
+            "`build` (and `validate`, for each target in the spec's `targets`) finds a plan the target cannot "
+            "run: in torch, a layer name that clashes with `torch.nn.Module`, batch_norm under data parallelism, "
+            "tensor parallelism that is not a column-parallel linear followed by a row-parallel one, "
+            "`training.zero` or `precision.master_weights`, `expert` with an axis other than `data`; a model one "
+            "target cannot pipeline (docs/program.md, pipeline stages). The message says what the target "
+            "supports."
+        ),
     ),
     # ---- costs
     "E050": (
         "does not fit in device memory",
-        "With `--hardware NAME`, the cost model predicts each device's peak memory for one training step: "
-        "parameters, gradients and optimizer state (by layout, with ZeRO and fsdp sharding), the activations "
-        "saved for the backward pass of one micro-batch (under the spec's `training.remat`), and temporaries "
-        "(gathered fsdp parameters, gradients in flight, the loss). The peak exceeds the profile's memory less "
-        "what the runtime reserves. The help lists changes predicted to fit: shard the parameters and "
-        "optimizer state over more devices (a larger `fsdp` axis, `training.zero`), recompute activations "
-        "(`training.remat: selective` or `full`), smaller micro-batches (a larger `training.grad_accum`), or "
-        "another mesh (`mithril-spec plan --auto --devices N --hardware NAME` searches them). "
-        "docs/cost-model.md states the formulas and their assumptions.",
+        (
+            "With `--hardware NAME`, the cost model predicts each device's peak memory for one training step: "
+            "parameters, gradients and optimizer state (by layout, with ZeRO and fsdp sharding), the activations "
+            "saved for the backward pass of one micro-batch (under the spec's `training.remat`), and temporaries "
+            "(gathered fsdp parameters, gradients in flight, the loss). The peak exceeds the profile's memory less "
+            "what the runtime reserves. The help lists changes predicted to fit: shard the parameters and "
+            "optimizer state over more devices (a larger `fsdp` axis, `training.zero`), recompute activations "
+            "(`training.remat: selective` or `full`), smaller micro-batches (a larger `training.grad_accum`), or "
+            "another mesh (`mithril-spec plan --auto --devices N --hardware NAME` searches them). "
+            "docs/cost-model.md states the formulas and their assumptions."
+        ),
     ),
     # ---- pipeline and experts
     "E051": (
         "too few micro-batches for the pipeline schedule",
-        "1F1B and interleaved schedules need at least as many micro-batches as pipeline stages (interleaved: "
-        "a multiple of the pipe size); with fewer, ranks wait on each other forever after launch (the "
-        "hang torchtitan users meet). GPipe accepts any number but idles (p-1)/(m+p-1) of the time.",
+        (
+            "The 1F1B and interleaved schedules need at least as many micro-batches as pipeline stages "
+            "(interleaved: a multiple of the pipe size); with fewer, ranks wait on each other forever after "
+            "launch (the hang torchtitan users meet). GPipe accepts any number but idles (p-1)/(m+p-1) of the "
+            "time. Raise `pipeline.microbatches`, or use `gpipe`."
+        ),
     ),
     "E052": (
         "batch not divisible into pipeline micro-batches",
-        "Each optimizer step's micro-batch (batch_size / grad_accum) is split into `pipeline.microbatches` "
-        "pieces, each then split over the data-parallel degree: the product must divide it.",
+        (
+            "Each optimizer step's micro-batch (batch_size / grad_accum) is split into `pipeline.microbatches` "
+            "pieces, each then split over the data-parallel degree: `microbatches` x data-parallel degree must "
+            "divide it. Adjust `batch_size` or `microbatches`."
+        ),
     ),
     "E053": (
         "pipeline cannot be laid out as asked",
-        "Without explicit `stage:` fields, a repeated block is split evenly into pipe x virtual_stages "
-        "stages: its repeat count must be divisible by that number (and a model needs exactly one repeat to "
-        "split). A mesh with a `pipe` axis needs a `pipeline` section, and `virtual_stages` > 1 needs the "
-        "`interleaved` schedule.",
+        (
+            "Without explicit `stage:` fields, a repeated block is split evenly into pipe x virtual_stages "
+            "stages: its repeat count must be divisible by that number (and a model needs exactly one repeat to "
+            "split). A mesh with a `pipe` axis needs a `pipeline` section, and `virtual_stages` > 1 needs the "
+            "`interleaved` schedule."
+        ),
     ),
     "E054": (
         "pipeline stages out of order or not contiguous",
-        "Explicit `stage:` values must not decrease along the layer list, must start at 0 and cover every "
-        "stage up to pipe x virtual_stages - 1 without gaps.",
+        (
+            "Explicit `stage:` values must not decrease along the layer list, must start at 0 and cover every "
+            "stage up to pipe x virtual_stages - 1 without gaps."
+        ),
     ),
     "E055": (
         "experts not divisible by the expert axis",
-        "An moe layer's experts are split evenly over the `expert` mesh axis: its size must divide them.",
+        (
+            "An `moe` layer's experts are split evenly over the mesh axes of its experts dimension (the `expert` "
+            "axis): their size must divide `experts`. Use a multiple of the axis size, or a smaller `expert` "
+            "axis."
+        ),
     ),
     "E056": (
         "top_k larger than the number of experts",
@@ -241,12 +346,18 @@ _TEXTS: dict[str, tuple[str, str]] = {
     # ---- warnings
     "W001": (
         "large parameter fully replicated",
-        "On a mesh with more than one device, a parameter of 1M elements or more is replicated on every "
-        "device. That is legal but wastes memory; add a rule for one of its logical axes or use an fsdp axis.",
+        (
+            "On a mesh of more than one device, a parameter of 2^20 (1,048,576) elements or more is not split on "
+            "any dimension: it is replicated on every device. That is legal but wastes memory; add a rule for one "
+            "of its logical axes (the help lists them) or add an `fsdp` axis."
+        ),
     ),
     "W002": (
         "unused sharding rule",
-        "A rule names a logical axis that no parameter or input has. It has no effect; it may be misspelt.",
+        (
+            "A rule names a logical axis that no parameter or input has (nor `batch`). It has no effect; it may "
+            "be misspelt (the help lists the logical axes that exist). Fix the spelling or remove the rule."
+        ),
     ),
 }
 
@@ -299,23 +410,32 @@ model:
 training: {batch_size: 16, steps: 10, optimizer: {name: sgd, lr: 0.1}}
 """
 _TRAIN = "training: {batch_size: 8, steps: 10, optimizer: {name: adamw, lr: 1.0e-3}}\n"
-_MLP = _MLP_HEAD + """  layers:
+_MLP = (
+    _MLP_HEAD
+    + """  layers:
     - {op: linear, name: head, dimension: classes}
   loss: {op: cross_entropy, logits: head, targets: y}
 """
+)
 
 _EXAMPLES: dict[str, Example] = {
-    "E001": Example(_spec("""
+    "E001": Example(
+        _spec("""
 version: 1
 name: example
 dims: {features: 16, classes: [4}
-""")),
-    "E002": Example(_spec("""
+""")
+    ),
+    "E002": Example(
+        _spec("""
 version = 1
 name = "example"
 dims = { features = 16, classes = 4
-"""), file="example.toml"),
-    "E003": Example(_spec("""
+"""),
+        file="example.toml",
+    ),
+    "E003": Example(
+        _spec("""
 version: 1
 name: example
 dims: {features: 16, classes: 4}
@@ -323,88 +443,170 @@ training:
   batch_size: 8
   steps: 10
   batch_size: 16
-""")),
-    "E004": Example(_spec("""
+""")
+    ),
+    "E004": Example(
+        _spec("""
 extends: base.yaml
 name: example
-"""), files=(("base.yaml", "extends: example.yaml\nversion: 1\n"),)),
-    "E005": Example(_spec("""
+"""),
+        files=(("base.yaml", "extends: example.yaml\nversion: 1\n"),),
+    ),
+    "E005": Example(
+        _spec("""
 - version: 1
 - name: example
-""")),
-    "E010": Example(_spec(_MLP + """
+""")
+    ),
+    "E010": Example(
+        _spec(
+            _MLP
+            + """
 training:
   batch_size: 8
   steps: 10
   optimizer: {name: adamw, lr: 1.0e-3, weight_decy: 0.1}
-""")),
-    "E011": Example(_spec(_MLP + """
+"""
+        )
+    ),
+    "E011": Example(
+        _spec(
+            _MLP
+            + """
 training:
   batch_size: 8
   optimizer: {name: adamw, lr: 1.0e-3}
-""")),
-    "E012": Example(_spec(_MLP + """
+"""
+        )
+    ),
+    "E012": Example(
+        _spec(
+            _MLP
+            + """
 training:
   batch_size: eight
   steps: 10
   optimizer: {name: adamw, lr: 1.0e-3}
-""")),
-    "E013": Example(_spec(_MLP + """
+"""
+        )
+    ),
+    "E013": Example(
+        _spec(
+            _MLP
+            + """
 training:
   batch_size: 8
   steps: 10
   remat: sometimes
   optimizer: {name: adamw, lr: 1.0e-3}
-""")),
+"""
+        )
+    ),
     "E014": Example(_spec("version: 2\n" + _MLP.removeprefix("\nversion: 1\n") + _TRAIN)),
-    "E020": Example(_spec(_MLP_HEAD + """  layers:
+    "E020": Example(
+        _spec(
+            _MLP_HEAD
+            + """  layers:
     - {op: linear, name: head, dimension: clases}
   loss: {op: cross_entropy, logits: head, targets: y}
-""" + _TRAIN)),
-    "E021": Example(_spec(_MLP_HEAD + """  layers:
+"""
+            + _TRAIN
+        )
+    ),
+    "E021": Example(
+        _spec(
+            _MLP_HEAD
+            + """  layers:
     - {op: linear, name: hidden, dimension: features/3}
     - {op: linear, name: head, dimension: classes}
   loss: {op: cross_entropy, logits: head, targets: y}
-""" + _TRAIN)),
-    "E022": Example(_spec(_MLP_HEAD + """  layers:
+"""
+            + _TRAIN
+        )
+    ),
+    "E022": Example(
+        _spec(
+            _MLP_HEAD
+            + """  layers:
     - {op: linear, name: head, dimension: classes, input: z}
   loss: {op: cross_entropy, logits: head, targets: y}
-""" + _TRAIN)),
-    "E023": Example(_spec(_MLP_HEAD + """  blocks:
+"""
+            + _TRAIN
+        )
+    ),
+    "E023": Example(
+        _spec(
+            _MLP_HEAD
+            + """  blocks:
     decoder: [{op: mlp, hidden: 32}]
   layers:
     - {repeat: 2, name: body, block: decodr}
     - {op: linear, name: head, dimension: classes}
   loss: {op: cross_entropy, logits: head, targets: y}
-""" + _TRAIN)),
-    "E024": Example(_spec(_MLP_HEAD + """  layers:
+"""
+            + _TRAIN
+        )
+    ),
+    "E024": Example(
+        _spec(
+            _MLP_HEAD
+            + """  layers:
     - {op: layernorm, name: ln}
     - {op: linear, name: head, dimension: classes}
   loss: {op: cross_entropy, logits: head, targets: y}
-""" + _TRAIN)),
-    "E025": Example(_spec(_MLP_HEAD + """  layers:
+"""
+            + _TRAIN
+        )
+    ),
+    "E025": Example(
+        _spec(
+            _MLP_HEAD
+            + """  layers:
     - {op: linear, name: fc, dimension: 32}
     - {op: relu, name: fc}
     - {op: linear, name: head, dimension: classes}
   loss: {op: cross_entropy, logits: head, targets: y}
-""" + _TRAIN)),
-    "E026": Example(_spec(_MLP_HEAD + """  layers:
+"""
+            + _TRAIN
+        )
+    ),
+    "E026": Example(
+        _spec(
+            _MLP_HEAD
+            + """  layers:
     - {op: relu, name: act, input: act}
     - {op: linear, name: head, dimension: classes, input: x}
   loss: {op: cross_entropy, logits: head, targets: y}
-""" + _TRAIN)),
-    "E027": Example(_spec(_MLP_HEAD + """  layers:
+"""
+            + _TRAIN
+        )
+    ),
+    "E027": Example(
+        _spec(
+            _MLP_HEAD
+            + """  layers:
     - {op: linear, name: side, dimension: 8, input: x}
     - {op: linear, name: head, dimension: classes, input: x}
   loss: {op: cross_entropy, logits: head, targets: y}
-""" + _TRAIN)),
-    "E028": Example(_spec(_MLP_HEAD + """  layers:
+"""
+            + _TRAIN
+        )
+    ),
+    "E028": Example(
+        _spec(
+            _MLP_HEAD
+            + """  layers:
     - {op: linear, name: wide, dimension: 32}
     - {op: add, name: res, inputs: [x, wide]}
     - {op: linear, name: head, dimension: classes}
   loss: {op: cross_entropy, logits: head, targets: y}
-""" + _TRAIN)),
-    "E029": Example(_spec("""
+"""
+            + _TRAIN
+        )
+    ),
+    "E029": Example(
+        _spec(
+            """
 version: 1
 name: example
 dims: {vocab: 100, d: 64}
@@ -416,43 +618,79 @@ model:
     - {op: embedding, name: wte, vocab: vocab, dim: d, input: tokens}
     - {op: linear, name: head, dimension: vocab}
   loss: {op: cross_entropy, logits: head, targets: targets}
-""" + _TRAIN)),
+"""
+            + _TRAIN
+        )
+    ),
     "E030": Example(_spec(_LM_HEAD.replace("heads: 4}", "heads: 6}"))),
     "E040": Example(_spec(_LM_HEAD + "mesh: {data: 2, tensr: 2}\n")),
-    "E041": Example(_spec(_LM_HEAD + """mesh: {data: 2, tensor: 2}
+    "E041": Example(
+        _spec(
+            _LM_HEAD
+            + """mesh: {data: 2, tensor: 2}
 sharding:
   rules:
     vocab: tensor
     embed: tensor
-""")),
-    "E042": Example(_spec(_LM_HEAD.replace("heads: 4}", "heads: 6}").replace("d: 64", "d: 96") + """mesh: {tensor: 4}
+"""
+        )
+    ),
+    "E042": Example(
+        _spec(
+            _LM_HEAD.replace("heads: 4}", "heads: 6}").replace("d: 64", "d: 96")
+            + """mesh: {tensor: 4}
 sharding:
   rules: {heads: tensor}
-""")),
+"""
+        )
+    ),
     "E043": Example(_spec(_LM_HEAD + "mesh: {data: 3}\n")),
-    "E044": Example(_spec(_LM_HEAD + """mesh: {fsdp: 2, tensor: 2}
+    "E044": Example(
+        _spec(
+            _LM_HEAD
+            + """mesh: {fsdp: 2, tensor: 2}
 sharding:
   rules:
     - [vocab, tensor]
     - [embed, fsdp]
     - [vocab, fsdp]
-""")),
-    "E045": Example(_spec(_LM_HEAD + """mesh: {tensor: 2}
+"""
+        )
+    ),
+    "E045": Example(
+        _spec(
+            _LM_HEAD
+            + """mesh: {tensor: 2}
 sharding:
   params:
     "attn.qq.weight": [null, tensor]
-""")),
+"""
+        )
+    ),
     "E046": Example(_spec(_LM_HEAD + "mesh: {data: 2, tensor: 2}\n"), args=("--devices", "8")),
-    "E047": Example(_spec(_LM_HEAD + """mesh: {data: 2}
+    "E047": Example(
+        _spec(
+            _LM_HEAD
+            + """mesh: {data: 2}
 meshes:
   big: {data: 4}
-""")),
-    "E048": Example(_spec(_LM_HEAD + """mesh: {tensor: 2}
+"""
+        )
+    ),
+    "E048": Example(
+        _spec(
+            _LM_HEAD
+            + """mesh: {tensor: 2}
 sharding:
   params:
     wte.weight: [tensor]
-""")),
-    "E049": Example(_spec(_MLP_HEAD + """  layers:
+"""
+        )
+    ),
+    "E049": Example(
+        _spec(
+            _MLP_HEAD
+            + """  layers:
     - {op: linear, name: fc1, dimension: 64, axis: mlp}
     - {op: layer_norm, name: ln}
     - {op: linear, name: head, dimension: classes}
@@ -461,8 +699,12 @@ mesh: {tensor: 2}
 sharding:
   rules: {mlp: tensor}
 targets: [torch]
-""" + _TRAIN)),
-    "E050": Example(_spec("""
+"""
+            + _TRAIN
+        )
+    ),
+    "E050": Example(
+        _spec("""
 version: 1
 name: example
 dims: {d: 32768}
@@ -474,17 +716,37 @@ model:
     - {op: linear, name: fc, dimension: d}
   loss: {op: mse, predictions: fc, targets: y}
 training: {batch_size: 8, steps: 10, optimizer: {name: adam, lr: 1.0e-4}}
-"""), args=("--hardware", "tpu-v5e")),
-    "E051": Example(_spec(_PIPE_HEAD + """mesh: {pipe: 4}
+"""),
+        args=("--hardware", "tpu-v5e"),
+    ),
+    "E051": Example(
+        _spec(
+            _PIPE_HEAD
+            + """mesh: {pipe: 4}
 pipeline: {schedule: 1f1b, microbatches: 2}
-""")),
-    "E052": Example(_spec(_PIPE_HEAD + """mesh: {pipe: 2}
+"""
+        )
+    ),
+    "E052": Example(
+        _spec(
+            _PIPE_HEAD
+            + """mesh: {pipe: 2}
 pipeline: {microbatches: 3}
-""")),
-    "E053": Example(_spec(_PIPE_HEAD + """mesh: {pipe: 3}
+"""
+        )
+    ),
+    "E053": Example(
+        _spec(
+            _PIPE_HEAD
+            + """mesh: {pipe: 3}
 pipeline: {microbatches: 3}
-""").replace("batch_size: 16", "batch_size: 18")),
-    "E054": Example(_spec(_MLP_HEAD + """  layers:
+"""
+        ).replace("batch_size: 16", "batch_size: 18")
+    ),
+    "E054": Example(
+        _spec(
+            _MLP_HEAD
+            + """  layers:
     - {op: linear, name: fc1, dimension: 32, stage: 0}
     - {op: relu, name: act, stage: 1}
     - {op: linear, name: fc2, dimension: classes, stage: 0}
@@ -492,8 +754,13 @@ pipeline: {microbatches: 3}
 targets: [jax]
 mesh: {pipe: 2}
 pipeline: {microbatches: 2}
-""" + _TRAIN)),
-    "E055": Example(_spec("""
+"""
+            + _TRAIN
+        )
+    ),
+    "E055": Example(
+        _spec(
+            """
 version: 1
 name: example
 dims: {features: 16, classes: 4}
@@ -508,8 +775,13 @@ model:
   loss: {op: cross_entropy, logits: head, targets: y}
 mesh: {expert: 4}
 sharding: {rules: {experts: expert}}
-""" + _TRAIN)),
-    "E056": Example(_spec("""
+"""
+            + _TRAIN
+        )
+    ),
+    "E056": Example(
+        _spec(
+            """
 version: 1
 name: example
 dims: {features: 16, classes: 4}
@@ -521,18 +793,32 @@ model:
     - {op: moe, name: moe, experts: 2, hidden: 32, top_k: 3}
     - {op: linear, name: head, dimension: classes}
   loss: {op: cross_entropy, logits: head, targets: y}
-""" + _TRAIN)),
-    "W001": Example(_spec(_MLP_HEAD.replace("features: 16", "features: 1024") + """  layers:
+"""
+            + _TRAIN
+        )
+    ),
+    "W001": Example(
+        _spec(
+            _MLP_HEAD.replace("features: 16", "features: 1024")
+            + """  layers:
     - {op: linear, name: fc, dimension: features}
     - {op: linear, name: head, dimension: classes}
   loss: {op: cross_entropy, logits: head, targets: y}
 mesh: {data: 2}
-""" + _TRAIN)),
-    "W002": Example(_spec(_LM_HEAD + """mesh: {data: 2, tensor: 2}
+"""
+            + _TRAIN
+        )
+    ),
+    "W002": Example(
+        _spec(
+            _LM_HEAD
+            + """mesh: {data: 2, tensor: 2}
 sharding:
   rules:
     haeds: tensor
-""")),
+"""
+        )
+    ),
 }
 
 CATALOG: dict[str, Entry] = {code: Entry(title, text, _EXAMPLES[code]) for code, (title, text) in _TEXTS.items()}

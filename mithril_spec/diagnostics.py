@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Iterable, Sequence
-from typing import Any, Optional
+from typing import Any
 
 from .codes import CATALOG
 
@@ -28,8 +28,8 @@ class Position:
     file: str
     line: int
     col: int
-    end_line: Optional[int] = None
-    end_col: Optional[int] = None
+    end_line: int | None = None
+    end_col: int | None = None
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line}:{self.col}"
@@ -58,15 +58,15 @@ class Label:
 class Diagnostic:
     code: str
     message: str
-    pos: Optional[Position] = None
-    help: Optional[str] = None
+    pos: Position | None = None
+    help: str | None = None
     notes: tuple[str, ...] = ()
     severity: str = ""  # "error" or "warning"; derived from the code when empty
     labels: tuple[Label, ...] = ()  # secondary places ("first defined here")
-    path: Optional[tuple[Any, ...]] = None  # the path into the spec data (keys and list indices)
-    key: Optional[str] = None  # the mapping key concerned (unknown, missing or duplicate keys)
-    mesh: Optional[str] = None  # the named mesh the diagnostic was found on
-    spec: Optional[str] = None  # the spec that reached `pos.file` through `extends`, when they differ
+    path: tuple[Any, ...] | None = None  # the path into the spec data (keys and list indices)
+    key: str | None = None  # the mapping key concerned (unknown, missing or duplicate keys)
+    mesh: str | None = None  # the named mesh the diagnostic was found on
+    spec: str | None = None  # the spec that reached `pos.file` through `extends`, when they differ
 
     def __post_init__(self) -> None:
         if self.code not in CATALOG:
@@ -102,7 +102,7 @@ class Diagnostic:
         }
 
 
-def _pos_json(p: Optional[Position]) -> dict:
+def _pos_json(p: Position | None) -> dict:
     return {
         "file": p.file if p else None,
         "line": p.line if p else None,
@@ -135,7 +135,7 @@ def edit_distance(a: str, b: str) -> int:
     return prev[-1]
 
 
-def closest(word: str, choices: Iterable[str]) -> Optional[str]:
+def closest(word: str, choices: Iterable[str]) -> str | None:
     """The choice close enough to `word` to be what was meant, if any."""
     choices = sorted(set(choices))
     if not choices:
@@ -144,7 +144,7 @@ def closest(word: str, choices: Iterable[str]) -> Optional[str]:
     return best if edit_distance(word.lower(), best.lower()) <= max(1, len(word) // 3) else None
 
 
-def did_you_mean(word: str, choices: Iterable[str]) -> Optional[str]:
+def did_you_mean(word: str, choices: Iterable[str]) -> str | None:
     """A help line suggesting the closest of `choices`, or listing them when none is close."""
     choices = sorted(set(choices))
     best = closest(word, choices)
@@ -249,7 +249,7 @@ def _marker_lines(src: str, marks: list[_Mark], sev_color: str, color: bool) -> 
     return out
 
 
-def _connectors(cols: list[int], upto: Optional[int] = None) -> str:
+def _connectors(cols: list[int], upto: int | None = None) -> str:
     width = upto if upto is not None else (max(cols) + 1 if cols else 0)
     row = [" "] * width
     for c in cols:
@@ -264,7 +264,9 @@ def render_text(diags: Sequence[Diagnostic], sources: dict[str, str], color: boo
     out: list[str] = []
     for d in diags:
         sev_color = "1;31" if d.severity == "error" else "1;33"
-        head = f"{_style(d.severity + '[' + d.code + ']', sev_color, color)}: {_style(escape(d.full_message), '1', color)}"
+        head = (
+            f"{_style(d.severity + '[' + d.code + ']', sev_color, color)}: {_style(escape(d.full_message), '1', color)}"
+        )
         out.append(f"{escape(str(d.pos))}: {head}" if d.pos else head)
         marks = ([_Mark(d.pos, True, "")] if d.pos else []) + [_Mark(lab.pos, False, lab.message) for lab in d.labels]
         out += _snippets(marks, sources, sev_color, color)

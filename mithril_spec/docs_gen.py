@@ -3,74 +3,24 @@
     python -m mithril_spec.docs_gen            # rewrite docs/diagnostics.md
     python -m mithril_spec.docs_gen --check    # exit 1 if it is stale
 
-`run_example` also serves `mithril-spec explain CODE`, which shows an example and what it reports.
+The examples' text and output come from `cli.example_text`, as `mithril-spec explain CODE` prints them.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
-import os
 import sys
-import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
-from .codes import CATALOG, Example, severity
+from .cli import example_command, example_text, run_example
+from .codes import CATALOG, severity
 
 DOC = Path("docs") / "diagnostics.md"
 COMMAND = "python -m mithril_spec.docs_gen"
 
 
-def example_command(ex: Example, fmt: Optional[str] = None) -> str:
-    return " ".join(["mithril-spec", "validate", ex.file, *ex.args, *(["--format", fmt] if fmt else [])])
-
-
-def run_example(ex: Example, fmt: str = "text") -> tuple[int, str]:
-    """Writes the example's files to a temporary directory and validates it there; returns the exit code and
-    the output (stderr for text, stdout for json), with file names relative to that directory."""
-    from . import cli
-
-    with tempfile.TemporaryDirectory(prefix="mithril-example-") as tmp:
-        root = Path(tmp)
-        for rel, text in ((ex.file, ex.spec), *ex.files):
-            (root / rel).parent.mkdir(parents=True, exist_ok=True)
-            (root / rel).write_text(text, encoding="utf-8")
-        out, err = io.StringIO(), io.StringIO()
-        argv = ["validate", str(root / ex.file), *ex.args, "--format", fmt]
-        if fmt == "text":
-            argv += ["--color", "never"]
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            rc = cli.main(argv)
-        text = out.getvalue() if fmt == "json" else err.getvalue()
-        for prefix in (str(root) + os.sep, json.dumps(str(root) + os.sep)[1:-1]):
-            text = text.replace(prefix, "")
-    return rc, text
-
-
-def example_text(code: str, markdown: bool = False) -> str:
-    """The example of a code: its files, the command and what it reports (indented, or fenced markdown)."""
-    ex = CATALOG[code].example
-    out = []
-
-    def block(text: str, lang: str) -> None:
-        lines = text.rstrip("\n").split("\n")
-        if markdown:
-            out.extend([f"```{lang}", *lines, "```"])
-        else:
-            out.extend(("    " + ln).rstrip() for ln in lines)
-
-    for rel, text in ((ex.file, ex.spec), *ex.files):
-        out += [f"`{rel}`:", ""]
-        block(text, "toml" if rel.endswith(".toml") else "yaml")
-        out.append("")
-    _rc, output = run_example(ex)
-    block(f"$ {example_command(ex)}\n{output}", "console")
-    return "\n".join(out) + "\n"
-
-
 # ---------------------------------------------------------------- the document
+
 
 def _section(code: str) -> str:
     if code.startswith("W"):
@@ -78,8 +28,12 @@ def _section(code: str) -> str:
     n = int(code[1:])
     if n == 50:
         return "Memory"
-    for limit, name in ((10, "Reading the file"), (20, "The spec's structure"), (40, "The model graph"),
-                        (50, "Mesh and sharding")):
+    for limit, name in (
+        (10, "Reading the file"),
+        (20, "The spec's structure"),
+        (40, "The model graph"),
+        (50, "Mesh and sharding"),
+    ):
         if n < limit:
             return name
     return "Pipeline and experts"
@@ -136,7 +90,7 @@ line. Every element has these fields:
 |---|---|---|
 | `code` | string | `E...` or `W...` |
 | `severity` | string | `error` or `warning` (`error` for warnings under `--strict`) |
-| `message` | string | one line (with ` (mesh `NAME`)` when found on a named mesh) |
+| `message` | string | one line; it ends with (mesh `NAME`) when found on a named mesh |
 | `file` | string or null | the path as given on the command line (or of the base spec) |
 | `line`, `col` | integer or null | where the span starts, 1-based |
 | `end_line`, `end_col` | integer or null | where it ends: the column just after its last character |
@@ -194,13 +148,15 @@ Unix tool (exit code 141 in a shell with `pipefail`).
 
 def render_doc() -> str:
     e025 = CATALOG["E025"].example
-    out = [_INTRO.format(
-        command=COMMAND,
-        e025_command=example_command(e025),
-        e025_text=run_example(e025)[1],
-        e025_json_command=example_command(e025, "json"),
-        e025_json=run_example(e025, "json")[1],
-    )]
+    out = [
+        _INTRO.format(
+            command=COMMAND,
+            e025_command=example_command(e025),
+            e025_text=run_example(e025)[1],
+            e025_json_command=example_command(e025, "json"),
+            e025_json=run_example(e025, "json")[1],
+        )
+    ]
     out.append("| code | severity | title |\n|---|---|---|\n")
     out += [f"| [{code}](#{code.lower()}) | {severity(code)} | {entry.title} |\n" for code, entry in CATALOG.items()]
     current = None
@@ -209,12 +165,12 @@ def render_doc() -> str:
         if section != current:
             out.append(f"\n### {section}\n")
             current = section
-        out.append(f"\n#### {code}\n\n**{entry.title}** ({severity(code)})\n\n{entry.text}\n\nExample: ")
+        out.append(f"\n#### {code}\n\n**{entry.title}** ({severity(code)})\n\n{entry.text}\n\nExample:\n\n")
         out.append(example_text(code, markdown=True))
     return "".join(out).rstrip("\n") + "\n"
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     import argparse
 
     p = argparse.ArgumentParser(prog=COMMAND, description="Generate docs/diagnostics.md from the catalog.")

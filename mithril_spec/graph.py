@@ -78,6 +78,8 @@ class Param:
     path: tuple  # spec path of the layer that owns it
     trainable: bool = True
     units: Optional[tuple[int, ...]] = None  # see ParamDef.units
+    # an nn.Linear-style weight: PyTorch stores it [out, in], transposed from the canonical [in, out]
+    torch_transposed: bool = False
 
     @property
     def numel(self) -> int:
@@ -448,7 +450,8 @@ class _Resolver:
         def add(node: Node, prefix: str) -> None:
             for p in node.params:
                 params.append(Param(f"{prefix}{node.name}.{p.name}", p.shape, p.axes, p.init, p.std,
-                                    f"{prefix}{node.name}", node.path, units=p.units))
+                                    f"{prefix}{node.name}", node.path, units=p.units,
+                                    torch_transposed=p.name in OPS[node.op].torch_transposed))
             for b in node.buffers:
                 buffers.append(Param(f"{prefix}{node.name}.{b.name}", b.shape, b.axes, b.init, b.std,
                                      f"{prefix}{node.name}", node.path, trainable=False))

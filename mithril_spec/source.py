@@ -12,7 +12,7 @@ import dataclasses
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import yaml
 
@@ -34,7 +34,7 @@ class Document:
 
     def __post_init__(self) -> None:
         self.sources.setdefault(self.file, self.text)
-        self._paths: Optional[dict[Position, PathT]] = None
+        self._paths: dict[Position, PathT] | None = None
 
     def pos(self, path: PathT, key: bool = False) -> Position:
         """The span of `path` (of its key when `key`), or of its nearest located ancestor."""
@@ -50,7 +50,7 @@ class Document:
 
     span = pos  # the same thing, by the name that says it has an end
 
-    def path_at(self, pos: Position) -> Optional[PathT]:
+    def path_at(self, pos: Position) -> PathT | None:
         """The path whose key or value stands exactly at `pos` (start and end), if any."""
         if self._paths is None:
             paths: dict[Position, PathT] = {}
@@ -83,8 +83,7 @@ def load_file(path: str | Path) -> Document:
             "E002" if toml else "E001",
             f"{'TOML' if toml else 'YAML'} syntax error: the file is not UTF-8 text (byte 0x{raw[e.start]:02x})",
             Position(str(path), line, col), help="save the file as UTF-8")]) from None
-    if text.startswith("\ufeff"):  # a byte-order mark is not part of the spec (and TOML rejects it)
-        text = text[1:]
+    text = text.removeprefix("\ufeff")
     return load_text(text, str(path))
 
 
@@ -206,7 +205,7 @@ def _yaml_node(loader, node, path, file, values, keys, errors, depth=0):
     if loader.node_count > MAX_NODES:
         raise yaml.MarkedYAMLError(problem=f"the document expands to more than {MAX_NODES:,} values (aliases?)",
                                    problem_mark=node.start_mark)
-    values[path] = _mark(node, file)
+    values[path] = _mark(node, file) if path else _mark(node, file).start()  # the document: its start only
     if isinstance(node, yaml.MappingNode):
         # `<<` merge keys: the merged entries come first; an explicit key overrides a merged one silently.
         # (An aliased mapping is visited again, already flattened: remember its explicit keys.)
@@ -296,7 +295,7 @@ def _load_toml(text: str, file: str) -> Document:
     keys: dict[PathT, Position] = {}
     try:
         _TomlScanner(text, file, values, keys).scan()
-    except Exception:  # positions are best effort: a scanner gap must never hide the real diagnostics
+    except Exception:  # noqa: BLE001, S110 (positions are best effort: a scanner gap must never hide diagnostics)
         pass
     return Document(data, file, text, values, keys)
 
@@ -306,7 +305,7 @@ _TOML_KEYVAL = re.compile(r"\s*(\[|[A-Za-z0-9_\-\"'][^=\n]*=)")
 
 def _toml_duplicate(
     text: str, file: str, line: int, col: int, msg: str
-) -> tuple[Position, str, Optional[Position], Optional[str]]:
+) -> tuple[Position, str, Position | None, str | None]:
     """tomllib reports a duplicate where it stopped (after the value); point at the duplicate key instead,
     and (best effort) at its first definition. Returns (span of the duplicate, message, first, key)."""
     lines = [ln.rstrip("\r") for ln in text.split("\n")]  # tomllib counts lines by "\n" only

@@ -88,10 +88,13 @@ def _real_path(loc: tuple, data: Any) -> tuple:
     path: list = []
     node = data
     for item in loc:
-        if isinstance(node, dict) and item in node:
-            path.append(item)
-            node = node[item]
-        elif isinstance(node, list) and isinstance(item, int) and 0 <= item < len(node):
+        if (
+            isinstance(node, dict)
+            and item in node
+            or isinstance(node, list)
+            and isinstance(item, int)
+            and 0 <= item < len(node)
+        ):
             path.append(item)
             node = node[item]
         elif isinstance(node, dict) and isinstance(item, str) and not path_is_tag(item, node):
@@ -105,9 +108,13 @@ def _other_branch(loc: tuple, data: Any) -> bool:
     `sharding.rules` when the spec gives a mapping, or the reverse): the member that fits reports its own."""
     node = data
     for item in loc:
-        if isinstance(node, dict) and item in node:
-            node = node[item]
-        elif isinstance(node, list) and isinstance(item, int) and 0 <= item < len(node):
+        if (
+            isinstance(node, dict)
+            and item in node
+            or isinstance(node, list)
+            and isinstance(item, int)
+            and 0 <= item < len(node)
+        ):
             node = node[item]
         elif isinstance(item, str):
             if item.startswith("dict[") and isinstance(node, list):
@@ -120,8 +127,12 @@ def _other_branch(loc: tuple, data: Any) -> bool:
 
 
 def path_is_tag(item: str, node: dict) -> bool:
-    return item in ("repeat",) or item == node.get("op") or item == node.get("name") or item == node.get("kind") or (
-        "[" in item or "function" in item
+    return (
+        item in ("repeat",)
+        or item == node.get("op")
+        or item == node.get("name")
+        or item == node.get("kind")
+        or ("[" in item or "function" in item)
     )
 
 
@@ -136,8 +147,13 @@ def _diagnostic(e: dict, path: tuple, doc: Document) -> Diagnostic:
     sizes = len(path) == 2 and path[0] == "mesh" or len(path) == 3 and path[0] == "meshes"
     if sizes and d.code in ("E012", "E013") and e["type"] != "string_pattern_mismatch":
         value = _get(doc.data, path)
-        d = Diagnostic("E047", f"mesh axis `{path[-1]}` has size {value!r}; sizes are positive integers", d.pos,
-                       help="e.g. `mesh: {data: 2, tensor: 4}`", path=path)
+        d = Diagnostic(
+            "E047",
+            f"mesh axis `{path[-1]}` has size {value!r}; sizes are positive integers",
+            d.pos,
+            help="e.g. `mesh: {data: 2, tensor: 4}`",
+            path=path,
+        )
     return d
 
 
@@ -237,9 +253,9 @@ def _diagnostic_for(e: dict, path: tuple, doc: Document) -> Diagnostic:
 
 
 def _type_help(typ: str) -> str | None:
-    if typ.startswith("dict") or typ.startswith("model"):
+    if typ.startswith(("dict", "model")):
         return "this section is a mapping of `key: value` entries"
-    if typ.startswith("list") or typ.startswith("tuple"):
+    if typ.startswith(("list", "tuple")):
         return "this value is a list, e.g. `[a, b]`"
     if typ.startswith("string"):
         return "quote the value if it is meant as text"

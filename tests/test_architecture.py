@@ -132,3 +132,13 @@ def test_target_names_come_from_the_registry():
     items = Spec.model_json_schema()["properties"]["targets"]["items"]
     assert sorted(items["enum"]) == sorted(TARGET_NAMES)
     assert all(f'"{t}"' in schema_text() for t in TARGET_NAMES)
+
+
+def test_targets_doc_is_generated_from_the_registry():
+    from mithril_spec.targets.docs import capability_markdown
+
+    committed = (PKG.parent / "docs" / "targets.md").read_text()
+    assert committed == capability_markdown(), (
+        "docs/targets.md is stale: run `python -m mithril_spec.targets.docs > docs/targets.md`")
+    for t in TARGETS.values():
+        assert f"`{t.name}`" in committed

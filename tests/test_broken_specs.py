@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 from corpus import corpus_files, read_case
 
 from mithril_spec import cli
+from mithril_spec.diagnostics import escape
 
 FILES = corpus_files()
 
@@ -54,11 +56,16 @@ def test_broken_spec_text(path, capsys):
         sev = "warning" if code.startswith("W") and "--strict" not in case.args else "error"
         header = f"{file}:{line}:{col}: {sev}[{code}]"
         assert header in err, err
-        block = err[err.index(header) :].splitlines()
+        block = err[err.index(header) :].split("\n\n")[0].splitlines()
         src_lines = Path(file).read_text(encoding="utf-8", errors="replace").split("\n")
         if 1 <= line <= len(src_lines):
-            # header, gutter, source line, caret line
-            assert block[2].endswith(src_lines[line - 1].expandtabs(1).rstrip()) or src_lines[line - 1] in block[2]
-            caret = block[3]
+            # header, gutter, then source lines (the primary's among those of secondary labels), each followed
+            # by its underline row; the source is shown with control characters escaped
+            row = next(i for i, text in enumerate(block) if re.match(rf"^ +{line} \|( |$)", text))
+            shown = escape(src_lines[line - 1].expandtabs(1)).rstrip()
+            assert block[row].endswith(shown), "\n".join(block)
+            caret = block[row + 1]
             bar = caret.index("|")
-            assert caret[bar + 2 :].index("^") == col - 1, "\n".join(block[:4])
+            assert caret[bar + 2 :].index("^") == len(escape(src_lines[line - 1].expandtabs(1)[: col - 1])), "\n".join(
+                block
+            )

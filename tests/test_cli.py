@@ -330,7 +330,7 @@ def test_text_rendering_header_source_line_and_caret(capsys):
     i = lines.index(f"{path}:11:12: error[E024]: unknown operator `layernorm`")
     assert lines[i + 1] == "    |"
     assert lines[i + 2] == " 11 |     - {op: layernorm, name: ln, input: x}"
-    assert lines[i + 3] == "    |            ^"
+    assert lines[i + 3] == "    |            ^^^^^^^^^"  # the whole span of `layernorm`
     assert lines[i + 3].index("^") - lines[i + 3].index("|") - 2 == 11  # column 12
     assert lines[i + 4] == "  = help: did you mean `layer_norm`?"
 
@@ -362,9 +362,16 @@ def test_json_format(capsys):
         "file": str(path),
         "line": 12,
         "col": 36,
+        "end_line": 12,
+        "end_col": 45,
         "message": "`res`: add needs inputs of one shape, got [batch, 16] and [batch, 32]",
         "help": None,
         "notes": [],
+        "labels": [],
+        "path": ["model", "layers", 1, "inputs"],
+        "key": None,
+        "mesh": None,
+        "spec": None,
     }
 
 

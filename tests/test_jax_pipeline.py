@@ -1,4 +1,4 @@
-"""Pipeline parallelism in the JAX target (templates/jax/train.py.j2, "Pipeline"), on 8 simulated CPU devices.
+"""Pipeline parallelism in the JAX target (templates/jax/pipeline.py.j2), on 8 simulated CPU devices.
 
 Equivalence: every schedule (gpipe, 1f1b, interleaved with 2 virtual stages) on pipe=2 x data=2 x tensor=2
 (the gpt-pipe example's default mesh: pipeline with data and tensor parallelism) and 1f1b on pipe=4 give

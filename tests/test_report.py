@@ -20,7 +20,7 @@ from mithril_spec import cli
 from mithril_spec.frontend import compile_file
 from mithril_spec.planner.costs import estimate
 from mithril_spec.planner.hardware import lookup
-from mithril_spec.planner.report import render_report
+from mithril_spec.render.report import render_report
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM_FLAGS = [

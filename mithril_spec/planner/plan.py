@@ -9,6 +9,7 @@ from typing import Optional
 
 from ..diagnostics import Diagnostic, DiagnosticError, did_you_mean
 from ..graph import Graph, InputNode, Param
+from ..ops import TensorType
 from ..ops import OPS
 from ..source import Document
 from ..spec.root import Spec
@@ -94,6 +95,30 @@ class Plan:
 
     def param(self, name: str) -> ParamPlan:
         return self._by_name[name]
+
+    def activation_layout(self, t: TensorType) -> tuple[tuple[str, ...], ...]:
+        """Mesh axes per dimension of an activation (without its batch dimension, which takes `batch_axes`).
+        The one policy every consumer uses (cost model, render adapters): a dimension takes the mesh axes of
+        size > 1 its logical axis is ruled to, less the batch axes and those another dimension took, when
+        their product divides it; otherwise it is whole. Dimensions are served from the last (the features,
+        which tensor parallelism splits) to the first (the sequence, which sequence parallelism splits), so
+        logits ruled `[seq, vocab]` to `tensor` twice are vocab-parallel, as Megatron computes them."""
+        key = (t.shape, t.axes)
+        hit = self._layouts.get(key)
+        if hit is None:
+            used = set(self.batch_axes)
+            dims: list[tuple[str, ...]] = [()] * len(t.shape)
+            for i in reversed(range(len(t.shape))):
+                axes = tuple(a for a in self.rule(t.axes[i]) if self.mesh.sizes.get(a, 1) > 1 and a not in used)
+                if axes and t.shape[i] % self.mesh.degree(axes) == 0:
+                    used.update(axes)
+                    dims[i] = axes
+            hit = self._layouts[key] = tuple(dims)
+        return hit
+
+    @functools.cached_property
+    def _layouts(self) -> dict:
+        return {}
 
     def rule(self, logical: Optional[str]) -> tuple[str, ...]:
         """The mesh axes the rules assign to a logical axis (as written; the built-in defaults apply)."""

@@ -21,6 +21,7 @@ from ..targets import TARGETS
 from .context import make_context
 from .environment import environment
 
+
 class RenderError(Exception):
     pass
 

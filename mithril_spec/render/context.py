@@ -143,10 +143,6 @@ def make_context(plan: Plan, target: str, spec_file: str) -> dict[str, Any]:
             tp.update(_tp_styles(plan, "", node))
     for b in blocks.values():
         b["tp"] = block_tp.get(b["name"], {})
-    layer_op = {}
-    for node in graph.layers:
-        for inner in (node.layers if isinstance(node, RepeatNode) else (node,)):
-            layer_op[inner.name] = inner.op
     first_seq = next((i.input.type.shape[0] for i in plan.inputs if i.input.type.is_int and i.input.type.shape),
                      None)
     opt = tr.optimizer.model_dump()
@@ -194,8 +190,7 @@ def make_context(plan: Plan, target: str, spec_file: str) -> dict[str, Any]:
                 "decay": p.decay,
                 "layer": p.param.layer,
                 # nn.Linear keeps [out, in]: the torch program transposes at the npz boundary
-                "transpose": len(p.param.shape) == 2 and p.name.endswith("weight")
-                and layer_op.get(p.param.layer.split(".")[-1]) in TRANSPOSED_OPS,
+                "transpose": p.param.torch_transposed,
                 "fsdp_dim": next((i for i, d in enumerate(p.spec) if "fsdp" in d), None),
             }
             for p in plan.params

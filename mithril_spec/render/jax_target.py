@@ -8,8 +8,11 @@
   it. The program pins such a layout with `with_sharding_constraint` where it is more than batch
   splitting (tensor-parallel features), on every block output (the residual stream) and after
   embedding lookups.
-- Which op helpers the program needs, and whether it carries buffers (batch_norm), dropout keys or a
-  load-balancing loss (moe).
+- Which op helpers the program needs (with the attrs of every layer of each op, so a helper holds only
+  the code some layer runs), and whether it carries buffers (batch_norm), dropout keys or a
+  load-balancing loss (moe). Operators are asked through the registry (`OPS[kind]`), not by name.
+- The flags that keep out of the program what its spec never runs: master weights, ZeRO, the number of
+  micro-batches a step accumulates over (one: no loop).
 - moe layers: their per-sample capacity, and the two layouts of the dispatched tokens [B, E, C, d] the
   program pins (like the tokens: batch split; like the experts: experts split over the experts' mesh axes).
 - The pipeline (`jax.pipeline`, only with more than one stage): the repeated block it splits, the layers
@@ -24,7 +27,7 @@ import math
 from typing import Any
 
 from ..graph import RepeatNode
-from ..ops import TensorType
+from ..ops import OPS, TensorType
 from ..planner.layouts import DEFAULT_RULES, _as_axes
 from ..planner.plan import Plan
 from .context import rename_vars
@@ -110,6 +113,9 @@ def _pipeline(plan: Plan, layers: list[dict[str, Any]]) -> dict[str, Any] | None
         "per_stage": per,
         "order": order,
         "stacked": stacked,
+        # rank 0 shares the finished micro-batches: each pipe rank runs the head on its own share when
+        # the pipe ranks divide them, else every rank on all of them
+        "split": pp.microbatches % pp.pipe == 0,
     }
 
 
@@ -139,7 +145,7 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
         return layer
 
     layers = []
-    ops: set[str] = set()
+    op_attrs: dict[str, list[dict[str, Any]]] = {}  # op -> the attrs of each of its layers
     has_dropout = has_buffers = False
     for layer in copy.deepcopy(ctx["layers"]):
         node = nodes[layer["name"]]
@@ -147,9 +153,11 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
         if isinstance(node, RepeatNode):
             layer["block_fn"] = block_fns[node.block]
         else:
-            ops.add(node.op)
-            if node.op == "moe":
+            if OPS[node.op].expert_dims:
                 _moe(layer, plan, "")
+            op_attrs.setdefault(node.op, []).append(layer["attrs"])
+            has_dropout |= OPS[node.op].is_random(layer["attrs"])
+            has_buffers |= bool(layer["buffers"])
         layers.append(layer)
 
     blocks = []
@@ -163,39 +171,44 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
         block["fn"] = block_fns[block["name"]]
         for layer in block["layers"]:
             annotate(layer, inner[layer["name"]], vars_)
-            ops.add(layer["op"])
-            if layer["op"] == "moe":
+            if OPS[layer["op"]].expert_dims:
                 _moe(layer, plan, f"{rep.name}.0.")
+            op_attrs.setdefault(layer["op"], []).append(layer["attrs"])
         block["output_var"] = vars_[block["output"]]
         block["has_buffers"] = any(layer["buffers"] for layer in block["layers"])
-        block["has_dropout"] = any(layer["op"] == "dropout" and layer["attrs"]["rate"] > 0
-                                   for layer in block["layers"])
+        block["has_dropout"] = any(OPS[layer["op"]].is_random(layer["attrs"]) for layer in block["layers"])
         block["out_layout"] = _activation_layout(rep.out, plan, rules)
-        block["has_aux"] = any(layer["op"] == "moe" for layer in block["layers"])
+        block["has_aux"] = any(OPS[layer["op"]].has_aux_loss for layer in block["layers"])
         has_dropout |= block["has_dropout"]
         has_buffers |= block["has_buffers"]
         blocks.append(block)
-    for layer in layers:
-        if layer["op"] != "repeat":
-            has_dropout |= layer["op"] == "dropout" and layer["attrs"]["rate"] > 0
-            has_buffers |= bool(layer["buffers"])
 
     loss = dict(ctx["loss"])
     loss["prediction_var"] = top_vars[loss["prediction"]]
     loss["targets_var"] = top_vars[loss["targets"]]
     loss["targets_is_input"] = any(i["name"] == loss["targets"] for i in inputs)
+    pipeline = _pipeline(plan, layers)
+    tr = plan.spec.training
+    # micro-batch iterations of the train step's loop: pipeline runs, else micro-batches, else a one-stage
+    # pipeline's chunks (docs/program.md "Pipeline stages")
+    accum = tr.grad_accum * (plan.pipeline.microbatches if plan.pipeline and not pipeline else 1)
     return {
         "inputs": inputs,
         "layers": layers,
         "blocks": blocks,
         "loss": loss,
         "jax": {
-            "ops": sorted(ops),
+            "ops": sorted(op_attrs),
+            "op_attrs": {op: op_attrs[op] for op in sorted(op_attrs)},
             "has_dropout": has_dropout,
             "has_buffers": has_buffers,
-            "has_aux": "moe" in ops,  # a load-balancing loss joins the model loss
-            "pipeline": _pipeline(plan, layers),
-            "zero": plan.spec.training.zero,  # not in the shared context (yet)
+            # a load-balancing loss joins the model loss
+            "has_aux": any(OPS[op].has_aux_loss for op in op_attrs),
+            "pipeline": pipeline,
+            "zero": tr.zero,  # not in the shared context (yet)
+            # a float32 master copy of 16-bit parameters in the optimizer state
+            "master_weights": bool(tr.precision.master_weights and tr.precision.params != "float32"),
+            "accum": accum,
             # per-device bytes the planner predicts (`mithril-spec plan`); the program reports what it holds
             "planned": {"params": plan.memory.params, "optimizer": plan.memory.optimizer,
                         "buffers": plan.memory.buffers},

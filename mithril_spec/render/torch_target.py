@@ -21,6 +21,7 @@ import copy
 from typing import Any
 
 from ..graph import Node, RepeatNode
+from ..ops import OPS
 from ..planner.plan import Plan
 from ..targets.torch import pipeline_flow
 from ..targets.torch import sequence_parallel as torch_sequence_parallel
@@ -34,7 +35,6 @@ MODEL_NAMES = {"F", "torch", "nn", "np", "math", "self", "block", "rope", "zlib"
 PROGRAM_NAMES = {"Model", "Attention", "MLP", "LayerNorm", "RMSNorm", "BatchNorm", "Dropout", "PosEmbedding", "Data",
                  "Metrics", "F", "DDP", "MoE", "Weights", "Holder"}
 
-TRANSPOSED_OPS = ("linear", "attention", "mlp")  # their 2-D weights are nn.Linear weights: [out, in] in torch
 SLOTS = {"adamw": 2, "adam": 2, "sgd": 1}
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -63,11 +63,12 @@ def _styles(ctx_tp: dict[str, str], prefix: str, nodes, sp: bool) -> dict[str, s
             out.update({prefix + k: v for k, v in mine.items()})
             continue
         # Sequence parallel: activations between layers hold seq / tensor positions on each rank.
-        if node.op in ("attention", "mlp"):
+        kind = OPS[node.op].tensor_parallel
+        if kind == "pair":
             out[prefix + node.name] = "gather_input"  # all-gather the sequence once for q, k, v (fc, gate, up)
             for k, v in mine.items():
                 out[prefix + k] = "colwise" if v == "colwise" else "rowwise_sp"  # reduce-scatter the output
-        elif node.op == "linear" and mine:
+        elif kind and mine:  # "linear": column- or row-parallel by its weight's layout
             style = mine[node.name]
             out[prefix + node.name] = "colwise_sp" if style == "colwise" else "rowwise_sp"
         elif node.params:  # norms (and linear layers not split): whole weights on sequence shards
@@ -125,20 +126,24 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
     for i in inputs:
         i["var"] = top_vars[i["name"]]
 
-    ops: set[str] = set()
+    ops: set[str] = set()  # operators the model uses; `<op>_rng` for those that draw random numbers
+    activations: dict[str, set[str]] = {}  # by operator (mlp, moe): the activations its layers use
     rotary = False
 
     def annotate(layer: dict[str, Any], vars_: dict[str, str]) -> dict[str, Any]:
         nonlocal rotary
         layer["var"] = vars_[layer["name"]]
         layer["input_vars"] = [vars_[n] for n in layer["inputs"]]
-        if layer["op"] == "linear" and layer["attrs"].get("tie"):
-            layer["tie_attr"] = attr_path(layer["attrs"]["tie"])
-        if layer["op"] != "repeat":
+        if layer["op"] in OPS:  # not a repeat
+            attrs = layer["attrs"]
+            if attrs.get("tie"):
+                layer["tie_attr"] = attr_path(attrs["tie"])
             ops.add(layer["op"])
-            if layer["op"] == "dropout" and layer["attrs"]["rate"] > 0:
-                ops.add("dropout_rng")
-            rotary |= layer["op"] == "attention" and bool(layer["attrs"].get("rotary"))
+            if OPS[layer["op"]].is_random(attrs):
+                ops.add(layer["op"] + "_rng")
+            if attrs.get("activation"):
+                activations.setdefault(layer["op"], set()).add(attrs["activation"])
+            rotary |= bool(attrs.get("rotary"))
         return layer
 
     # block classes: never a name the program uses for something else
@@ -206,13 +211,19 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
         node = nodes.get(layer[0])
         if isinstance(node, RepeatNode):
             node = next(n for n in node.layers if n.name == layer[2])
-        is_t = len(p["shape"]) == 2 and p["name"].endswith("weight") and node.op in TRANSPOSED_OPS
+        # nn.Linear weights are [out, in] in torch
+        is_t = p["name"][len(p["layer"]) + 1:] in OPS[node.op].torch_transposed
         if is_t:
             transposed.add(p["name"])
         d = p["fsdp_dim"]
         fsdp_dims[p["name"]] = None if d is None else (1 - d if is_t else d)
 
-    pdtype = plan.spec.training.precision.params
+    precision = plan.spec.training.precision
+    pdtype = precision.params
+    fsdp = dp in ("fsdp", "hsdp")
+    mixed = precision.compute != precision.params
+    random = any(o.endswith("_rng") for o in ops)
+    expert_params = [p["name"] for p in ctx["params"] if any(d and "expert" in d for d in p["layout"])]
     opt = plan.spec.training.optimizer
     slots = SLOTS[opt.name] if not (opt.name == "sgd" and opt.momentum == 0) else 0
     devices = plan.mesh.devices
@@ -225,10 +236,20 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
         "blocks": blocks,
         "loss": loss,
         "torch": {
+            # what the program holds: only what its spec runs
             "ops": sorted(ops),
+            "activations": {op: sorted(a) for op, a in activations.items()},  # mlp / moe activations in use
             "rotary": rotary,
             "has_buffers": bool(ctx["buffers"]),
+            "aux_loss": any(OPS[o].has_aux_loss for o in ops if o in OPS),  # the model adds a layer's loss
+            # where the current micro-batch sits (dropout masks, batch-norm bookkeeping read it)
+            "micro_state": random or bool(ctx["buffers"]),
+            "distributed": devices > 1,
             "dp": dp,
+            "fsdp": fsdp,  # FSDP2 fully_shard (dp fsdp or hsdp)
+            "sharded": Fs > 1,  # FSDP2 shards over an fsdp axis larger than 1
+            "mixed": mixed,  # compute dtype differs from the parameters' dtype
+            "autocast": mixed and not fsdp,  # torch.autocast (FSDP2 casts with its MixedPrecisionPolicy)
             "fsdp_sharded": fsdp_sharded,
             "tp_plan": tp_plan,
             "sp_repeats": sp_repeats,
@@ -240,7 +261,8 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
             "mesh_axes": ({"pipe": P} if P > 1 else {}) | {"data": D, "fsdp": Fs} | (
                 {"expert": X} if X > 1 else {}) | {"tensor": T},
             "expert": X,
-            "expert_params": [p["name"] for p in ctx["params"] if any(d and "expert" in d for d in p["layout"])],
+            "expert_params": expert_params,
+            "ep": X > 1 and bool(expert_params),  # experts split over `expert` (all-to-all)
             "pipeline": _pipeline(plan, layers, top_vars),
             # a pipeline spec built for one stage runs its micro-batches one after the other
             "chunks": plan.pipeline.microbatches if plan.pipeline and len(plan.pipeline.stages) == 1 else 1,

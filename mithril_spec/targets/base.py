@@ -75,6 +75,7 @@ class Target:
     files: ClassVar[tuple[tuple[str, str], ...]]
     adapter: ClassVar[str]  # the module under mithril_spec/render/ that builds its render context
     imports: ClassVar[str]  # what its programs import besides the standard library
+    limits: ClassVar[tuple[str, ...]] = ()  # what `check_more` refuses, in words (docs/targets.md)
 
     def check(self, plan: Plan, doc: Document) -> list[Diagnostic]:
         """E049 for everything in `plan` this target cannot run."""
@@ -128,6 +129,12 @@ class Target:
             if pp.schedule not in cap.pipeline_schedules:
                 refuse(("pipeline", "schedule"), f"the `{pp.schedule}` pipeline schedule",
                        f"supported schedules: {', '.join(cap.pipeline_schedules)}")
+            if not cap.explicit_stages and not pp.repeat_split:
+                first = next((n for n in plan.graph.layers if n.stage is not None), plan.graph.layers[0])
+                out.append(Diagnostic(
+                    "E049", f"the {self.name} target pipelines one repeated block split evenly over the stages; it "
+                    "does not support explicit `stage:` fields yet", doc.pos(first.path + ("stage",)),
+                    help="remove the `stage:` fields: the planner then splits the repeated block evenly"))
             if tr.zero and not cap.zero_with_pipeline:
                 refuse(("training", "zero"), f"`training.zero: {tr.zero}` with a pipeline",
                        "shard over `fsdp` instead (ZeRO-3), which the pipeline supports")

@@ -31,6 +31,11 @@ class JaxTarget(Target):
     adapter = "jax_target"
     imports = "numpy, jax, optax, orbax-checkpoint"
     pipeline_limit_field = ("op",)
+    limits = (
+        "A pipeline splits one repeated block evenly over the `pipe` axis (the planner's split).",
+        "The pipelined block takes one input; the layers after it (and the loss) read only its output, later "
+        "layers and the model inputs, never the layers before it (those run apart, on every pipe rank).",
+    )
 
     def check_more(self, plan: Plan, doc: Document) -> list[Diagnostic]:
         pp = plan.pipeline
@@ -50,11 +55,7 @@ def _pipeline(plan: Plan, doc: Document) -> list[Diagnostic]:
         out.append(Diagnostic("E049", msg, doc.pos(path), help=help))
 
     if not pp.repeat_split:
-        first = next((n for n in plan.graph.layers if n.stage is not None), plan.graph.layers[0])
-        err(first.path + ("stage",), "the jax target pipelines one repeated block split evenly over the stages; "
-            "it does not support explicit `stage:` fields yet",
-            help="remove the `stage:` fields: the planner then splits the repeated block evenly")
-        return out
+        return out  # explicit stages: refused by Target.check (capabilities.explicit_stages)
     (name,) = pp.repeat_split
     at = next(i for i, n in enumerate(plan.graph.layers) if n.name == name)
     rep = plan.graph.layers[at]

@@ -46,6 +46,20 @@ class TorchTarget(Target):
     )
     adapter = "torch_target"
     imports = "numpy, torch"
+    limits = (
+        "Layer names may not shadow `torch.nn.Module` or FSDP2 `FSDPModule` attributes, nor start with `_`.",
+        "Tensor parallelism over `tensor` applies to " + ", ".join(f"`{k}`" for k in TP_OPS) + " layers: a "
+        "column-parallel linear is followed by a row-parallel one with only element-wise layers between; "
+        "attention and mlp split every input projection on its outputs and the output projection on its inputs.",
+        "Sequence parallelism (the sequence axis ruled to `tensor` in a repeated block) needs the block's layers "
+        "to be per-position operators or tensor-parallel attention / mlp (dropout only with rate 0), and is not "
+        "combined with a pipeline.",
+        "Expert parallelism: the `expert` axis combines with `data` only, and splits exactly the experts of moe "
+        "layers (dimension 0).",
+        "A pipeline passes exactly one tensor from stage to stage; the model inputs go to the first stage, the "
+        "loss targets (a model input) to the last; a tied linear layer sits on its embedding's stage; remat in "
+        "a pipeline needs a repeated block.",
+    )
 
     def check_more(self, plan: Plan, doc: Document) -> list[Diagnostic]:
         return _checks(plan, doc)

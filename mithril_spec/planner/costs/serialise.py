@@ -1,72 +1,79 @@
-"""The "costs" object of `plan --format json`."""
+"""The "costs" object of `plan --format json`: `planner/plan_document.py`'s `Costs` model, from `Costs`."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from .. import plan_document as doc
 from .results import Collective, Costs, StageCosts
 
 
-def _coll_json(c: Collective) -> dict[str, Any]:
-    return {"kind": c.kind, "axes": list(c.axes), "group": c.group, "phase": c.phase, "what": c.what,
-            "bytes": c.bytes, "count": c.count, "total_bytes": c.total_bytes, "wire_bytes": round(c.wire_bytes),
-            "blocking": c.blocking}
+def _collective(c: Collective) -> doc.Collective:
+    return doc.Collective(kind=c.kind, axes=list(c.axes), group=c.group, phase=c.phase, what=c.what,
+                          bytes=c.bytes, count=c.count, total_bytes=c.total_bytes, wire_bytes=round(c.wire_bytes),
+                          blocking=c.blocking)
+
+
+def _stage(s: StageCosts) -> doc.StageCosts:
+    st, a, t = s.states, s.activations, s.temporaries
+    return doc.StageCosts(
+        stage=s.stage,
+        layers=list(s.layers),
+        devices=s.devices,
+        states=doc.TrainingState(params=st.params, grads=st.grads, optimizer=st.optimizer, master=st.master,
+                                 moments=st.moments, buffers=st.buffers, total=st.total),
+        activations=doc.Activations(
+            remat=a.remat, saved=a.saved, recompute=a.recompute, total=a.total,
+            by_op=dict(sorted(a.by_op.items())),
+            blocks=[doc.ActivationBlock(name=bl.name, count=bl.count, per_copy=bl.per_copy, scores=bl.scores,
+                                        checkpoint=bl.checkpoint) for bl in a.blocks],
+        ),
+        temporaries=doc.Temporaries(gradient_flow=t.gradient_flow, loss=t.loss, gathered_params=t.gathered_params,
+                                    unsharded_grads=t.unsharded_grads, optimizer=t.optimizer, total=t.total),
+        in_flight=s.in_flight,
+        flops_per_device=s.flops_per_device,
+        collectives=[_collective(c) for c in s.collectives],
+        peak=s.peak,
+    )
+
+
+def costs_document(costs: Costs) -> doc.Costs:
+    """The "costs" object of `plan --format json`, as a model (its fields: schemas/plan.schema.json)."""
+    f, t, hw = costs.flops, costs.time, costs.hardware
+    return doc.Costs(
+        remat=costs.remat,
+        zero=costs.zero,
+        micro_batches=costs.micro_batches,
+        local_batch=costs.local_batch,
+        peak_bytes=costs.peak,
+        stages=[_stage(s) for s in costs.stages],
+        collectives=[_collective(c) for c in costs.collectives],
+        comm_bytes=sum(c.total_bytes for c in costs.collectives),
+        flops=doc.Flops(
+            forward=f.forward, backward=f.backward, recompute=f.recompute, model=f.model,
+            per_device=doc.PerDeviceFlops(forward=f.per_device_forward, backward=f.per_device_backward,
+                                          recompute=f.per_device_recompute, total=f.per_device_total),
+        ),
+        hardware=None if hw is None else doc.Hardware(
+            name=hw.name, description=hw.description, flops=dict(hw.flops), memory_bytes=hw.memory_bytes,
+            reserved_bytes=hw.reserved_bytes, hbm_bytes_per_s=hw.hbm_bytes_per_s,
+            devices_per_node=hw.devices_per_node, intra_node_bytes_per_s=hw.intra_node_bytes_per_s,
+            inter_node_bytes_per_s=hw.inter_node_bytes_per_s, intra_node_latency_s=hw.intra_node_latency_s,
+            inter_node_latency_s=hw.inter_node_latency_s, efficiency=hw.efficiency,
+        ),
+        fits=costs.fits,
+        capacity_bytes=costs.capacity,
+        time=None if t is None else doc.StepTime(
+            peak_flops=t.peak_flops, efficiency=t.efficiency, compute_s=t.compute_s,
+            blocking_comm_s=t.blocking_comm_s, overlapped_comm_s=t.overlapped_comm_s,
+            exposed_comm_s=t.exposed_comm_s, optimizer_s=t.optimizer_s, bubble=t.bubble, step_s=t.step_s,
+            mfu=t.mfu, hfu=t.hfu, samples_per_s=t.samples_per_s, tokens_per_s=t.tokens_per_s,
+            collective_s=list(t.collective_s), links=list(t.links),
+        ),
+        notes=list(costs.notes),
+    )
 
 
 def costs_to_json(costs: Costs) -> dict[str, Any]:
-    """The "costs" object of `plan --format json` (every key documented in docs/cost-model.md)."""
-
-    def stage(s: StageCosts) -> dict:
-        st, a, t = s.states, s.activations, s.temporaries
-        return {
-            "stage": s.stage,
-            "layers": list(s.layers),
-            "devices": s.devices,
-            "states": {"params": st.params, "grads": st.grads, "optimizer": st.optimizer, "master": st.master,
-                       "moments": st.moments, "buffers": st.buffers, "total": st.total},
-            "activations": {
-                "remat": a.remat, "saved": a.saved, "recompute": a.recompute, "total": a.total,
-                "by_op": dict(sorted(a.by_op.items())),
-                "blocks": [{"name": bl.name, "count": bl.count, "per_copy": bl.per_copy, "scores": bl.scores,
-                            "checkpoint": bl.checkpoint} for bl in a.blocks],
-            },
-            "temporaries": {"gradient_flow": t.gradient_flow, "loss": t.loss, "gathered_params": t.gathered_params,
-                            "unsharded_grads": t.unsharded_grads, "optimizer": t.optimizer, "total": t.total},
-            "in_flight": s.in_flight,
-            "flops_per_device": s.flops_per_device,
-            "collectives": [_coll_json(c) for c in s.collectives],
-            "peak": s.peak,
-        }
-
-    out: dict[str, Any] = {
-        "remat": costs.remat,
-        "zero": costs.zero,
-        "micro_batches": costs.micro_batches,
-        "local_batch": costs.local_batch,
-        "peak_bytes": costs.peak,
-        "stages": [stage(s) for s in costs.stages],
-        "collectives": [_coll_json(c) for c in costs.collectives],
-        "comm_bytes": sum(c.total_bytes for c in costs.collectives),
-        "flops": {
-            "forward": costs.flops.forward, "backward": costs.flops.backward, "recompute": costs.flops.recompute,
-            "model": costs.flops.model, "per_device": {
-                "forward": costs.flops.per_device_forward, "backward": costs.flops.per_device_backward,
-                "recompute": costs.flops.per_device_recompute, "total": costs.flops.per_device_total},
-        },
-        "hardware": costs.hardware.to_json() if costs.hardware else None,
-        "fits": costs.fits,
-        "capacity_bytes": costs.capacity,
-        "time": None,
-        "notes": list(costs.notes),
-    }
-    t = costs.time
-    if t is not None:
-        out["time"] = {
-            "peak_flops": t.peak_flops, "efficiency": t.efficiency, "compute_s": t.compute_s,
-            "blocking_comm_s": t.blocking_comm_s, "overlapped_comm_s": t.overlapped_comm_s,
-            "exposed_comm_s": t.exposed_comm_s, "optimizer_s": t.optimizer_s, "bubble": t.bubble,
-            "step_s": t.step_s, "mfu": t.mfu, "hfu": t.hfu, "samples_per_s": t.samples_per_s,
-            "tokens_per_s": t.tokens_per_s,
-            "collective_s": list(t.collective_s), "links": list(t.links),
-        }
-    return out
+    """The "costs" object of `plan --format json` as plain JSON data (fields: schemas/plan.schema.json)."""
+    return costs_document(costs).model_dump(mode="json", by_alias=True)

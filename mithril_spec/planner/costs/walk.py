@@ -103,7 +103,6 @@ class Walk:
         tr = spec.training
         self.mesh = plan.mesh
         self.batch = frozenset(plan.batch_axes)
-        self.rules = plan.rules.table  # as written: a logical axis without a rule is not split
         pl = plan.pipeline
         self.pipe = plan.mesh.sizes.get("pipe", 1)
         self.n_micro = pl.microbatches if pl is not None else 1  # pipeline micro-batches per grad_accum step
@@ -122,18 +121,14 @@ class Walk:
 
     # -- activation layouts
     def act_axes(self, t: TensorType, dims: Optional[tuple[int, ...]] = None) -> frozenset:
-        """Mesh axes (not batch axes) the rules shard activation `t` over (optionally only some dims)."""
-        key = (t.axes, dims)
+        """Mesh axes (not batch axes) activation `t` is split over (optionally only some dims): the plan's
+        activation layout."""
+        key = (t.shape, t.axes, dims)
         hit = self._axes_cache.get(key)
         if hit is None:
-            out = []
-            for i, a in enumerate(t.axes):
-                if a is None or (dims is not None and i not in dims):
-                    continue
-                for m in self.rules.get(a, ()):
-                    if self.mesh.sizes.get(m, 1) > 1 and m not in self.batch and m not in out:
-                        out.append(m)
-            hit = self._axes_cache[key] = frozenset(out)
+            layout = self.plan.activation_layout(t)
+            hit = self._axes_cache[key] = frozenset(
+                a for i, d in enumerate(layout) if dims is None or i in dims for a in d)
         return hit
 
     def deg(self, axes) -> int:

@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.experimental import multihost_utils
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -238,38 +239,17 @@ PLANNED_BYTES = {"params": 273920, "optimizer": 547840, "buffers": 0}
 # ----------------------------------------------------------------------------
 
 
-def rope(x, base):
-    """Rotary position embedding of [B, T, n, h] in the rotate-half convention: dimension i < h/2 pairs
-    with i + h/2 and turns by the angle t * base**(-2i/h) at position t (angles in float64, then
-    float32; the rotation in float32)."""
-    T, h = x.shape[1], x.shape[-1]
-    inv_freq = base ** (-np.arange(0, h // 2, dtype=np.float64) * 2 / h)
-    angles = (np.arange(T, dtype=np.float64)[:, None] * inv_freq[None]).astype(np.float32)
-    cos, sin = jnp.cos(angles)[:, None], jnp.sin(angles)[:, None]  # [T, 1, h/2]
-    xf = x.astype(jnp.float32)
-    x1, x2 = xf[..., : h // 2], xf[..., h // 2 :]
-    return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).astype(x.dtype)
-
-
-def attention(
-    x, p, pre, heads, head_dim, kv_heads=None, causal=False, rotary_base=None, bias=False
-):
-    """Multi-head self-attention over [B, T, D] with parameters pre + "q.weight" etc. Query head j reads
-    key/value head j // (heads // kv_heads) (grouped-query attention); rotary embeddings when a
-    rotary_base is given. Scores and softmax in float32."""
+def attention(x, p, pre, heads, head_dim, causal=False, bias=False):
+    """Multi-head self-attention over [B, T, D] with parameters pre + "q.weight" etc.
+    Scores and softmax in float32."""
     B, T, _ = x.shape
-    kv_heads = kv_heads or heads
 
     def project(name, n):
         y = x @ p[pre + name + ".weight"]
         y = y + p[pre + name + ".bias"] if bias else y
         return y.reshape(B, T, n, head_dim)
 
-    q, k, v = project("q", heads), project("k", kv_heads), project("v", kv_heads)
-    if rotary_base:
-        q, k = rope(q, rotary_base), rope(k, rotary_base)
-    if kv_heads != heads:  # grouped-query: kv head i serves the query heads i*g .. i*g+g-1
-        k, v = (jnp.repeat(t, heads // kv_heads, axis=2) for t in (k, v))
+    q, k, v = project("q", heads), project("k", heads), project("v", heads)
     scores = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / math.sqrt(head_dim)
     if causal:
         scores = jnp.where(jnp.tril(jnp.ones((T, T), dtype=bool)), scores, -jnp.inf)
@@ -297,15 +277,14 @@ def layer_norm(x, weight, bias, eps):
 
 
 def mlp(x, p, pre, activation, bias):
-    """The feed-forward block: proj(act(fc(x))), or down(silu(gate(x)) * up(x)) for swiglu. Its gelu is
-    the tanh approximation (GPT-2's)."""
+    """The feed-forward block: proj(act(fc(x))).
+    Its gelu is the tanh approximation (GPT-2's).
+    """
 
     def dense(name, h):
         y = h @ p[pre + name + ".weight"]
         return y + p[pre + name + ".bias"] if bias else y
 
-    if activation == "swiglu":
-        return dense("down", jax.nn.silu(dense("gate", x)) * dense("up", x))
     act = {
         "gelu": lambda h: jax.nn.gelu(h, approximate=True),
         "relu": jax.nn.relu,
@@ -318,20 +297,6 @@ def cross_entropy(logits, targets):
     """Mean over every target position of the (micro-)batch, in float32."""
     losses = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets)
     return losses.mean()
-
-
-REMAT_POLICIES = {
-    "selective": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # keep weight matmuls only
-    "full": jax.checkpoint_policies.nothing_saveable,  # keep only the inputs
-}
-
-
-def remat(fn, static_argnums=()):
-    """Activation recomputation (the spec's `remat`): the backward pass recomputes inside `fn` what the
-    policy does not keep, instead of holding it in memory from the forward pass."""
-    if REMAT == "none":
-        return fn
-    return jax.checkpoint(fn, policy=REMAT_POLICIES[REMAT], static_argnums=static_argnums)
 
 
 def decoder_block(p, pre, block_input):
@@ -403,11 +368,14 @@ def stack_params(params):
 
 def unstack_params(params):
     """The train state's parameters (host arrays) -> parameters by canonical name."""
-    out = {}
-    for name, w in params.items():
-        for q, i in enumerate(STACK_ORDER if name.startswith(STACKED) else [None]):
-            out[copy_name(name, i)] = w if i is None else w[q]
-    return {name: out[name] for name in PARAMS}
+    # row q of a stacked array is copy STACK_ORDER[q]
+    copies = {
+        copy_name(name, i): w[q]
+        for name, w in params.items()
+        if name.startswith(STACKED)
+        for q, i in enumerate(STACK_ORDER)
+    }
+    return {name: copies[name] if name in copies else params[name] for name in PARAMS}
 
 
 def varying(tree):
@@ -427,7 +395,7 @@ def varying(tree):
 def pipeline_stage(sp, chunk, x):
     """Stage `chunk` (0 .. VIRTUAL_STAGES - 1) of this pipe rank: PER_STAGE copies of the block, whose
     parameters are this rank's rows of the stacked arrays `sp`."""
-    block = remat(decoder_block, static_argnums=(1,))
+    block = decoder_block
     for i in range(PER_STAGE):
         row = chunk * PER_STAGE + i
         p = {
@@ -569,53 +537,25 @@ def make_optimizer():
     opt = optax.adamw(
         lr_schedule, b1=BETAS[0], b2=BETAS[1], eps=EPS, weight_decay=WEIGHT_DECAY, mask=decay
     )
-    return optax.chain(clip_by_global_norm(CLIP_GRAD_NORM), opt) if CLIP_GRAD_NORM else opt
+    return optax.chain(clip_by_global_norm(CLIP_GRAD_NORM), opt)
 
 
 def init_optimizer(optimizer, params):
-    """The optimizer state; with MASTER_WEIGHTS it also holds the float32 master copy of the parameters,
-    and the optimizer works on that copy (so its moments are float32)."""
-    if not MASTER_WEIGHTS:
-        return optimizer.init(params)
-    master = jax.tree.map(lambda w: w.astype(jnp.float32), params)
-    return {"master": master, "inner": optimizer.init(master)}
+    """The optimizer state."""
+    return optimizer.init(params)
 
 
 def apply_optimizer(optimizer, grads, opt_state, params):
     """One update: (new parameters, new optimizer state)."""
-    if not MASTER_WEIGHTS:
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state
-    # the update is computed and applied in float32; the stored parameters are its rounding
-    grads = jax.tree.map(lambda g: g.astype(jnp.float32), grads)
-    updates, inner = optimizer.update(grads, opt_state["inner"], opt_state["master"])
-    master = optax.apply_updates(opt_state["master"], updates)
-    return jax.tree.map(lambda w: w.astype(PARAM_DTYPE), master), {"master": master, "inner": inner}
-
-
-def zero_layout(spec, shape):
-    """ZeRO: a parameter's optimizer state (and with ZERO = 2 its gradient) is split further over the
-    batch axes its own layout does not use, on its first dimension that they divide evenly (if any)."""
-    dims = [() if d is None else (d,) if isinstance(d, str) else tuple(d) for d in spec]
-    dims += [()] * (len(shape) - len(dims))
-    extra = tuple(a for a in BATCH_AXES if not any(a in d for d in dims))
-    for i, d in enumerate(dims):
-        if extra and shape[i] % math.prod(MESH[a] for a in d + extra) == 0:
-            dims[i] = d + extra
-            return P(*[d[0] if len(d) == 1 else (d or None) for d in dims])
-    return spec
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
 
 
 def opt_state_shardings(optimizer, abstract_params, param_shardings, replicated):
-    """Each optimizer-state tensor found under a parameter's name (adam's mu and nu, sgd's momentum, the
-    master copy) takes that parameter's layout (split further with ZERO >= 1); the rest (step counters)
-    is replicated. Placing them explicitly also keeps optax's scalar counters off a single device, which
-    jit would reject."""
-    if ZERO >= 1:
-        param_shardings = {
-            name: NamedSharding(s.mesh, zero_layout(s.spec, abstract_params[name].shape))
-            for name, s in param_shardings.items()
-        }
+    """Each optimizer-state tensor found under a parameter's name (adam's mu and nu)
+    takes that parameter's layout. The rest (step counters) is replicated.
+    Placing them explicitly also keeps optax's scalar counters off a single device, which jit would
+    reject."""
 
     def pick(path, leaf):
         for key in reversed(path):
@@ -650,26 +590,25 @@ def initial_params(seed):
 
 
 def load_npz_params(path):
-    """Parameters by canonical name in canonical layout; every name must be present with its shape."""
+    """Parameters by canonical name in canonical layout, float32: every parameter, with its shape, and
+    no other."""
     with np.load(path) as f:
-        loaded = {k: f[k] for k in f.files}
-    missing = sorted(set(PARAMS) - set(loaded))
-    unknown = sorted(set(loaded) - set(PARAMS))
-    if missing or unknown:
+        loaded = {k: f[k].astype(np.float32) for k in f.files}
+    got, want = (
+        {k: a.shape for k, a in loaded.items()},
+        {k: tuple(shape) for k, (shape, _, _) in PARAMS.items()},
+    )
+    if got != want:
         raise SystemExit(
-            f"{path}: missing parameters {missing[:5]}, unknown parameters {unknown[:5]}"
+            f"{path}: parameters missing, unknown or of another shape (name, shape in the file, "
+            f"expected shape; None: absent): "
+            f"{[(k, got.get(k), want.get(k)) for k in sorted({*got, *want}) if got.get(k) != want.get(k)]}"
         )
-    for name, (shape, _, _) in PARAMS.items():
-        if tuple(loaded[name].shape) != tuple(shape):
-            raise SystemExit(
-                f"{path}: {name} has shape {list(loaded[name].shape)}, expected {list(shape)}"
-            )
-    return {k: loaded[k].astype(np.float32) for k in PARAMS}
+    return {k: loaded[k] for k in PARAMS}
 
 
 def save_npz_params(path, arrays):
     """Writes atomically: a temporary file beside the target, then a rename."""
-    path = os.path.abspath(path)
     tmp = f"{path}.tmp-{os.getpid()}.npz"
     np.savez(tmp, **{k: np.asarray(v, dtype=np.float32) for k, v in arrays.items()})
     os.replace(tmp, path)
@@ -685,11 +624,9 @@ def place(host, sharding, dtype):
 def to_host(x):
     """A global jax.Array -> numpy. Several processes each hold only part of it: gathering is a
     collective that every process must call."""
-    if not x.is_fully_addressable:
-        from jax.experimental import multihost_utils
-
-        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-    return np.asarray(x)
+    return np.asarray(
+        x if x.is_fully_addressable else multihost_utils.process_allgather(x, tiled=True)
+    )
 
 
 # ----------------------------------------------------------------------------
@@ -701,54 +638,14 @@ class Data:
     """Samples by global index: every mesh sees the same batches in the same order."""
 
     def __init__(self, path=None, seed=None):
-        self.kind = DATA_KIND
         # synthetic data is drawn from the parameters' seed + 1 (docs/program.md "Data")
         self.seed = DATA_SEED if seed is None else seed
-        self.path = path or DATA_PATH
-        if self.kind == "arrays":
-            if not self.path or not os.path.isdir(self.path):
-                raise SystemExit(f"--data: {self.path!r} is not a directory of .npy files")
-            # Memory-mapped: a process reads only the rows it asks for.
-            self.arrays = {
-                n: np.load(os.path.join(self.path, f"{n}.npy"), mmap_mode="r") for n in INPUTS
-            }
-            for n, (shape, dtype, _) in INPUTS.items():
-                if tuple(self.arrays[n].shape[1:]) != tuple(shape):
-                    raise SystemExit(
-                        f"--data: {n}.npy has samples of shape {list(self.arrays[n].shape[1:])}, "
-                        f"expected {list(shape)}"
-                    )
-            self.rows = min(len(a) for a in self.arrays.values())
-        elif self.kind == "text":
-            if not self.path or not os.path.isfile(self.path):
-                raise SystemExit(f"--data: {self.path!r} is not a file")
-            self.seq = next(iter(INPUTS.values()))[0][0]
-            if os.path.getsize(self.path) < self.seq + 2:
-                raise SystemExit(
-                    f"--data: {self.path} is shorter than one sequence ({self.seq + 2} bytes)"
-                )
-            # memory-mapped: a process reads only the windows it asks for
-            self.text = np.memmap(self.path, dtype=np.uint8, mode="r")
 
     def sample(self, i):
-        if self.kind == "arrays":
-            r = i % self.rows
-            return {n: np.asarray(self.arrays[n][r], dtype=INPUTS[n][1]) for n in INPUTS}
-        if self.kind == "text":
-            o = (i * 7919) % (len(self.text) - self.seq - 1)
-            window = self.text[o : o + self.seq + 1].astype(np.int64)
-            first, second = list(INPUTS)
-            return {
-                first: window[:-1].astype(INPUTS[first][1]),
-                second: window[1:].astype(INPUTS[second][1]),
-            }
         rng = np.random.default_rng([self.seed, i])
         out = {}
         for n, (shape, dtype, high) in INPUTS.items():
-            if high:
-                out[n] = rng.integers(0, high, size=shape, dtype=np.int64).astype(dtype)
-            else:
-                out[n] = rng.standard_normal(shape, dtype=np.float32).astype(dtype)
+            out[n] = rng.integers(0, high, size=shape, dtype=np.int64).astype(dtype)
         return out
 
     def batch(self, start, count):
@@ -766,10 +663,10 @@ def local_rows(sharding, global_shape):
     """The rows (dimension 1: samples of a micro-batch) that this process's devices hold."""
     index = sharding.addressable_devices_indices_map(global_shape).values()
     rows = sorted({r for s in index for r in range(*s[1].indices(global_shape[1]))})
-    if rows != list(range(rows[0], rows[-1] + 1)):
-        die(
-            "this process's rows of the batch are not contiguous; put the batch axes first in the mesh"
-        )
+    require(
+        rows == list(range(rows[0], rows[-1] + 1)),
+        "this process's rows of the batch are not contiguous; put the batch axes first in the mesh",
+    )
     return rows[0], rows[-1] + 1
 
 
@@ -783,7 +680,8 @@ def global_batch(data, step, shardings):
         if (lo, hi) not in cache:
             # chunk k of the step: samples step * BATCH_SIZE + k * CHUNK ...
             cache[lo, hi] = [
-                data.batch(step * BATCH_SIZE + k * CHUNK + lo, hi - lo) for k in range(CHUNKS)
+                data.batch(micro_batch_start(step, 0) + k * CHUNK + lo, hi - lo)
+                for k in range(CHUNKS)
             ]
         local = np.stack([micro[name] for micro in cache[lo, hi]])
         local = local.astype(jax.dtypes.canonicalize_dtype(local.dtype))  # int64: int32 unless x64
@@ -814,16 +712,9 @@ def make_train_step(optimizer, seed):
             return (loss_sum + loss / GRAD_ACCUM, grad_sum, buffers), None
 
         sums = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params), state["buffers"])
-        if GRAD_ACCUM == 1:  # one micro-batch: no loop
-            sums, _ = accumulate(sums, (0, jax.tree.map(lambda a: a[0], batch)))
-        else:  # scan over the batch's first axis, [GRAD_ACCUM, MICROBATCHES, CHUNK, ...]
-            sums, _ = jax.lax.scan(accumulate, sums, (jnp.arange(GRAD_ACCUM), batch))
+        # one micro-batch (GRAD_ACCUM = 1): no loop
+        sums, _ = accumulate(sums, (0, jax.tree.map(lambda a: a[0], batch)))
         loss, grads, buffers = sums
-        if ZERO >= 2:  # each device keeps only the gradient slices its optimizer state updates
-            grads = {
-                n: jax.lax.with_sharding_constraint(g, zero_layout(PARAM_LAYOUTS[n], g.shape))
-                for n, g in grads.items()
-            }
         # the norm before clipping, as torch's clip_grad_norm_ returns it
         grad_norm = optax.global_norm(grads)
         params, opt_state = apply_optimizer(optimizer, grads, state["opt_state"], params)
@@ -867,25 +758,23 @@ def restore_checkpoint(directory, state):
     was written on another mesh or by another number of processes)."""
     import orbax.checkpoint as ocp
 
-    manager = checkpoint_manager(directory)
-    step = manager.latest_step()
-    if step is None:
-        die(f"--resume {directory}: no checkpoint there")
-    meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
-    if meta.get("stack_order") != list(STACK_ORDER):
-        saved = meta.get("stack_order") or "separate arrays (no pipeline)"
-        die(
-            f"--resume {directory}: its train state stacks the copies of `blocks` as {saved}, "
-            f"this program as {list(STACK_ORDER)}: resume it with a build of the same pipeline layout, "
-            "or carry the parameters over with --export-params / --init-params"
+    with checkpoint_manager(directory) as manager:
+        require(manager.latest_step() is not None, f"--resume {directory}: no checkpoint there")
+        saved = manager.restore(
+            manager.latest_step(), args=ocp.args.Composite(meta=ocp.args.JsonRestore())
+        )["meta"].get("stack_order")
+        require(
+            saved == list(STACK_ORDER),
+            f"--resume {directory}: its train state stacks the copies of `blocks` as "
+            f"{saved or 'separate arrays (no pipeline)'}, this program as {list(STACK_ORDER)}: resume it with a "
+            "build of the same pipeline layout, or carry the parameters over with --export-params / --init-params",
         )
-    target = jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state
-    )
-    args = ocp.args.Composite(state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore())
-    restored = manager.restore(step, args=args)
-    manager.close()
-    return restored["state"]
+        target = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state
+        )
+        return manager.restore(
+            manager.latest_step(), args=ocp.args.Composite(state=ocp.args.StandardRestore(target))
+        )["state"]
 
 
 # ----------------------------------------------------------------------------
@@ -939,7 +828,7 @@ class Metrics:
 
     def __init__(self, path, enabled, append=False):
         # A resumed run appends to the metrics of the run it continues; a fresh run starts the file anew.
-        self.f = open(path, "a" if append else "w") if (path and enabled) else None
+        self.f = open(path, "a" if append else "w") if (path and enabled) else None  # noqa: SIM115 (open for the run)
 
     def log(self, **row):
         if self.f:
@@ -951,19 +840,25 @@ class Metrics:
             self.f.close()
 
 
-def die(message):
-    print(f"error: {message}", file=sys.stderr, flush=True)
-    sys.exit(2)
+def require(ok, message):
+    """Exits with code 2 and `message` unless `ok`: what was asked cannot run (docs/program.md)."""
+    if not ok:
+        print(f"error: {message}", file=sys.stderr, flush=True)
+        sys.exit(2)
 
 
 def setup_devices(args):
     """The device count and the distributed runtime can only be configured before JAX touches a device."""
     devices = math.prod(MESH.values())
     n = args.num_processes
-    if n < 1 or devices % n or not 0 <= args.process_id < n:
-        die(
-            f"{n} processes cannot share a mesh of {devices} devices (process id {args.process_id})"
-        )
+    require(
+        n >= 1 and devices % n == 0 and 0 <= args.process_id < n,
+        f"{n} processes cannot share a mesh of {devices} devices (process id {args.process_id})",
+    )
+    require(
+        n == 1 or args.coordinator,
+        "several processes need MITHRIL_COORDINATOR=host:port (or --coordinator)",
+    )
     # Without an accelerator, simulate the mesh with CPU devices: mesh size / processes per process.
     # This only affects the CPU backend. An explicit setting wins (and can provoke a wrong count).
     flags = os.environ.get("XLA_FLAGS", "")
@@ -973,18 +868,16 @@ def setup_devices(args):
     if not explicit:
         jax.config.update("jax_num_cpu_devices", devices // n)
     if n > 1:
-        if not args.coordinator:
-            die("several processes need MITHRIL_COORDINATOR=host:port (or --coordinator)")
         # CPU collectives across processes need gloo (the default fails at the first all-reduce).
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(args.coordinator, num_processes=n, process_id=args.process_id)
-    if jax.device_count() != devices:
-        die(
-            f"this program was built for the mesh {MESH or '(one device)'}: it needs {devices} device(s), "
-            f"but {jax.device_count()} are visible ({jax.process_count()} process(es) x "
-            f"{jax.local_device_count()} {jax.devices()[0].platform} device(s)). Run it with {devices} "
-            "devices in all, or rebuild it for this machine with `mithril-spec build --mesh ...`."
-        )
+    require(
+        jax.device_count() == devices,
+        f"this program was built for the mesh {MESH or '(one device)'}: it needs {devices} device(s), "
+        f"but {jax.device_count()} are visible ({jax.process_count()} process(es) x "
+        f"{jax.local_device_count()} {jax.devices()[0].platform} device(s)). Run it with {devices} "
+        "devices in all, or rebuild it for this machine with `mithril-spec build --mesh ...`.",
+    )
 
 
 def make_mesh():
@@ -1002,27 +895,29 @@ def device0_bytes(tree):
     return sum(s.data.nbytes for s in shards if s.device == d0)
 
 
-def dry_run(mesh, shardings, abstract_state):
-    """What the program would hold: the mesh, every parameter's layout and per-device shape, bytes."""
+def dry_run(mesh, shardings, abstract):
+    """What the program would hold: the mesh, every parameter's layout and per-device shape (the
+    stacked copies of `blocks` as the train state holds them), bytes per device."""
+    held = {
+        key: sum(
+            math.prod(s.shard_shape(a.shape)) * a.dtype.itemsize
+            for a, s in zip(jax.tree.leaves(abstract[key]), jax.tree.leaves(shardings[key]))
+            if a.ndim > 0
+        )
+        for key in ("params", "opt_state", "buffers")
+    }
     print(
         f"mesh: {dict(mesh.shape)} ({mesh.devices.size} {jax.devices()[0].platform} devices, "
-        f"{jax.process_count()} process(es)); batch over {BATCH_AXES or 'no axis'}"
-    )
-    print(f"{'parameter':40s} {'shape':>16s} {'layout':32s} per-device shape")
-    for name in STATE_LAYOUTS:  # the stacked copies of `blocks` as the train state holds them
-        shape, s = state_shape(name), shardings["params"][name]
-        print(f"{name:40s} {str(list(shape)):>16s} {s.spec!s:32s} {list(s.shard_shape(shape))}")
-
-    def nbytes(key):
-        leaves = zip(jax.tree.leaves(abstract_state[key]), jax.tree.leaves(shardings[key]))
-        return sum(
-            math.prod(s.shard_shape(a.shape)) * a.dtype.itemsize for a, s in leaves if a.ndim > 0
-        )
-
-    held = {key: nbytes(key) for key in ("params", "opt_state", "buffers")}
-    print(
+        f"{jax.process_count()} process(es)); batch over {BATCH_AXES or 'no axis'}",
+        f"{'parameter':40s} {'shape':>16s} {'layout':32s} per-device shape",
+        *(
+            f"{name:40s} {list(a.shape)!s:>16s} {s.spec!s:32s} {list(s.shard_shape(a.shape))}"
+            for name, a in abstract["params"].items()
+            for s in [shardings["params"][name]]
+        ),
         f"device 0 bytes: params {held['params']}, optimizer state {held['opt_state']}, buffers "
-        f"{held['buffers']}; planned: {PLANNED_BYTES}"
+        f"{held['buffers']}; planned: {PLANNED_BYTES}",
+        sep="\n",
     )
 
 
@@ -1091,35 +986,36 @@ def init_state(args, optimizer, shardings):
 
 def train(args, mesh):
     is_first = jax.process_index() == 0  # the first process alone prints and writes files
-    if args.data and DATA_KIND == "synthetic":
-        die(
-            "--data: this program's spec draws synthetic data; build it from a spec with `data: {kind: "
-            "arrays}` or `{kind: text}` to read from disk"
-        )
+    require(
+        not args.data,
+        "--data: this program's spec draws synthetic data; build it from a spec with "
+        "`data: {kind: arrays}` or `{kind: text}` to read from disk",
+    )
     optimizer = make_optimizer()
     shardings, batch_shardings, abstract = layouts(mesh, optimizer)
-    if args.dry_run:
-        if is_first:
-            dry_run(mesh, shardings, abstract)
-        return
+    if args.dry_run:  # the first process prints the layouts; nothing is allocated
+        return dry_run(mesh, shardings, abstract) if is_first else None
     state = init_state(args, optimizer, shardings)
     start = int(state["step"])
     checkpoints = checkpoint_manager(args.checkpoint_dir) if args.checkpoint_dir else None
-    if checkpoints and any(s > start for s in checkpoints.all_steps()):
-        die(
-            f"--checkpoint-dir {args.checkpoint_dir} already holds checkpoints of steps after {start} "
-            f"({sorted(checkpoints.all_steps())}): continue with --resume, or choose another directory"
-        )
+    later = sorted(s for s in checkpoints.all_steps() if s > start) if checkpoints else []
+    require(
+        not later,
+        f"--checkpoint-dir {args.checkpoint_dir} already holds checkpoints of steps after {start} "
+        f"({later}): continue with --resume, or choose another directory",
+    )
     if is_first:
-        if args.resume:
-            print(f"resumed from {args.resume} at step {start}", flush=True)
         # optimizer: arrays with ndim > 0 only (optax's step counters are not counted)
         held = {
             "params": device0_bytes(state["params"]),
             "optimizer": device0_bytes(state["opt_state"]),
             "buffers": device0_bytes(state["buffers"]),
         }
-        print("memory " + json.dumps({"device0": held, "planned": PLANNED_BYTES}), flush=True)
+        resumed = f"resumed from {args.resume} at step {start}\n" if args.resume else ""
+        print(
+            resumed + "memory " + json.dumps({"device0": held, "planned": PLANNED_BYTES}),
+            flush=True,
+        )
 
     step_fn = jax.jit(
         make_train_step(optimizer, args.seed),
@@ -1146,8 +1042,7 @@ def train(args, mesh):
             "step_time_s": dt,
             "samples_per_s": BATCH_SIZE / dt,
         }
-        if TOKENS_PER_SAMPLE:
-            row["tokens_per_s"] = BATCH_SIZE * TOKENS_PER_SAMPLE / dt
+        row["tokens_per_s"] = BATCH_SIZE * TOKENS_PER_SAMPLE / dt
         metrics.log(**row)
         if is_first:
             print(
@@ -1164,8 +1059,7 @@ def train(args, mesh):
         checkpoints.close()
     if args.export_params:
         # gathering a parameter that several processes hold is a collective: every process takes part
-        exported = {name: to_host(w).astype(np.float32) for name, w in state["params"].items()}
-        exported = unstack_params(exported)
+        exported = unstack_params({name: to_host(w) for name, w in state["params"].items()})
         if is_first:
             save_npz_params(args.export_params, exported)
 

@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.experimental import multihost_utils
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -162,38 +163,17 @@ PLANNED_BYTES = {"params": 305152, "optimizer": 610304, "buffers": 0}
 # ----------------------------------------------------------------------------
 
 
-def rope(x, base):
-    """Rotary position embedding of [B, T, n, h] in the rotate-half convention: dimension i < h/2 pairs
-    with i + h/2 and turns by the angle t * base**(-2i/h) at position t (angles in float64, then
-    float32; the rotation in float32)."""
-    T, h = x.shape[1], x.shape[-1]
-    inv_freq = base ** (-np.arange(0, h // 2, dtype=np.float64) * 2 / h)
-    angles = (np.arange(T, dtype=np.float64)[:, None] * inv_freq[None]).astype(np.float32)
-    cos, sin = jnp.cos(angles)[:, None], jnp.sin(angles)[:, None]  # [T, 1, h/2]
-    xf = x.astype(jnp.float32)
-    x1, x2 = xf[..., : h // 2], xf[..., h // 2 :]
-    return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).astype(x.dtype)
-
-
-def attention(
-    x, p, pre, heads, head_dim, kv_heads=None, causal=False, rotary_base=None, bias=False
-):
-    """Multi-head self-attention over [B, T, D] with parameters pre + "q.weight" etc. Query head j reads
-    key/value head j // (heads // kv_heads) (grouped-query attention); rotary embeddings when a
-    rotary_base is given. Scores and softmax in float32."""
+def attention(x, p, pre, heads, head_dim, causal=False, bias=False):
+    """Multi-head self-attention over [B, T, D] with parameters pre + "q.weight" etc.
+    Scores and softmax in float32."""
     B, T, _ = x.shape
-    kv_heads = kv_heads or heads
 
     def project(name, n):
         y = x @ p[pre + name + ".weight"]
         y = y + p[pre + name + ".bias"] if bias else y
         return y.reshape(B, T, n, head_dim)
 
-    q, k, v = project("q", heads), project("k", kv_heads), project("v", kv_heads)
-    if rotary_base:
-        q, k = rope(q, rotary_base), rope(k, rotary_base)
-    if kv_heads != heads:  # grouped-query: kv head i serves the query heads i*g .. i*g+g-1
-        k, v = (jnp.repeat(t, heads // kv_heads, axis=2) for t in (k, v))
+    q, k, v = project("q", heads), project("k", heads), project("v", heads)
     scores = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / math.sqrt(head_dim)
     if causal:
         scores = jnp.where(jnp.tril(jnp.ones((T, T), dtype=bool)), scores, -jnp.inf)
@@ -287,20 +267,6 @@ def cross_entropy(logits, targets):
     return losses.mean()
 
 
-REMAT_POLICIES = {
-    "selective": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # keep weight matmuls only
-    "full": jax.checkpoint_policies.nothing_saveable,  # keep only the inputs
-}
-
-
-def remat(fn, static_argnums=()):
-    """Activation recomputation (the spec's `remat`): the backward pass recomputes inside `fn` what the
-    policy does not keep, instead of holding it in memory from the forward pass."""
-    if REMAT == "none":
-        return fn
-    return jax.checkpoint(fn, policy=REMAT_POLICIES[REMAT], static_argnums=static_argnums)
-
-
 def decoder_block(p, pre, block_input):
     """The `decoder` block. Its parameters are named pre + "<layer>.<param>", pre = "<repeat>.<i>.".
     Returns the output and the sum of its moe layers' weighted load-balancing losses."""
@@ -332,7 +298,7 @@ def forward(p, batch):
     wte = embedding(tokens, p["wte.weight"])
     wte = jax.lax.with_sharding_constraint(wte, P(("data", "expert"), None, None))
     wpe = wte + p["wpe.weight"][: wte.shape[1]]
-    block = remat(decoder_block, static_argnums=(1,))
+    block = decoder_block
     x = wpe
     for i in range(2):
         x, aux = block(p, f"blocks.{i}.", x)
@@ -356,7 +322,7 @@ def loss_fn(params, buffers, batch, key):
 
 
 # ----------------------------------------------------------------------------
-# Optimizer: the documented schedule, torch-style clipping, optax (docs/program.md "Numerics").
+# Optimizer: the documented schedule, optax (docs/program.md "Numerics").
 # ----------------------------------------------------------------------------
 def lr_schedule(t):
     """The learning rate at 0-based step t. Written out rather than composed from optax's schedules:
@@ -366,70 +332,30 @@ def lr_schedule(t):
     return jnp.where(t < WARMUP_STEPS, LR * (t + 1) / max(WARMUP_STEPS, 1), after)
 
 
-def clip_by_global_norm(max_norm):
-    """Scales every gradient by min(1, max_norm / (norm + 1e-6)), as torch.nn.utils.clip_grad_norm_ does
-    (optax.clip_by_global_norm divides by the norm without the 1e-6)."""
-
-    def update(updates, state, params=None):
-        del params
-        scale = jnp.minimum(1.0, max_norm / (optax.global_norm(updates) + 1e-6))
-        return jax.tree.map(lambda g: (g * scale).astype(g.dtype), updates), state
-
-    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
-
-
 def make_optimizer():
     decay = {name: len(shape) >= 2 for name, (shape, _, _) in PARAMS.items()}
     opt = optax.adamw(
         lr_schedule, b1=BETAS[0], b2=BETAS[1], eps=EPS, weight_decay=WEIGHT_DECAY, mask=decay
     )
-    return optax.chain(clip_by_global_norm(CLIP_GRAD_NORM), opt) if CLIP_GRAD_NORM else opt
+    return opt
 
 
 def init_optimizer(optimizer, params):
-    """The optimizer state; with MASTER_WEIGHTS it also holds the float32 master copy of the parameters,
-    and the optimizer works on that copy (so its moments are float32)."""
-    if not MASTER_WEIGHTS:
-        return optimizer.init(params)
-    master = jax.tree.map(lambda w: w.astype(jnp.float32), params)
-    return {"master": master, "inner": optimizer.init(master)}
+    """The optimizer state."""
+    return optimizer.init(params)
 
 
 def apply_optimizer(optimizer, grads, opt_state, params):
     """One update: (new parameters, new optimizer state)."""
-    if not MASTER_WEIGHTS:
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state
-    # the update is computed and applied in float32; the stored parameters are its rounding
-    grads = jax.tree.map(lambda g: g.astype(jnp.float32), grads)
-    updates, inner = optimizer.update(grads, opt_state["inner"], opt_state["master"])
-    master = optax.apply_updates(opt_state["master"], updates)
-    return jax.tree.map(lambda w: w.astype(PARAM_DTYPE), master), {"master": master, "inner": inner}
-
-
-def zero_layout(spec, shape):
-    """ZeRO: a parameter's optimizer state (and with ZERO = 2 its gradient) is split further over the
-    batch axes its own layout does not use, on its first dimension that they divide evenly (if any)."""
-    dims = [() if d is None else (d,) if isinstance(d, str) else tuple(d) for d in spec]
-    dims += [()] * (len(shape) - len(dims))
-    extra = tuple(a for a in BATCH_AXES if not any(a in d for d in dims))
-    for i, d in enumerate(dims):
-        if extra and shape[i] % math.prod(MESH[a] for a in d + extra) == 0:
-            dims[i] = d + extra
-            return P(*[d[0] if len(d) == 1 else (d or None) for d in dims])
-    return spec
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
 
 
 def opt_state_shardings(optimizer, abstract_params, param_shardings, replicated):
-    """Each optimizer-state tensor found under a parameter's name (adam's mu and nu, sgd's momentum, the
-    master copy) takes that parameter's layout (split further with ZERO >= 1); the rest (step counters)
-    is replicated. Placing them explicitly also keeps optax's scalar counters off a single device, which
-    jit would reject."""
-    if ZERO >= 1:
-        param_shardings = {
-            name: NamedSharding(s.mesh, zero_layout(s.spec, abstract_params[name].shape))
-            for name, s in param_shardings.items()
-        }
+    """Each optimizer-state tensor found under a parameter's name (adam's mu and nu)
+    takes that parameter's layout. The rest (step counters) is replicated.
+    Placing them explicitly also keeps optax's scalar counters off a single device, which jit would
+    reject."""
 
     def pick(path, leaf):
         for key in reversed(path):
@@ -464,26 +390,25 @@ def initial_params(seed):
 
 
 def load_npz_params(path):
-    """Parameters by canonical name in canonical layout; every name must be present with its shape."""
+    """Parameters by canonical name in canonical layout, float32: every parameter, with its shape, and
+    no other."""
     with np.load(path) as f:
-        loaded = {k: f[k] for k in f.files}
-    missing = sorted(set(PARAMS) - set(loaded))
-    unknown = sorted(set(loaded) - set(PARAMS))
-    if missing or unknown:
+        loaded = {k: f[k].astype(np.float32) for k in f.files}
+    got, want = (
+        {k: a.shape for k, a in loaded.items()},
+        {k: tuple(shape) for k, (shape, _, _) in PARAMS.items()},
+    )
+    if got != want:
         raise SystemExit(
-            f"{path}: missing parameters {missing[:5]}, unknown parameters {unknown[:5]}"
+            f"{path}: parameters missing, unknown or of another shape (name, shape in the file, "
+            f"expected shape; None: absent): "
+            f"{[(k, got.get(k), want.get(k)) for k in sorted({*got, *want}) if got.get(k) != want.get(k)]}"
         )
-    for name, (shape, _, _) in PARAMS.items():
-        if tuple(loaded[name].shape) != tuple(shape):
-            raise SystemExit(
-                f"{path}: {name} has shape {list(loaded[name].shape)}, expected {list(shape)}"
-            )
-    return {k: loaded[k].astype(np.float32) for k in PARAMS}
+    return {k: loaded[k] for k in PARAMS}
 
 
 def save_npz_params(path, arrays):
     """Writes atomically: a temporary file beside the target, then a rename."""
-    path = os.path.abspath(path)
     tmp = f"{path}.tmp-{os.getpid()}.npz"
     np.savez(tmp, **{k: np.asarray(v, dtype=np.float32) for k, v in arrays.items()})
     os.replace(tmp, path)
@@ -499,11 +424,9 @@ def place(host, sharding, dtype):
 def to_host(x):
     """A global jax.Array -> numpy. Several processes each hold only part of it: gathering is a
     collective that every process must call."""
-    if not x.is_fully_addressable:
-        from jax.experimental import multihost_utils
-
-        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-    return np.asarray(x)
+    return np.asarray(
+        x if x.is_fully_addressable else multihost_utils.process_allgather(x, tiled=True)
+    )
 
 
 # ----------------------------------------------------------------------------
@@ -515,54 +438,14 @@ class Data:
     """Samples by global index: every mesh sees the same batches in the same order."""
 
     def __init__(self, path=None, seed=None):
-        self.kind = DATA_KIND
         # synthetic data is drawn from the parameters' seed + 1 (docs/program.md "Data")
         self.seed = DATA_SEED if seed is None else seed
-        self.path = path or DATA_PATH
-        if self.kind == "arrays":
-            if not self.path or not os.path.isdir(self.path):
-                raise SystemExit(f"--data: {self.path!r} is not a directory of .npy files")
-            # Memory-mapped: a process reads only the rows it asks for.
-            self.arrays = {
-                n: np.load(os.path.join(self.path, f"{n}.npy"), mmap_mode="r") for n in INPUTS
-            }
-            for n, (shape, dtype, _) in INPUTS.items():
-                if tuple(self.arrays[n].shape[1:]) != tuple(shape):
-                    raise SystemExit(
-                        f"--data: {n}.npy has samples of shape {list(self.arrays[n].shape[1:])}, "
-                        f"expected {list(shape)}"
-                    )
-            self.rows = min(len(a) for a in self.arrays.values())
-        elif self.kind == "text":
-            if not self.path or not os.path.isfile(self.path):
-                raise SystemExit(f"--data: {self.path!r} is not a file")
-            self.seq = next(iter(INPUTS.values()))[0][0]
-            if os.path.getsize(self.path) < self.seq + 2:
-                raise SystemExit(
-                    f"--data: {self.path} is shorter than one sequence ({self.seq + 2} bytes)"
-                )
-            # memory-mapped: a process reads only the windows it asks for
-            self.text = np.memmap(self.path, dtype=np.uint8, mode="r")
 
     def sample(self, i):
-        if self.kind == "arrays":
-            r = i % self.rows
-            return {n: np.asarray(self.arrays[n][r], dtype=INPUTS[n][1]) for n in INPUTS}
-        if self.kind == "text":
-            o = (i * 7919) % (len(self.text) - self.seq - 1)
-            window = self.text[o : o + self.seq + 1].astype(np.int64)
-            first, second = list(INPUTS)
-            return {
-                first: window[:-1].astype(INPUTS[first][1]),
-                second: window[1:].astype(INPUTS[second][1]),
-            }
         rng = np.random.default_rng([self.seed, i])
         out = {}
         for n, (shape, dtype, high) in INPUTS.items():
-            if high:
-                out[n] = rng.integers(0, high, size=shape, dtype=np.int64).astype(dtype)
-            else:
-                out[n] = rng.standard_normal(shape, dtype=np.float32).astype(dtype)
+            out[n] = rng.integers(0, high, size=shape, dtype=np.int64).astype(dtype)
         return out
 
     def batch(self, start, count):
@@ -580,10 +463,10 @@ def local_rows(sharding, global_shape):
     """The rows (dimension 1: samples of a micro-batch) that this process's devices hold."""
     index = sharding.addressable_devices_indices_map(global_shape).values()
     rows = sorted({r for s in index for r in range(*s[1].indices(global_shape[1]))})
-    if rows != list(range(rows[0], rows[-1] + 1)):
-        die(
-            "this process's rows of the batch are not contiguous; put the batch axes first in the mesh"
-        )
+    require(
+        rows == list(range(rows[0], rows[-1] + 1)),
+        "this process's rows of the batch are not contiguous; put the batch axes first in the mesh",
+    )
     return rows[0], rows[-1] + 1
 
 
@@ -625,16 +508,9 @@ def make_train_step(optimizer, seed):
             return (loss_sum + loss / GRAD_ACCUM, grad_sum, buffers), None
 
         sums = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params), state["buffers"])
-        if GRAD_ACCUM == 1:  # one micro-batch: no loop
-            sums, _ = accumulate(sums, (0, jax.tree.map(lambda a: a[0], batch)))
-        else:  # scan over the batch's first axis, [GRAD_ACCUM, MICRO_BATCH, ...]
-            sums, _ = jax.lax.scan(accumulate, sums, (jnp.arange(GRAD_ACCUM), batch))
+        # one micro-batch (GRAD_ACCUM = 1): no loop
+        sums, _ = accumulate(sums, (0, jax.tree.map(lambda a: a[0], batch)))
         loss, grads, buffers = sums
-        if ZERO >= 2:  # each device keeps only the gradient slices its optimizer state updates
-            grads = {
-                n: jax.lax.with_sharding_constraint(g, zero_layout(PARAM_LAYOUTS[n], g.shape))
-                for n, g in grads.items()
-            }
         # the norm before clipping, as torch's clip_grad_norm_ returns it
         grad_norm = optax.global_norm(grads)
         params, opt_state = apply_optimizer(optimizer, grads, state["opt_state"], params)
@@ -678,17 +554,14 @@ def restore_checkpoint(directory, state):
     was written on another mesh or by another number of processes)."""
     import orbax.checkpoint as ocp
 
-    manager = checkpoint_manager(directory)
-    step = manager.latest_step()
-    if step is None:
-        die(f"--resume {directory}: no checkpoint there")
-    target = jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state
-    )
-    args = ocp.args.Composite(state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore())
-    restored = manager.restore(step, args=args)
-    manager.close()
-    return restored["state"]
+    with checkpoint_manager(directory) as manager:
+        require(manager.latest_step() is not None, f"--resume {directory}: no checkpoint there")
+        target = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state
+        )
+        return manager.restore(
+            manager.latest_step(), args=ocp.args.Composite(state=ocp.args.StandardRestore(target))
+        )["state"]
 
 
 # ----------------------------------------------------------------------------
@@ -742,7 +615,7 @@ class Metrics:
 
     def __init__(self, path, enabled, append=False):
         # A resumed run appends to the metrics of the run it continues; a fresh run starts the file anew.
-        self.f = open(path, "a" if append else "w") if (path and enabled) else None
+        self.f = open(path, "a" if append else "w") if (path and enabled) else None  # noqa: SIM115 (open for the run)
 
     def log(self, **row):
         if self.f:
@@ -754,19 +627,25 @@ class Metrics:
             self.f.close()
 
 
-def die(message):
-    print(f"error: {message}", file=sys.stderr, flush=True)
-    sys.exit(2)
+def require(ok, message):
+    """Exits with code 2 and `message` unless `ok`: what was asked cannot run (docs/program.md)."""
+    if not ok:
+        print(f"error: {message}", file=sys.stderr, flush=True)
+        sys.exit(2)
 
 
 def setup_devices(args):
     """The device count and the distributed runtime can only be configured before JAX touches a device."""
     devices = math.prod(MESH.values())
     n = args.num_processes
-    if n < 1 or devices % n or not 0 <= args.process_id < n:
-        die(
-            f"{n} processes cannot share a mesh of {devices} devices (process id {args.process_id})"
-        )
+    require(
+        n >= 1 and devices % n == 0 and 0 <= args.process_id < n,
+        f"{n} processes cannot share a mesh of {devices} devices (process id {args.process_id})",
+    )
+    require(
+        n == 1 or args.coordinator,
+        "several processes need MITHRIL_COORDINATOR=host:port (or --coordinator)",
+    )
     # Without an accelerator, simulate the mesh with CPU devices: mesh size / processes per process.
     # This only affects the CPU backend. An explicit setting wins (and can provoke a wrong count).
     flags = os.environ.get("XLA_FLAGS", "")
@@ -776,18 +655,16 @@ def setup_devices(args):
     if not explicit:
         jax.config.update("jax_num_cpu_devices", devices // n)
     if n > 1:
-        if not args.coordinator:
-            die("several processes need MITHRIL_COORDINATOR=host:port (or --coordinator)")
         # CPU collectives across processes need gloo (the default fails at the first all-reduce).
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(args.coordinator, num_processes=n, process_id=args.process_id)
-    if jax.device_count() != devices:
-        die(
-            f"this program was built for the mesh {MESH or '(one device)'}: it needs {devices} device(s), "
-            f"but {jax.device_count()} are visible ({jax.process_count()} process(es) x "
-            f"{jax.local_device_count()} {jax.devices()[0].platform} device(s)). Run it with {devices} "
-            "devices in all, or rebuild it for this machine with `mithril-spec build --mesh ...`."
-        )
+    require(
+        jax.device_count() == devices,
+        f"this program was built for the mesh {MESH or '(one device)'}: it needs {devices} device(s), "
+        f"but {jax.device_count()} are visible ({jax.process_count()} process(es) x "
+        f"{jax.local_device_count()} {jax.devices()[0].platform} device(s)). Run it with {devices} "
+        "devices in all, or rebuild it for this machine with `mithril-spec build --mesh ...`.",
+    )
 
 
 def make_mesh():
@@ -805,27 +682,28 @@ def device0_bytes(tree):
     return sum(s.data.nbytes for s in shards if s.device == d0)
 
 
-def dry_run(mesh, shardings, abstract_state):
-    """What the program would hold: the mesh, every parameter's layout and per-device shape, bytes."""
+def dry_run(mesh, shardings, abstract):
+    """What the program would hold: the mesh, every parameter's layout and per-device shape, bytes per device."""
+    held = {
+        key: sum(
+            math.prod(s.shard_shape(a.shape)) * a.dtype.itemsize
+            for a, s in zip(jax.tree.leaves(abstract[key]), jax.tree.leaves(shardings[key]))
+            if a.ndim > 0
+        )
+        for key in ("params", "opt_state", "buffers")
+    }
     print(
         f"mesh: {dict(mesh.shape)} ({mesh.devices.size} {jax.devices()[0].platform} devices, "
-        f"{jax.process_count()} process(es)); batch over {BATCH_AXES or 'no axis'}"
-    )
-    print(f"{'parameter':40s} {'shape':>16s} {'layout':32s} per-device shape")
-    for name, (shape, _, _) in PARAMS.items():
-        s = shardings["params"][name]
-        print(f"{name:40s} {str(list(shape)):>16s} {s.spec!s:32s} {list(s.shard_shape(shape))}")
-
-    def nbytes(key):
-        leaves = zip(jax.tree.leaves(abstract_state[key]), jax.tree.leaves(shardings[key]))
-        return sum(
-            math.prod(s.shard_shape(a.shape)) * a.dtype.itemsize for a, s in leaves if a.ndim > 0
-        )
-
-    held = {key: nbytes(key) for key in ("params", "opt_state", "buffers")}
-    print(
+        f"{jax.process_count()} process(es)); batch over {BATCH_AXES or 'no axis'}",
+        f"{'parameter':40s} {'shape':>16s} {'layout':32s} per-device shape",
+        *(
+            f"{name:40s} {list(a.shape)!s:>16s} {s.spec!s:32s} {list(s.shard_shape(a.shape))}"
+            for name, a in abstract["params"].items()
+            for s in [shardings["params"][name]]
+        ),
         f"device 0 bytes: params {held['params']}, optimizer state {held['opt_state']}, buffers "
-        f"{held['buffers']}; planned: {PLANNED_BYTES}"
+        f"{held['buffers']}; planned: {PLANNED_BYTES}",
+        sep="\n",
     )
 
 
@@ -891,35 +769,36 @@ def init_state(args, optimizer, shardings):
 
 def train(args, mesh):
     is_first = jax.process_index() == 0  # the first process alone prints and writes files
-    if args.data and DATA_KIND == "synthetic":
-        die(
-            "--data: this program's spec draws synthetic data; build it from a spec with `data: {kind: "
-            "arrays}` or `{kind: text}` to read from disk"
-        )
+    require(
+        not args.data,
+        "--data: this program's spec draws synthetic data; build it from a spec with "
+        "`data: {kind: arrays}` or `{kind: text}` to read from disk",
+    )
     optimizer = make_optimizer()
     shardings, batch_shardings, abstract = layouts(mesh, optimizer)
-    if args.dry_run:
-        if is_first:
-            dry_run(mesh, shardings, abstract)
-        return
+    if args.dry_run:  # the first process prints the layouts; nothing is allocated
+        return dry_run(mesh, shardings, abstract) if is_first else None
     state = init_state(args, optimizer, shardings)
     start = int(state["step"])
     checkpoints = checkpoint_manager(args.checkpoint_dir) if args.checkpoint_dir else None
-    if checkpoints and any(s > start for s in checkpoints.all_steps()):
-        die(
-            f"--checkpoint-dir {args.checkpoint_dir} already holds checkpoints of steps after {start} "
-            f"({sorted(checkpoints.all_steps())}): continue with --resume, or choose another directory"
-        )
+    later = sorted(s for s in checkpoints.all_steps() if s > start) if checkpoints else []
+    require(
+        not later,
+        f"--checkpoint-dir {args.checkpoint_dir} already holds checkpoints of steps after {start} "
+        f"({later}): continue with --resume, or choose another directory",
+    )
     if is_first:
-        if args.resume:
-            print(f"resumed from {args.resume} at step {start}", flush=True)
         # optimizer: arrays with ndim > 0 only (optax's step counters are not counted)
         held = {
             "params": device0_bytes(state["params"]),
             "optimizer": device0_bytes(state["opt_state"]),
             "buffers": device0_bytes(state["buffers"]),
         }
-        print("memory " + json.dumps({"device0": held, "planned": PLANNED_BYTES}), flush=True)
+        resumed = f"resumed from {args.resume} at step {start}\n" if args.resume else ""
+        print(
+            resumed + "memory " + json.dumps({"device0": held, "planned": PLANNED_BYTES}),
+            flush=True,
+        )
 
     step_fn = jax.jit(
         make_train_step(optimizer, args.seed),
@@ -946,8 +825,7 @@ def train(args, mesh):
             "step_time_s": dt,
             "samples_per_s": BATCH_SIZE / dt,
         }
-        if TOKENS_PER_SAMPLE:
-            row["tokens_per_s"] = BATCH_SIZE * TOKENS_PER_SAMPLE / dt
+        row["tokens_per_s"] = BATCH_SIZE * TOKENS_PER_SAMPLE / dt
         metrics.log(**row)
         if is_first:
             print(
@@ -964,7 +842,7 @@ def train(args, mesh):
         checkpoints.close()
     if args.export_params:
         # gathering a parameter that several processes hold is a collective: every process takes part
-        exported = {name: to_host(w).astype(np.float32) for name, w in state["params"].items()}
+        exported = {name: to_host(w) for name, w in state["params"].items()}
         if is_first:
             save_npz_params(args.export_params, exported)
 

@@ -372,26 +372,26 @@ def initial_params(seed):
 
 
 def load_npz_params(path):
-    """Parameters by canonical name in canonical layout; every name must be present with its shape."""
+    """Parameters by canonical name in canonical layout, float32: every parameter, with its shape, and
+    no other."""
     with np.load(path) as f:
-        loaded = {k: f[k] for k in f.files}
-    missing = sorted(set(PARAMS) - set(loaded))
-    unknown = sorted(set(loaded) - set(PARAMS))
-    if missing or unknown:
+        loaded = {k: f[k].astype(np.float32) for k in f.files}
+    want = {name: tuple(shape) for name, (shape, _, _) in PARAMS.items()}
+    wrong = [
+        (k, loaded[k].shape if k in loaded else None, want.get(k))
+        for k in sorted({*loaded, *want})
+        if k not in loaded or loaded[k].shape != want.get(k)
+    ]
+    if wrong:
         raise SystemExit(
-            f"{path}: missing parameters {missing[:5]}, unknown parameters {unknown[:5]}"
+            f"{path}: parameters missing, unknown or of another shape (name, shape in the file, "
+            f"expected shape; None: absent): {wrong[:5]}"
         )
-    for name, (shape, _, _) in PARAMS.items():
-        if tuple(loaded[name].shape) != tuple(shape):
-            raise SystemExit(
-                f"{path}: {name} has shape {list(loaded[name].shape)}, expected {list(shape)}"
-            )
-    return {k: loaded[k].astype(np.float32) for k in PARAMS}
+    return {k: loaded[k] for k in PARAMS}
 
 
 def save_npz_params(path, arrays):
     """Writes atomically: a temporary file beside the target, then a rename."""
-    path = os.path.abspath(path)
     tmp = f"{path}.tmp-{os.getpid()}.npz"
     np.savez(tmp, **{k: np.asarray(v, dtype=np.float32) for k, v in arrays.items()})
     os.replace(tmp, path)
@@ -444,54 +444,14 @@ class Data:
     """Samples by global index: every mesh sees the same batches in the same order."""
 
     def __init__(self, path=None, seed=None):
-        self.kind = DATA_KIND
         # synthetic data is drawn from the parameters' seed + 1 (docs/program.md "Data")
         self.seed = DATA_SEED if seed is None else seed
-        self.path = path or DATA_PATH
-        if self.kind == "arrays":
-            if not self.path or not os.path.isdir(self.path):
-                raise SystemExit(f"--data: {self.path!r} is not a directory of .npy files")
-            # Memory-mapped: a process reads only the rows it asks for.
-            self.arrays = {
-                n: np.load(os.path.join(self.path, f"{n}.npy"), mmap_mode="r") for n in INPUTS
-            }
-            for n, (shape, dtype, _) in INPUTS.items():
-                if tuple(self.arrays[n].shape[1:]) != tuple(shape):
-                    raise SystemExit(
-                        f"--data: {n}.npy has samples of shape {list(self.arrays[n].shape[1:])}, "
-                        f"expected {list(shape)}"
-                    )
-            self.rows = min(len(a) for a in self.arrays.values())
-        elif self.kind == "text":
-            if not self.path or not os.path.isfile(self.path):
-                raise SystemExit(f"--data: {self.path!r} is not a file")
-            self.seq = next(iter(INPUTS.values()))[0][0]
-            if os.path.getsize(self.path) < self.seq + 2:
-                raise SystemExit(
-                    f"--data: {self.path} is shorter than one sequence ({self.seq + 2} bytes)"
-                )
-            # memory-mapped: a process reads only the windows it asks for
-            self.text = np.memmap(self.path, dtype=np.uint8, mode="r")
 
     def sample(self, i):
-        if self.kind == "arrays":
-            r = i % self.rows
-            return {n: np.asarray(self.arrays[n][r], dtype=INPUTS[n][1]) for n in INPUTS}
-        if self.kind == "text":
-            o = (i * 7919) % (len(self.text) - self.seq - 1)
-            window = self.text[o : o + self.seq + 1].astype(np.int64)
-            first, second = list(INPUTS)
-            return {
-                first: window[:-1].astype(INPUTS[first][1]),
-                second: window[1:].astype(INPUTS[second][1]),
-            }
         rng = np.random.default_rng([self.seed, i])
         out = {}
         for n, (shape, dtype, high) in INPUTS.items():
-            if high:
-                out[n] = rng.integers(0, high, size=shape, dtype=np.int64).astype(dtype)
-            else:
-                out[n] = rng.standard_normal(shape, dtype=np.float32).astype(dtype)
+            out[n] = rng.integers(0, high, size=shape, dtype=np.int64).astype(dtype)
         return out
 
     def batch(self, start, count):

@@ -12,9 +12,10 @@ import math
 from typing import Any, Optional
 
 from .. import __version__
-from .costs import Costs, estimate
-from .plan import ParamPlan, Plan
-from .table import human_bytes, human_flops, human_seconds
+from ..planner.costs import Costs, estimate
+from ..planner.plan import ParamPlan, Plan
+from ..planner.table import human_bytes, human_flops, human_seconds
+from .environment import make_environment
 
 MAX_DEVICES_DRAWN = 64
 MAX_TENSORS = 8
@@ -233,8 +234,6 @@ def context(plan: Plan, costs: Costs) -> dict[str, Any]:
 
 
 def render_report(plan: Plan, costs: Optional[Costs] = None) -> str:
-    from ..render.environment import make_environment
-
     costs = costs or estimate(plan)
     env = make_environment(autoescape=True)
     env.filters["px"] = lambda v: f"{float(v):.1f}"

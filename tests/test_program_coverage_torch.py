@@ -1,0 +1,60 @@
+"""A generated PyTorch program holds only what its spec can execute: in a 2-step run with --metrics and
+--checkpoint-dir on the ranks of the spec's default mesh, at least 90% of its train.py's statements run
+(combined over the ranks), for every example spec. The rest are the paths of other flags (--resume,
+--export-params, --init-params, --dry-run, --compile), of a GPU, and of errors. Each test prints its figure
+(pytest -s). The ranks run under tests/torch_coverage_launch.py (forked, each measured by coverage.py)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import subprocess
+from pathlib import Path
+
+import coverage
+import pytest
+from program_coverage import SPECS, STEPS, THRESHOLD, Coverage
+from torch_runs import PY, TESTS, WORK, WORKERS, build, env_for, report, world_of
+
+LAUNCH = TESTS / "torch_coverage_launch.py"
+_results: dict[Path, Coverage] = {}
+
+
+def coverage_of(spec: Path) -> Coverage:
+    """Builds `spec`'s torch program for its default mesh, runs STEPS steps on its ranks with --metrics and
+    --checkpoint-dir under coverage, and returns its train.py's statements and those that never ran."""
+    if spec not in _results:
+        program = build(spec)
+        train = program / "train.py"
+        cwd = WORK / f"coverage-{spec.name}"
+        cwd.mkdir()
+        data = cwd / ".coverage"
+        args = ["--steps", STEPS, "--metrics", "metrics.jsonl", "--checkpoint-dir", "ckpt"]
+        cmd = [PY, str(LAUNCH), str(world_of(program)), str(train), str(data), *args]
+        p = subprocess.run(cmd, cwd=cwd, env=env_for(), capture_output=True, text=True, timeout=600, check=False)
+        out = p.stdout + p.stderr
+        assert p.returncode == 0, f"{' '.join(cmd)}: exit {p.returncode}\n{out[-6000:]}"
+        rows = [json.loads(line) for line in (cwd / "metrics.jsonl").read_text().splitlines()]
+        assert len(rows) == int(STEPS) and (cwd / "ckpt" / f"step_{int(STEPS):08d}").is_dir(), out[-3000:]
+        cov = coverage.Coverage(data_file=str(data))
+        cov.combine([str(cwd)])  # one data file per rank
+        _, statements, _, missing, _ = cov.analysis2(str(train))
+        assert statements, f"{train}: no statements measured"
+        _results[spec] = Coverage("torch", spec, train, list(statements), list(missing))
+    return _results[spec]
+
+
+@pytest.fixture(scope="module")
+def runs():
+    """Every spec's run, WORKERS at a time."""
+    with concurrent.futures.ThreadPoolExecutor(WORKERS) as pool:
+        list(pool.map(coverage_of, SPECS))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
+def test_short_run_executes_most_of_the_torch_program(spec, runs):
+    got = coverage_of(spec)
+    report("torch program coverage", spec=spec.name, percent=round(got.percent, 1),
+           statements=len(got.statements), missing=len(got.missing))
+    assert got.percent >= THRESHOLD, f"{got.summary()}; never executed:\n{got.missing_lines()}"
