@@ -173,8 +173,9 @@ _TEXTS: dict[str, tuple[str, str]] = {
         "shape mismatch",
         (
             "An operator gets a shape it cannot take: the wrong rank, `add` of different shapes (e.g. [batch, 64, "
-            "128] and [batch, 64, 256]), a tie to a table of another shape, loss shapes that do not fit, or a "
-            "block repeated more than once that changes its input's shape. The message shows both shapes."
+            "128] and [batch, 64, 256]), `concat` of tensors that differ outside the joined dimension, a tie to a "
+            "table of another shape, loss shapes that do not fit, or a block repeated more than once that changes "
+            "its input's shape. The message shows both shapes."
         ),
     ),
     "E029": (
@@ -191,8 +192,9 @@ _TEXTS: dict[str, tuple[str, str]] = {
             "The operator's arguments are inconsistent: heads not dividing the model width, kv_heads not dividing "
             "heads, an odd head_dim with rotary, a kernel larger than the padded input, `padding: same` with an "
             "even kernel, pool padding over half the kernel, a reshape changing the element count, seq longer "
-            "than `max_len`, `tie` to a non-embedding or with `bias: true`, `add`/`mul` with fewer than two "
-            "inputs, a one-input operator given several."
+            "than `max_len`, `tie` to a non-embedding or with `bias: true`, `add`/`mul`/`concat` with fewer than "
+            "two inputs, a one-input operator given several, `split` sizes that do not add up to the dimension or "
+            "an `index` past the last piece, a `dim` out of range."
         ),
     ),
     # ---- mesh and sharding

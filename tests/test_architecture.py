@@ -1,10 +1,12 @@
 """Structural rules of the compiler (the architecture issue): an operator's knowledge lives in its `ops/`
 file, so no other module compares operator names; and the modules of `mithril_spec` import each other
-without cycles (the spec language at the bottom, the CLI at the top)."""
+without cycles (the spec language at the bottom, the CLI at the top); and every operator has its macros in
+each target's ops template."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from mithril_spec.ops import LOSSES, OPS
@@ -142,3 +144,39 @@ def test_targets_doc_is_generated_from_the_registry():
         "docs/targets.md is stale: run `python -m mithril_spec.targets.docs > docs/targets.md`")
     for t in TARGETS.values():
         assert f"`{t.name}`" in committed
+
+
+# The macros every operator needs in each target's templates/<target>/ops.py.j2 (name -> parameters), and
+# those of every loss; `{kind}` stands for the operator's name.
+OP_MACROS = {
+    "jax": {"{kind}_def": "uses", "{kind}": "l, blk"},
+    "torch": {"{kind}_def": "", "{kind}_init": "l", "{kind}": "l"},
+}
+LOSS_MACROS = {"jax": {"{kind}_def": "uses"}, "torch": {"{kind}": "pred, targets"}}
+MACRO = re.compile(r"{%-?\s*macro\s+(\w+)\s*\(([^)]*)\)\s*-?%}")
+
+
+def template_macros(target: str) -> dict[str, str]:
+    """`{% macro NAME(PARAMS) %}` of a target's ops template: name -> parameters (spaces normalised)."""
+    text = (PKG.parent / "templates" / target / "ops.py.j2").read_text()
+    return {m[1]: ", ".join(a.strip() for a in m[2].split(",") if a.strip()) for m in MACRO.finditer(text)}
+
+
+def test_the_macro_parser():
+    text = '{% macro a(l, blk) %}x{% endmacro %}\n{%- macro b_def( ) -%}{% endmacro %}'
+    assert {m[1]: m[2] for m in MACRO.finditer(text)} == {"a": "l, blk", "b_def": " "}
+
+
+def test_every_operator_has_its_macros_in_every_target():
+    missing = []
+    for target, op_macros in OP_MACROS.items():
+        have = template_macros(target)
+        for kinds, wanted in ((OPS, op_macros), (LOSSES, LOSS_MACROS[target])):
+            for kind in kinds:
+                for pattern, params in wanted.items():
+                    name = pattern.format(kind=kind)
+                    if name not in have:
+                        missing.append(f"templates/{target}/ops.py.j2: no `{{% macro {name}({params}) %}}`")
+                    elif have[name] != params:
+                        missing.append(f"templates/{target}/ops.py.j2: `{name}({have[name]})`, expected ({params})")
+    assert not missing, "\n".join(missing)

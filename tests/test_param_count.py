@@ -182,3 +182,32 @@ def test_gpt_tiny_toml_twin(capsys):
     rc = cli.main(["plan", str(ROOT / "tests" / "twins" / "gpt-tiny.toml"), "--format", "json"])
     assert rc == 0
     assert json.loads(capsys.readouterr().out)["totals"]["param_count"] == numel(Gpt())
+
+
+# ---------------------------------------------------------------- conv1d, split, concat
+
+
+class Branches(nn.Module):
+    """tests/specs/branches.yaml: conv1d -> two halves of the channels (relu | conv1d -> tanh) -> concat ->
+    strided conv1d -> the second half of the length -> flatten -> linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv1d(3, 8, kernel_size=3, padding=1)
+        self.right_conv = nn.Conv1d(4, 4, kernel_size=5, padding=2, bias=False)
+        self.down = nn.Conv1d(8, 8, kernel_size=2, stride=2)
+        self.head = nn.Linear(8 * 3, 5)
+
+    def forward(self, x):
+        left, right = torch.split(self.conv(x), [4, 4], dim=1)
+        joined = torch.cat([F.relu(left), torch.tanh(self.right_conv(right))], dim=1)
+        return self.head(torch.flatten(self.down(joined)[:, :, 3:6], 1))
+
+
+def test_branches(capsys):
+    assert cli.main(["plan", str(ROOT / "tests" / "specs" / "branches.yaml"), "--format", "json"]) == 0
+    j = json.loads(capsys.readouterr().out)
+    model = Branches()
+    assert model(torch.zeros(2, 3, 12)).shape == (2, 5)
+    assert numel(model) == j["totals"]["param_count"] == 421
+    assert_same_params(model, j, {"head.weight"})  # conv1d weights are [filters, channels, k] in both

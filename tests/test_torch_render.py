@@ -103,7 +103,8 @@ def test_all_ops_renders_every_operator():
     text = render(TESTS / "specs" / "all-ops.yaml", "single")["train.py"]
     for needle in ("class Attention", "def rope", "class RMSNorm", "class LayerNorm", "class BatchNorm",
                    "class PosEmbedding", "class MLP", "F.max_pool2d", "F.avg_pool2d", "nn.Conv2d", "torch.softmax",
-                   "torch.tanh", "torch.sigmoid", "F.silu", 'approximate="none"', ".reshape(", ".flatten(1)"):
+                   "torch.tanh", "torch.sigmoid", "F.silu", 'approximate="none"', ".reshape(", ".flatten(1)",
+                   "nn.Conv1d", "torch.cat(", "[:, :, 16:32]"):
         assert needle in text, needle
 
 

@@ -1,4 +1,5 @@
-"""conv2d, max_pool2d, avg_pool2d over [batch, channels, height, width] (NCHW) inputs."""
+"""conv1d over [batch, channels, length] (NCL) inputs; conv2d, max_pool2d, avg_pool2d over
+[batch, channels, height, width] (NCHW) inputs."""
 
 from __future__ import annotations
 
@@ -51,11 +52,63 @@ class Conv2dArgs(LayerArgs):
     axis: Optional[Ident] = Field(None, description="logical axis name of the output channels")
 
 
-class Conv2d(Op):
-    kind = "conv2d"
+class _Conv(Op):
+    """A convolution: weight [filters, channels, *kernel] (the torch layout), bias [filters]."""
+
     handled_dims = {"weight": (0, 1), "bias": (0,)}
-    Args = Conv2dArgs
     has_params = True
+
+    def costs(self, c):
+        w, spec = c.tp.get("weight", frozenset()), c.param("weight").spec  # [filters, channels, *kernel]
+        T_in = frozenset(a for a in spec[1] if a in w)
+        T_out = frozenset(a for a in spec[0] if a in w)
+        c.div_axes |= T_in | T_out
+        c.save_input(div_axes=c.in_axes | T_in)
+        c.matmul(T_in, T_out, c.act_axes(c.x, (0,)), c.act_axes(c.out, (0,)))
+
+
+class Conv1dArgs(LayerArgs):
+    op: Literal["conv1d"]
+    filters: Size = Field(description="output channels")
+    kernel_size: Size
+    stride: Size = 1
+    padding: Union[Literal["same", "valid"], StrictInt] = 0
+    bias: bool = True
+    axis: Optional[Ident] = Field(None, description="logical axis name of the output channels")
+
+
+class Conv1d(_Conv):
+    kind = "conv1d"
+    Args = Conv1dArgs
+
+    def infer(self, args, inputs, size, ctx):
+        (x,) = inputs
+        expect_float(x, "conv1d")
+        expect_rank(x, 2, "conv1d", "[batch, channels, length]")
+        c, length = x.shape
+        f, k, s = size("filters"), size("kernel_size"), size("stride")
+        if args.padding == "same":
+            if k % 2 == 0:
+                raise OpError("E030", "padding `same` needs an odd kernel size", "padding")
+            p = k // 2
+        else:
+            p = 0 if args.padding == "valid" else args.padding
+        if p < 0:
+            raise OpError("E013", "padding must not be negative", "padding")
+        if length + 2 * p < k:
+            raise OpError("E030", f"conv1d kernel {k} is larger than its padded input {length + 2 * p}", "kernel_size")
+        out_len = (length + 2 * p - k) // s + 1
+        params = (ParamDef("weight", (f, c, k), (args.axis, x.axes[0], None)),)
+        if args.bias:
+            params += (ParamDef("bias", (f,), (args.axis,), init="zeros"),)
+        out = TensorType((f, out_len), (args.axis, None), x.dtype)
+        attrs = {"in_channels": c, "filters": f, "kernel_size": k, "stride": s, "padding": p, "bias": args.bias}
+        return OpResult(out, params, attrs, flops=2 * c * k * f * out_len)
+
+
+class Conv2d(_Conv):
+    kind = "conv2d"
+    Args = Conv2dArgs
 
     def infer(self, args, inputs, size, ctx):
         (x,) = inputs
@@ -74,14 +127,6 @@ class Conv2d(Op):
         attrs = {"in_channels": c, "filters": f, "kernel_size": list(k), "stride": list(s), "padding": list(p),
                  "bias": args.bias}
         return OpResult(out, params, attrs, flops=2 * c * k[0] * k[1] * f * oh * ow)
-
-    def costs(self, c):
-        w, spec = c.tp.get("weight", frozenset()), c.param("weight").spec  # [filters, channels, kh, kw]
-        T_in = frozenset(a for a in spec[1] if a in w)
-        T_out = frozenset(a for a in spec[0] if a in w)
-        c.div_axes |= T_in | T_out
-        c.save_input(div_axes=c.in_axes | T_in)
-        c.matmul(T_in, T_out, c.act_axes(c.x, (0,)), c.act_axes(c.out, (0,)))
 
 
 class _PoolArgs(LayerArgs):

@@ -115,7 +115,7 @@ def _pipeline(plan: Plan, layers: list[dict[str, Any]]) -> dict[str, Any] | None
         "stacked": stacked,
         # rank 0 shares the finished micro-batches: each pipe rank runs the head on its own share when
         # the pipe ranks divide them, else every rank on all of them
-        "split": pp.microbatches % pp.pipe == 0,
+        "share_outputs": pp.microbatches % pp.pipe == 0,
     }
 
 
