@@ -2,8 +2,13 @@
 
 - Tensor variables never shadow a name the generated forward methods use themselves (`self`, `F`,
   `torch`, the block loop variable, helper functions): such a variable gets a trailing `_`.
-- Which helper modules the program defines (Attention, MLP, PosEmbedding, RMSNorm, BatchNorm, Dropout):
-  only those the spec uses.
+- What the program holds, so that it holds only what its spec runs (the templates gate every optional
+  feature on these): the helper modules it defines (Attention, MLP, PosEmbedding, RMSNorm, BatchNorm,
+  Dropout, MoE: only those the spec uses, and within MLP / MoE only the activations its layers use),
+  rotary embeddings, a layer's auxiliary loss, the micro-batch bookkeeping (random masks, batch-norm
+  buffers), and how the mesh is used (below): one process or several, DDP / FSDP2, sharding over fsdp,
+  autocast or FSDP2 mixed precision, expert parallelism. Operators are asked through the registry
+  (mithril_spec/ops), never compared by name.
 - How the mesh is used, decided here once for the mesh the program is built for:
   `dp`: "ddp" (DistributedDataParallel over data), "fsdp" (FSDP2 fully_shard over fsdp), "hsdp" (FSDP2
   on the 2-D (data, fsdp) mesh; also data x tensor, as HSDP with an fsdp axis of size 1, so that the

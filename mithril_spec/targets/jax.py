@@ -46,7 +46,7 @@ class JaxTarget(Target):
 
 def _pipeline(plan: Plan, doc: Document) -> list[Diagnostic]:
     """The jax target pipelines one repeated block, split evenly over the stages (the planner's automatic
-    split; templates/jax/train.py.j2 "Pipeline"). The layers before and after it run outside the pipeline
+    split; templates/jax/pipeline.py.j2). The layers before and after it run outside the pipeline
     on every pipe rank, so they may not read what the other side computes."""
     out: list[Diagnostic] = []
     pp = plan.pipeline

@@ -23,12 +23,15 @@ import time
 import warnings
 import zlib
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 # ----------------------------------------------------------------------------
 # Config: what the spec decided (mithril-spec plan shows the same numbers).
@@ -143,16 +146,15 @@ def load_npz_params(path):
     no other."""
     with np.load(path) as f:
         loaded = {k: f[k].astype(np.float32) for k in f.files}
-    want = {name: tuple(shape) for name, (shape, _, _) in PARAMS.items()}
-    wrong = [
-        (k, loaded[k].shape if k in loaded else None, want.get(k))
-        for k in sorted({*loaded, *want})
-        if k not in loaded or loaded[k].shape != want.get(k)
-    ]
-    if wrong:
+    got, want = (
+        {k: a.shape for k, a in loaded.items()},
+        {k: tuple(shape) for k, (shape, _, _) in PARAMS.items()},
+    )
+    if got != want:
         raise SystemExit(
             f"{path}: parameters missing, unknown or of another shape (name, shape in the file, "
-            f"expected shape; None: absent): {wrong[:5]}"
+            f"expected shape; None: absent): "
+            f"{[(k, got.get(k), want.get(k)) for k in sorted({*got, *want}) if got.get(k) != want.get(k)]}"
         )
     return {k: loaded[k] for k in PARAMS}
 
@@ -165,42 +167,35 @@ def save_npz_params(path, arrays):
 
 
 def to_torch_layout(name, array):
+    """Canonical layout -> torch layout, and back: nn.Linear weights (TRANSPOSED) are transposed."""
     a = np.asarray(array, dtype=np.float32)
     return np.ascontiguousarray(a.T if name in TRANSPOSED else a)
 
 
 @torch.no_grad()
 def fill_model(model, arrays, device, seed):
-    """Parameters from canonical arrays (into the whole, not yet sharded model), buffers from their init."""
+    """Parameters from canonical arrays (into the whole, not yet sharded model)."""
     names = dict(model.named_parameters())
-    if set(names) != set(PARAMS):  # the model and the config must agree: a bug otherwise
-        raise SystemExit(
-            f"internal error: model parameters {sorted(set(names) ^ set(PARAMS))} differ"
-        )
+    assert set(names) == set(PARAMS), f"model parameters {sorted(set(names) ^ set(PARAMS))} differ"
     for name, p in names.items():
         t = torch.from_numpy(to_torch_layout(name, arrays[name]))
-        if tuple(t.shape) != tuple(p.shape):
-            raise SystemExit(
-                f"internal error: {name} is {list(p.shape)} in torch, {list(t.shape)} canonical"
-            )
+        assert t.shape == p.shape, f"{name} is {list(p.shape)} in torch, {list(t.shape)} canonical"
         p.data = t.to(device=device, dtype=PARAM_DTYPE)
-    for name, b in model.named_buffers():
-        shape, kind = BUFFERS[name]
-        b.copy_(torch.from_numpy(init_param(name, shape, kind, 0.0, seed)))
 
 
 @torch.no_grad()
-def canonical_params(model):
-    """Every parameter, whole, in canonical layout. Collective when parameters are sharded: every rank
-    calls it, in the same (named_parameters) order; full_tensor() gathers the shards."""
-    from torch.distributed.tensor import DTensor
-
-    out = {}
-    for name, p in model.named_parameters():
-        p = p.full_tensor() if isinstance(p, DTensor) else p
-        a = p.detach().float().cpu().numpy()
-        out[name] = np.ascontiguousarray(a.T if name in TRANSPOSED else a)
-    return {name: out[name] for name in PARAMS}
+def export_params(model, path):
+    """--export-params: every parameter, whole, in canonical layout, written by the first rank.
+    Collective: every rank calls it, in the same (named_parameters) order; full_tensor() gathers the
+    shards."""
+    arrays = {
+        n: to_torch_layout(
+            n, (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().float().cpu().numpy()
+        )
+        for n, p in model.named_parameters()
+    }
+    if is_first():
+        save_npz_params(path, {name: arrays[name] for name in PARAMS})
 
 
 # ----------------------------------------------------------------------------
@@ -245,12 +240,11 @@ def to_tensors(arrays, device):
 # Optimizer: the documented schedule and clipping (docs/program.md "Numerics").
 # ----------------------------------------------------------------------------
 def lr_at(t):
-    """The learning rate at 0-based step t."""
-    if t < WARMUP_STEPS:
-        return LR * (t + 1) / WARMUP_STEPS
+    """The learning rate at 0-based step t (cosine, WARMUP_STEPS linear warmup)."""
     # after STEPS the rate stays at its floor (min_lr_ratio * LR)
     progress = min(1.0, (t - WARMUP_STEPS) / max(1, STEPS - WARMUP_STEPS))
-    return LR * (MIN_LR_RATIO + (1 - MIN_LR_RATIO) * 0.5 * (1 + math.cos(math.pi * progress)))
+    cosine = LR * (MIN_LR_RATIO + (1 - MIN_LR_RATIO) * 0.5 * (1 + math.cos(math.pi * progress)))
+    return LR * (t + 1) / WARMUP_STEPS if t < WARMUP_STEPS else cosine
 
 
 def make_optimizer(model):
@@ -260,9 +254,8 @@ def make_optimizer(model):
 
 
 @torch.no_grad()
-def clip_grad_norm(params, max_norm):
-    """The global L2 norm of all gradients (returned), and, when max_norm is set, every gradient scaled by
-    min(1, max_norm / (norm + 1e-6)).
+def clip_grad_norm(params):
+    """The global L2 norm of all gradients (the spec clips none).
 
     Gradients may be DTensors on *different* meshes (tensor-parallel weights on (data, fsdp, tensor),
     the rest on the data axes, or plain tensors); torch's clip_grad_norm_ stacks every per-tensor norm
@@ -280,9 +273,6 @@ def clip_grad_norm(params, max_norm):
         n = torch.nn.utils.get_total_norm([p.grad for p in group], 2.0)
         squares.append((n.full_tensor() if isinstance(n, DTensor) else n).float() ** 2)
     total = torch.stack(squares).sum().sqrt()
-    if max_norm:
-        for group in groups.values():  # one mesh at a time: foreach ops need a common mesh
-            torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
     return total
 
 
@@ -317,10 +307,17 @@ def parallelize(model, mesh):
     return model
 
 
+# ----------------------------------------------------------------------------
+# Memory report and dry run
+# ----------------------------------------------------------------------------
+def local_part(t):
+    """This rank's part of a tensor: its local shard for a DTensor (autograd flows back through it)."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
 def local_bytes(t):
-    """Bytes of this rank's part of a tensor (its local shard for a DTensor)."""
-    t = t.to_local() if hasattr(t, "to_local") else t
-    return t.numel() * t.element_size()
+    """Bytes of this rank's part of a tensor."""
+    return local_part(t).numel() * t.element_size()
 
 
 def held_bytes(model, optimizer):
@@ -343,77 +340,74 @@ def held_bytes(model, optimizer):
 
 def all_ranks(value):
     """`value` of every rank, in rank order (a collective)."""
-    if not dist.is_initialized():
-        return [value]
     out = [None] * dist.get_world_size()
     dist.all_gather_object(out, value)
     return out
 
 
 def dry_run(model):
-    """The mesh, every parameter's torch layout and this rank's shape of it, and the bytes each rank would
-    hold (gradients like their parameters, OPTIMIZER_SLOTS optimizer tensors each)."""
-    rows = []
-    for name, p in model.named_parameters():
-        local = p.to_local() if hasattr(p, "to_local") else p
-        if hasattr(p, "placements"):
-            axes = ",".join(p.device_mesh.mesh_dim_names)
-            where = f"{axes}: {', '.join(str(pl) for pl in p.placements)}"
-        else:
-            where = "whole"
-        rows.append((name, PARAMS[name][0], tuple(p.shape), tuple(local.shape), where))
-    n = sum(local_bytes(p) for p in model.parameters())
-    buffers = sum(local_bytes(b) for b in model.buffers())
-    mine = {"params": n, "grads": n, "optimizer": OPTIMIZER_SLOTS * n, "buffers": buffers}
-    every = all_ranks(mine)
-    if is_first():
-        mesh = ", ".join(f"{a}={n}" for a, n in MESH.items())
-        print(f"mesh: {mesh} ({WORLD} rank(s)); batch over {BATCH_AXES or 'no axis'}")
-        print(f"{'parameter':32s} {'canonical':>12s} {'torch':>12s} {'this rank':>12s}  placement")
-        for name, canon, shape, local, where in rows:
-            canon, shape, local = (str(list(v)) for v in (canon, shape, local))
-            print(f"{name:32s} {canon:>12s} {shape:>12s} {local:>12s}  {where}")
-        for r, b in enumerate(every):
-            print(f"rank {r} bytes: {json.dumps(b)}")
-        print(f"planned per rank: {json.dumps(PLANNED_BYTES)}")
+    """--dry-run: the mesh, every parameter's torch layout and this rank's shape of it (its placement
+    over the mesh), and the bytes each rank would hold (gradients like their parameters, OPTIMIZER_SLOTS
+    optimizer tensors each); then the program stops."""
+    # n: this rank's parameter bytes, the gradients' too; the optimizer holds OPTIMIZER_SLOTS times as many
+    every = all_ranks(
+        {
+            "params": (n := sum(local_bytes(p) for p in model.parameters())),
+            "grads": n,
+            "optimizer": OPTIMIZER_SLOTS * n,
+            "buffers": sum(local_bytes(b) for b in model.buffers()),
+        }
+    )
+    log(
+        f"mesh: {', '.join(f'{a}={k}' for a, k in MESH.items())} ({WORLD} rank(s)); batch over {BATCH_AXES or 'no axis'}",
+        f"{'parameter':32s} {'canonical':>12s} {'torch':>12s} {'this rank':>12s}  placement",
+        *(
+            f"{name:32s} {str(list(PARAMS[name][0])):>12s} {str(list(p.shape)):>12s} "
+            f"{str(list(local_part(p).shape)):>12s}  "
+            + (
+                f"{','.join(p.device_mesh.mesh_dim_names)}: {', '.join(map(str, p.placements))}"
+                if hasattr(p, "placements")
+                else "whole"
+            )
+            for name, p in model.named_parameters()
+        ),
+        *(f"rank {r} bytes: {json.dumps(b)}" for r, b in enumerate(every)),
+        f"planned per rank: {json.dumps(PLANNED_BYTES)}",
+        sep="\n",
+    )
+    shutdown()
 
 
 # ----------------------------------------------------------------------------
 # Checkpoints: torch.distributed.checkpoint (each rank writes its shards; loading reshards to this
 # mesh), written to a temporary directory renamed when complete.
 # ----------------------------------------------------------------------------
-def save_checkpoint(root, step, model, optimizer, scheduler):
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
+def train_state(model, optimizer):
+    """The model and optimizer state dicts DCP saves and loads, laid out for this mesh (DCP reshards from
+    whatever mesh a checkpoint was saved on). Before the first step get_state_dict creates the optimizer
+    state (a zero-lr step), so that a load has tensors to load into."""
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    return {"model": model_sd, "optim": optim_sd}
 
+
+def save_checkpoint(root, step, model, optimizer, scheduler):
     final = os.path.join(root, f"step_{step:08d}")
     tmp = os.path.join(root, f".tmp_step_{step:08d}")
     if is_first():
         os.makedirs(root, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
-    barrier()
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save(
-        {"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp, no_dist=not dist.is_initialized()
-    )
+    dist.barrier()
+    dcp.save(train_state(model, optimizer), checkpoint_id=tmp)
     if is_first():
-        with open(os.path.join(tmp, "train_state.json"), "w") as f:
-            json.dump(
-                {
-                    "step": step,
-                    "scheduler": scheduler.state_dict(),
-                    "spec": SPEC_NAME,
-                    "mesh": MESH,
-                },
-                f,
-            )
-    barrier()  # every rank has written its shards
+        meta = {"step": step, "scheduler": scheduler.state_dict(), "spec": SPEC_NAME, "mesh": MESH}
+        Path(tmp, "train_state.json").write_text(json.dumps(meta))
+    dist.barrier()  # every rank has written its shards
     if is_first():  # a step_* directory exists only once it is complete
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         for old in saved_steps(root)[:-2]:  # keep the last two
             shutil.rmtree(os.path.join(root, f"step_{old:08d}"), ignore_errors=True)
-    barrier()
+    dist.barrier()
 
 
 def saved_steps(root):
@@ -423,31 +417,17 @@ def saved_steps(root):
     return sorted(int(d[5:]) for d in os.listdir(root) if d.startswith("step_") and d[5:].isdigit())
 
 
-def find_checkpoint(path):
-    """DIR is one checkpoint, or a checkpoint directory holding step_* checkpoints (the latest wins)."""
-    if os.path.exists(os.path.join(path, "train_state.json")):
-        return path
-    steps = saved_steps(path)
-    if not steps:
-        die(f"--resume {path}: no checkpoint there")
-    return os.path.join(path, f"step_{steps[-1]:08d}")
-
-
 def load_checkpoint(path, model, optimizer, scheduler):
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-    path = find_checkpoint(path)
-    # get_state_dict creates the optimizer state (a zero-lr step) so that DCP has tensors to load into,
-    # laid out for this mesh: DCP reshards from whatever mesh the checkpoint was saved on
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=path, no_dist=not dist.is_initialized())
+    """--resume PATH: PATH is one checkpoint, or a checkpoint directory holding step_* checkpoints (the
+    latest wins). Returns the step to continue from."""
+    where = Path(path, f"step_{steps[-1]:08d}") if (steps := saved_steps(path)) else Path(path)
+    require((where / "train_state.json").exists(), f"--resume {path}: no checkpoint there")
+    state = train_state(model, optimizer)
+    dcp.load(state, checkpoint_id=where)
     set_state_dict(
         model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
     )
-    with open(os.path.join(path, "train_state.json")) as f:
-        meta = json.load(f)
+    meta = json.loads((where / "train_state.json").read_text())
     scheduler.load_state_dict(meta["scheduler"])
     return meta["step"]
 
@@ -495,7 +475,7 @@ class Metrics:
 
     def __init__(self, path, enabled, append=False):
         # A resumed run appends to the metrics of the run it continues; a fresh run starts the file anew.
-        self.f = open(path, "a" if append else "w") if (path and enabled) else None
+        self.f = open(path, "a" if append else "w") if (path and enabled) else None  # noqa: SIM115 (open for the run)
 
     def log(self, **row):
         if self.f:
@@ -511,60 +491,47 @@ def is_first():
     return int(os.environ.get("RANK", "0")) == 0
 
 
-def log(*args):
+def log(*args, **kwargs):
     """Rank 0 prints; the others stay quiet."""
     if is_first():
-        print(*args, flush=True)
+        print(*args, **kwargs, flush=True)
 
 
-def die(message):
-    """Stop with exit code 2 (every rank reaches the same verdict, so every rank stops)."""
-    if is_first():
-        print(f"error: {message}", file=sys.stderr, flush=True)
-    if dist.is_initialized():
-        sys.stdout.flush()
-        os._exit(2)  # skip the process-group teardown (see shutdown)
-    sys.exit(2)
-
-
-def barrier():
-    if dist.is_initialized():
-        dist.barrier()
+def require(ok, message):
+    """Unless `ok`, stop with exit code 2 and `message` (every rank reaches the same verdict, so every rank
+    stops). Once the process group exists, its teardown is skipped (see shutdown)."""
+    if not ok:
+        log(f"error: {message}", file=sys.stderr)
+        (os._exit if dist.is_initialized() else sys.exit)(2)
 
 
 def setup():
     """Check the launch against the mesh before anything else, then the device and process group."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world != WORLD:
-        mesh = ", ".join(f"{a}={n}" for a, n in MESH.items())
-        how = f"torchrun --nproc-per-node {WORLD} train.py" if WORLD > 1 else "python train.py"
-        die(
-            f"this program was built for the mesh {mesh}: it needs {WORLD} rank(s), but WORLD_SIZE is "
-            f"{world}. Launch it with `{how}` (or launch.sh), or rebuild it for {world} rank(s) with "
-            "`mithril-spec build --mesh ...`."
-        )
+    require(
+        world == WORLD,
+        f"this program was built for the mesh {', '.join(f'{a}={n}' for a, n in MESH.items())}: it needs "
+        f"{WORLD} rank(s), but WORLD_SIZE is {world}. Launch it with "
+        "`torchrun --nproc-per-node 8 train.py` (or launch.sh), "
+        f"or rebuild it for {world} rank(s) with `mithril-spec build --mesh ...`.",
+    )
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if torch.cuda.is_available():
-        device = torch.device("cuda", local_rank)
+    device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
+    if device.type == "cuda":
         torch.cuda.set_device(device)
     else:
-        device = torch.device("cpu")
         # ranks on one host share its cores: oversubscribed threads make every rank slower
-        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+        torch.set_num_threads(
+            max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", str(world))))
+        )
     if not is_first():
         warnings.simplefilter("ignore")  # logs from rank 0 only
-    # DCP warns on every single-process save/load; a norm Partial over 2 mesh dims logs a perf warning
-    warnings.filterwarnings(
-        "ignore", message="torch.distributed is disabled, unavailable or uninitialized"
-    )
+    # a norm Partial over 2 mesh dims logs a perf warning
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
     from torch.distributed.device_mesh import init_device_mesh
 
-    if device.type == "cuda":
-        dist.init_process_group("nccl", device_id=device)
-    else:
-        dist.init_process_group("gloo")
+    cuda = device.type == "cuda"
+    dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
     mesh = init_device_mesh(device.type, tuple(MESH.values()), mesh_dim_names=tuple(MESH))
     at = dict(zip(MESH, mesh.get_coordinate()))
     dp_rank = 0  # which data shard this rank reads: its index over the batch axes (the other ranks share it)
@@ -576,12 +543,11 @@ def setup():
 def shutdown():
     sys.stdout.flush()
     sys.stderr.flush()
-    if dist.is_initialized():
-        # under gloo the interpreter sometimes aborts while tearing down after FSDP2 work (SIGABRT);
-        # once every rank has finished, skip that teardown
-        dist.barrier()
-        dist.destroy_process_group()
-        os._exit(0)
+    # under gloo the interpreter sometimes aborts while tearing down after FSDP2 work (SIGABRT);
+    # once every rank has finished, skip that teardown
+    dist.barrier()
+    dist.destroy_process_group()
+    os._exit(0)
 
 
 # ----------------------------------------------------------------------------
@@ -601,19 +567,14 @@ def main(args):
         model.compile()  # in place: module FQNs stay canonical
     optimizer, scheduler = make_optimizer(model)
     if args.dry_run:
-        dry_run(model)
-        return shutdown()
-
-    start = 0
-    if args.resume:
-        start = load_checkpoint(args.resume, model, optimizer, scheduler)
-        log(f"resumed from {args.resume} at step {start}")
+        return dry_run(model)
+    start = load_checkpoint(args.resume, model, optimizer, scheduler) if args.resume else 0
     later = [s for s in saved_steps(args.checkpoint_dir or "") if s > start]
-    if later:
-        die(
-            f"--checkpoint-dir {args.checkpoint_dir} already holds checkpoints of steps after {start} "
-            f"({later}): continue with --resume, or choose another directory"
-        )
+    require(
+        not later,
+        f"--checkpoint-dir {args.checkpoint_dir} already holds checkpoints of steps after {start} "
+        f"({later}): continue with --resume, or choose another directory",
+    )
     data = Data(args.data, seed=args.seed + 1)
     per_rank = MICRO_BATCH // 2  # samples of each micro-batch this rank reads
     metrics = Metrics(args.metrics, is_first(), append=bool(args.resume))
@@ -629,14 +590,15 @@ def main(args):
             loss = runner(*batch) / GRAD_ACCUM  # each micro-batch's mean counts 1 / GRAD_ACCUM
             loss.backward()
             loss_sum += loss.detach()
-        grad_norm = clip_grad_norm(list(model.parameters()), CLIP_GRAD_NORM)
+        grad_norm = clip_grad_norm(list(model.parameters()))
         lr = scheduler.get_last_lr()[0]
         optimizer.step()
         scheduler.step()
         if step == start:  # grads and optimizer state exist now: report what this rank holds
             every = all_ranks(held_bytes(model, optimizer))
             report = {"device0": every[0], "ranks": every, "planned": PLANNED_BYTES}
-            log(f"memory {json.dumps(report)}")
+            resumed = f"resumed from {args.resume} at step {start}\n" if args.resume else ""
+            log(f"{resumed}memory {json.dumps(report)}")
         optimizer.zero_grad(set_to_none=True)
         # each rank's mean over an equal share of the batch (tensor peers hold the same one)
         dist.all_reduce(loss_sum)
@@ -646,8 +608,6 @@ def main(args):
         norm = grad_norm.item()
         row = {"step": step + 1, "loss": mean_loss, "lr": lr, "grad_norm": norm, "step_time_s": dt}
         row["samples_per_s"] = BATCH_SIZE / dt
-        if TOKENS_PER_SAMPLE:
-            row["tokens_per_s"] = BATCH_SIZE * TOKENS_PER_SAMPLE / dt
         metrics.log(**row)
         log(
             f"step {step + 1:5d} | loss {mean_loss:.6f} | lr {lr:.3e} | grad norm {norm:.4f} | {dt * 1e3:.1f} ms"
@@ -659,9 +619,7 @@ def main(args):
             save_checkpoint(args.checkpoint_dir, done, model, optimizer, scheduler)
     metrics.close()
     if args.export_params:
-        arrays = canonical_params(model)  # collective: every rank gathers, the first writes
-        if is_first():
-            save_npz_params(args.export_params, arrays)
+        export_params(model, args.export_params)
     shutdown()
 
 
