@@ -23,12 +23,10 @@
 from __future__ import annotations
 
 import copy
-import math
 from typing import Any
 
 from ..graph import RepeatNode
 from ..ops import OPS, TensorType
-from ..planner.layouts import DEFAULT_RULES, _as_axes
 from ..planner.plan import Plan
 from .context import rename_vars
 
@@ -41,27 +39,9 @@ MODEL_NAMES = {
 }  # fmt: skip
 
 
-def _rules(plan: Plan) -> dict[str, tuple[str, ...]]:
-    raw = plan.spec.sharding.rules
-    items = list(raw.items()) if isinstance(raw, dict) else [(k, v) for k, v in raw]
-    table = dict(DEFAULT_RULES)
-    table.update({k: _as_axes(v) for k, v in items})
-    return table
-
-
-def _activation_layout(t: TensorType, plan: Plan, rules: dict[str, tuple[str, ...]]) -> list:
-    """Mesh axes per dimension of [batch, *t.shape]: None where the dimension is not split."""
-    mesh, batch = plan.mesh, tuple(plan.batch_axes)
-    used = set(batch)
-    out: list[list[str] | None] = [list(batch) or None]
-    for size, logical in zip(t.shape, t.axes):
-        axes = [a for a in rules.get(logical, ()) if mesh.sizes.get(a, 1) > 1 and a not in used] if logical else []
-        if axes and size % math.prod(mesh.sizes[a] for a in axes) == 0:
-            used.update(axes)
-            out.append(axes)
-        else:
-            out.append(None)
-    return out
+def _activation_layout(t: TensorType, plan: Plan) -> list:
+    """Mesh axes per dimension of [batch, *t.shape] (the plan's activation layout): None where whole."""
+    return [list(plan.batch_axes) or None] + [list(d) or None for d in plan.activation_layout(t)]
 
 
 def _rename(scope: dict[str, str], taken: set[str]) -> dict[str, str]:
@@ -69,11 +49,8 @@ def _rename(scope: dict[str, str], taken: set[str]) -> dict[str, str]:
 
 
 def _moe(layer: dict[str, Any], plan: Plan, prefix: str) -> None:
-    """Capacity per sample (docs/program.md: ceil(cf * T * k / E), T = tokens per sample) and the two
-    layouts of the dispatched tokens [B, E, C, d]."""
-    a = layer["attrs"] = dict(layer["attrs"])
-    tokens = math.prod(layer["in_shapes"][0][:-1])
-    a["capacity"] = math.ceil(a["capacity_factor"] * tokens * a["top_k"] / a["experts"])
+    """The two layouts of the dispatched tokens [B, E, C, d] (the capacity C per sample is the plan's:
+    `attrs["capacity"]`, decided by ops/moe.py)."""
     batch = list(plan.batch_axes)
     experts = list(plan.param(f"{prefix}{layer['name']}.experts.fc.weight").spec[0])
     layer["moe_tokens_layout"] = [batch or None, None, None, None]
@@ -120,7 +97,6 @@ def _pipeline(plan: Plan, layers: list[dict[str, Any]]) -> dict[str, Any] | None
 
 
 def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
-    rules = _rules(plan)
     block_fns = {b["name"]: f"{b['name']}_block" for b in ctx["blocks"]}
     taken = set(block_fns.values())
     nodes = {n.name: n for n in plan.graph.layers}
@@ -139,7 +115,7 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
     def annotate(layer: dict[str, Any], node, vars_: dict[str, str]) -> dict[str, Any]:
         layer["var"] = vars_[layer["name"]]
         layer["input_vars"] = [vars_[n] for n in layer["inputs"]]
-        layer["act_layout"] = _activation_layout(node.out, plan, rules)
+        layer["act_layout"] = _activation_layout(node.out, plan)
         # pin it where the layout is more than the batch split
         layer["pin"] = any(d for d in layer["act_layout"][1:])
         return layer
@@ -177,7 +153,7 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
         block["output_var"] = vars_[block["output"]]
         block["has_buffers"] = any(layer["buffers"] for layer in block["layers"])
         block["has_dropout"] = any(OPS[layer["op"]].is_random(layer["attrs"]) for layer in block["layers"])
-        block["out_layout"] = _activation_layout(rep.out, plan, rules)
+        block["out_layout"] = _activation_layout(rep.out, plan)
         block["has_aux"] = any(OPS[layer["op"]].has_aux_loss for layer in block["layers"])
         has_dropout |= block["has_dropout"]
         has_buffers |= block["has_buffers"]
