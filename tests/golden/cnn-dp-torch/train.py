@@ -244,7 +244,7 @@ def to_tensors(arrays, device):
 # Optimizer: the documented schedule and clipping (docs/program.md "Numerics").
 # ----------------------------------------------------------------------------
 def lr_at(t):
-    """The learning rate at 0-based step t (constant)."""
+    """The learning rate at 0-based step t."""
     return LR
 
 

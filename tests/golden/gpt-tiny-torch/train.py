@@ -463,7 +463,7 @@ def to_tensors(arrays, device):
 # Optimizer: the documented schedule and clipping (docs/program.md "Numerics").
 # ----------------------------------------------------------------------------
 def lr_at(t):
-    """The learning rate at 0-based step t (cosine, WARMUP_STEPS linear warmup)."""
+    """The learning rate at 0-based step t."""
     # after STEPS the rate stays at its floor (min_lr_ratio * LR)
     progress = min(1.0, (t - WARMUP_STEPS) / max(1, STEPS - WARMUP_STEPS))
     cosine = LR * (MIN_LR_RATIO + (1 - MIN_LR_RATIO) * 0.5 * (1 + math.cos(math.pi * progress)))

@@ -244,7 +244,7 @@ def to_tensors(arrays, device):
 # Optimizer: the documented schedule and clipping (docs/program.md "Numerics").
 # ----------------------------------------------------------------------------
 def lr_at(t):
-    """The learning rate at 0-based step t (linear-warmup, WARMUP_STEPS linear warmup)."""
+    """The learning rate at 0-based step t."""
     return LR * (t + 1) / WARMUP_STEPS if t < WARMUP_STEPS else LR
 
 
