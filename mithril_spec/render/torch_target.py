@@ -28,6 +28,8 @@ from typing import Any
 from ..graph import Node, RepeatNode
 from ..ops import OPS
 from ..planner.plan import Plan
+from ..planner.sizes import DTYPE_BYTES
+from ..planner.states import precision_setup
 from ..targets.torch import pipeline_flow
 from ..targets.torch import sequence_parallel as torch_sequence_parallel
 from .context import rename_vars
@@ -40,8 +42,6 @@ MODEL_NAMES = {"F", "torch", "nn", "np", "math", "self", "block", "rope", "zlib"
 PROGRAM_NAMES = {"Model", "Attention", "MLP", "LayerNorm", "RMSNorm", "BatchNorm", "Dropout", "PosEmbedding", "Data",
                  "Metrics", "F", "DDP", "MoE", "Weights", "Holder"}
 
-SLOTS = {"adamw": 2, "adam": 2, "sgd": 1}
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 def _rename(scope: dict[str, str], taken: set[str]) -> dict[str, str]:
@@ -229,8 +229,7 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
     mixed = precision.compute != precision.params
     random = any(o.endswith("_rng") for o in ops)
     expert_params = [p["name"] for p in ctx["params"] if any(d and "expert" in d for d in p["layout"])]
-    opt = plan.spec.training.optimizer
-    slots = SLOTS[opt.name] if not (opt.name == "sgd" and opt.momentum == 0) else 0
+    _, _, slots, _ = precision_setup(plan.spec)  # optimizer state tensors per parameter, as the plan counts
     devices = plan.mesh.devices
     per_node = min(devices, 8)
     while devices % per_node:
