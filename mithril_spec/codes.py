@@ -281,7 +281,8 @@ _TEXTS: dict[str, tuple[str, str]] = {
             "tensor parallelism that is not a column-parallel linear followed by a row-parallel one, "
             "`training.zero` or `precision.master_weights`, `expert` with an axis other than `data`; a model one "
             "target cannot pipeline (docs/program.md, pipeline stages). The message says what the target "
-            "supports."
+            "supports; docs/targets.md lists every target's capabilities and limits (generated from the "
+            "target registry)."
         ),
     ),
     # ---- costs
