@@ -83,18 +83,19 @@ def _convert(err: pydantic.ValidationError, doc: Document) -> list[Diagnostic]:
     return [d for d in out if not (d.code == "E011" and d.path in meant)]
 
 
+def _has_child(node: Any, item: Any) -> bool:
+    """Is `item` a key of the mapping or an index of the list `node`?"""
+    if isinstance(node, dict):
+        return item in node
+    return isinstance(node, list) and isinstance(item, int) and 0 <= item < len(node)
+
+
 def _real_path(loc: tuple, data: Any) -> tuple:
     """Pydantic's loc with union tags and validator names dropped: a path into the data."""
     path: list = []
     node = data
     for item in loc:
-        if (
-            isinstance(node, dict)
-            and item in node
-            or isinstance(node, list)
-            and isinstance(item, int)
-            and 0 <= item < len(node)
-        ):
+        if _has_child(node, item):
             path.append(item)
             node = node[item]
         elif isinstance(node, dict) and isinstance(item, str) and not path_is_tag(item, node):
@@ -108,13 +109,7 @@ def _other_branch(loc: tuple, data: Any) -> bool:
     `sharding.rules` when the spec gives a mapping, or the reverse): the member that fits reports its own."""
     node = data
     for item in loc:
-        if (
-            isinstance(node, dict)
-            and item in node
-            or isinstance(node, list)
-            and isinstance(item, int)
-            and 0 <= item < len(node)
-        ):
+        if _has_child(node, item):
             node = node[item]
         elif isinstance(item, str):
             if item.startswith("dict[") and isinstance(node, list):
