@@ -54,13 +54,7 @@ def costs_document(costs: Costs) -> doc.Costs:
             per_device=doc.PerDeviceFlops(forward=f.per_device_forward, backward=f.per_device_backward,
                                           recompute=f.per_device_recompute, total=f.per_device_total),
         ),
-        hardware=None if hw is None else doc.Hardware(
-            name=hw.name, description=hw.description, flops=dict(hw.flops), memory_bytes=hw.memory_bytes,
-            reserved_bytes=hw.reserved_bytes, hbm_bytes_per_s=hw.hbm_bytes_per_s,
-            devices_per_node=hw.devices_per_node, intra_node_bytes_per_s=hw.intra_node_bytes_per_s,
-            inter_node_bytes_per_s=hw.inter_node_bytes_per_s, intra_node_latency_s=hw.intra_node_latency_s,
-            inter_node_latency_s=hw.inter_node_latency_s, efficiency=hw.efficiency,
-        ),
+        hardware=None if hw is None else doc.Hardware(**hw.to_json()),
         fits=costs.fits,
         capacity_bytes=costs.capacity,
         time=None if t is None else doc.StepTime(
