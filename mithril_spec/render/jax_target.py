@@ -44,10 +44,6 @@ def _activation_layout(t: TensorType, plan: Plan) -> list:
     return [list(plan.batch_axes) or None] + [list(d) or None for d in plan.activation_layout(t)]
 
 
-def _rename(scope: dict[str, str], taken: set[str]) -> dict[str, str]:
-    return rename_vars(scope, MODEL_NAMES | taken)
-
-
 def _moe(layer: dict[str, Any], plan: Plan, prefix: str) -> None:
     """The two layouts of the dispatched tokens [B, E, C, d] (the capacity C per sample is the plan's:
     `attrs["capacity"]`, decided by ops/moe.py)."""
@@ -96,15 +92,19 @@ def _pipeline(plan: Plan, layers: list[dict[str, Any]]) -> dict[str, Any] | None
     }
 
 
-def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
+def model_context(plan: Plan, ctx: dict[str, Any], model_names: set[str]) -> dict[str, Any]:
+    """The model's inputs, layers, blocks and loss with variables that never shadow `model_names` (what
+    the target's model code uses itself) nor the block functions, each layer's activation layout, and
+    which op helpers the program needs. Shared by the targets whose model is functions over a flat dict
+    of parameters (jax, mlx)."""
     block_fns = {b["name"]: f"{b['name']}_block" for b in ctx["blocks"]}
-    taken = set(block_fns.values())
+    taken = set(block_fns.values()) | model_names
     nodes = {n.name: n for n in plan.graph.layers}
 
     # top level: inputs and layers share one scope (the forward function)
     top = {i["name"]: i["var"] for i in ctx["inputs"]}
     top.update({layer["name"]: layer["var"] for layer in ctx["layers"]})
-    top_vars = _rename(top, taken)
+    top_vars = rename_vars(top, taken)
 
     read = {n for layer in ctx["layers"] for n in layer["inputs"]}
     inputs = copy.deepcopy(ctx["inputs"])
@@ -142,7 +142,7 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
         inner = {n.name: n for n in rep.layers}
         scope = {"block_input": "block_input"}
         scope.update({layer["name"]: layer["var"] for layer in block["layers"]})
-        vars_ = _rename(scope, taken)
+        vars_ = rename_vars(scope, taken)
         block["input_var"] = vars_["block_input"]
         block["fn"] = block_fns[block["name"]]
         for layer in block["layers"]:
@@ -163,23 +163,32 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
     loss["prediction_var"] = top_vars[loss["prediction"]]
     loss["targets_var"] = top_vars[loss["targets"]]
     loss["targets_is_input"] = any(i["name"] == loss["targets"] for i in inputs)
+    return {
+        "inputs": inputs,
+        "layers": layers,
+        "blocks": blocks,
+        "loss": loss,
+        "ops": sorted(op_attrs),
+        "op_attrs": {op: op_attrs[op] for op in sorted(op_attrs)},
+        "has_dropout": has_dropout,
+        "has_buffers": has_buffers,
+        # a load-balancing loss joins the model loss
+        "has_aux": any(OPS[op].has_aux_loss for op in op_attrs),
+    }
+
+
+def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
+    model = model_context(plan, ctx, MODEL_NAMES)
+    layers = model["layers"]
     pipeline = _pipeline(plan, layers)
     tr = plan.spec.training
     # micro-batch iterations of the train step's loop: pipeline runs, else micro-batches, else a one-stage
     # pipeline's chunks (docs/program.md "Pipeline stages")
     accum = tr.grad_accum * (plan.pipeline.microbatches if plan.pipeline and not pipeline else 1)
     return {
-        "inputs": inputs,
-        "layers": layers,
-        "blocks": blocks,
-        "loss": loss,
+        **{k: model[k] for k in ("inputs", "layers", "blocks", "loss")},
         "jax": {
-            "ops": sorted(op_attrs),
-            "op_attrs": {op: op_attrs[op] for op in sorted(op_attrs)},
-            "has_dropout": has_dropout,
-            "has_buffers": has_buffers,
-            # a load-balancing loss joins the model loss
-            "has_aux": any(OPS[op].has_aux_loss for op in op_attrs),
+            **{k: model[k] for k in ("ops", "op_attrs", "has_dropout", "has_buffers", "has_aux")},
             "pipeline": pipeline,
             "zero": tr.zero,  # not in the shared context (yet)
             # a float32 master copy of 16-bit parameters in the optimizer state

@@ -6,7 +6,7 @@ from typing import Annotated, Literal, Optional
 
 from pydantic import Field, PositiveInt, StrictInt
 
-from ..targets import TARGET_NAMES
+from ..targets import DEFAULT_TARGETS, TARGET_NAMES
 from .common import Ident, Strict
 from .data import Data, Synthetic
 from .hardware import Hardware
@@ -22,7 +22,8 @@ class Spec(Strict):
     extends: Optional[str] = Field(None, description="base spec merged under this one (relative path)")
     description: Optional[str] = None
     targets: list[Literal[TARGET_NAMES]] = Field(  # type: ignore[valid-type]
-        default_factory=lambda: list(TARGET_NAMES), min_length=1, description="targets this spec is built for"
+        default_factory=lambda: list(DEFAULT_TARGETS), min_length=1,
+        description="targets this spec is built for (default: " + ", ".join(DEFAULT_TARGETS) + ")",
     )
     dims: dict[Ident, Annotated[StrictInt, Field(ge=1)]] = Field(default_factory=dict, description="named sizes")
     model: Model

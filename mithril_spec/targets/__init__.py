@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from .base import Capabilities, Target
 from .jax import JaxTarget
+from .mlx import MlxTarget
 from .torch import TorchTarget
 
 if TYPE_CHECKING:
@@ -15,8 +16,10 @@ if TYPE_CHECKING:
     from ..planner.plan import Plan
     from ..source import Document
 
-TARGETS: dict[str, Target] = {t.name: t for t in (JaxTarget(), TorchTarget())}
+TARGETS: dict[str, Target] = {t.name: t for t in (JaxTarget(), TorchTarget(), MlxTarget())}
 TARGET_NAMES: tuple[str, ...] = tuple(TARGETS)
+# what a spec without `targets:` is built for (and checked against)
+DEFAULT_TARGETS: tuple[str, ...] = tuple(n for n, t in TARGETS.items() if t.capabilities.default)
 
 
 def check_target(plan: Plan, doc: Document, target: str) -> list[Diagnostic]:
@@ -24,4 +27,4 @@ def check_target(plan: Plan, doc: Document, target: str) -> list[Diagnostic]:
     return TARGETS[target].check(plan, doc)
 
 
-__all__ = ["TARGETS", "TARGET_NAMES", "Capabilities", "Target", "check_target"]
+__all__ = ["DEFAULT_TARGETS", "TARGETS", "TARGET_NAMES", "Capabilities", "Target", "check_target"]

@@ -39,6 +39,17 @@ class Capabilities:
     global_batch_statistics: bool = True
     ops: Optional[frozenset[str]] = None  # operators it renders; None: every registered operator
     launchers: tuple[str, ...] = ()
+    # why a capability is missing, by what E049 names: a mesh axis ("tensor"), "zero", "master_weights",
+    # "pipeline", "ops", a dtype ("bfloat16"): the diagnostic's help gives the reason before the way out
+    reasons: tuple[tuple[str, str], ...] = ()
+    # remat policies it implements (training.remat)
+    remat: tuple[str, ...] = ("none", "selective", "full")
+    # in a spec without `targets:`, validate checks this target too
+    default: bool = True
+
+    def reason(self, what: str, help: str) -> str:
+        why = dict(self.reasons).get(what)
+        return f"{why}; {help}" if why else help
 
 
 def layout_text(spec) -> str:
@@ -88,23 +99,27 @@ class Target:
 
         for axis in plan.mesh.axes:
             if axis not in cap.mesh_axes and plan.mesh.sizes.get(axis, 1) > 1:
-                refuse(None, f"the `{axis}` mesh axis", f"supported axes: {', '.join(cap.mesh_axes)}",
+                refuse(None, f"the `{axis}` mesh axis", cap.reason(axis, f"supported axes: {', '.join(cap.mesh_axes)}"),
                        pos=doc.pos(plan.mesh.source))
         tr = plan.spec.training
         if tr.zero not in cap.zero_stages:
-            refuse(("training", "zero"), f"`training.zero: {tr.zero}`",
-                   "use an fsdp mesh axis (ZeRO-3), which every target implements" if cap.zero_stages == (0,)
-                   else f"supported: {', '.join(map(str, cap.zero_stages))}")
+            way = (f"supported: {', '.join(map(str, cap.zero_stages))}" if cap.zero_stages != (0,)
+                   else "use an fsdp mesh axis (ZeRO-3), which this target implements" if "fsdp" in cap.mesh_axes
+                   else "keep the optimizer state replicated (`training.zero: 0`)")
+            refuse(("training", "zero"), f"`training.zero: {tr.zero}`", cap.reason("zero", way))
         pr = tr.precision
         if getattr(pr, "master_weights", False) and not cap.master_weights:
             refuse(("training", "precision", "master_weights"), "`precision.master_weights`",
-                   "keep parameters in float32 (`precision.params: float32`)")
+                   cap.reason("master_weights", "keep parameters in float32 (`precision.params: float32`)"))
+        if tr.remat not in cap.remat:
+            refuse(("training", "remat"), f"`training.remat: {tr.remat}`",
+                   cap.reason("remat", f"supported: {', '.join(cap.remat)}"))
         if pr.compute not in cap.compute_dtypes:
             refuse(("training", "precision", "compute"), f"computing in {pr.compute}",
-                   f"supported compute dtypes: {', '.join(cap.compute_dtypes)}")
+                   cap.reason(pr.compute, f"supported compute dtypes: {', '.join(cap.compute_dtypes)}"))
         if pr.params not in cap.param_dtypes:
             refuse(("training", "precision", "params"), f"{pr.params} parameters",
-                   f"supported parameter dtypes: {', '.join(cap.param_dtypes)}")
+                   cap.reason(pr.params, f"supported parameter dtypes: {', '.join(cap.param_dtypes)}"))
         for params, compute, help in cap.dtype_limits:
             if pr.params == params and pr.compute == compute:
                 refuse(("training", "precision", "compute"), f"computing in {compute} with {params} parameters",
@@ -114,7 +129,7 @@ class Target:
                 for node in nodes:
                     if not node.is_repeat and node.op not in cap.ops:
                         refuse(node.path + ("op",), f"the `{node.op}` operator",
-                               f"operators it renders: {', '.join(sorted(cap.ops))}")
+                               cap.reason(node.op, f"operators it renders: {', '.join(sorted(cap.ops))}"))
         if not cap.global_batch_statistics and plan.dp_degree > 1:
             for _, nodes in scopes(plan):
                 for node in nodes:
@@ -127,8 +142,8 @@ class Target:
         pp = plan.pipeline
         if pp is not None and len(pp.stages) > 1:
             if pp.schedule not in cap.pipeline_schedules:
-                refuse(("pipeline", "schedule"), f"the `{pp.schedule}` pipeline schedule",
-                       f"supported schedules: {', '.join(cap.pipeline_schedules)}")
+                refuse(("pipeline", "schedule"), f"the `{pp.schedule}` pipeline schedule", cap.reason(
+                    "pipeline", f"supported schedules: {', '.join(cap.pipeline_schedules) or 'none'}"))
             if not cap.explicit_stages and not pp.repeat_split:
                 first = next((n for n in plan.graph.layers if n.stage is not None), plan.graph.layers[0])
                 out.append(Diagnostic(

@@ -6,7 +6,7 @@ when the committed file is stale)."""
 from __future__ import annotations
 
 from ..ops import OPS
-from . import TARGETS
+from . import DEFAULT_TARGETS, TARGETS
 
 
 def _yes(v: bool) -> str:
@@ -35,8 +35,10 @@ def capability_markdown() -> str:
     row("refused dtype pairs (params / compute)",
         lambda c: "; ".join(f"{p} / {k}" for p, k, _ in c.dtype_limits) or "none")
     row("batch statistics over data-parallel ranks", lambda c: _yes(c.global_batch_statistics))
-    row("operators", lambda c: "all" if c.ops is None else _list(sorted(c.ops)))
+    row("remat policies", lambda c: _list(c.remat))
+    row("operators", lambda c: "all" if c.ops is None else "all but " + _list(sorted(set(OPS) - c.ops)))
     row("launchers", lambda c: "; ".join(c.launchers))
+    row("checked for a spec without `targets:`", lambda c: _yes(c.default))
     rows.append(("program imports", [t.imports for t in targets]))
 
     out = [
@@ -46,8 +48,8 @@ def capability_markdown() -> str:
         "     do not edit by hand -->",
         "",
         "`mithril-spec build --target NAME` renders a program for one of these targets. A spec lists the",
-        "targets it is built for under `targets:` (default: all of them); `validate` runs every listed",
-        "target's checks, so a setting a target cannot run is an E049 diagnostic before anyone books a",
+        "targets it is built for under `targets:` (default: " + ", ".join(f"`{n}`" for n in DEFAULT_TARGETS) + ");",
+        "`validate` runs every listed target's checks, so a setting a target cannot run is an E049 diagnostic before anyone books a",
         "device, never a silent difference inside the generated program.",
         "",
         "| capability | " + " | ".join(f"{t.title} (`{t.name}`)" for t in targets) + " |",
@@ -61,6 +63,9 @@ def capability_markdown() -> str:
         if why:
             out.append(f"- `{kind}`: {why}")
     for t in targets:
+        if t.capabilities.reasons:
+            out += ["", f"## {t.title}: why a capability is missing", ""]
+            out += [f"- {what}: {why}" for what, why in t.capabilities.reasons]
         if t.limits:
             out += ["", f"## {t.title}: further limits", ""]
             out += [f"- {line}" for line in t.limits]

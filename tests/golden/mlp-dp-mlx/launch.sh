@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Starts train.py (mlp-dp, built by mithril-spec for 8 process(es)) with mlx.launch: the
+# ring backend, 8 processes on this machine, or one per host with MLX_HOSTS.
+#
+#   ./launch.sh [train.py arguments...]
+#   ./launch.sh --steps 20 --metrics metrics.jsonl
+#   MLX_HOSTS=mac1,mac2 ./launch.sh --steps 20     # one process per host (ssh; same paths on every host)
+#
+# PYTHON picks the interpreter (default: python3), MLX_LAUNCH the launcher (default: mlx.launch beside
+# it). mlx.launch itself exits 0 whatever its processes do: this script returns the first failure's code.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+python="$(command -v "${PYTHON:-python3}")"
+launcher="${MLX_LAUNCH:-$(dirname "$python")/mlx.launch}"
+if (( 8 == 1 )) && [[ -z "${MLX_HOSTS:-}" ]]; then
+  exec "$python" "$here/train.py" "$@"
+fi
+if [[ -n "${MLX_HOSTS:-}" ]]; then
+  where=(--hosts "$MLX_HOSTS")
+else
+  where=(-n 8)
+fi
+status_dir="$(mktemp -d)"
+trap 'rm -rf "$status_dir"' EXIT
+"$launcher" --backend ring "${where[@]}" --python "$python" --env "MITHRIL_STATUS_DIR=$status_dir" \
+  "$here/train.py" "$@"
+for f in "$status_dir"/*; do
+  [[ -e "$f" ]] && exit "$(cat "$f")"
+done
+exit 0
