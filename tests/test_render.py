@@ -107,7 +107,7 @@ def test_output_ignores_ruff_configuration_and_hash_seed(tmp_path):
 def test_program_imports_only_stdlib_numpy_and_framework(case):
     spec, target = case
     text = render_files(compile_file(spec), target, spec.name)["train.py"]
-    allowed = {"jax": {"jax", "optax", "orbax", "numpy"}, "torch": {"torch", "numpy"}}[target]
+    allowed = {"jax": {"jax", "optax", "orbax", "numpy"}, "torch": {"torch", "numpy"}, "mlx": {"mlx", "numpy"}}[target]
     for node in ast.walk(ast.parse(text)):
         names = []
         if isinstance(node, ast.Import):

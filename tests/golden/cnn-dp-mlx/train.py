@@ -72,6 +72,7 @@ OPTIMIZER = "sgd"  # make_optimizer() below is written for it
 LR = 0.01
 MOMENTUM = 0.9
 NESTEROV = False
+OPTIMIZER_SLOTS = 1 if MOMENTUM else 0  # state tensors per parameter: the momentum buffer
 SCHEDULE = "constant"  # lr_schedule() below is written for it
 WARMUP_STEPS = 0
 CLIP_GRAD_NORM = None
@@ -471,15 +472,20 @@ def nbytes(arrays):
 
 
 def dry_run():
-    """What every process would hold: each parameter whole (data parallelism), bytes per process."""
-    sizes = {name: math.prod(shape) for name, (shape, _, _) in PARAMS.items()}
+    """What every process would hold, computed without allocating: each parameter whole (data
+    parallelism), OPTIMIZER_SLOTS float32 tensors of state per parameter, the buffers."""
+    params = 4 * sum(math.prod(shape) for shape, _, _ in PARAMS.values())
+    held = {
+        "params": params,
+        "optimizer": OPTIMIZER_SLOTS * params,
+        "buffers": 4 * sum(math.prod(shape) for shape, _ in BUFFERS.values()),
+    }
     print(
         f"mesh: {MESH or '(one device)'} ({PROCESSES} process(es), {mx.default_device()}); every process "
         "holds every parameter whole",
         f"{'parameter':40s} {'shape':>16s}",
         *(f"{name:40s} {list(shape)!s:>16s}" for name, (shape, _, _) in PARAMS.items()),
-        f"per-process bytes: params {4 * sum(sizes.values())}, buffers "
-        f"{4 * sum(math.prod(s) for s, _ in BUFFERS.values())}; planned: {PLANNED_BYTES}",
+        "per-process bytes " + json.dumps({"held": held, "planned": PLANNED_BYTES}),
         sep="\n",
     )
 

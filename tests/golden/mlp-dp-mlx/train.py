@@ -73,6 +73,7 @@ LR = 0.001
 BETAS = (0.9, 0.999)
 EPS = 1e-08
 WEIGHT_DECAY = 0.01  # decoupled; only parameters with 2 or more dimensions
+OPTIMIZER_SLOTS = 2  # state tensors per parameter: adam's m and v
 SCHEDULE = "linear-warmup"  # lr_schedule() below is written for it
 WARMUP_STEPS = 5
 CLIP_GRAD_NORM = 1.0
@@ -464,15 +465,20 @@ def nbytes(arrays):
 
 
 def dry_run():
-    """What every process would hold: each parameter whole (data parallelism), bytes per process."""
-    sizes = {name: math.prod(shape) for name, (shape, _, _) in PARAMS.items()}
+    """What every process would hold, computed without allocating: each parameter whole (data
+    parallelism), OPTIMIZER_SLOTS float32 tensors of state per parameter, the buffers."""
+    params = 4 * sum(math.prod(shape) for shape, _, _ in PARAMS.values())
+    held = {
+        "params": params,
+        "optimizer": OPTIMIZER_SLOTS * params,
+        "buffers": 4 * sum(math.prod(shape) for shape, _ in BUFFERS.values()),
+    }
     print(
         f"mesh: {MESH or '(one device)'} ({PROCESSES} process(es), {mx.default_device()}); every process "
         "holds every parameter whole",
         f"{'parameter':40s} {'shape':>16s}",
         *(f"{name:40s} {list(shape)!s:>16s}" for name, (shape, _, _) in PARAMS.items()),
-        f"per-process bytes: params {4 * sum(sizes.values())}, buffers "
-        f"{4 * sum(math.prod(s) for s, _ in BUFFERS.values())}; planned: {PLANNED_BYTES}",
+        "per-process bytes " + json.dumps({"held": held, "planned": PLANNED_BYTES}),
         sep="\n",
     )
 

@@ -1,0 +1,229 @@
+"""The MLX target (templates/mlx) on MLX's Linux CPU build.
+
+- Across targets: for the MLP, the CNN, the GPT and tests/specs/all-ops.yaml (every operator the mlx
+  target renders), built for one device, the MLX program trains 5 steps from the parameters the JAX
+  program exported (--steps 0 --export-params, shared with test_cross_target) and its losses equal the
+  JAX and PyTorch programs' within 1e-5; its exported parameters load into the JAX program unchanged.
+- Data parallelism: 2 processes under the generated launch.sh (mlx.launch, ring backend) equal the
+  1-process run.
+- Checkpoints: resume continues the uninterrupted trajectory exactly (also on 2 processes from a
+  1-process checkpoint); a corrupt newest checkpoint falls back to the previous one; a foreign one is
+  refused.
+- The contract's edges: the memory line equals the plan, the process-count check, launch.sh's exit code,
+  --dry-run in one process for any mesh, and what `validate` refuses for mlx (E049 with the reason).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import re
+import shutil
+
+import jax_runs as jr
+import mlx_runs as mr
+import numpy as np
+import pytest
+import torch_runs as tr
+
+from mithril_spec.cli import main as cli
+
+SPECS = ["mlp-dp.yaml", "cnn-dp.yaml", "gpt-tiny.yaml", "all-ops"]
+STEPS = 5
+MLP = jr.SPECS / "mlp-dp.yaml"
+CNN = jr.SPECS / "cnn-dp.yaml"
+GPT = jr.SPECS / "gpt-tiny.yaml"
+
+
+def spec_path(spec):
+    return jr.ROOT / "tests" / "specs" / "all-ops.yaml" if spec == "all-ops" else jr.SPECS / spec
+
+
+def mesh(spec):
+    return "single" if spec == "all-ops" else "data=1"
+
+
+def init_file(spec):
+    """The JAX program's initial parameters (the same run as test_cross_target's)."""
+    return jr.run(jr.build(spec_path(spec), mesh(spec)), "--steps", "0").cwd / "params.npz"
+
+
+def jax_run(spec):
+    return jr.run(jr.build(spec_path(spec), mesh(spec)), "--steps", str(STEPS), "--init-params", str(init_file(spec)))
+
+
+def torch_run(spec):
+    return tr.run(tr.build(spec_path(spec), mesh(spec)), "--steps", str(STEPS), "--init-params", str(init_file(spec)))
+
+
+def mlx_run(spec, *args):
+    return mr.run(mr.build(spec_path(spec), mesh(spec)), "--steps", str(STEPS), "--init-params", str(init_file(spec)),
+                  *args)
+
+
+def mlp(mesh_=None, edits=()):
+    return mr.build(MLP, mesh_, tuple(edits))
+
+
+def _parallel(calls):
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        return [f.result() for f in [pool.submit(c) for c in calls]]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def all_runs():
+    _parallel([lambda s=s: init_file(s) for s in SPECS])
+    _parallel([f for s in SPECS for f in (lambda s=s: mlx_run(s), lambda s=s: jax_run(s), lambda s=s: torch_run(s))])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", SPECS)
+def test_same_losses_as_jax_and_torch(spec):
+    m, j, t = mlx_run(spec), jax_run(spec), torch_run(spec)
+    assert len(m.losses) == len(j.losses) == len(t.losses) == STEPS
+    dj, dt = jr.max_diff(m.losses, j.losses), jr.max_diff(m.losses, t.losses)
+    dp = jr.max_param_diff(m.params, j.params)
+    jr.report(f"mlx {spec}: vs jax and torch", max_dloss_jax=dj, max_dloss_torch=dt, max_dparam_jax=dp)
+    assert dj < 1e-5 and dt < 1e-5, f"{spec}: mlx losses differ from jax by {dj:.2e}, from torch by {dt:.2e}"
+    assert dp < 1e-4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", ["mlp-dp.yaml", "gpt-tiny.yaml"])
+def test_mlx_export_loads_into_jax_unchanged(spec):
+    exported = mlx_run(spec).params
+    back = jr.run(jr.build(spec_path(spec), mesh(spec)), "--steps", "0", "--init-params",
+                  str(mlx_run(spec).cwd / "params.npz")).params
+    assert sorted(exported) == sorted(back) and all(exported[k].dtype == np.float32 for k in exported)
+    assert jr.max_param_diff(exported, back) == 0.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", [MLP, CNN, GPT])
+def test_two_processes_equal_one(spec):
+    one = mr.run(mr.build(spec, "data=1"), "--steps", "4")
+    two = mr.run(mr.build(spec, "data=2"), "--steps", "4", processes=2)
+    d = jr.max_diff(one.losses, two.losses)
+    jr.report(f"mlx {spec.name}: data=2 (2 processes) vs one", max_dloss=d,
+              max_dparam=jr.max_param_diff(one.params, two.params))
+    assert len(two.losses) == 4 and d < 1e-5
+    assert jr.max_param_diff(one.params, two.params) < 1e-5
+    assert two.memory["device0"] == two.memory["planned"]
+
+
+@pytest.mark.slow
+def test_grad_accum_and_full_remat_equal_plain():
+    edits = (("batch_size: 16", "batch_size: 16\n  grad_accum: 2"),
+             ("compute: float32}", "compute: float32}\n  remat: full"))
+    plain = mr.run(mr.build(GPT, "data=1"), "--steps", "4")
+    both = mr.run(mr.build(GPT, "data=1", edits), "--steps", "4")
+    assert jr.max_diff(plain.losses, both.losses) < 1e-5
+
+
+@pytest.mark.slow
+def test_bf16_compute_trains():
+    r = mr.run(mlp("data=1", (("clip_grad_norm: 1.0", "clip_grad_norm: 1.0\n  precision: {compute: bfloat16}"),)),
+               "--steps", "20")
+    ref = mr.run(mlp("data=1"), "--steps", "20")
+    assert np.isfinite(r.losses).all() and jr.max_diff(r.losses, ref.losses) < 2e-2
+
+
+def test_memory_line_equals_the_plan():
+    for spec in SPECS:
+        m = mlx_run(spec).memory
+        assert m["device0"] == m["planned"], spec
+
+
+@pytest.mark.slow
+def test_resume_equals_the_uninterrupted_run(tmp_path):
+    program = mlp("data=1")
+    full = mr.run(program, "--steps", "6")
+    ckpt = tmp_path / "ckpt"
+    first = mr.run(program, "--steps", "3", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "1")
+    assert sorted(p.name for p in ckpt.iterdir()) == ["step_00000002", "step_00000003"]  # the last two kept
+    rest = mr.run(program, "--steps", "6", "--resume", str(ckpt))
+    assert "resumed from" in rest.output and [r["step"] for r in rest.metrics] == [4, 5, 6]
+    assert np.array_equal(np.concatenate([first.losses, rest.losses]), full.losses)
+    # the same checkpoint on 2 processes (every process reads it) continues the data=2 trajectory
+    two = mr.run(mlp("data=2"), "--steps", "6", "--resume", str(ckpt), processes=2)
+    assert jr.max_diff(two.losses, full.losses[3:]) < 1e-5
+
+
+@pytest.mark.slow
+def test_corrupt_foreign_and_missing_checkpoints(tmp_path):
+    program = mlp("data=1")
+    full = mr.run(program, "--steps", "4")
+    ckpt = tmp_path / "ckpt"
+    mr.run(program, "--steps", "3", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "1")
+    state = ckpt / "step_00000003" / "state.safetensors"
+    data = bytearray(state.read_bytes())
+    data[-7] ^= 0x01  # one flipped bit in the last array
+    state.write_bytes(bytes(data))
+    back = mr.run(program, "--steps", "4", "--resume", str(ckpt))
+    assert "skipping checkpoint" in back.output and "corrupt" in back.output
+    assert [r["step"] for r in back.metrics] == [3, 4]
+    assert np.array_equal(back.losses, full.losses[2:])  # from step 2, the previous checkpoint
+    # a checkpoint of another spec: refused by name, exit 2
+    cnn_ckpt = tmp_path / "cnn"
+    mr.run(mr.build(CNN, "data=1"), "--steps", "1", "--checkpoint-dir", str(cnn_ckpt))
+    foreign = mr.run(program, "--steps", "4", "--resume", str(cnn_ckpt), expect_rc=2)
+    assert "checkpoint of the spec 'cnn-dp'" in foreign.output and "Traceback" not in foreign.output
+    shutil.rmtree(ckpt / "step_00000002")
+    (ckpt / "step_00000003" / "train_state.json").unlink()
+    gone = mr.run(program, "--steps", "4", "--resume", str(ckpt), expect_rc=2)
+    assert "no usable checkpoint" in gone.output and "Traceback" not in gone.output
+    empty = mr.run(program, "--steps", "4", "--resume", str(tmp_path), expect_rc=2)
+    assert "no checkpoint there" in empty.output
+
+
+def test_fresh_run_refuses_a_directory_with_later_steps(tmp_path):
+    program = mlp("data=1")
+    ckpt = tmp_path / "later"
+    mr.run(program, "--steps", "2", "--checkpoint-dir", str(ckpt))
+    r = mr.run(program, "--steps", "2", "--checkpoint-dir", str(ckpt), expect_rc=2)
+    assert "already holds checkpoints of steps after 0" in r.output
+
+
+def test_process_count_and_launcher_exit_codes():
+    program = mlp("data=2")
+    alone = mr.run(program, "--steps", "1", expect_rc=2)  # built for 2 processes, started as one
+    assert "it needs 2 process(es), but 1 started" in alone.output and "Traceback" not in alone.output
+    bad = mr.run(program, "--steps", "-1", processes=2, expect_rc=2)  # every process refuses its arguments
+    assert "--steps must be >= 0" in bad.output
+
+
+def test_dry_run_needs_no_other_process():
+    r = mr.run(mlp(), "--dry-run", export=False, metrics=False)  # the default mesh: data=8
+    assert "8 process(es)" in r.output and "fc1.weight" in r.output
+    line = next(x for x in r.output.splitlines() if x.startswith("per-process bytes "))
+    figures = json.loads(line[len("per-process bytes "):])
+    assert figures["held"] == figures["planned"] == {"params": 340008, "optimizer": 680016, "buffers": 0}
+
+
+def _validate(tmp_path, capsys, text):
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    rc = cli(["validate", str(path)])
+    return rc, capsys.readouterr().err
+
+
+def test_validate_refuses_what_mlx_cannot_run_with_the_reason(tmp_path, capsys):
+    gpt = GPT.read_text().replace("name: gpt-tiny", "name: gpt-tiny\ntargets: [jax, mlx]")
+    rc, err = _validate(tmp_path, capsys, gpt)
+    assert rc == 1 and "error[E049]: the mlx target does not support the `fsdp` mesh axis" in err
+    assert "MLX has no fully sharded data parallelism" in err and "supported axes: data" in err
+    rc, err = _validate(tmp_path, capsys, gpt.replace("compute: float32}", "compute: float32}\n  remat: selective"))
+    assert "`training.remat: selective`" in err and "mx.checkpoint recomputes a whole block" in err
+    moe = (jr.SPECS / "moe-dp.yaml").read_text().replace("name: moe-dp", "name: moe-dp\ntargets: [mlx]")
+    rc, err = _validate(tmp_path, capsys, moe)
+    assert rc == 1 and "the `moe` operator" in err and "not in the mlx target yet" in err
+
+
+def test_mlx_is_opt_in(tmp_path, capsys):
+    """A spec without `targets:` is checked for jax and torch only; `build --target mlx` checks mlx anyway."""
+    text = GPT.read_text()
+    assert not re.search(r"^targets:", text, re.M)
+    rc, err = _validate(tmp_path, capsys, text)
+    assert rc == 0, err
+    rc = cli(["build", str(GPT), "--target", "mlx", "-o", str(tmp_path / "out")])
+    assert rc == 1 and "the mlx target does not support the `fsdp` mesh axis" in capsys.readouterr().err
