@@ -13,6 +13,12 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 python="$(command -v "${PYTHON:-python3}")"
 launcher="${MLX_LAUNCH:-$(dirname "$python")/mlx.launch}"
+if [[ -n "${MITHRIL_STATUS_DIR:-}" ]]; then  # one process under mlx.launch: run it, note a failure
+  rc=0
+  "$python" "$here/train.py" "$@" || rc=$?
+  (( rc == 0 )) || echo "$rc" > "$MITHRIL_STATUS_DIR/$$"
+  exit "$rc"
+fi
 if (( 4 == 1 )) && [[ -z "${MLX_HOSTS:-}" ]]; then
   exec "$python" "$here/train.py" "$@"
 fi
@@ -23,8 +29,9 @@ else
 fi
 status_dir="$(mktemp -d)"
 trap 'rm -rf "$status_dir"' EXIT
-"$launcher" --backend ring "${where[@]}" --python "$python" --env "MITHRIL_STATUS_DIR=$status_dir" \
-  "$here/train.py" "$@"
+# every process runs this script again (bash), which runs train.py and notes its exit code
+"$launcher" --backend ring "${where[@]}" --python "$(command -v bash)" --env "MITHRIL_STATUS_DIR=$status_dir" \
+  --env "PYTHON=$python" "$here/launch.sh" "$@"
 for f in "$status_dir"/*; do
   [[ -e "$f" ]] && exit "$(cat "$f")"
 done

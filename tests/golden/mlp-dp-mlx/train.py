@@ -162,25 +162,6 @@ def apply_optimizer(optimizers, grads, params):
     return new
 
 
-def optimizer_arrays(optimizers):
-    """The optimizer state as flat arrays, "<group>/<param>/<slot>" and "<group>/step"."""
-    out = {}
-    for group, (opt, names) in optimizers.items():
-        out[f"{group}/step"] = opt.state["step"]
-        out.update(
-            {f"{group}/{n}/{slot}": a for n in names for slot, a in opt.state.get(n, {}).items()}
-        )
-    return out
-
-
-def load_optimizer_arrays(optimizers, arrays):
-    """The inverse of optimizer_arrays, into optimizers that init_optimizer prepared."""
-    for group, (opt, names) in optimizers.items():
-        opt.state["step"] = arrays[f"{group}/step"]
-        for n in names:
-            opt.state[n] = {slot: arrays[f"{group}/{n}/{slot}"] for slot in opt.state.get(n, {})}
-
-
 # ----------------------------------------------------------------------------
 # Parameters: drawn on the host with numpy (the same values for every mesh and target).
 # ----------------------------------------------------------------------------
@@ -338,53 +319,80 @@ def save_checkpoint(directory, step, arrays):
         shutil.rmtree(step_dirs(directory)[old], ignore_errors=True)
 
 
+def state_arrays(params, buffers, optimizers):
+    """The whole train state as flat arrays: params/<name>, buffers/<name>, optimizer/<group>/step and
+    optimizer/<group>/<name>/<slot>."""
+    out = {f"params/{n}": a for n, a in params.items()} | {
+        f"buffers/{n}": a for n, a in buffers.items()
+    }
+    for group, (opt, names) in optimizers.items():
+        out[f"optimizer/{group}/step"] = opt.state["step"]
+        out.update(
+            {
+                f"optimizer/{group}/{n}/{slot}": a
+                for n in names
+                for slot, a in opt.state.get(n, {}).items()
+            }
+        )
+    return out
+
+
+def load_state(arrays, optimizers):
+    """The inverse of state_arrays: (parameters, buffers), and the optimizers' state set in place."""
+    for group, (opt, names) in optimizers.items():
+        opt.state.update(
+            {
+                n: {s: arrays[f"optimizer/{group}/{n}/{s}"] for s in opt.state.get(n, {})}
+                for n in names
+            }
+        )
+        opt.state["step"] = arrays[f"optimizer/{group}/step"]
+    return {n: arrays[f"params/{n}"] for n in PARAMS}, {n: arrays[f"buffers/{n}"] for n in BUFFERS}
+
+
 def read_checkpoint(path, want):
-    """The arrays of the checkpoint directory `path`, or the reason it cannot be used: its manifest, file
-    checksum, spec, names and shapes (`want`: name -> shape) and finite values are checked."""
+    """(step, arrays) of the checkpoint directory `path`, or why it cannot be used: its manifest, the state
+    file's checksum, the spec, the arrays' names and shapes (`want`: name -> shape), finite values."""
     try:
         with open(os.path.join(path, "train_state.json")) as f:
             meta = json.load(f)
-        state = os.path.join(path, "state.safetensors")
-        if meta.get("spec") != SPEC_NAME:
-            return (
-                None,
-                f"it is a checkpoint of the spec {meta.get('spec')!r}, this program is {SPEC_NAME!r}",
-            )
-        if sha256(state) != meta.get("sha256"):
-            return (
-                None,
-                "state.safetensors does not match the checksum in its train_state.json (corrupt)",
-            )
-        arrays = mx.load(state)
-    except (OSError, ValueError, RuntimeError) as e:
-        return None, f"unreadable ({e})"
+        intact = sha256(os.path.join(path, "state.safetensors")) == meta["sha256"]
+        arrays = mx.load(os.path.join(path, "state.safetensors")) if intact else {}
+    except (OSError, ValueError, KeyError, RuntimeError) as e:
+        return f"unreadable ({e})"
     got = {n: tuple(a.shape) for n, a in arrays.items()}
-    if got != want:
-        diff = sorted(n for n in {*got, *want} if got.get(n) != want.get(n))
-        return (
-            None,
-            f"its arrays differ from this program's (missing, unknown or reshaped: {diff[:5]})",
-        )
-    bad = [n for n, a in arrays.items() if not mx.isfinite(a).all().item()]
-    if bad:
-        return None, f"non-finite values in {bad[:5]}"
-    return (meta["step"], arrays), None
+    problems = (
+        (
+            meta.get("spec") != SPEC_NAME,
+            f"it is a checkpoint of the spec {meta.get('spec')!r}, not of {SPEC_NAME!r}",
+        ),
+        (
+            not intact,
+            "state.safetensors does not match the checksum in its train_state.json (corrupt)",
+        ),
+        (
+            got != want,
+            f"its arrays differ from this program's: {sorted(n for n in {*got, *want} if got.get(n) != want.get(n))[:5]}",
+        ),
+        (
+            not all(mx.isfinite(a).all().item() for a in arrays.values()),
+            "it holds non-finite values",
+        ),
+    )
+    return next((why for bad, why in problems if bad), (meta["step"], arrays))
 
 
 def restore_checkpoint(path, want):
     """(step, arrays) of the newest usable checkpoint: `path` is a checkpoint directory or one step_*
-    directory. A newest one that fails the checks is skipped, saying so."""
-    candidates = step_dirs(path)
-    if os.path.isfile(os.path.join(path, "train_state.json")):
-        candidates = {0: path}
-    require(candidates, f"--resume {path}: no checkpoint there")
-    for step in sorted(candidates, reverse=True):
-        found, why = read_checkpoint(candidates[step], want)
-        if found:
-            return found
-        print(
-            f"warning: skipping checkpoint {candidates[step]}: {why}", file=sys.stderr, flush=True
-        )
+    directory. A newer one that fails the checks is skipped, saying so."""
+    found = step_dirs(path) or (
+        {0: path} if os.path.isfile(os.path.join(path, "train_state.json")) else {}
+    )
+    require(found, f"--resume {path}: no checkpoint there")
+    for step in sorted(found, reverse=True):
+        if not isinstance(got := read_checkpoint(found[step], want), str):
+            return got
+        print(f"warning: skipping checkpoint {found[step]}: {got}", file=sys.stderr, flush=True)
     require(False, f"--resume {path}: no usable checkpoint (see the warnings above)")
 
 
@@ -488,7 +496,7 @@ def dry_run():
 # ----------------------------------------------------------------------------
 def init_state(args, optimizers):
     """(step, parameters, buffers): from the numpy init (or --init-params) with a fresh optimizer state,
-    or all of it from the newest checkpoint with --resume."""
+    or all of it from the newest usable checkpoint with --resume."""
     host = load_npz_params(args.init_params) if args.init_params else initial_params(args.seed)
     params = {name: mx.array(host[name]) for name in PARAMS}
     buffers = {
@@ -498,19 +506,9 @@ def init_state(args, optimizers):
     init_optimizer(optimizers, params)
     if not args.resume:
         return 0, params, buffers
-    want = {f"params/{n}": tuple(a.shape) for n, a in params.items()}
-    want.update({f"buffers/{n}": tuple(a.shape) for n, a in buffers.items()})
-    want.update({f"optimizer/{n}": tuple(a.shape) for n, a in optimizer_arrays(optimizers).items()})
+    want = {n: tuple(a.shape) for n, a in state_arrays(params, buffers, optimizers).items()}
     step, arrays = restore_checkpoint(args.resume, want)
-    load_optimizer_arrays(
-        optimizers,
-        {n[len("optimizer/") :]: a for n, a in arrays.items() if n.startswith("optimizer/")},
-    )
-    return (
-        step,
-        {n: arrays[f"params/{n}"] for n in PARAMS},
-        {n: arrays[f"buffers/{n}"] for n in BUFFERS},
-    )
+    return (step, *load_state(arrays, optimizers))
 
 
 def local_batches(data, step, rank):
@@ -519,13 +517,8 @@ def local_batches(data, step, rank):
     rows = chunk // PROCESSES
     out = []
     for k in range(GRAD_ACCUM * MICROBATCHES):
-        first = step * BATCH_SIZE + k * chunk + rank * rows
-        out.append(
-            (
-                first - step * BATCH_SIZE - k * chunk,
-                {n: mx.array(a) for n, a in data.batch(first, rows).items()},
-            )
-        )
+        first = micro_batch_start(step, 0) + k * chunk + rank * rows
+        out.append((rank * rows, {n: mx.array(a) for n, a in data.batch(first, rows).items()}))
     return out
 
 
@@ -552,10 +545,10 @@ def main(args):
         f"({later}): continue with --resume, or choose another directory",
     )
     if is_first:
+        state = state_arrays(params, buffers, optimizers)
         held = {
-            "params": nbytes(params.values()),
-            "optimizer": nbytes(optimizer_arrays(optimizers).values()),
-            "buffers": nbytes(buffers.values()),
+            k: nbytes(a for n, a in state.items() if n.startswith(f"{k}/"))
+            for k in ("params", "optimizer", "buffers")
         }
         resumed = f"resumed from {args.resume} at step {start}\n" if args.resume else ""
         print(
@@ -602,10 +595,7 @@ def main(args):
                 or (args.checkpoint_every > 0 and done % args.checkpoint_every == 0)
             )
         ):
-            arrays = {f"params/{n}": a for n, a in params.items()}
-            arrays.update({f"buffers/{n}": a for n, a in buffers.items()})
-            arrays.update({f"optimizer/{n}": a for n, a in optimizer_arrays(optimizers).items()})
-            save_checkpoint(args.checkpoint_dir, done, arrays)
+            save_checkpoint(args.checkpoint_dir, done, state_arrays(params, buffers, optimizers))
     metrics.close()
     if args.export_params and is_first:
         save_npz_params(args.export_params, {name: np.array(w) for name, w in params.items()})
@@ -616,12 +606,4 @@ def main(args):
 
 
 if __name__ == "__main__":
-    try:
-        main(parse_args())
-    except BaseException as e:
-        # mlx.launch exits 0 whatever its processes do: launch.sh reads their failures from this directory
-        code = (e.code if isinstance(e.code, int) else 1) if isinstance(e, SystemExit) else 1
-        if code and os.environ.get("MITHRIL_STATUS_DIR"):
-            with open(os.path.join(os.environ["MITHRIL_STATUS_DIR"], str(os.getpid())), "w") as f:
-                f.write(str(code))
-        raise
+    main(parse_args())
