@@ -227,3 +227,24 @@ def test_mlx_is_opt_in(tmp_path, capsys):
     assert rc == 0, err
     rc = cli(["build", str(GPT), "--target", "mlx", "-o", str(tmp_path / "out")])
     assert rc == 1 and "the mlx target does not support the `fsdp` mesh axis" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_arrays_data_equals_synthetic_on_two_processes(tmp_path):
+    from test_jax_program import synthetic_samples
+
+    for name, a in synthetic_samples(MLP, 64 * 3).items():
+        np.save(tmp_path / f"{name}.npy", a)
+    edit = (("data: {kind: synthetic}", f"data: {{kind: arrays, path: {json.dumps(str(tmp_path))}}}"),)
+    got = mr.run(mlp("data=2", edit), "--steps", "3", processes=2)
+    assert jr.max_diff(got.losses, mr.run(mlp("data=1"), "--steps", "4").losses[:3]) < 1e-5
+
+
+@pytest.mark.slow
+def test_dropout_masks_do_not_depend_on_the_number_of_processes():
+    edit = (("- {op: relu, name: act1}", "- {op: relu, name: act1}\n    - {op: dropout, name: drop, rate: 0.25}"),)
+    one = mr.run(mlp("data=1", edit), "--steps", "3")
+    two = mr.run(mlp("data=2", edit), "--steps", "3", processes=2)
+    plain = mr.run(mlp("data=1"), "--steps", "4")
+    assert jr.max_diff(one.losses, two.losses) < 1e-5
+    assert jr.max_diff(one.losses, plain.losses[:3]) > 1e-4  # the dropout layer is really there
