@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal, Optional, Union
 
 from pydantic import Field
 
@@ -19,7 +19,8 @@ class AttentionArgs(LayerArgs):
     causal: bool = False
     rotary: bool = False
     rotary_base: float = Field(10000.0, gt=1)
-    bias: bool = False
+    bias: Union[bool, Literal["qkv"]] = Field(
+        False, description="biases on the q, k, v and o projections (true), on q, k and v only (qkv, as Qwen2), or none")
 
 
 class Attention(Op):
@@ -63,12 +64,13 @@ class Attention(Op):
                 ParamDef("k.bias", (kv_out,), ("kv_heads",), init="zeros", units=(kv,)),
                 ParamDef("v.bias", (kv_out,), ("kv_heads",), init="zeros", units=(kv,)),
             ]
-            params.append(ParamDef("o.bias", (d,), (emb,), init="zeros"))
+            if args.bias is True:
+                params.append(ParamDef("o.bias", (d,), (emb,), init="zeros"))
         proj = 2 * seq * d * (2 * q_out + 2 * kv_out)
         scores = 2 * 2 * seq * seq * heads * hd  # q@k^T and p@v
         attrs = {
             "dim": d, "seq": seq, "heads": heads, "kv_heads": kv, "head_dim": hd, "causal": args.causal,
-            "rotary": args.rotary, "rotary_base": args.rotary_base, "bias": args.bias,
+            "rotary": args.rotary, "rotary_base": args.rotary_base, "bias": bool(args.bias), "o_bias": args.bias is True,
         }
         return OpResult(TensorType(x.shape, x.axes, x.dtype), tuple(params), attrs, flops=proj + scores)
 

@@ -239,15 +239,18 @@ OPTIMIZER_SLOTS = 2  # state tensors per parameter (adamw)
 class Attention(nn.Module):
     """Multi-head self-attention over [B, T, dim] with separate q, k, v and o projections, so that tensor
     parallelism splits whole heads (q, k, v column-parallel, o row-parallel). Query head j reads key/value
-    head j // (heads // kv_heads) (grouped-query attention); rotary embeddings when rotary_base is set."""
+    head j // (heads // kv_heads) (grouped-query attention); rotary embeddings when rotary_base is set;
+    biases on q, k, v and o with `bias` (on q, k and v only when o_bias is False)."""
 
-    def __init__(self, dim, heads, kv_heads, head_dim, causal, rotary_base=None, bias=False):
+    def __init__(
+        self, dim, heads, kv_heads, head_dim, causal, rotary_base=None, bias=False, o_bias=None
+    ):
         super().__init__()
         self.head_dim, self.causal, self.rotary_base = head_dim, causal, rotary_base
         self.q = nn.Linear(dim, heads * head_dim, bias=bias)
         self.k = nn.Linear(dim, kv_heads * head_dim, bias=bias)
         self.v = nn.Linear(dim, kv_heads * head_dim, bias=bias)
-        self.o = nn.Linear(heads * head_dim, dim, bias=bias)
+        self.o = nn.Linear(heads * head_dim, dim, bias=bias if o_bias is None else o_bias)
 
     def forward(self, x):
         B, T, _ = x.shape
