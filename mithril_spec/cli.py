@@ -94,6 +94,17 @@ def _parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("explain", help="explain a diagnostic code")
     e.add_argument("code", nargs="?", help="e.g. E042; omit to list every code")
+
+    im = sub.add_parser("import", help="write a spec for an existing model (hf: a Hugging Face transformers "
+                        "config.json or model directory)")
+    im.add_argument("source", choices=("hf",), help="what PATH is: hf = a transformers model directory or config.json")
+    im.add_argument("path", metavar="PATH")
+    im.add_argument("-o", "--output", required=True, metavar="SPEC.yaml", help="the spec to write, or - for stdout")
+    im.add_argument("--mesh", help="the spec's mesh, AXIS=SIZE,... (default: one device)")
+    im.add_argument("--seq", type=int, help="training sequence length (default: max_position_embeddings, at most 2048)")
+    im.add_argument("--name", help="the spec's name (default: the model directory's name)")
+    im.add_argument("--format", choices=("text", "json", "github"), default="text", help="diagnostics format")
+    im.add_argument("--color", choices=("auto", "always", "never"), default="auto")
     return p
 
 
@@ -542,7 +553,7 @@ def cmd_explain(args) -> int:
 
 
 def example_command(ex: Example, fmt: str | None = None) -> str:
-    return " ".join(["mithril-spec", "validate", ex.file, *ex.args, *(["--format", fmt] if fmt else [])])
+    return " ".join(["mithril-spec", *ex.command, ex.file, *ex.args, *(["--format", fmt] if fmt else [])])
 
 
 def run_example(ex: Example, fmt: str = "text") -> tuple[int, str]:
@@ -554,7 +565,8 @@ def run_example(ex: Example, fmt: str = "text") -> tuple[int, str]:
             (root / rel).parent.mkdir(parents=True, exist_ok=True)
             (root / rel).write_text(text, encoding="utf-8")
         out, err = io.StringIO(), io.StringIO()
-        argv = ["validate", str(root / ex.file), *ex.args, "--format", fmt]
+        argv = [*ex.command, str(root / ex.file), *[str(root / a) if a.endswith(".yaml") else a for a in ex.args],
+                "--format", fmt]
         if fmt == "text":
             argv += ["--color", "never"]
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -579,15 +591,51 @@ def example_text(code: str, markdown: bool = False) -> str:
 
     for rel, text in ((ex.file, ex.spec), *ex.files):
         out += [f"`{rel}`:", ""]
-        block(text, "toml" if rel.endswith(".toml") else "yaml")
+        block(text, "toml" if rel.endswith(".toml") else "json" if rel.endswith(".json") else "yaml")
         out.append("")
     _rc, output = run_example(ex)
     block(f"$ {example_command(ex)}\n{output}", "console")
     return "\n".join(out) + "\n"
 
 
+def cmd_import(args) -> int:
+    """`import hf PATH -o SPEC`: the spec of a transformers model (mithril_spec/hf_import.py), checked like
+    `validate` before it is written."""
+    from .atomic import write_atomic
+    from .frontend import compile_document
+    from .hf_import import config_path, import_hf
+    from .planner.mesh import parse_override
+    from .source import load_text
+
+    path = Path(args.path)
+    if not config_path(path).is_file():
+        raise UsageError(f"{args.path}: no config.json there (give a transformers model directory or its config.json)")
+    if args.seq is not None and args.seq < 1:
+        raise UsageError("--seq must be at least 1")
+    mesh = parse_override(args.mesh) if args.mesh else None
+    cfg = str(config_path(path))
+    try:
+        imported = import_hf(path, name=args.name, seq=args.seq, mesh=mesh)
+    except DiagnosticError as e:
+        _emit(e.diagnostics, {cfg: config_path(path).read_text(encoding="utf-8")}, args)
+        return EXIT_INVALID
+    out = "<stdout>" if args.output == "-" else args.output
+    try:  # what is written must compile: a spec `validate` rejects is an internal error here
+        c = compile_document(load_text(imported.spec, out))
+    except DiagnosticError as e:
+        _emit(e.diagnostics, {out: imported.spec}, args)
+        return EXIT_INVALID
+    _emit(imported.diagnostics, {cfg: config_path(path).read_text(encoding="utf-8")}, args)
+    if args.output == "-":
+        sys.stdout.write(imported.spec)
+    else:
+        write_atomic(Path(args.output), imported.spec)
+        print(f"wrote {args.output} ({imported.family}, {c.plan.param_count:,} parameters)", file=sys.stderr)
+    return EXIT_OK
+
+
 _COMMANDS = {"validate": cmd_validate, "plan": cmd_plan, "build": cmd_build, "schema": cmd_schema,
-             "explain": cmd_explain}
+             "explain": cmd_explain, "import": cmd_import}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -18,6 +18,7 @@ class Example(NamedTuple):
     args: tuple[str, ...] = ()  # extra `mithril-spec validate` arguments
     file: str = "example.yaml"  # the spec's file name (`.toml` for TOML)
     files: tuple[tuple[str, str], ...] = ()  # other files it needs (relative path, text), e.g. a base spec
+    command: tuple[str, ...] = ("validate",)  # the mithril-spec command that reads `file` (before ARGS)
 
 
 class Entry(NamedTuple):
@@ -346,6 +347,25 @@ _TEXTS: dict[str, tuple[str, str]] = {
         "top_k larger than the number of experts",
         "Each token goes to top_k distinct experts, so top_k cannot exceed `experts`.",
     ),
+    # ---- importing a model (`mithril-spec import hf`)
+    "E070": (
+        "model setting not expressible in a spec",
+        (
+            "`mithril-spec import hf` found a setting in the model's config.json that the spec language cannot "
+            "express exactly (a rope scaling kind, sliding-window attention shorter than the sequence, an "
+            "activation or position embedding other than the supported ones, ...). The import stops rather than "
+            "approximate the model: the diagnostic names the field and what would import (often another value, "
+            "or a shorter `--seq`)."
+        ),
+    ),
+    "E071": (
+        "not an importable model config",
+        (
+            "The config.json given to `mithril-spec import hf` is not one of the families that import (Llama, "
+            "Mistral, Qwen2, GPT-2, BERT: its `model_type`), or lacks a field that family needs (sizes such as "
+            "`hidden_size` must be positive integers)."
+        ),
+    ),
     # ---- warnings
     "W001": (
         "large parameter fully replicated",
@@ -360,6 +380,15 @@ _TEXTS: dict[str, tuple[str, str]] = {
         (
             "A rule names a logical axis that no parameter or input has (nor `batch`). It has no effect; it may "
             "be misspelt (the help lists the logical axes that exist). Fix the spelling or remove the rule."
+        ),
+    ),
+    "W010": (
+        "model setting not imported",
+        (
+            "`mithril-spec import hf` leaves out a setting that changes training but not the model: dropout rates "
+            "(`hidden_dropout_prob`, `resid_pdrop`, `attention_dropout`, ...). The imported spec trains without "
+            "them and computes the same outputs as the original model in evaluation; add `dropout` layers to the "
+            "spec where you want them (the spec language has no attention-probability dropout)."
         ),
     ),
 }
@@ -824,6 +853,19 @@ sharding:
     ),
 }
 
+_IMPORT = ("import", "hf")
+_EXAMPLES.update({
+    "E070": Example(
+        '{"model_type": "llama", "vocab_size": 100, "hidden_size": 32, "intermediate_size": 64,\n'
+        ' "num_hidden_layers": 2, "num_attention_heads": 4,\n'
+        ' "rope_scaling": {"rope_type": "linear", "factor": 2.0}}\n',
+        args=("-o", "spec.yaml"), file="config.json", command=_IMPORT),
+    "E071": Example('{"model_type": "t5", "d_model": 32}\n', args=("-o", "spec.yaml"), file="config.json",
+                    command=_IMPORT),
+    "W010": Example(
+        '{"model_type": "gpt2", "vocab_size": 100, "n_embd": 32, "n_layer": 2, "n_head": 4,\n'
+        ' "n_positions": 64, "resid_pdrop": 0.1}\n', args=("-o", "spec.yaml"), file="config.json", command=_IMPORT),
+})
 CATALOG: dict[str, Entry] = {code: Entry(title, text, _EXAMPLES[code]) for code, (title, text) in _TEXTS.items()}
 assert set(_EXAMPLES) == set(CATALOG), "every code needs an example"
 

@@ -34,7 +34,8 @@ def test_example_reports_its_code(code, tmp_path):
     for rel, text in files.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(text, encoding="utf-8")
-    out = _validate_json(tmp_path / ex.file, ex.args)
+    args = [str(tmp_path / a) if a.endswith(".yaml") else a for a in ex.args]
+    out = _validate_json(tmp_path / ex.file, args, ex.command)
     diags = json.loads(out)
     assert {d["code"] for d in diags} == {code}, [(d["code"], d["message"]) for d in diags]
     for d in diags:
@@ -44,13 +45,13 @@ def test_example_reports_its_code(code, tmp_path):
         assert 1 <= d["line"] <= len(lines) and 1 <= d["col"] <= len(lines[d["line"] - 1]) + 1
 
 
-def _validate_json(path: Path, args) -> str:
+def _validate_json(path: Path, args, command=("validate",)) -> str:
     import contextlib
     import io
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = cli.main(["validate", str(path), *args, "--format", "json"])
+        rc = cli.main([*command, str(path), *args, "--format", "json"])
     assert rc in (0, 1), err.getvalue()
     assert "Traceback" not in err.getvalue()
     return out.getvalue()
@@ -66,7 +67,7 @@ def test_explain_prints_title_text_and_example(code, capsys):
     ex = entry.example
     for text in (ex.spec, *(t for _, t in ex.files)):
         assert "\n".join(("    " + ln).rstrip() for ln in text.rstrip("\n").split("\n")) in out
-    assert f"    $ mithril-spec validate {ex.file}" in out
+    assert f"    $ mithril-spec {' '.join(ex.command)} {ex.file}" in out
     # what the example reports, with the file name as written in the example
     assert f"    {ex.file}:" in out or any(f"    {rel}:" in out for rel, _ in ex.files)
     assert f"[{code}]: " in out

@@ -1,0 +1,284 @@
+"""`mithril-spec import hf PATH`: a Hugging Face transformers `config.json` -> a spec.
+
+One function per family reads the config and writes the spec's layers under the names of the
+transformers modules (so that `layers.3.self_attn.q.weight` is `model.layers.3.self_attn.q_proj.weight`,
+transposed; `hf_names` gives the whole correspondence). A config field this cannot express exactly is an
+E070 diagnostic at the field (never a silent approximation); one that changes training but not the model
+(dropout) is a W010 warning. The config's own text is the diagnostics' source, so they point into it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+from typing import Any, Callable
+
+from .diagnostics import Diagnostic, DiagnosticError
+from .source import Document, load_text
+
+DEFAULT_SEQ_CAP = 2048  # seq defaults to max_position_embeddings, at most this
+
+
+@dataclasses.dataclass
+class Imported:
+    spec: str  # the spec's YAML text
+    family: str
+    diagnostics: list[Diagnostic]  # warnings (errors raise DiagnosticError)
+
+
+class _Config:
+    """The config's values with their positions, and the diagnostics found reading them."""
+
+    def __init__(self, doc: Document):
+        self.doc, self.data = doc, doc.data
+        self.diags: list[Diagnostic] = []
+        self.read: set[str] = set()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.read.add(key)
+        return self.data.get(key, default)
+
+    def need(self, key: str) -> Any:
+        self.read.add(key)
+        if key not in self.data:
+            self.diags.append(Diagnostic("E071", f"the config has no `{key}`", self.doc.pos(()),
+                                         help=f"a {self.data.get('model_type')} config.json names `{key}`"))
+            return 1
+        value = self.data[key]
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            self.diags.append(Diagnostic("E071", f"`{key}` must be a positive integer, got {value!r}",
+                                         self.doc.pos((key,)), help="check the config"))
+            return 1
+        return value
+
+    def refuse(self, key: str, why: str, help: str) -> None:
+        self.diags.append(Diagnostic("E070", f"`{key}`: {why}", self.doc.pos((key,)), help=help))
+
+    def only(self, key: str, allowed: tuple, why: str, help: str, default: Any = None) -> Any:
+        value = self.get(key, default)
+        if value not in allowed:
+            self.refuse(key, f"{value!r} is not supported: {why}", help)
+        return value
+
+    def no_dropout(self, *keys: str) -> None:
+        for key in keys:
+            rate = self.get(key, 0.0)
+            if isinstance(rate, (int, float)) and rate > 0:
+                self.diags.append(Diagnostic(
+                    "W010", f"`{key}: {rate}` is not imported: the spec trains without this dropout",
+                    self.doc.pos((key,)), severity="warning",
+                    help="add dropout layers to the spec where you want them (attention dropout does not exist)"))
+
+
+def _num(v: float) -> str:
+    return json.dumps(float(v)) if not float(v).is_integer() or abs(v) >= 1e16 else f"{float(v):.1f}"
+
+
+def _sanitize(name: str) -> str:
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-.") or "imported"
+    return name if name[0].isalnum() else "m" + name
+
+
+# ---------------------------------------------------------------- families
+
+
+def _llama(c: _Config, seq: int) -> tuple[dict, list[str], str]:
+    """Llama and its variants (Mistral, Qwen2): rms_norm, grouped-query attention with rotary embeddings
+    (transformers' rotate-half convention is the spec's), swiglu."""
+    kind = c.get("model_type")
+    d, heads = c.need("hidden_size"), c.need("num_attention_heads")
+    kv = c.get("num_key_value_heads") or heads
+    dims = {"vocab": c.need("vocab_size"), "seq": seq, "d": d, "heads": heads, "kv_heads": kv,
+            "ff": c.need("intermediate_size"), "layers": c.need("num_hidden_layers")}
+    head_dim = c.get("head_dim") or d // heads
+    c.only("hidden_act", ("silu",), "the spec's swiglu uses silu", "only silu-gated MLPs import", "silu")
+    c.only("rope_scaling", (None,), "rope scaling kinds are not in the spec language",
+           "remove rope_scaling (positions up to the original context) or wait for its support")
+    c.only("mlp_bias", (False,), "the spec's swiglu has no biases", "only bias-free MLPs import", False)
+    c.get("pretraining_tp")  # a way to split the same matmuls: the model is the same
+    eps = c.get("rms_norm_eps", 1e-6)
+    theta = c.get("rope_theta", 10000.0)
+    if kind == "qwen2":
+        bias = "qkv"  # Qwen2's q, k and v projections have biases, its o projection none
+        if c.get("use_sliding_window", False):
+            c.refuse("use_sliding_window", "sliding-window attention is not in the spec language",
+                     "set use_sliding_window to false (full attention)")
+    else:
+        bias = "true" if c.get("attention_bias", False) else "false"
+    window = c.get("sliding_window")
+    if kind != "qwen2" and window is not None and window < seq:
+        c.refuse("sliding_window", f"a window of {window} tokens is shorter than the sequence ({seq}): sliding-"
+                 "window attention is not in the spec language", f"import with --seq {window} or less")
+    c.no_dropout("attention_dropout")
+    tie = bool(c.get("tie_word_embeddings", False))
+    c.get("max_position_embeddings")
+    attn = (f"{{op: attention, name: self_attn, heads: heads, kv_heads: kv_heads, causal: true, rotary: true, "
+            f"rotary_base: {_num(theta)}, bias: {bias}" + (f", head_dim: {head_dim}" if head_dim * heads != d else "")
+            + "}")
+    block = [
+        f"{{op: rms_norm, name: input_layernorm, eps: {_num(eps)}}}",
+        attn,
+        "{op: add, name: res1, inputs: [block_input, self_attn]}",
+        f"{{op: rms_norm, name: post_attention_layernorm, eps: {_num(eps)}}}",
+        "{op: mlp, name: mlp, hidden: ff, activation: swiglu}",
+        "{op: add, name: res2, inputs: [res1, mlp]}",
+    ]
+    layers = [
+        "{op: embedding, name: embed_tokens, vocab: vocab, dim: d, input: tokens}",
+        "{repeat: layers, block: decoder, name: layers}",
+        f"{{op: rms_norm, name: norm, eps: {_num(eps)}}}",
+        "{op: linear, name: lm_head, dimension: vocab, bias: false" + (", tie: embed_tokens}" if tie else "}"),
+    ]
+    return dims, [("decoder", block)], layers
+
+
+def _gpt2(c: _Config, seq: int):
+    """GPT-2: learned positions, pre-norm blocks with biased attention and a gelu (tanh) MLP, tied head."""
+    d = c.need("n_embd")
+    dims = {"vocab": c.need("vocab_size"), "seq": seq, "positions": c.need("n_positions"), "d": d,
+            "heads": c.need("n_head"), "ff": c.get("n_inner") or 4 * d, "layers": c.need("n_layer")}
+    c.only("activation_function", ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"),
+           "the spec's mlp gelu is the tanh approximation", "only tanh-approximated gelu imports", "gelu_new")
+    c.only("scale_attn_weights", (True,), "scores are always scaled by 1/sqrt(head_dim)", "set it to true", True)
+    c.only("scale_attn_by_inverse_layer_idx", (False,), "per-layer score scaling is not in the spec language",
+           "set it to false", False)
+    c.get("reorder_and_upcast_attn")  # numerics of the same model: scores are float32 in the spec anyway
+    c.no_dropout("resid_pdrop", "embd_pdrop", "attn_pdrop")
+    eps = c.get("layer_norm_epsilon", 1e-5)
+    block = [
+        f"{{op: layer_norm, name: ln_1, eps: {_num(eps)}}}",
+        "{op: attention, name: attn, heads: heads, causal: true, bias: true}",
+        "{op: add, name: res1, inputs: [block_input, attn]}",
+        f"{{op: layer_norm, name: ln_2, eps: {_num(eps)}}}",
+        "{op: mlp, name: mlp, hidden: ff, activation: gelu, bias: true}",
+        "{op: add, name: res2, inputs: [res1, mlp]}",
+    ]
+    layers = [
+        "{op: embedding, name: wte, vocab: vocab, dim: d, input: tokens}",
+        "{op: pos_embedding, name: wpe, max_len: positions}",
+        "{repeat: layers, block: block, name: h}",
+        f"{{op: layer_norm, name: ln_f, eps: {_num(eps)}}}",
+        "{op: linear, name: lm_head, dimension: vocab, bias: false, tie: wte}",
+    ]
+    return dims, [("block", block)], layers
+
+
+def _bert(c: _Config, seq: int):
+    """BERT for sequence classification: word, position and token-type embeddings, post-norm blocks, a
+    pooler over the first position, a classifier."""
+    act = c.only("hidden_act", ("gelu", "gelu_new", "gelu_pytorch_tanh"), "the spec's gelu is exact or tanh",
+                 "use gelu", "gelu")
+    c.only("position_embedding_type", ("absolute",), "only learned absolute positions are in the spec language",
+           "use absolute positions", "absolute")
+    c.only("is_decoder", (False,), "a BERT decoder is not imported", "import the encoder", False)
+    c.only("add_cross_attention", (False,), "cross-attention is not in the spec language", "remove it", False)
+    c.no_dropout("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout")
+    archs = c.get("architectures") or ["BertForSequenceClassification"]
+    if archs[0] not in ("BertForSequenceClassification", "BertModel"):
+        c.refuse("architectures", f"{archs[0]} is not imported (BertForSequenceClassification is)",
+                 "import the encoder with a classification head")
+    labels = c.get("num_labels") or len(c.get("id2label") or {}) or 2
+    eps = c.get("layer_norm_eps", 1e-12)
+    approx = "none" if act == "gelu" else "tanh"
+    dims = {"vocab": c.need("vocab_size"), "seq": seq, "positions": c.need("max_position_embeddings"),
+            "types": c.need("type_vocab_size"), "d": c.need("hidden_size"), "heads": c.need("num_attention_heads"),
+            "ff": c.need("intermediate_size"), "layers": c.need("num_hidden_layers"), "labels": labels}
+    block = [
+        "{op: attention, name: attention, heads: heads, bias: true}",
+        "{op: add, name: res1, inputs: [block_input, attention]}",
+        f"{{op: layer_norm, name: attention_norm, eps: {_num(eps)}}}",
+        "{op: linear, name: intermediate, dimension: ff, axis: mlp}",
+        f"{{op: gelu, name: act, approximate: {approx}}}",
+        "{op: linear, name: output, dimension: d}",
+        "{op: add, name: res2, inputs: [attention_norm, output]}",
+        f"{{op: layer_norm, name: output_norm, eps: {_num(eps)}}}",
+    ]
+    layers = [
+        "{op: embedding, name: word_embeddings, vocab: vocab, dim: d, input: tokens}",
+        "{op: pos_embedding, name: position_embeddings, max_len: positions}",
+        "{op: embedding, name: token_type_embeddings, vocab: types, dim: d, input: token_type_ids}",
+        "{op: add, name: embeddings, inputs: [position_embeddings, token_type_embeddings]}",
+        f"{{op: layer_norm, name: embeddings_norm, eps: {_num(eps)}}}",
+        "{repeat: layers, block: layer, name: layer}",
+        "{op: split, name: first, dim: 0, sizes: [1, seq - 1], index: 0}  # the [CLS] position",
+        "{op: reshape, name: cls, shape: [d]}",
+        "{op: linear, name: pooler, dimension: d}",
+        "{op: tanh, name: pooled}",
+        "{op: linear, name: classifier, dimension: labels}",
+    ]
+    return dims, [("layer", block)], layers
+
+
+FAMILIES: dict[str, Callable] = {"llama": _llama, "mistral": _llama, "qwen2": _llama, "gpt2": _gpt2, "bert": _bert}
+
+
+def _inputs(family: str) -> tuple[list[str], str]:
+    if family == "bert":
+        return (["tokens: {shape: [batch, seq], dtype: int32}", "token_type_ids: {shape: [batch, seq], dtype: int32}",
+                 "labels: {shape: [batch], dtype: int32}"], "{op: cross_entropy, logits: classifier, targets: labels}")
+    return (["tokens: {shape: [batch, seq], dtype: int32}", "targets: {shape: [batch, seq], dtype: int32}"],
+            "{op: cross_entropy, logits: lm_head, targets: targets}")
+
+
+def config_path(path: Path) -> Path:
+    return path / "config.json" if path.is_dir() else path
+
+
+def import_hf(path: Path, name: str | None = None, seq: int | None = None, mesh: dict[str, int] | None = None
+              ) -> Imported:
+    """The spec for the transformers model at `path` (a model directory or its config.json). Raises
+    DiagnosticError for what cannot be imported exactly."""
+    cfg_file = config_path(path)
+    doc = load_text(cfg_file.read_text(encoding="utf-8"), str(cfg_file))
+    if not isinstance(doc.data, dict):
+        raise DiagnosticError([Diagnostic("E071", "a config.json holds a JSON object", doc.pos(()),
+                                          help="give a transformers model directory or its config.json")])
+    c = _Config(doc)
+    kind = c.get("model_type")
+    if kind not in FAMILIES:
+        raise DiagnosticError([Diagnostic(
+            "E071", f"model_type {kind!r} cannot be imported", doc.pos(("model_type",)),
+            help=f"families that import: {', '.join(sorted(FAMILIES))}")])
+    max_pos = c.get("max_position_embeddings") or c.get("n_positions") or DEFAULT_SEQ_CAP
+    seq = seq or min(max_pos, DEFAULT_SEQ_CAP)
+    dims, blocks, layers = FAMILIES[kind](c, seq)
+    errors = [d for d in c.diags if d.severity == "error"]
+    if errors:
+        raise DiagnosticError(c.diags)
+    name = _sanitize(name or (path.name if path.is_dir() else path.parent.name))
+    inputs, loss = _inputs(kind)
+    lines = [
+        f"# Imported by `mithril-spec import hf` from {cfg_file} ({kind}).",
+        "# Layer names follow the transformers modules (docs/fine-tuning.md in mithril-spec).",
+        "version: 1",
+        f"name: {json.dumps(name)}",
+        "dims: {" + ", ".join(f"{k}: {v}" for k, v in dims.items()) + "}",
+        "",
+        "model:",
+        "  inputs:",
+        *(f"    {i}" for i in inputs),
+        "  blocks:",
+    ]
+    for block, items in blocks:
+        lines += [f"    {block}:", *(f"      - {item}" for item in items)]
+    lines += ["  layers:", *(f"    - {item}" for item in layers), f"  loss: {loss}", ""]
+    lines += ["mesh: {" + ", ".join(f"{a}: {n}" for a, n in (mesh or {"data": 1}).items()) + "}", ""]
+    lines += [
+        "sharding:",
+        "  rules: {batch: [data, fsdp], embed: fsdp, heads: tensor, kv_heads: tensor, mlp: tensor}",
+        "",
+        "training:  # fine-tuning defaults: change them to your task",
+        "  batch_size: 8",
+        "  steps: 100",
+        "  optimizer: {name: adamw, lr: 2.0e-5, weight_decay: 0.0}",
+        "  schedule: {name: cosine, warmup_steps: 10}",
+        "  clip_grad_norm: 1.0",
+        "  precision: {params: float32, compute: float32}",
+        "  seed: 0",
+        "",
+        "data: {kind: synthetic}  # or {kind: arrays, path: DIR}: one .npy per input",
+        "",
+    ]
+    return Imported("\n".join(lines), kind, c.diags)
