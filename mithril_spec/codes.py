@@ -366,6 +366,15 @@ _TEXTS: dict[str, tuple[str, str]] = {
             "`hidden_size` must be positive integers)."
         ),
     ),
+    "E072": (
+        "parameter without a checkpoint name",
+        (
+            "The spec has an `hf` section (it was imported with `mithril-spec import hf`), so its programs read "
+            "and write that model's checkpoints by the transformers names of its parameters, which follow from "
+            "the imported layer names. A parameter has none: a layer was renamed or added after the import. Keep "
+            "the imported names, or remove the `hf` section to train the model without its checkpoints."
+        ),
+    ),
     # ---- warnings
     "W001": (
         "large parameter fully replicated",
@@ -855,6 +864,25 @@ sharding:
 
 _IMPORT = ("import", "hf")
 _EXAMPLES.update({
+    "E072": Example(_spec("""
+version: 1
+name: example
+dims: {vocab: 100, seq: 16, d: 32}
+model:
+  inputs:
+    tokens: {shape: [batch, seq], dtype: int32}
+    targets: {shape: [batch, seq], dtype: int32}
+  layers:
+    - {op: embedding, name: embed_tokens, vocab: vocab, dim: d, input: tokens}
+    - {op: rms_norm, name: final_norm}
+    - {op: linear, name: lm_head, dimension: vocab, bias: false}
+  loss: {op: cross_entropy, logits: lm_head, targets: targets}
+training: {batch_size: 8, steps: 10, optimizer: {name: adamw, lr: 1.0e-4}}
+hf:
+  model_type: llama
+  architecture: LlamaForCausalLM
+  config: {model_type: llama}
+""")),
     "E070": Example(
         '{"model_type": "llama", "vocab_size": 100, "hidden_size": 32, "intermediate_size": 64,\n'
         ' "num_hidden_layers": 2, "num_attention_heads": 4,\n'

@@ -165,11 +165,14 @@ def _gpt2(c: _Config, seq: int):
     return dims, [("block", block)], layers
 
 
+# transformers' hidden_act -> the spec's gelu `approximate` (transformers names the exact form "gelu")
+_BERT_ACTS = dict(zip(("gelu", "gelu_new", "gelu_pytorch_tanh"), ("none", "tanh", "tanh")))
+
+
 def _bert(c: _Config, seq: int):
     """BERT for sequence classification: word, position and token-type embeddings, post-norm blocks, a
     pooler over the first position, a classifier."""
-    act = c.only("hidden_act", ("gelu", "gelu_new", "gelu_pytorch_tanh"), "the spec's gelu is exact or tanh",
-                 "use gelu", "gelu")
+    act = c.only("hidden_act", tuple(_BERT_ACTS), "the spec's gelu is exact or tanh", "use gelu", "gelu")
     c.only("position_embedding_type", ("absolute",), "only learned absolute positions are in the spec language",
            "use absolute positions", "absolute")
     c.only("is_decoder", (False,), "a BERT decoder is not imported", "import the encoder", False)
@@ -181,7 +184,7 @@ def _bert(c: _Config, seq: int):
                  "import the encoder with a classification head")
     labels = c.get("num_labels") or len(c.get("id2label") or {}) or 2
     eps = c.get("layer_norm_eps", 1e-12)
-    approx = "none" if act == "gelu" else "tanh"
+    approx = _BERT_ACTS.get(act, "none")
     dims = {"vocab": c.need("vocab_size"), "seq": seq, "positions": c.need("max_position_embeddings"),
             "types": c.need("type_vocab_size"), "d": c.need("hidden_size"), "heads": c.need("num_attention_heads"),
             "ff": c.need("intermediate_size"), "layers": c.need("num_hidden_layers"), "labels": labels}
@@ -212,6 +215,86 @@ def _bert(c: _Config, seq: int):
 
 
 FAMILIES: dict[str, Callable] = {"llama": _llama, "mistral": _llama, "qwen2": _llama, "gpt2": _gpt2, "bert": _bert}
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                 "gpt2": "GPT2LMHeadModel", "bert": "BertForSequenceClassification"}
+
+
+# ---------------------------------------------------------------- checkpoint names
+# Per family: (canonical name pattern, transformers name, transposed, fused). `transposed`: the
+# transformers tensor is the canonical one transposed (nn.Linear's [out, in]; only 2-D weights). `fused`: the
+# group of canonical names stacked along the last dimension of one transformers tensor (GPT-2's c_attn).
+_QKV = ("q", "k", "v")
+_LLAMA = (
+    (r"embed_tokens\.weight", "model.embed_tokens.weight", False, None),
+    (r"layers\.(\d+)\.(input_layernorm|post_attention_layernorm)\.weight", "model.layers.{0}.{1}.weight", False, None),
+    (r"layers\.(\d+)\.self_attn\.([qkvo])\.(weight|bias)", "model.layers.{0}.self_attn.{1}_proj.{2}", True, None),
+    (r"layers\.(\d+)\.mlp\.(gate|up|down)\.weight", "model.layers.{0}.mlp.{1}_proj.weight", True, None),
+    (r"norm\.weight", "model.norm.weight", False, None),
+    (r"lm_head\.weight", "lm_head.weight", True, None),
+)
+_GPT2 = (  # GPT-2's Conv1D weights are [in, out]: the canonical layout
+    (r"(wte|wpe)\.weight", "transformer.{0}.weight", False, None),
+    (r"(h\.\d+\.ln_[12]|ln_f)\.(weight|bias)", "transformer.{0}.{1}", False, None),
+    (r"h\.(\d+)\.attn\.([qkv])\.(weight|bias)", "transformer.h.{0}.attn.c_attn.{2}", False, _QKV),
+    (r"h\.(\d+)\.attn\.o\.(weight|bias)", "transformer.h.{0}.attn.c_proj.{1}", False, None),
+    (r"h\.(\d+)\.mlp\.(fc|proj)\.(weight|bias)", "transformer.h.{0}.mlp.c_{1}.{2}", False, None),
+)
+_BERT_QKV = {"q": "query", "k": "key", "v": "value"}
+_BERT = (
+    (r"(word_embeddings|position_embeddings|token_type_embeddings)\.weight", "bert.embeddings.{0}.weight", False,
+     None),
+    (r"embeddings_norm\.(weight|bias)", "bert.embeddings.LayerNorm.{0}", False, None),
+    (r"layer\.(\d+)\.attention\.([qkv])\.(weight|bias)", "bert.encoder.layer.{0}.attention.self.{1}.{2}", True, None),
+    (r"layer\.(\d+)\.attention\.o\.(weight|bias)", "bert.encoder.layer.{0}.attention.output.dense.{1}", True, None),
+    (r"layer\.(\d+)\.attention_norm\.(weight|bias)", "bert.encoder.layer.{0}.attention.output.LayerNorm.{1}", False,
+     None),
+    (r"layer\.(\d+)\.(intermediate|output)\.(weight|bias)", "bert.encoder.layer.{0}.{1}.dense.{2}", True, None),
+    (r"layer\.(\d+)\.output_norm\.(weight|bias)", "bert.encoder.layer.{0}.output.LayerNorm.{1}", False, None),
+    (r"pooler\.(weight|bias)", "bert.pooler.dense.{0}", True, None),
+    (r"classifier\.(weight|bias)", "classifier.{0}", True, None),
+)
+NAME_RULES = {"llama": _LLAMA, "mistral": _LLAMA, "qwen2": _LLAMA, "gpt2": _GPT2, "bert": _BERT}
+PREFIXES = {"llama": "model.", "mistral": "model.", "qwen2": "model.", "gpt2": "transformer.", "bert": "bert."}
+
+
+def hf_name(model_type: str, name: str, ndim: int) -> tuple[str, bool, int, int] | None:
+    """(transformers name, transposed, part, parts) of canonical parameter `name` (of `ndim` dimensions), or
+    None when the family has no such parameter: the canonical tensor is part `part` of `parts` equal parts
+    of the transformers tensor's last dimension, after transposing it when `transposed`."""
+    for pattern, template, transposed, fused in NAME_RULES[model_type]:
+        m = re.fullmatch(pattern, name)
+        if m:
+            groups = [(_BERT_QKV.get(g, g) if model_type == "bert" else g) for g in m.groups()]
+            part, parts = (fused.index(m.group(2)), len(fused)) if fused else (0, 1)
+            return template.format(*groups), transposed and ndim == 2, part, parts
+    return None
+
+
+def check_hf(spec, doc: Document, graph) -> list[Diagnostic]:
+    """E072 for every parameter of a spec with an `hf` section that has no name in that model's checkpoints
+    (a layer renamed or added after the import): its programs could neither load nor export it."""
+    out = []
+    for p in graph.params:
+        if hf_name(spec.hf.model_type, p.name, len(p.shape)) is None:
+            out.append(Diagnostic(
+                "E072", f"`{p.name}` has no name in a {spec.hf.model_type} checkpoint", doc.pos(("hf", "model_type")),
+                help="keep the imported layer names (they are the transformers modules'), or remove the `hf` section "
+                "to train the model without its checkpoints"))
+            if len(out) == 5:
+                break
+    return out
+
+
+def hf_context(plan) -> dict[str, Any] | None:
+    """What the programs of a spec with an `hf` section need (templates/common/hf.py.j2): the transformers
+    name of every parameter, the names' prefix of the base model, the config written back on export."""
+    hf = plan.spec.hf
+    if hf is None:
+        return None
+    names = {p.name: list(hf_name(hf.model_type, p.name, len(p.param.shape))) for p in plan.params}
+    config = {**hf.config, "architectures": [hf.architecture], "model_type": hf.model_type}
+    return {"model_type": hf.model_type, "architecture": hf.architecture, "config": config, "names": names,
+            "prefix": PREFIXES[hf.model_type]}
 
 
 def _inputs(family: str) -> tuple[list[str], str]:
@@ -265,6 +348,16 @@ def import_hf(path: Path, name: str | None = None, seq: int | None = None, mesh:
         lines += [f"    {block}:", *(f"      - {item}" for item in items)]
     lines += ["  layers:", *(f"    - {item}" for item in layers), f"  loss: {loss}", ""]
     lines += ["mesh: {" + ", ".join(f"{a}: {n}" for a, n in (mesh or {"data": 1}).items()) + "}", ""]
+    config = {k: v for k, v in sorted(doc.data.items()) if not k.startswith("_")}
+    lines += [
+        "# the model this spec came from: the programs read its checkpoints (--init-params DIR) and write them",
+        "# back (--export-hf DIR) under its names",
+        "hf:",
+        f"  model_type: {kind}",
+        f"  architecture: {ARCHITECTURES[kind]}",
+        f"  config: {json.dumps(config, sort_keys=True)}",
+        "",
+    ]
     lines += [
         "sharding:",
         "  rules: {batch: [data, fsdp], embed: fsdp, heads: tensor, kv_heads: tensor, mlp: tensor}",

@@ -142,6 +142,10 @@ def make_plan(spec: Spec, doc: Document, graph: Graph, mesh_choice: Optional[str
             "E046", f"the mesh ({mesh.describe()}) uses {mesh.devices} devices, but {want} are given",
             doc.pos(path), help=f"choose mesh sizes whose product is {want}"))
 
+    if spec.hf is not None:
+        from ..hf_import import check_hf
+
+        diags += check_hf(spec, doc, graph)
     layouts = param_layouts(graph, spec, doc, mesh, rules, diags)
     skip = _check_experts(graph, doc, mesh, layouts, diags)
     seen: set = set()

@@ -12,6 +12,7 @@ from typing import Any
 
 from .. import __version__
 from ..graph import Node, RepeatNode
+from ..hf_import import hf_context
 from ..ops import OPS
 from ..planner.plan import Plan
 from ..targets.base import linear_style, tensor_dims
@@ -218,4 +219,5 @@ def make_context(plan: Plan, target: str, spec_file: str) -> dict[str, Any]:
         "data": spec.data.model_dump(),
         "pipeline": _pipeline(plan),
         "seq_len": first_seq,
+        "hf": hf_context(plan),  # a spec imported from Hugging Face: its checkpoints' names (hf_import.py)
     }

@@ -498,7 +498,7 @@ def init_state(args, optimizers):
     """(step, parameters, buffers): from the numpy init (or --init-params) with a fresh optimizer state,
     or all of it from the newest usable checkpoint with --resume."""
     host = load_npz_params(args.init_params) if args.init_params else initial_params(args.seed)
-    params = {name: mx.array(host[name]) for name in PARAMS}
+    params = {name: mx.array(np.asarray(host[name])) for name in PARAMS}
     buffers = {
         name: mx.array(init_param(name, shape, kind, 0.0, args.seed))
         for name, (shape, kind) in BUFFERS.items()
