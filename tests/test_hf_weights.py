@@ -1,0 +1,114 @@
+"""Hugging Face checkpoints in the JAX and MLX programs (the PyTorch program: test_hf_torch.py).
+
+For a tiny random model of each family, built and saved locally with transformers (nothing is
+downloaded), imported with `mithril-spec import hf`:
+- one device: `--steps 0 --init-params MODEL_DIR --logits` equals transformers' logits on the program's
+  first batch within 1e-4 (float32);
+- a sharded mesh (fsdp=2, tensor=2; every device reads only its slices of the checkpoint): 5 training
+  steps from MODEL_DIR, then `--export-hf` loads in transformers with no missing or unexpected weight, and
+  its logits equal the program's `--logits` after the run within 1e-4 (and differ from the initial ones:
+  the weights trained).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax_runs as jr
+import mlx_runs as mr
+import numpy as np
+import pytest
+from test_jax_program import synthetic_samples
+
+from mithril_spec.cli import main as cli
+
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+
+SMALL = {"vocab_size": 100, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "max_position_embeddings": 64}
+FAMILIES = {  # name -> (config, model class)
+    "llama-gqa": (lambda t: t.LlamaConfig(**SMALL, num_key_value_heads=2), "LlamaForCausalLM"),
+    "llama-tied-bias": (lambda t: t.LlamaConfig(**SMALL, tie_word_embeddings=True, attention_bias=True),
+                        "LlamaForCausalLM"),
+    "mistral": (lambda t: t.MistralConfig(**SMALL, num_key_value_heads=2, sliding_window=None), "MistralForCausalLM"),
+    "qwen2": (lambda t: t.Qwen2Config(**SMALL, num_key_value_heads=2), "Qwen2ForCausalLM"),
+    "gpt2": (lambda t: t.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=100, n_positions=64), "GPT2LMHeadModel"),
+    "bert": (lambda t: t.BertConfig(**SMALL, num_labels=3), "BertForSequenceClassification"),
+}
+SHARDED = "fsdp=2,tensor=2"
+
+
+@functools.cache
+def model(family: str):
+    """(model directory, spec) of the family's tiny random model (memoised)."""
+    config, cls = FAMILIES[family]
+    torch.manual_seed(0)
+    directory = jr.WORK / "hf" / family
+    getattr(transformers, cls)(config(transformers)).save_pretrained(directory)
+    spec = jr.WORK / "hf" / f"{family}.yaml"
+    assert cli(["import", "hf", str(directory), "-o", str(spec), "--seq", "16"]) == 0
+    # a learning rate at which 5 steps visibly change the logits
+    spec.write_text(spec.read_text().replace("lr: 2.0e-5", "lr: 1.0e-2"))
+    return directory, spec
+
+
+def reference(family: str, directory) -> np.ndarray:
+    """transformers' logits on the program's first batch (samples 0 .. 7)."""
+    _, spec = model(family)
+    samples = synthetic_samples(spec, 8)
+    m = getattr(transformers, FAMILIES[family][1]).from_pretrained(directory).eval()
+    kw = {"input_ids": torch.tensor(samples["tokens"]).long()}
+    if "token_type_ids" in samples:
+        kw["token_type_ids"] = torch.tensor(samples["token_type_ids"]).long()
+    with torch.no_grad():
+        return m(**kw).logits.float().numpy()
+
+
+def init_logits(runs, build, family):
+    directory, spec = model(family)
+    out = jr.WORK / "hf" / f"{family}-{build.__module__}-init.npy"
+    runs.run(build(spec, "data=1"), "--steps", "0", "--init-params", str(directory), "--logits", str(out))
+    return np.load(out)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("runs, build", [(jr, jr.build), (mr, mr.build)], ids=["jax", "mlx"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_logits_equal_transformers_from_its_checkpoint(family, runs, build):
+    directory, _ = model(family)
+    d = float(np.abs(init_logits(runs, build, family) - reference(family, directory)).max())
+    jr.report(f"hf {family} {build.__module__}: logits vs transformers, one device", max_abs=d)
+    assert d < 1e-4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", FAMILIES)
+def test_sharded_training_exports_a_checkpoint_transformers_loads(family):
+    directory, spec = model(family)
+    export, after = jr.WORK / "hf" / f"{family}-export", jr.WORK / "hf" / f"{family}-after.npy"
+    jr.run(jr.build(spec, SHARDED), "--steps", "5", "--init-params", str(directory), "--export-hf", str(export),
+           "--logits", str(after))
+    _, info = getattr(transformers, FAMILIES[family][1]).from_pretrained(export, output_loading_info=True)
+    assert not any(info.values()), info
+    d = float(np.abs(np.load(after) - reference(family, export)).max())
+    moved = float(np.abs(np.load(after) - reference(family, directory)).max())
+    jr.report(f"hf {family} jax {SHARDED}: after 5 steps, export vs program", max_abs=d, moved=moved)
+    assert d < 1e-4 and moved > 1e-3
+
+
+@pytest.mark.slow
+def test_mlx_training_exports_a_checkpoint_transformers_loads():
+    directory, spec = model("gpt2")
+    export, after = jr.WORK / "hf" / "gpt2-mlx-export", jr.WORK / "hf" / "gpt2-mlx-after.npy"
+    mr.run(mr.build(spec, "data=1"), "--steps", "5", "--init-params", str(directory), "--export-hf", str(export),
+           "--logits", str(after))
+    assert float(np.abs(np.load(after) - reference("gpt2", export)).max()) < 1e-4
+
+
+def test_a_checkpoint_of_another_model_is_refused():
+    _, spec = model("gpt2")
+    other, _ = model("bert")
+    r = jr.run(jr.build(spec, "data=1"), "--steps", "0", "--init-params", str(other), expect_rc=2)
+    assert "not this model's checkpoint" in r.output and "transformer.wte.weight" in r.output
+    assert "Traceback" not in r.output
