@@ -7,11 +7,7 @@ PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 # torch first, pinned: a bare `torch` requirement would pull the multi-GB CUDA build (see PLATFORM_NOTES).
 .venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/pip install -q "torch==2.13.0"
-.venv/bin/pip install -q -e ".[jax,torch,mlx,dev]"
-# MLX on Linux is its CPU build (the mlx target's programs and tests run on it); macOS wheels carry Metal.
-if [ "$(uname -s)" = Linux ]; then
-  .venv/bin/python -c "import mlx.core" 2>/dev/null || .venv/bin/pip install -q "mlx[cpu]"
-fi
+.venv/bin/pip install -q -e ".[jax,torch,mlx,dev]"  # mlx: its CPU build on Linux (pyproject.toml)
 # Headless Chromium renders the HTML plan report in tests/test_report.py (Debian package; CI runs as root).
 if ! command -v chromium >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
