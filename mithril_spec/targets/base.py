@@ -76,6 +76,69 @@ def linear_style(plan: Plan, weight: str) -> str:
     return "colwise" if dims == (1,) else "rowwise" if dims == (0,) else "replicate" if not dims else "both"
 
 
+def _neighbour(plan: Plan, prefix: str, nodes: list, i: int, step: int) -> str | None:
+    """The tensor-parallel style of the nearest linear layer before (step -1) or after (+1) nodes[i], across
+    element-wise layers only."""
+    j = i + step
+    while 0 <= j < len(nodes):
+        n = nodes[j]
+        if n.is_repeat:
+            return None
+        if OPS[n.op].tensor_parallel == "matmul" and n.attrs.get("tie") is None:
+            return linear_style(plan, f"{prefix}{n.name}.weight")
+        if not OPS[n.op].elementwise:
+            return None
+        j += step
+    return None
+
+
+def tensor_parallel_errors(plan: Plan, doc: Document, name: str, title: str) -> list[Diagnostic]:
+    """E049 for the layouts over `tensor` that Megatron-style tensor parallelism (the torch and mlx
+    targets) cannot run: a column-parallel linear followed by a row-parallel one with only element-wise
+    layers between, attention and mlp with every input projection split on its outputs and the output
+    projection on its inputs; no other operator split."""
+    out: list[Diagnostic] = []
+    tp_ops = ", ".join(k for k, op in OPS.items() if op.tensor_parallel)
+
+    def err(node, msg, help=None):
+        out.append(Diagnostic("E049", msg, doc.pos(node.path + ("name",)), help=help))
+
+    for prefix, nodes in scopes(plan):
+        for i, node in enumerate(nodes):
+            if node.is_repeat or not node.params:
+                continue
+            full = prefix + node.name
+            styles = {p.name: tensor_dims(plan, f"{full}.{p.name}") for p in node.params}
+            kind = OPS[node.op].tensor_parallel
+            if kind == "matmul" and not node.attrs.get("tie"):
+                style = linear_style(plan, f"{full}.weight")
+                if style == "both":
+                    err(node, f"`{node.name}`: a linear layer split on both dimensions over `tensor`")
+                elif style == "colwise" and _neighbour(plan, prefix, nodes, i, +1) != "rowwise":
+                    err(node, f"`{node.name}` is column-parallel (output features over `tensor`) but is not "
+                        "followed by a row-parallel linear layer",
+                        help=f"{title} tensor parallelism pairs a column-parallel linear with a row-parallel one, "
+                        "with only element-wise activations between")
+                elif style == "rowwise" and _neighbour(plan, prefix, nodes, i, -1) != "colwise":
+                    err(node, f"`{node.name}` is row-parallel (input features over `tensor`) but does not follow "
+                        "a column-parallel linear layer",
+                        help="shard the previous linear layer's output features with the same mesh axis")
+            elif kind == "pair":
+                # [in, out] weights: the input projections split on dim 1, the output projection on dim 0
+                first = [d for n, d in styles.items() if OPS[node.op].handled_dims.get(n) == (1,)]
+                last = [d for n, d in styles.items() if n.endswith("weight") and OPS[node.op].handled_dims.get(n) == (0,)]
+                ok = (all(d == (1,) for d in first) and all(d == (0,) for d in last)) or (
+                    all(not d for d in first + last))
+                if not ok:
+                    err(node, f"`{node.name}`: {title} tensor parallelism needs every input projection split on "
+                        "its output features and the output projection on its input features (or none split)",
+                        help="shard `heads`/`kv_heads` (attention) or `mlp` (mlp) over `tensor` together")
+            elif any(styles.values()):
+                err(node, f"`{node.name}`: the {name} target cannot split a {node.op} layer over `tensor`",
+                    help=f"tensor parallelism applies to {tp_ops} layers in the {name} target")
+    return out
+
+
 class Target:
     """One target. Subclasses set the class attributes and add their own checks in `check_more`."""
 

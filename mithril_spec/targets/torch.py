@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from ..diagnostics import Diagnostic
 from ..ops import OPS
-from .base import MESH_AXES, Capabilities, Target, layout_text, linear_style, scopes, tensor_dims
+from .base import MESH_AXES, Capabilities, Target, layout_text, scopes, tensor_dims, tensor_parallel_errors
 
 if TYPE_CHECKING:
     from ..graph import RepeatNode
@@ -116,7 +116,7 @@ def _checks(plan: Plan, doc: Document) -> list[Diagnostic]:
         out += _pipeline(plan, doc)
 
     for prefix, nodes in scopes(plan):
-        for i, node in enumerate(nodes):
+        for node in nodes:
             if node.name in TORCH_MODULE_ATTRS:
                 err(node, f"layer name `{node.name}` clashes with torch.nn.Module.{node.name}",
                     help="rename the layer (names are shared by every target)")
@@ -124,39 +124,8 @@ def _checks(plan: Plan, doc: Document) -> list[Diagnostic]:
                 what = "FSDPModule" if node.name in FSDP_MODULE_ATTRS else "torch.nn.Module's internal attributes"
                 err(node, f"layer name `{node.name}` clashes with {what} in the torch target",
                     help="rename the layer (names are shared by every target)")
-            if node.is_repeat:
-                continue
-            name = prefix + node.name
-            if not tp or not node.params:
-                continue
-            styles = {p.name: tensor_dims(plan, f"{name}.{p.name}") for p in node.params}
-            kind = OPS[node.op].tensor_parallel
-            if kind == "matmul" and not node.attrs.get("tie"):
-                style = linear_style(plan, f"{name}.weight")
-                if style == "both":
-                    err(node, f"`{node.name}`: a linear layer split on both dimensions over `tensor`")
-                elif style == "colwise" and _neighbour(plan, prefix, nodes, i, +1) != "rowwise":
-                    err(node, f"`{node.name}` is column-parallel (output features over `tensor`) but is not "
-                        "followed by a row-parallel linear layer",
-                        help="PyTorch tensor parallelism pairs a column-parallel linear with a row-parallel one, "
-                        "with only element-wise activations between")
-                elif style == "rowwise" and _neighbour(plan, prefix, nodes, i, -1) != "colwise":
-                    err(node, f"`{node.name}` is row-parallel (input features over `tensor`) but does not follow "
-                        "a column-parallel linear layer",
-                        help="shard the previous linear layer's output features with the same mesh axis")
-            elif kind == "pair":
-                # [in, out] weights: the input projections split on dim 1, the output projection on dim 0
-                first = [d for n, d in styles.items() if OPS[node.op].handled_dims.get(n) == (1,)]
-                last = [d for n, d in styles.items() if n.endswith("weight") and OPS[node.op].handled_dims.get(n) == (0,)]
-                ok = (all(d == (1,) for d in first) and all(d == (0,) for d in last)) or (
-                    all(not d for d in first + last))
-                if not ok:
-                    err(node, f"`{node.name}`: PyTorch tensor parallelism needs every input projection split on "
-                        "its output features and the output projection on its input features (or none split)",
-                        help="shard `heads`/`kv_heads` (attention) or `mlp` (mlp) over `tensor` together")
-            elif any(styles.values()):
-                err(node, f"`{node.name}`: the torch target cannot split a {node.op} layer over `tensor`",
-                    help=f"tensor parallelism applies to {', '.join(TP_OPS)} layers in the torch target")
+    if tp:
+        out += tensor_parallel_errors(plan, doc, "torch", "PyTorch")
     return out
 
 
@@ -334,15 +303,3 @@ def sequence_parallel(plan: Plan, rep: RepeatNode) -> bool:
 
 
 
-def _neighbour(plan: Plan, prefix: str, nodes: list, i: int, step: int) -> str | None:
-    j = i + step
-    while 0 <= j < len(nodes):
-        n = nodes[j]
-        if n.is_repeat:
-            return None
-        if OPS[n.op].tensor_parallel == "matmul" and n.attrs.get("tie") is None:
-            return linear_style(plan, f"{prefix}{n.name}.weight")
-        if not OPS[n.op].elementwise:
-            return None
-        j += step
-    return None
