@@ -248,3 +248,54 @@ def test_dropout_masks_do_not_depend_on_the_number_of_processes():
     plain = mr.run(mlp("data=1"), "--steps", "4")
     assert jr.max_diff(one.losses, two.losses) < 1e-5
     assert jr.max_diff(one.losses, plain.losses[:3]) > 1e-4  # the dropout layer is really there
+
+
+MLP_TP = jr.SPECS / "mlp-tp.yaml"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", [MLP_TP, GPT])
+def test_tensor_parallel_equals_one_process(spec):
+    """A mesh of `tensor` alone: Megatron's column- and row-parallel layers over 2 processes."""
+    one = mr.run(mr.build(spec, "data=1"), "--steps", "4")
+    two = mr.run(mr.build(spec, "tensor=2"), "--steps", "4", processes=2)
+    d, dp = jr.max_diff(one.losses, two.losses), jr.max_param_diff(one.params, two.params)
+    jr.report(f"mlx {spec.name}: tensor=2 (2 processes) vs one", max_dloss=d, max_dparam=dp)
+    assert d < 1e-5 and dp < 1e-5
+    assert two.memory["device0"] == two.memory["planned"]
+    assert two.memory["device0"]["params"] < one.memory["device0"]["params"]  # really split
+
+
+@pytest.mark.slow
+def test_tensor_parallel_checkpoints_hold_whole_arrays(tmp_path):
+    """Saved on tensor=2, resumed by one process (and the other way round), on the same trajectory."""
+    full = mr.run(mr.build(MLP_TP, "data=1"), "--steps", "4")
+    ckpt = tmp_path / "tp"
+    mr.run(mr.build(MLP_TP, "tensor=2"), "--steps", "2", "--checkpoint-dir", str(ckpt), processes=2)
+    one = mr.run(mr.build(MLP_TP, "data=1"), "--steps", "4", "--resume", str(ckpt))
+    assert jr.max_diff(one.losses, full.losses[2:]) < 1e-5
+    ckpt1 = tmp_path / "one"
+    mr.run(mr.build(MLP_TP, "data=1"), "--steps", "2", "--checkpoint-dir", str(ckpt1))
+    two = mr.run(mr.build(MLP_TP, "tensor=2"), "--steps", "4", "--resume", str(ckpt1), processes=2)
+    assert jr.max_diff(two.losses, full.losses[2:]) < 1e-5
+
+
+def test_tensor_parallel_limits(tmp_path, capsys):
+    tp = MLP_TP.read_text().replace("name: mlp-tp", "name: mlp-tp\ntargets: [mlx]")
+    rc, err = _validate(tmp_path, capsys, tp)  # its meshes combine data and tensor
+    assert rc == 1 and "does not combine the `tensor` mesh axis with `data`" in err and "ring backend" in err
+    rc = cli(["validate", str(tmp_path / "s.yaml"), "--mesh", "tensor=4"])
+    assert rc == 0, capsys.readouterr().err
+    drop = tp.replace("- {op: gelu, name: act}", "- {op: gelu, name: act}\n    - {op: dropout, name: drop, rate: 0.1}")
+    assert drop != tp
+    (tmp_path / "s.yaml").write_text(drop)
+    rc = cli(["validate", str(tmp_path / "s.yaml"), "--mesh", "tensor=2"])
+    assert rc == 1 and "no dropout above rate 0 in a tensor-parallel build" in capsys.readouterr().err
+
+
+def test_tensor_parallel_dry_run_shows_the_slices():
+    r = mr.run(mr.build(MLP_TP, "tensor=2"), "--dry-run", export=False, metrics=False)
+    line = next(x for x in r.output.splitlines() if x.startswith("per-process bytes "))
+    figures = json.loads(line[len("per-process bytes "):])
+    assert figures["held"] == figures["planned"]
+    assert "fc1.weight" in r.output and "[128, 512]" in r.output

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..graph import RepeatNode
+from ..ops import OPS
 from ..planner.plan import Plan
+from ..targets.base import linear_style, tensor_dims
 from .jax_target import model_context
 
 # Names the generated model code uses inside the functions that hold tensor variables.
@@ -18,16 +21,41 @@ MODEL_NAMES = {
     "mx", "nn", "optim", "np", "zlib", "math", "linear", "layer_norm", "rms_norm", "batch_norm", "embedding",
     "attention", "rope", "mlp", "conv1d", "conv2d", "max_pool2d", "avg_pool2d", "dropout", "layer_key",
     "cross_entropy", "mse", "forward", "loss_fn", "pre", "p", "batch", "buffers", "key", "x", "i", "block",
-    "COMPUTE_DTYPE", "REMAT", "pool2d",
+    "COMPUTE_DTYPE", "REMAT", "pool2d", "tp_copy", "tp_sum",
 }  # fmt: skip
+
+
+def _tp_style(plan: Plan, full: str, layer: dict[str, Any]) -> str | None:
+    """How a layer runs under tensor parallelism (targets/mlx.py refuses the rest): colwise / rowwise
+    (linear), pair (attention, mlp: input projections split on their outputs, the output one on its inputs),
+    or None (whole on every process)."""
+    kind = OPS[layer["op"]].tensor_parallel
+    if kind == "matmul" and not layer["attrs"].get("tie"):
+        style = linear_style(plan, f"{full}.weight")
+        return style if style in ("colwise", "rowwise") else None
+    if kind == "pair" and any(tensor_dims(plan, f"{full}.{p}") for p in layer["params"]):
+        return "pair"
+    return None
 
 
 def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
     model = model_context(plan, ctx, MODEL_NAMES)
+    for layer in model["layers"]:
+        layer["tp"] = None if layer["op"] == "repeat" else _tp_style(plan, layer["name"], layer)
+    for block in model["blocks"]:
+        rep = next(n for n in plan.graph.layers if isinstance(n, RepeatNode) and n.block == block["name"])
+        for layer in block["layers"]:
+            layer["tp"] = _tp_style(plan, f"{rep.name}.0.{layer['name']}", layer)
+    tensor = plan.mesh.sizes.get("tensor", 1)
     return {
         **{k: model[k] for k in ("inputs", "layers", "blocks", "loss")},
         "mlx": {
             **{k: model[k] for k in ("ops", "op_attrs", "has_dropout", "has_buffers")},
+            # tensor parallelism (a mesh of `tensor` alone): the processes split these dimensions
+            "tensor": tensor,
+            "data": plan.mesh.sizes.get("data", 1),
+            "tp_dims": {p.name: next(i for i, d in enumerate(p.spec) if "tensor" in d)
+                      for p in plan.params if any("tensor" in d for d in p.spec)},
             # per-device bytes the planner predicts (`mithril-spec plan`); the program reports what it holds
             "planned": {"params": plan.memory.params, "optimizer": plan.memory.optimizer,
                         "buffers": plan.memory.buffers},

@@ -5,8 +5,15 @@ same programs, which is how the tests run them."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from ..diagnostics import Diagnostic
 from ..ops import OPS
-from .base import Capabilities, Target
+from .base import Capabilities, Target, scopes, tensor_parallel_errors
+
+if TYPE_CHECKING:
+    from ..planner.plan import Plan
+    from ..source import Document
 
 # mx.distributed's ring backend (the one every MLX install has) cannot split its group into sub-groups, so
 # a program has one communicator: every process is a data-parallel replica.
@@ -14,7 +21,6 @@ _ONE_GROUP = "MLX's distributed backends give a program one process group (the r
 
 _REASONS = (
     ("fsdp", "MLX has no fully sharded data parallelism that keeps parameters sharded between steps"),
-    ("tensor", _ONE_GROUP + ", and tensor parallelism is not in the mlx target yet"),
     ("pipe", "MLX has no pipeline schedules (no point-to-point autograd between processes)"),
     ("expert", _ONE_GROUP + ", and expert parallelism needs an all-to-all MLX does not have"),
     ("pipeline", "MLX has no pipeline schedules (no point-to-point autograd between processes)"),
@@ -31,7 +37,7 @@ class MlxTarget(Target):
     name = "mlx"
     title = "MLX"
     capabilities = Capabilities(
-        mesh_axes=("data",),
+        mesh_axes=("data", "tensor"),
         zero_stages=(0,),
         master_weights=False,
         pipeline_schedules=(),
@@ -50,7 +56,35 @@ class MlxTarget(Target):
     adapter = "mlx_target"
     imports = "numpy, mlx"
     limits = (
+        "Tensor parallelism (Megatron's: a column-parallel linear, element-wise layers, a row-parallel linear; "
+        "attention and mlp with their heads or hidden features split) on a mesh of `tensor` alone: "
+        + _ONE_GROUP + ", so `tensor` does not combine with `data`; no dropout above rate 0 and no sequence "
+        "split over `tensor` in such a build.",
         "Opt-in: a spec without `targets:` is checked for the default targets (jax, torch) only; list `mlx` "
         "to have `validate` check it too (`build --target mlx` always does).",
-        "One process per device; every process holds the whole model and optimizer state (data parallelism).",
+        "One process per device; over `data` every process holds the whole model and optimizer state.",
     )
+
+    def check_more(self, plan: Plan, doc: Document) -> list[Diagnostic]:
+        sizes = plan.mesh.sizes
+        if sizes.get("tensor", 1) <= 1:
+            return []
+        if sizes.get("data", 1) > 1:
+            return [Diagnostic("E049", "the mlx target does not combine the `tensor` mesh axis with `data`",
+                               doc.pos(plan.mesh.source),
+                               help=_ONE_GROUP + ": use a mesh of `tensor` alone, or of `data` alone")]
+        out = tensor_parallel_errors(plan, doc, "mlx", "MLX")
+        for prefix, nodes in scopes(plan):
+            for node in nodes:
+                if not node.is_repeat and OPS[node.op].is_random(node.attrs):
+                    out.append(Diagnostic(
+                        "E049", f"`{node.name}`: the mlx target runs no dropout above rate 0 in a tensor-parallel "
+                        "build (its masks on split features would differ from the one-device run)",
+                        doc.pos(node.path + ("rate",)), help="set the rate to 0, or drop the `tensor` axis"))
+        for n in plan.graph.layers:
+            if n.is_repeat and len(n.out.shape) == 2 and n.out.axes[0] and "tensor" in plan.rule(n.out.axes[0]):
+                out.append(Diagnostic(
+                    "E049", f"`{n.name}`: the mlx target does not split the sequence over `tensor` (sequence "
+                    "parallelism)", doc.pos(n.path + ("name",)),
+                    help="do not rule the sequence axis to `tensor`"))
+        return out

@@ -36,10 +36,10 @@ SPEC_NAME = "cnn-dp"
 SPEC_FILE = "cnn-dp.yaml"
 MITHRIL_VERSION = "0.1.0"
 
-# Device mesh: axis -> size (axes of size 1 are left out). One process per device; every process holds
-# the whole model (data parallelism over `data`).
+# Device mesh: axis -> size (axes of size 1 are left out). One process per device.
 MESH = {"data": 4}
 PROCESSES = 4
+DATA = 4  # data-parallel degree: processes reading different rows of each batch
 
 # Parameters by canonical name: shape (canonical layout), init, std (docs/program.md "Parameters").
 PARAMS = {
@@ -269,7 +269,7 @@ def train_step(world, optimizers, params, buffers, micro_batches, tag):
             else {k: grad_sum[k] + g / n for k, g in grads.items()}
         )
     grads, loss = grad_sum, loss_sum
-    if world.size() > 1:  # data parallelism: every process gets the mean over the processes
+    if DATA > 1:  # data parallelism: every process gets the mean over the processes
         # (as a list: mlx's tree functions would split the dotted canonical names into nested dicts)
         grads = dict(zip(grads, nn.average_gradients(list(grads.values()), group=world)))
         loss = mx.distributed.all_sum(loss, group=world) / world.size()
@@ -477,20 +477,27 @@ def nbytes(arrays):
     return sum(a.nbytes for a in arrays if a.ndim > 0)
 
 
+def local_shape(name, shape):
+    """The shape of the part of a parameter each process holds."""
+    return tuple(shape)  # every process holds every parameter whole
+
+
 def dry_run():
-    """What every process would hold, computed without allocating: each parameter whole (data
-    parallelism), OPTIMIZER_SLOTS float32 tensors of state per parameter, the buffers."""
-    params = 4 * sum(math.prod(shape) for shape, _, _ in PARAMS.values())
+    """What every process would hold, computed without allocating: its part of each parameter,
+    OPTIMIZER_SLOTS float32 tensors of state per parameter, the buffers."""
+    params = 4 * sum(math.prod(local_shape(name, shape)) for name, (shape, _, _) in PARAMS.items())
     held = {
         "params": params,
         "optimizer": OPTIMIZER_SLOTS * params,
         "buffers": 4 * sum(math.prod(shape) for shape, _ in BUFFERS.values()),
     }
     print(
-        f"mesh: {MESH or '(one device)'} ({PROCESSES} process(es), {mx.default_device()}); every process "
-        "holds every parameter whole",
-        f"{'parameter':40s} {'shape':>16s}",
-        *(f"{name:40s} {list(shape)!s:>16s}" for name, (shape, _, _) in PARAMS.items()),
+        f"mesh: {MESH or '(one device)'} ({PROCESSES} process(es), {mx.default_device()})",
+        f"{'parameter':40s} {'shape':>16s} per-process shape",
+        *(
+            f"{name:40s} {list(shape)!s:>16s} {list(local_shape(name, shape))}"
+            for name, (shape, _, _) in PARAMS.items()
+        ),
         "per-process bytes " + json.dumps({"held": held, "planned": PLANNED_BYTES}),
         sep="\n",
     )
@@ -499,7 +506,7 @@ def dry_run():
 # ----------------------------------------------------------------------------
 # Main
 # ----------------------------------------------------------------------------
-def init_state(args, optimizers):
+def init_state(args, optimizers, rank):
     """(step, parameters, buffers): from the numpy init (or --init-params) with a fresh optimizer state,
     or all of it from the newest usable checkpoint with --resume."""
     host = load_npz_params(args.init_params) if args.init_params else initial_params(args.seed)
@@ -519,7 +526,7 @@ def init_state(args, optimizers):
 def local_batches(data, step, rank):
     """This process's share of every micro-batch of `step`: (first global row, arrays) each."""
     chunk = MICRO_BATCH // MICROBATCHES  # the pipeline's micro-batches run one after the other
-    rows = chunk // PROCESSES
+    rows = chunk // DATA
     out = []
     for k in range(GRAD_ACCUM * MICROBATCHES):
         first = micro_batch_start(step, 0) + k * chunk + rank * rows
@@ -538,7 +545,7 @@ def main(args):
         "`data: {kind: arrays}` or `{kind: text}` to read from disk",
     )
     optimizers = make_optimizer()
-    start, params, buffers = init_state(args, optimizers)
+    start, params, buffers = init_state(args, optimizers, world.rank())
     later = (
         sorted(s for s in step_dirs(args.checkpoint_dir) if s > start)
         if args.checkpoint_dir

@@ -36,10 +36,10 @@ SPEC_NAME = "mlp-dp"
 SPEC_FILE = "mlp-dp.yaml"
 MITHRIL_VERSION = "0.1.0"
 
-# Device mesh: axis -> size (axes of size 1 are left out). One process per device; every process holds
-# the whole model (data parallelism over `data`).
+# Device mesh: axis -> size (axes of size 1 are left out). One process per device.
 MESH = {"data": 8}
 PROCESSES = 8
+DATA = 8  # data-parallel degree: processes reading different rows of each batch
 
 # Parameters by canonical name: shape (canonical layout), init, std (docs/program.md "Parameters").
 PARAMS = {
@@ -261,14 +261,13 @@ def train_step(world, optimizers, params, buffers, micro_batches, tag):
             else {k: grad_sum[k] + g / n for k, g in grads.items()}
         )
     grads, loss = grad_sum, loss_sum
-    if world.size() > 1:  # data parallelism: every process gets the mean over the processes
+    if DATA > 1:  # data parallelism: every process gets the mean over the processes
         # (as a list: mlx's tree functions would split the dotted canonical names into nested dicts)
         grads = dict(zip(grads, nn.average_gradients(list(grads.values()), group=world)))
         loss = mx.distributed.all_sum(loss, group=world) / world.size()
     grad_norm = global_norm(grads)  # before clipping, as torch's clip_grad_norm_ returns it
-    grads, _ = optim.clip_grad_norm(
-        grads, CLIP_GRAD_NORM
-    )  # scale min(1, max / (norm + 1e-6)), as torch
+    scale = mx.minimum(1.0, CLIP_GRAD_NORM / (grad_norm + 1e-6))  # as torch's clip_grad_norm_
+    grads = {k: g * scale for k, g in grads.items()}
     params = apply_optimizer(optimizers, grads, params)
     return params, buffers, {"loss": loss, "grad_norm": grad_norm}
 
@@ -472,20 +471,27 @@ def nbytes(arrays):
     return sum(a.nbytes for a in arrays if a.ndim > 0)
 
 
+def local_shape(name, shape):
+    """The shape of the part of a parameter each process holds."""
+    return tuple(shape)  # every process holds every parameter whole
+
+
 def dry_run():
-    """What every process would hold, computed without allocating: each parameter whole (data
-    parallelism), OPTIMIZER_SLOTS float32 tensors of state per parameter, the buffers."""
-    params = 4 * sum(math.prod(shape) for shape, _, _ in PARAMS.values())
+    """What every process would hold, computed without allocating: its part of each parameter,
+    OPTIMIZER_SLOTS float32 tensors of state per parameter, the buffers."""
+    params = 4 * sum(math.prod(local_shape(name, shape)) for name, (shape, _, _) in PARAMS.items())
     held = {
         "params": params,
         "optimizer": OPTIMIZER_SLOTS * params,
         "buffers": 4 * sum(math.prod(shape) for shape, _ in BUFFERS.values()),
     }
     print(
-        f"mesh: {MESH or '(one device)'} ({PROCESSES} process(es), {mx.default_device()}); every process "
-        "holds every parameter whole",
-        f"{'parameter':40s} {'shape':>16s}",
-        *(f"{name:40s} {list(shape)!s:>16s}" for name, (shape, _, _) in PARAMS.items()),
+        f"mesh: {MESH or '(one device)'} ({PROCESSES} process(es), {mx.default_device()})",
+        f"{'parameter':40s} {'shape':>16s} per-process shape",
+        *(
+            f"{name:40s} {list(shape)!s:>16s} {list(local_shape(name, shape))}"
+            for name, (shape, _, _) in PARAMS.items()
+        ),
         "per-process bytes " + json.dumps({"held": held, "planned": PLANNED_BYTES}),
         sep="\n",
     )
@@ -494,7 +500,7 @@ def dry_run():
 # ----------------------------------------------------------------------------
 # Main
 # ----------------------------------------------------------------------------
-def init_state(args, optimizers):
+def init_state(args, optimizers, rank):
     """(step, parameters, buffers): from the numpy init (or --init-params) with a fresh optimizer state,
     or all of it from the newest usable checkpoint with --resume."""
     host = load_npz_params(args.init_params) if args.init_params else initial_params(args.seed)
@@ -514,7 +520,7 @@ def init_state(args, optimizers):
 def local_batches(data, step, rank):
     """This process's share of every micro-batch of `step`: (first global row, arrays) each."""
     chunk = MICRO_BATCH // MICROBATCHES  # the pipeline's micro-batches run one after the other
-    rows = chunk // PROCESSES
+    rows = chunk // DATA
     out = []
     for k in range(GRAD_ACCUM * MICROBATCHES):
         first = micro_batch_start(step, 0) + k * chunk + rank * rows
@@ -533,7 +539,7 @@ def main(args):
         "`data: {kind: arrays}` or `{kind: text}` to read from disk",
     )
     optimizers = make_optimizer()
-    start, params, buffers = init_state(args, optimizers)
+    start, params, buffers = init_state(args, optimizers, world.rank())
     later = (
         sorted(s for s in step_dirs(args.checkpoint_dir) if s > start)
         if args.checkpoint_dir
