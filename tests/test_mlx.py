@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import re
 import shutil
@@ -24,36 +23,16 @@ import jax_runs as jr
 import mlx_runs as mr
 import numpy as np
 import pytest
-import torch_runs as tr
+
+# the JAX and torch runs of the cross-target test (memoised: run once for both files)
+from test_cross_target import STEPS, _parallel, init_file, jax_run, mesh, spec_path, torch_run
 
 from mithril_spec.cli import main as cli
 
 SPECS = ["mlp-dp.yaml", "cnn-dp.yaml", "gpt-tiny.yaml", "all-ops"]
-STEPS = 5
 MLP = jr.SPECS / "mlp-dp.yaml"
 CNN = jr.SPECS / "cnn-dp.yaml"
 GPT = jr.SPECS / "gpt-tiny.yaml"
-
-
-def spec_path(spec):
-    return jr.ROOT / "tests" / "specs" / "all-ops.yaml" if spec == "all-ops" else jr.SPECS / spec
-
-
-def mesh(spec):
-    return "single" if spec == "all-ops" else "data=1"
-
-
-def init_file(spec):
-    """The JAX program's initial parameters (the same run as test_cross_target's)."""
-    return jr.run(jr.build(spec_path(spec), mesh(spec)), "--steps", "0").cwd / "params.npz"
-
-
-def jax_run(spec):
-    return jr.run(jr.build(spec_path(spec), mesh(spec)), "--steps", str(STEPS), "--init-params", str(init_file(spec)))
-
-
-def torch_run(spec):
-    return tr.run(tr.build(spec_path(spec), mesh(spec)), "--steps", str(STEPS), "--init-params", str(init_file(spec)))
 
 
 def mlx_run(spec, *args):
@@ -63,11 +42,6 @@ def mlx_run(spec, *args):
 
 def mlp(mesh_=None, edits=()):
     return mr.build(MLP, mesh_, tuple(edits))
-
-
-def _parallel(calls):
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        return [f.result() for f in [pool.submit(c) for c in calls]]
 
 
 @pytest.fixture(scope="module", autouse=True)
