@@ -1,13 +1,13 @@
-"""Hugging Face checkpoints in the JAX and MLX programs (the PyTorch program: test_hf_torch.py).
+"""Hugging Face checkpoints in the JAX, PyTorch and MLX programs.
 
 For a tiny random model of each family, built and saved locally with transformers (nothing is
 downloaded), imported with `mithril-spec import hf`:
 - one device: `--steps 0 --init-params MODEL_DIR --logits` equals transformers' logits on the program's
   first batch within 1e-4 (float32);
-- a sharded mesh (fsdp=2, tensor=2; every device reads only its slices of the checkpoint): 5 training
-  steps from MODEL_DIR, then `--export-hf` loads in transformers with no missing or unexpected weight, and
-  its logits equal the program's `--logits` after the run within 1e-4 (and differ from the initial ones:
-  the weights trained).
+- a sharded mesh (fsdp=2, tensor=2: 4 JAX devices, each reading only its slices of the checkpoint, or 4
+  torch ranks): 5 training steps from MODEL_DIR, then `--export-hf` loads in transformers with no missing
+  or unexpected weight, and its logits equal the program's `--logits` after the run within 1e-4 (and
+  differ from the initial ones: the weights trained).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import jax_runs as jr
 import mlx_runs as mr
 import numpy as np
 import pytest
+import torch_runs as tr
 from test_jax_program import synthetic_samples
 
 from mithril_spec.cli import main as cli
@@ -73,7 +74,7 @@ def init_logits(runs, build, family):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("runs, build", [(jr, jr.build), (mr, mr.build)], ids=["jax", "mlx"])
+@pytest.mark.parametrize("runs, build", [(jr, jr.build), (tr, tr.build), (mr, mr.build)], ids=["jax", "torch", "mlx"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_logits_equal_transformers_from_its_checkpoint(family, runs, build):
     directory, _ = model(family)
@@ -82,18 +83,22 @@ def test_logits_equal_transformers_from_its_checkpoint(family, runs, build):
     assert d < 1e-4
 
 
+SHARDED_CASES = [(jr, family) for family in FAMILIES] + [(tr, family) for family in ("llama-gqa", "gpt2", "bert")]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("family", FAMILIES)
-def test_sharded_training_exports_a_checkpoint_transformers_loads(family):
+@pytest.mark.parametrize("runs, family", SHARDED_CASES, ids=lambda c: c if isinstance(c, str) else c.__name__[:-5])
+def test_sharded_training_exports_a_checkpoint_transformers_loads(runs, family):
     directory, spec = model(family)
-    export, after = jr.WORK / "hf" / f"{family}-export", jr.WORK / "hf" / f"{family}-after.npy"
-    jr.run(jr.build(spec, SHARDED), "--steps", "5", "--init-params", str(directory), "--export-hf", str(export),
-           "--logits", str(after))
+    tag = f"{family}-{runs.__name__}"
+    export, after = jr.WORK / "hf" / f"{tag}-export", jr.WORK / "hf" / f"{tag}-after.npy"
+    runs.run(runs.build(spec, SHARDED), "--steps", "5", "--init-params", str(directory), "--export-hf", str(export),
+             "--logits", str(after))
     _, info = getattr(transformers, FAMILIES[family][1]).from_pretrained(export, output_loading_info=True)
     assert not any(info.values()), info
     d = float(np.abs(np.load(after) - reference(family, export)).max())
     moved = float(np.abs(np.load(after) - reference(family, directory)).max())
-    jr.report(f"hf {family} jax {SHARDED}: after 5 steps, export vs program", max_abs=d, moved=moved)
+    jr.report(f"hf {tag} {SHARDED}: after 5 steps, export vs program", max_abs=d, moved=moved)
     assert d < 1e-4 and moved > 1e-3
 
 
