@@ -117,3 +117,15 @@ def test_a_checkpoint_of_another_model_is_refused():
     r = jr.run(jr.build(spec, "data=1"), "--steps", "0", "--init-params", str(other), expect_rc=2)
     assert "not this model's checkpoint" in r.output and "transformer.wte.weight" in r.output
     assert "Traceback" not in r.output
+
+
+def test_a_checkpoint_in_shards_loads_by_its_index():
+    """model.safetensors.index.json and several files, as transformers writes large models."""
+    _, spec = model("llama-gqa")
+    torch.manual_seed(0)
+    shards = jr.WORK / "hf" / "llama-gqa-shards"
+    transformers.LlamaForCausalLM(FAMILIES["llama-gqa"][0](transformers)).save_pretrained(shards, max_shard_size="40KB")
+    assert (shards / "model.safetensors.index.json").is_file() and len(list(shards.glob("*.safetensors"))) > 1
+    out = jr.WORK / "hf" / "llama-gqa-shards.npy"
+    jr.run(jr.build(spec, "data=1"), "--steps", "0", "--init-params", str(shards), "--logits", str(out))
+    assert float(np.abs(np.load(out) - reference("llama-gqa", shards)).max()) < 1e-4
