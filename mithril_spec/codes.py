@@ -375,6 +375,17 @@ _TEXTS: dict[str, tuple[str, str]] = {
             "the imported names, or remove the `hf` section to train the model without its checkpoints."
         ),
     ),
+    # ---- the program
+    "E073": (
+        "copies of a repeated block laid out differently",
+        (
+            "A `repeat` is one block in the plan and in the generated programs: one table row per block "
+            "parameter, and in JAX the copies stacked along a leading layer axis and run under `lax.scan`. So "
+            "every copy of a block parameter must have the same layout. A `sharding.params` glob that matches "
+            "some copies (`blocks.0.*`) but not the others breaks that. Match every copy (`blocks.*.mlp.*`), or "
+            "change the rules instead."
+        ),
+    ),
     # ---- warnings
     "W001": (
         "large parameter fully replicated",
@@ -861,6 +872,27 @@ sharding:
         )
     ),
 }
+
+_EXAMPLES["E073"] = Example(_spec("""
+version: 1
+name: example
+dims: {features: 16}
+model:
+  inputs:
+    x: {shape: [batch, features]}
+    y: {shape: [batch, features]}
+  blocks:
+    res:
+      - {op: linear, name: fc, dimension: features}
+  layers:
+    - {repeat: 2, block: res, name: blocks}
+  loss: {op: mse, predictions: blocks, targets: y}
+mesh: {data: 2}
+sharding:
+  params:
+    "blocks.0.fc.weight": [data, null]
+training: {batch_size: 8, steps: 10, optimizer: {name: adamw, lr: 1.0e-3}}
+"""))
 
 _IMPORT = ("import", "hf")
 _EXAMPLES.update({

@@ -49,6 +49,34 @@ class ParamPlan:
 
 
 @dataclasses.dataclass(frozen=True)
+class BlockParamPlan:
+    """One parameter of a repeated block, for all its copies: `copies[i]` is the plan of copy i
+    (`<repeat>.<i>.<local>`). Every copy has the same shape, layout, dtype and init (E073 otherwise), so a
+    program keeps one table row per block parameter and may stack the copies along a leading layer axis."""
+
+    local: str  # name inside the block, e.g. attn.q.weight
+    copies: tuple[ParamPlan, ...]
+
+    @property
+    def first(self) -> ParamPlan:
+        return self.copies[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class RepeatPlan:
+    """A `repeat` of the model: one block, `count` copies."""
+
+    name: str  # the repeat layer's name: canonical names are <name>.<i>.<local>
+    block: str
+    count: int
+    params: tuple[BlockParamPlan, ...]
+    buffers: tuple[BlockParamPlan, ...]
+
+    def copy_name(self, i: int, local: str) -> str:
+        return f"{self.name}.{i}.{local}"
+
+
+@dataclasses.dataclass(frozen=True)
 class InputPlan:
     input: InputNode
     spec: tuple[tuple[str, ...], ...]  # including the batch dimension
@@ -84,6 +112,21 @@ class Plan:
     warnings: tuple[Diagnostic, ...]
     pipeline: Optional[PipelinePlan] = None
     rules: Rules = Rules({}, {})  # the sharding rules as resolved (logical axis -> mesh axes)
+    repeats: tuple[RepeatPlan, ...] = ()  # the repeated blocks, one entry per block parameter
+
+    @functools.cached_property
+    def in_repeat(self) -> frozenset[str]:
+        """Canonical names of the parameters and buffers that belong to a repeated block."""
+        return frozenset(c.name for r in self.repeats for b in r.params + r.buffers for c in b.copies)
+
+    @property
+    def top_params(self) -> tuple[ParamPlan, ...]:
+        """The parameters outside every repeated block."""
+        return tuple(p for p in self.params if p.name not in self.in_repeat)
+
+    @property
+    def top_buffers(self) -> tuple[ParamPlan, ...]:
+        return tuple(b for b in self.buffers if b.name not in self.in_repeat)
 
     @property
     def param_count(self) -> int:
@@ -180,6 +223,7 @@ def make_plan(spec: Spec, doc: Document, graph: Graph, mesh_choice: Optional[str
     if any(d.code == "E043" for d in diags):
         seen.add("batch-reported")
 
+    repeats = _repeat_plans(graph, doc, params, buffers, layouts, diags)
     inputs = _input_plans(graph, spec, doc, mesh, rules, baxes, micro, dp, diags, seen)
     warnings = _warnings(graph, spec, doc, mesh, rules, params, baxes)
     if diags:
@@ -188,10 +232,50 @@ def make_plan(spec: Spec, doc: Document, graph: Graph, mesh_choice: Optional[str
     # A device holds the parameters of the stages on its pipe rank; report the fullest rank. The cost model
     # owns the formulas (fp32 master weights, ZeRO sharding of optimizer state and gradients).
     plan = Plan(spec, graph, mesh, tuple(params), tuple(buffers), tuple(inputs), baxes, dp, micro,
-                Memory(0, 0, 0, 0), tuple(warnings), pipeline, rules)
+                Memory(0, 0, 0, 0), tuple(warnings), pipeline, rules, repeats)
     st = state_memory(plan)
     return dataclasses.replace(plan, memory=Memory(params=st.params, grads=st.grads, optimizer=st.optimizer,
                                                    buffers=st.buffers))
+
+
+def _repeat_plans(graph: Graph, doc: Document, params, buffers, layouts, diags) -> tuple[RepeatPlan, ...]:
+    """Groups the copies of every repeated block's parameters. A program keeps one row per block parameter
+    (and JAX stacks the copies), so the copies must agree on layout and init: E073 where a `sharding.params`
+    glob gives some copies another layout than the rest."""
+    from ..graph import RepeatNode
+
+    by_name = {p.name: p for p in list(params) + list(buffers)}
+    out = []
+    for node in graph.layers:
+        if not isinstance(node, RepeatNode):
+            continue
+        groups: dict[str, list] = {}
+        for inner in node.layers:
+            for d, trainable in [(d, True) for d in inner.params] + [(d, False) for d in inner.buffers]:
+                local = f"{inner.name}.{d.name}"
+                groups[local] = [by_name[f"{node.name}.{i}.{local}"] for i in range(node.count)]
+        for local, copies in groups.items():
+            first = copies[0]
+            odd = [c for c in copies if (c.spec, c.local_shape, c.dtype) != (first.spec, first.local_shape, first.dtype)]
+            if odd:
+                pick = next((c for c in (first, odd[0]) if layouts[c.name].origin[:2] == ("sharding", "params")),
+                            odd[0])
+                origin = layouts[pick.name].origin
+                diags.append(Diagnostic(
+                    "E073", f"copies of the repeated block `{node.name}` lay out `{local}` differently: "
+                    f"`{first.name}` {_show_spec(first.spec)}, `{odd[0].name}` {_show_spec(odd[0].spec)}",
+                    doc.pos(origin if origin else node.path, key=bool(origin) and origin[:2] == ("sharding", "params")),
+                    help="a block is one block in the program: give every copy the same layout (a glob such as "
+                    f"`{node.name}.*.{local}`)"))
+        blocks = [BlockParamPlan(local, tuple(copies)) for local, copies in groups.items()]
+        out.append(RepeatPlan(node.name, node.block, node.count,
+                              tuple(b for b in blocks if b.first.param.trainable),
+                              tuple(b for b in blocks if not b.first.param.trainable)))
+    return tuple(out)
+
+
+def _show_spec(spec) -> str:
+    return "[" + ", ".join("+".join(d) if d else "whole" for d in spec) + "]"
 
 
 def _check_data(spec: Spec, graph: Graph, doc: Document, diags: list[Diagnostic]) -> None:

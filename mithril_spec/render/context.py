@@ -119,6 +119,28 @@ def _pipeline(plan: Plan) -> dict[str, Any] | None:
     }
 
 
+def _param(p) -> dict[str, Any]:
+    return {
+        "name": p.name,
+        "shape": list(p.param.shape),
+        "axes": list(p.param.axes),
+        "layout": _pspec(p.spec),
+        "local_shape": list(p.local_shape),
+        "init": p.param.init,
+        "std": p.param.std,
+        "decay": p.decay,
+        "layer": p.param.layer,
+        # nn.Linear keeps [out, in]: the torch program transposes at the parameter-file boundary
+        "transpose": p.param.torch_transposed,
+        "fsdp_dim": next((i for i, d in enumerate(p.spec) if "fsdp" in d), None),
+    }
+
+
+def _buffer(b) -> dict[str, Any]:
+    return {"name": b.name, "shape": list(b.param.shape), "layout": _pspec(b.spec), "init": b.param.init,
+            "layer": b.param.layer}
+
+
 def make_context(plan: Plan, target: str, spec_file: str) -> dict[str, Any]:
     spec, graph, mesh = plan.spec, plan.graph, plan.mesh
     tr = spec.training
@@ -179,27 +201,22 @@ def make_context(plan: Plan, target: str, spec_file: str) -> dict[str, Any]:
         "layers": [_layer(n) for n in graph.layers],
         "loss": {"op": graph.loss.op, "prediction": graph.loss.prediction, "prediction_var": var(graph.loss.prediction),
                  "targets": graph.loss.targets, "targets_var": var(graph.loss.targets)},
-        "params": [
+        "params": [_param(p) for p in plan.params],  # every parameter by canonical (per-copy) name
+        "buffers": [_buffer(b) for b in plan.buffers],
+        # one row per parameter outside the repeats, and per block parameter of each repeat: what the
+        # generated tables hold (canonical per-copy names are `<repeat>.<i>.<local>`)
+        "top_params": [_param(p) for p in plan.top_params],
+        "top_buffers": [_buffer(b) for b in plan.top_buffers],
+        "repeats": [
             {
-                "name": p.name,
-                "shape": list(p.param.shape),
-                "axes": list(p.param.axes),
-                "layout": _pspec(p.spec),
-                "local_shape": list(p.local_shape),
-                "init": p.param.init,
-                "std": p.param.std,
-                "decay": p.decay,
-                "layer": p.param.layer,
-                # nn.Linear keeps [out, in]: the torch program transposes at the npz boundary
-                "transpose": p.param.torch_transposed,
-                "fsdp_dim": next((i for i, d in enumerate(p.spec) if "fsdp" in d), None),
+                "name": r.name,
+                "block": r.block,
+                "count": r.count,
+                "params": [{**_param(b.first), "local": b.local,
+                            "stages": sorted({c.stage for c in b.copies})} for b in r.params],
+                "buffers": [{**_buffer(b.first), "local": b.local} for b in r.buffers],
             }
-            for p in plan.params
-        ],
-        "buffers": [
-            {"name": b.name, "shape": list(b.param.shape), "layout": _pspec(b.spec), "init": b.param.init,
-             "layer": b.param.layer}
-            for b in plan.buffers
+            for r in plan.repeats
         ],
         "param_count": plan.param_count,
         "memory": {"params": plan.memory.params, "grads": plan.memory.grads, "optimizer": plan.memory.optimizer},
