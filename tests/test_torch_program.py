@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import json
 import os
-import zlib
 
 import numpy as np
 import pytest
+import reference_init
 from torch_runs import (
     GPT,
     GPT_STEPS,
@@ -74,14 +74,7 @@ def numpy_init(spec, seed=0):
     """The documented initialisation (docs/program.md), written out independently of the programs."""
     out = {}
     for p in compile_file(spec, "data=1").plan.params:
-        shape, init = p.param.shape, p.param.init
-        if init == "zeros":
-            out[p.name] = np.zeros(shape, np.float32)
-        elif init == "ones":
-            out[p.name] = np.ones(shape, np.float32)
-        else:
-            rng = np.random.default_rng([seed, zlib.crc32(p.name.encode())])
-            out[p.name] = (rng.standard_normal(shape, dtype=np.float32) * np.float32(p.param.std)).astype(np.float32)
+        out[p.name] = reference_init.init(p.name, p.param.shape, p.param.init, p.param.std, seed)
     return out
 
 

@@ -371,46 +371,174 @@ def opt_state_shardings(optimizer, abstract_params, param_shardings, replicated)
 # ----------------------------------------------------------------------------
 # Parameters: drawn on the host with numpy (the same values for every mesh and target), then laid out.
 # ----------------------------------------------------------------------------
-def init_param(name, shape, kind, std, seed):
-    """Draws one parameter on the host. Depends only on (seed, name): every mesh, and every target,
-    starts from the same values."""
+def init_values(name, shape, kind, std, seed, index=()):
+    """The initial values of parameter `name` at `index` (slices, one per leading dimension; () for all),
+    float32. Each element depends only on (seed, name, its flat index), so any process computes just the
+    slice it holds, and every mesh and every target starts from the same values (docs/program.md)."""
+    box = [
+        slice(*s.indices(n))
+        for s, n in zip((*index, *[slice(None)] * len(shape))[: len(shape)], shape)
+    ]
+    out_shape = tuple(len(range(b.start, b.stop, b.step)) for b in box)
     if kind == "zeros":
-        return np.zeros(shape, np.float32)
+        return np.zeros(out_shape, np.float32)
     if kind == "ones":
-        return np.ones(shape, np.float32)
-    rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
-    return (rng.standard_normal(shape, dtype=np.float32) * np.float32(std)).astype(np.float32)
+        return np.ones(out_shape, np.float32)
+    # each element's flat index in the whole parameter, a chunk of the slice at a time
+    strides = [math.prod(shape[d + 1 :]) for d in range(len(shape))]
+    key = _mix(
+        np.array([(seed * 0x9E3779B97F4A7C15 + zlib.crc32(name.encode())) & (2**64 - 1)], np.uint64)
+    )
+    n = math.prod(out_shape)
+    out = np.empty(n, np.float32)
+    for lo in range(0, n, 1 << 22):
+        at = np.unravel_index(np.arange(lo, min(n, lo + (1 << 22))), out_shape) if shape else ()
+        flat = np.zeros(min(n, lo + (1 << 22)) - lo, np.uint64)
+        for pos, b, stride in zip(at, box, strides):
+            flat += (pos.astype(np.uint64) * np.uint64(b.step) + np.uint64(b.start)) * np.uint64(
+                stride
+            )
+        out[lo : lo + len(flat)] = _normal(key, flat)
+    return (out.reshape(out_shape) * np.float32(std)).astype(np.float32)
+
+
+def _mix(x):
+    """splitmix64's finaliser: a well-mixed uint64 for each uint64 (arithmetic wraps around)."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def _normal(key, i):
+    """Standard normal values (float32) for element indices `i` of the stream `key`: Box-Muller on two
+    uniforms in (0, 1] drawn from the counters 2i and 2i + 1."""
+    gamma = np.uint64(0x9E3779B97F4A7C15)
+    u1 = ((_mix(key + (i * np.uint64(2)) * gamma) >> np.uint64(11)) + np.uint64(1)) * 2.0**-53
+    u2 = (
+        (_mix(key + (i * np.uint64(2) + np.uint64(1)) * gamma) >> np.uint64(11)) + np.uint64(1)
+    ) * 2.0**-53
+    return (np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)).astype(np.float32)
+
+
+def init_param(name, shape, kind, std, seed):
+    """The whole parameter (or buffer) `name`: for what one process holds whole."""
+    return init_values(name, shape, kind, std, seed)
+
+
+class InitTensor:
+    """A parameter's initial values, computed only where they are indexed: `tensor[index]` gives that
+    slice, `np.asarray(tensor)` the whole parameter."""
+
+    def __init__(self, name, shape, kind, std, seed):
+        self.name, self.shape, self.ndim = name, tuple(shape), len(shape)
+        self.kind, self.std, self.seed = kind, std, seed
+
+    def __getitem__(self, index):
+        return init_values(
+            self.name,
+            self.shape,
+            self.kind,
+            self.std,
+            self.seed,
+            index if isinstance(index, tuple) else (index,),
+        )
+
+    def __array__(self, dtype=None, copy=None):
+        return self[()].astype(dtype or np.float32)
 
 
 def initial_params(seed):
+    """Every parameter by canonical name, lazily: nothing is computed until a slice is asked for."""
     return {
-        name: init_param(name, shape, kind, std, seed)
+        name: InitTensor(name, shape, kind, std, seed)
         for name, (shape, kind, std) in PARAMS.items()
     }
 
 
-def load_npz_params(path):
-    """Parameters by canonical name in canonical layout, float32: every parameter, with its shape, and
-    no other."""
-    with np.load(path) as f:
-        loaded = {k: f[k].astype(np.float32) for k in f.files}
-    got, want = (
-        {k: a.shape for k, a in loaded.items()},
-        {k: tuple(shape) for k, (shape, _, _) in PARAMS.items()},
-    )
-    if got != want:
-        raise SystemExit(
+class FileTensor:
+    """One parameter in canonical layout, read from a safetensors file only where it is indexed: a process
+    that holds a slice reads just that slice (`tensor[index]`), and `np.asarray(tensor)` reads it whole.
+    `transposed`, `part` of `parts`: how a stored tensor of another layout holds it (Hugging Face's)."""
+
+    def __init__(self, handle, key, shape, transposed=False, part=0, parts=1):
+        self.handle, self.key, self.shape, self.transposed = handle, key, tuple(shape), transposed
+        self.ndim, self.offset = len(self.shape), part * self.shape[-1] if shape else 0
+
+    def __getitem__(self, index):
+        index = index if isinstance(index, tuple) else (index,)
+        index = [index[d] if d < len(index) else slice(None) for d in range(self.ndim)]
+        index = [slice(*s.indices(n)) for s, n in zip(index, self.shape)]
+        if index and self.offset:
+            last = index[-1]
+            index[-1] = slice(last.start + self.offset, last.stop + self.offset)
+        stored = index[::-1] if self.transposed else index
+        x = np.asarray(self.handle.get_slice(self.key)[tuple(stored)], dtype=np.float32)
+        x = x.T if self.transposed else x
+        require(np.isfinite(x).all(), f"--init-params: `{self.key}` holds non-finite values")
+        return x
+
+    def __array__(self, dtype=None, copy=None):
+        return self[()].astype(dtype or np.float32)
+
+
+def load_params(path):
+    """--init-params: parameters by canonical name in canonical layout, every one with its shape and no
+    other. A .npz is read whole (small models); a .safetensors file is read lazily,
+    each process reading only the slices it holds."""
+    want = {k: tuple(shape) for k, (shape, _, _) in PARAMS.items()}
+    if path.endswith(".npz"):
+        require(os.path.isfile(path), f"--init-params {path}: no such file")
+        with np.load(path) as f:
+            loaded = {k: f[k] for k in f.files}
+        got = {k: a.shape for k, a in loaded.items()}
+        bad = [
+            (k, got.get(k), want.get(k)) for k in sorted({*got, *want}) if got.get(k) != want.get(k)
+        ]
+        require(
+            not bad,
             f"{path}: parameters missing, unknown or of another shape (name, shape in the file, "
-            f"expected shape; None: absent): "
-            f"{[(k, got.get(k), want.get(k)) for k in sorted({*got, *want}) if got.get(k) != want.get(k)]}"
+            f"expected shape; None: absent): {bad[:5]}",
         )
-    return {k: loaded[k] for k in PARAMS}
+        require(
+            all(np.issubdtype(a.dtype, np.floating) for a in loaded.values()),
+            f"--init-params {path}: parameters must be floating-point arrays",
+        )
+        return {k: loaded[k].astype(np.float32) for k in PARAMS}
+    from safetensors import safe_open
+
+    require(os.path.isfile(path), f"--init-params {path}: no such file (.npz or .safetensors)")
+    with safe_open(path, framework="numpy") as f:
+        files = dict.fromkeys(f.keys(), path)
+    handles = {file: safe_open(file, framework="numpy") for file in set(files.values())}
+    out, wrong = {}, []
+    for name, shape in want.items():
+        key, transposed, part, parts = name, False, 0, 1
+        if key not in files:
+            wrong.append(f"{key} (missing)")
+            continue
+        stored = handles[files[key]].get_slice(key).get_shape()
+        expect = list(shape[::-1] if transposed else shape)
+        if expect:
+            expect[-1] *= parts
+        if list(stored) != expect:
+            wrong.append(f"{key} {list(stored)} (expected {expect})")
+        out[name] = FileTensor(handles[files[key]], key, shape, transposed, part, parts)
+    require(not wrong, f"--init-params {path}: not this model's parameters: {', '.join(wrong[:5])}")
+    return out
 
 
-def save_npz_params(path, arrays):
-    """Writes atomically: a temporary file beside the target, then a rename."""
-    tmp = f"{path}.tmp-{os.getpid()}.npz"
-    np.savez(tmp, **{k: np.asarray(v, dtype=np.float32) for k, v in arrays.items()})
+def save_params(path, arrays):
+    """--export-params: canonical names and layout, float32; .safetensors, or .npz for any other name.
+    Written atomically: a temporary file beside the target, then a rename."""
+    arrays = {k: np.ascontiguousarray(np.asarray(v, dtype=np.float32)) for k, v in arrays.items()}
+    if path.endswith(".safetensors"):
+        from safetensors.numpy import save_file
+
+        tmp = f"{path}.tmp-{os.getpid()}"
+        save_file(arrays, tmp, metadata={"format": "mithril-spec", "spec": SPEC_NAME})
+    else:
+        tmp = f"{path}.tmp-{os.getpid()}.npz"
+        np.savez(tmp, **arrays)
     os.replace(tmp, path)
 
 
@@ -576,11 +704,14 @@ def parse_args(argv=None):
     )
     ap.add_argument("--metrics", help="write one JSON line per step to this file")
     ap.add_argument(
-        "--init-params", help="start from these parameters (.npz, canonical names and layout)"
+        "--init-params",
+        help="start from these parameters (.safetensors or .npz, canonical names and "
+        "layout; each process reads only its slices of a .safetensors file)",
     )
     ap.add_argument(
         "--export-params",
-        help="write the final parameters here (.npz); with --steps 0, the initial",
+        help="write the final parameters here (.safetensors, or .npz for any other "
+        "name); with --steps 0, the initial",
     )
     ap.add_argument("--resume", help="continue from the latest checkpoint in this directory")
     ap.add_argument("--checkpoint-dir", default=CHECKPOINT_DIR, help="where to save checkpoints")
@@ -748,7 +879,7 @@ def layouts(mesh, optimizer):
 def init_state(args, optimizer, shardings):
     """Parameters from the numpy init (or --init-params), a fresh optimizer state, initial buffers,
     step 0; or all of it from the latest checkpoint with --resume."""
-    host = load_npz_params(args.init_params) if args.init_params else initial_params(args.seed)
+    host = load_params(args.init_params) if args.init_params else initial_params(args.seed)
     params = {name: place(host[name], shardings["params"][name], PARAM_DTYPE) for name in PARAMS}
     init_opt = jax.jit(lambda p: init_optimizer(optimizer, p), out_shardings=shardings["opt_state"])
     state = {
@@ -844,7 +975,7 @@ def train(args, mesh):
         # gathering a parameter that several processes hold is a collective: every process takes part
         exported = {name: to_host(w) for name, w in state["params"].items()}
         if is_first:
-            save_npz_params(args.export_params, exported)
+            save_params(args.export_params, exported)
 
 
 if __name__ == "__main__":
