@@ -83,7 +83,7 @@ def test_logits_equal_transformers_from_its_checkpoint(family, runs, build):
     assert d < 1e-4
 
 
-SHARDED_CASES = [(jr, family) for family in FAMILIES] + [(tr, family) for family in ("llama-gqa", "gpt2", "bert")]
+SHARDED_CASES = [(jr, family) for family in FAMILIES] + [(tr, family) for family in ("llama-gqa", "qwen2", "gpt2", "bert")]
 
 
 @pytest.mark.slow

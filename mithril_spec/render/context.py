@@ -133,6 +133,7 @@ def _param(p) -> dict[str, Any]:
         # nn.Linear keeps [out, in]: the torch program transposes at the parameter-file boundary
         "transpose": p.param.torch_transposed,
         "fsdp_dim": next((i for i, d in enumerate(p.spec) if "fsdp" in d), None),
+        "tensor_dim": next((i for i, d in enumerate(p.spec) if "tensor" in d), None),
     }
 
 

@@ -54,8 +54,6 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
             # tensor parallelism (a mesh of `tensor` alone): the processes split these dimensions
             "tensor": tensor,
             "data": plan.mesh.sizes.get("data", 1),
-            "tp_dims": {p.name: next(i for i, d in enumerate(p.spec) if "tensor" in d)
-                      for p in plan.params if any("tensor" in d for d in p.spec)},
             # per-device bytes the planner predicts (`mithril-spec plan`); the program reports what it holds
             "planned": {"params": plan.memory.params, "optimizer": plan.memory.optimizer,
                         "buffers": plan.memory.buffers},
