@@ -12,6 +12,7 @@ import pytest
 
 from mithril_spec import cli
 from mithril_spec.codes import CATALOG
+from mithril_spec.planner.plan_json import per_copy_params
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECS_DIR = ROOT / "specs"
@@ -206,25 +207,33 @@ def test_plan_text_and_json_for_every_example_and_mesh(spec, capsys):
             "layout",
             "per device",
             "bytes/device",
-        ]
+        ] + (["stage"] if j["pipeline"] else [])
         rows = table_rows(out)
-        for p in j["params"]:
-            assert p["name"] in rows or f"{p['name']} (buffer)" in rows
-            row = rows.get(p["name"]) or rows[f"{p['name']} (buffer)"]
+        entries = [(p["name"], p, 1) for p in j["params"]] + [
+            (f"{r['name']}.[0-{r['count'] - 1}].{p['name']}" if r["count"] > 1 else f"{r['name']}.[0].{p['name']}",
+             p, r["count"]) for r in j["repeats"] for p in r["params"]]
+        for name, p, _n in entries:  # one row per parameter, one per block parameter for all its copies
+            assert name in rows or f"{name} (buffer)" in rows
+            row = rows.get(name) or rows[f"{name} (buffer)"]
             assert row[1] == "[" + ", ".join(map(str, p["shape"])) + "]"
             assert row[4] == "[" + ", ".join(map(str, p["local_shape"])) + "]"
+        table = lines[5:lines.index("", 5)]
+        assert len([r for r in table if not r.startswith("input ")]) == len(entries)
         for i in j["inputs"]:
             assert f"input {i['name']}" in rows
         assert f"parameters: {j['totals']['param_count']:,} " in out
         assert f"forward FLOPs per sample: {j['totals']['flops_per_sample_forward']:,}" in out
 
         # JSON: self-consistent
-        assert j["format"] == 1
+        assert j["format"] == 2
         assert j["mesh"]["devices"] == math.prod(j["mesh"]["axes"].values())
-        params = [p for p in j["params"]]
-        trainable = {p["name"] for p in params if "running_" not in p["name"]}
-        assert j["totals"]["param_count"] == sum(math.prod(p["shape"]) for p in params if p["name"] in trainable)
-        for p in params:
+        assert j["totals"]["param_count"] == sum(math.prod(p["shape"]) * n for _, p, n in entries if not p["buffer"])
+        assert j["totals"]["param_bytes"] == sum(p["bytes"] * n for _, p, n in entries if not p["buffer"])
+        for r in j["repeats"]:  # the stage runs cover the copies in order
+            assert [(s["start"], s["end"]) for s in r["stages"]] == list(
+                zip([0] + [s["end"] for s in r["stages"][:-1]], [s["end"] for s in r["stages"]]))
+            assert r["stages"][-1]["end"] == r["count"] and all(s["start"] < s["end"] for s in r["stages"])
+        for _, p, _n in entries:
             assert len(p["layout"]) == len(p["shape"]) == len(p["local_shape"]) == len(p["axes"])
             for size, local, axes in zip(p["shape"], p["local_shape"], p["layout"]):
                 degree = math.prod(j["mesh"]["axes"].get(a, 1) for a in axes or [])
@@ -244,33 +253,40 @@ def test_plan_gpt_tiny_default_mesh(capsys):
     rows = table_rows(out)
     assert rows["wte.weight"][1:] == ["[256, 128]", "[vocab, embed]", "[-, fsdp]", "[256, 64]", "64.0 KiB"]
     assert rows["wpe.weight"][1:] == ["[64, 128]", "[-, embed]", "[-, fsdp]", "[64, 64]", "16.0 KiB"]
-    assert rows["blocks.0.attn.q.weight"][1:] == [
+    assert rows["blocks.[0-3].attn.q.weight"][1:] == [
         "[128, 128]",
         "[embed, heads]",
         "[fsdp, tensor]",
         "[64, 64]",
         "16.0 KiB",
     ]
-    assert rows["blocks.3.attn.o.weight"][3] == "[tensor, fsdp]"
-    assert rows["blocks.2.mlp.fc.weight"][1:] == [
+    assert rows["blocks.[0-3].attn.o.weight"][3] == "[tensor, fsdp]"
+    assert rows["blocks.[0-3].mlp.fc.weight"][1:] == [
         "[128, 512]",
         "[embed, mlp]",
         "[fsdp, tensor]",
         "[64, 256]",
         "64.0 KiB",
     ]
-    assert rows["blocks.0.mlp.fc.bias"][3:5] == ["[(tensor,fsdp)]", "[128]"]
+    assert rows["blocks.[0-3].mlp.fc.bias"][3:5] == ["[(tensor,fsdp)]", "[128]"]
     assert rows["ln_f.bias"][3] == "[fsdp]"
     assert rows["input tokens"][1:] == ["[batch, 64]", "[batch, seq]", "[(data,fsdp), -]", "[4, 64]", "int32"]
     assert "lm_head.weight" not in rows  # tied to wte
-    assert "blocks.4.ln1.weight" not in rows and "blocks.3.ln1.weight" in rows
+    # the copies of the repeated block are one row each block parameter, not one per copy
+    assert "blocks.[0-3].ln1.weight" in rows and not [r for r in rows if re.match(r"blocks\.\d", r)]
+    assert "blocks.[0-3].*: 4 copies of block `decoder` (copy i is `blocks.i.*`)" in out
     assert "parameters: 832,256 (3.2 MiB in float32)" in out
 
     j = plan_json(capsys, spec)
     assert j["totals"]["param_count"] == 832_256
     wte = next(p for p in j["params"] if p["name"] == "wte.weight")
     assert wte["layout"] == [None, ["fsdp"]] and wte["local_shape"] == [256, 64]
-    assert len(j["params"]) == 2 + 4 * 12 + 2
+    assert [p["name"] for p in j["params"]] == ["wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias"]
+    (blocks,) = j["repeats"]
+    assert (blocks["name"], blocks["block"], blocks["count"]) == ("blocks", "decoder", 4)
+    assert blocks["stages"] == [{"stage": 0, "start": 0, "end": 4}]
+    assert len(blocks["params"]) == 12 and blocks["params"][2]["name"] == "attn.q.weight"
+    assert len(per_copy_params(j)) == 2 + 4 * 12 + 2
 
 
 def test_plan_explicit_param_layout(tmp_path, capsys):
@@ -289,7 +305,7 @@ def test_plan_explicit_param_layout(tmp_path, capsys):
 def test_plan_single_mesh_replicates_everything(capsys):
     j = plan_json(capsys, SPECS_DIR / "gpt-tiny.yaml", "--mesh", "single")
     assert j["mesh"]["devices"] == 1
-    assert all(all(d is None for d in p["layout"]) for p in j["params"])
+    assert all(all(d is None for d in p["layout"]) for p in per_copy_params(j))
     assert j["totals"]["per_device"]["params"] == j["totals"]["param_bytes"]
 
 
@@ -311,6 +327,84 @@ def test_plan_cnn_buffers_and_counts(capsys):
     assert j["batch"]["per_device"] == 8
     # sgd with momentum: one optimizer slot
     assert j["totals"]["per_device"]["optimizer"] == j["totals"]["per_device"]["params"]
+
+
+def _with_layers(tmp_path, spec: Path, layers: int, name: str | None = None) -> Path:
+    text = spec.read_text()
+    assert "layers: 4}" in text
+    out = tmp_path / (name or f"{spec.stem}-{layers}.yaml")
+    out.write_text(text.replace("layers: 4}", f"layers: {layers}}}"))
+    return out
+
+
+def _param_sections(j: dict) -> dict:
+    """`params` and `repeats` without what says how many copies there are."""
+    reps = [{k: v for k, v in r.items() if k not in ("count", "stages")} for r in j["repeats"]]
+    return {"params": j["params"], "repeats": reps}
+
+
+@pytest.mark.parametrize("spec, few, many", [("gpt-tiny.yaml", 2, 16), ("gpt-pipe.yaml", 4, 32)])
+def test_plan_does_not_grow_with_the_copies(tmp_path, capsys, spec, few, many):
+    """A repeated block is one block in the plan: the text table has one row per block parameter and the
+    JSON one entry, whatever the repeat count; only the counts, the stage runs' bounds and the totals differ."""
+    small, big = (_with_layers(tmp_path, SPECS_DIR / spec, n) for n in (few, many))
+    texts = [run(capsys, "plan", s)[1] for s in (small, big)]
+    assert len(texts[0].splitlines()) == len(texts[1].splitlines())
+    assert f"blocks.[0-{many - 1}].attn.q.weight" in texts[1] and "blocks.5." not in texts[1]
+    js = [plan_json(capsys, s) for s in (small, big)]
+    assert _param_sections(js[0]) == _param_sections(js[1])
+    assert len(js[0]["params"]) == len(js[1]["params"])
+    assert [len(r["params"]) for r in js[0]["repeats"]] == [len(r["params"]) for r in js[1]["repeats"]] == [12]
+    (r0,), (r1,) = js[0]["repeats"], js[1]["repeats"]
+    assert (r0["count"], r1["count"]) == (few, many)
+    assert len(r0["stages"]) == len(r1["stages"]) == (2 if js[0]["pipeline"] else 1)
+    # the document's size depends on the number of digits only
+    assert abs(len(json.dumps(js[1])) - len(json.dumps(js[0]))) < 400
+    assert js[1]["totals"]["param_count"] > js[0]["totals"]["param_count"]
+    assert len(per_copy_params(js[1])) - len(per_copy_params(js[0])) == 12 * (many - few)
+
+
+def test_plan_pipeline_stage_of_every_copy(capsys):
+    """gpt-pipe: copies 0-1 on stage 0, 2-3 on stage 1, in the text's stage column and in the JSON."""
+    _rc, out, _err = run(capsys, "plan", SPECS_DIR / "gpt-pipe.yaml")
+    rows = table_rows(out)
+    assert rows["blocks.[0-3].attn.q.weight"][6] == "[0-1]: 0, [2-3]: 1"
+    assert rows["wte.weight"][6] == "0" and rows["lm_head.weight"][6] == "1"
+    j = plan_json(capsys, SPECS_DIR / "gpt-pipe.yaml")
+    assert j["repeats"][0]["stages"] == [{"stage": 0, "start": 0, "end": 2}, {"stage": 1, "start": 2, "end": 4}]
+    assert j["pipeline"]["stages"][0]["layers"][-1] == "blocks[0:2]"
+    stage = {p["name"]: p["stage"] for p in per_copy_params(j)}
+    assert stage["blocks.1.mlp.fc.weight"] == 0 and stage["blocks.2.ln1.weight"] == 1
+    # pipe4 (4 stages, one copy each)
+    j = plan_json(capsys, SPECS_DIR / "gpt-pipe.yaml", "--mesh", "pipe4")
+    assert [(s["stage"], s["start"], s["end"]) for s in j["repeats"][0]["stages"]] == [(i, i, i + 1) for i in range(4)]
+    rows = table_rows(run(capsys, "plan", SPECS_DIR / "gpt-pipe.yaml", "--mesh", "pipe4")[1])
+    assert rows["blocks.[0-3].ln1.weight"][6] == "[0]: 0, [1]: 1, [2]: 2, [3]: 3"
+
+
+@pytest.mark.parametrize("spec", EXAMPLES + [ROOT / "tests" / "specs" / "all-ops.yaml"], ids=lambda p: p.name)
+def test_plan_json_copies_expand_to_the_plan(spec, capsys):
+    """Expanding every block parameter to its copies (`<repeat>.<i>.<name>`) gives exactly the plan's
+    parameters and buffers, with their shapes, layouts, local shapes, bytes and stages; totals unchanged."""
+    from mithril_spec.frontend import compile_file
+
+    for mesh in mesh_names(capsys, spec):
+        c = compile_file(spec, mesh)
+        j = plan_json(capsys, spec, *(["--mesh", mesh] if mesh else []))
+        got = {p["name"]: p for p in per_copy_params(j)}
+        plan = c.plan
+        assert len(got) == len(per_copy_params(j)) == len(plan.params) + len(plan.buffers)
+        for p in plan.params + plan.buffers:
+            e = got[p.name]
+            assert (e["shape"], e["local_shape"], e["dtype"], e["bytes"], e["local_bytes"], e["stage"], e["buffer"]) == (
+                list(p.param.shape), list(p.local_shape), p.dtype, p.bytes, p.local_bytes, p.stage, not p.param.trainable)
+            assert e["layout"] == [list(d) if d else None for d in p.spec] and e["axes"] == list(p.param.axes)
+        assert j["totals"]["param_count"] == plan.param_count
+        assert j["totals"]["param_bytes"] == sum(p.bytes for p in plan.params)
+        assert j["totals"]["per_device"]["params"] == plan.memory.params
+        assert [p["name"] for p in j["params"]] == [p.name for p in plan.top_params + plan.top_buffers]
+        for r, rep in zip(j["repeats"], plan.repeats, strict=True):  # a block buffer is listed once too
+            assert [p["name"] for p in r["params"]] == [b.local for b in rep.params + rep.buffers]
 
 
 def test_plan_of_broken_spec_exits_1_with_diagnostics(capsys):

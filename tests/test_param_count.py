@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from mithril_spec import cli
+from mithril_spec.planner.plan_json import per_copy_params
 
 torch = pytest.importorskip("torch")
 nn = torch.nn
@@ -36,7 +37,7 @@ def canonical(name: str, shape: tuple[int, ...], linear: set[str]) -> tuple[int,
 
 def assert_same_params(model: nn.Module, j: dict, linear: set[str]) -> None:
     mine = {n: canonical(n, tuple(p.shape), linear) for n, p in model.named_parameters()}
-    theirs = {p["name"]: tuple(p["shape"]) for p in j["params"] if "running_" not in p["name"]}
+    theirs = {p["name"]: tuple(p["shape"]) for p in per_copy_params(j) if "running_" not in p["name"]}
     assert mine == theirs
 
 

@@ -66,8 +66,8 @@ def test_plan_schema_is_a_2020_12_schema(validator):
     schema = validator.schema
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
     assert schema["$id"] == PLAN_SCHEMA_ID
-    assert list(schema["properties"]) == ["format", "name", "mesh", "batch", "inputs", "params", "totals",
-                                          "pipeline", "diagnostics", "costs"]
+    assert list(schema["properties"]) == ["format", "name", "mesh", "batch", "inputs", "params", "repeats",
+                                          "totals", "pipeline", "diagnostics", "costs"]
     assert schema["required"] == list(schema["properties"])
     assert schema["additionalProperties"] is False
 
@@ -100,6 +100,10 @@ def test_pipelined_plan_conforms(capsys, validator, extra):
     validator.validate(doc)
     assert doc["pipeline"] is not None and doc["pipeline"]["stages"]
     assert len(doc["costs"]["stages"]) == doc["pipeline"]["pipe"] > 1
+    # a repeat's stage runs are the `blocks[a:b]` slices of the pipeline's stages
+    slices = [(s["index"], layer) for s in doc["pipeline"]["stages"] for layer in s["layers"] if "[" in layer]
+    (rep,) = doc["repeats"]
+    assert [(st["stage"], f"{rep['name']}[{st['start']}:{st['end']}]") for st in rep["stages"]] == slices
 
 
 def test_plans_with_diagnostics_conform(capsys, validator):
@@ -122,12 +126,15 @@ def test_plans_with_diagnostics_conform(capsys, validator):
         (("costs", "flops", "forward"), "1e9"),
         (("costs", "stages", 0, "collectives"), {}),
         (("diagnostics",), [{"code": "W001", "severity": "note", "message": "m"}]),
-        (("format",), 2),
+        (("format",), 1),  # format 1 listed every copy of a repeated block under `params`
         (("totals", "per_device", "vram"), 1),  # an unknown key
+        (("repeats", 0, "params", 0, "stage"), 0),  # a block parameter's stage is its copy's: `stages`
+        (("repeats", 0, "stages", 0, "end"), "4"),
+        (("repeats", 0, "count"), None),
     ],
 )
 def test_schema_rejects_a_wrong_document(capsys, validator, path, value):
-    doc = plan_output(capsys, ROOT / "specs" / "mlp-tp.yaml")
+    doc = plan_output(capsys, ROOT / "specs" / "gpt-tiny.yaml")
     validator.validate(doc)
     bad = copy.deepcopy(doc)
     node = bad

@@ -115,8 +115,10 @@ def test_report_is_self_contained(report):
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)""", html, re.I)
     assert "<link" not in html and "@import" not in html and "url(" not in html
     for needed in ("Device mesh", "Memory per device", "Partition map", "Communication per step",
-                   "blocks.0.attn.q.weight", "all-reduce", "<svg"):
+                   "blocks.[0-3].attn.q.weight", "all-reduce", "<svg"):
         assert needed in html, needed
+    # a block parameter is drawn once for its 4 copies, not once per copy
+    assert "blocks.0." not in html and "(4 copies, laid out alike; sizes per copy)" in html
     # one mesh cell per device, each partition map colours all 8 devices
     assert html.count('class="device" data-device=') == 8
 

@@ -66,10 +66,11 @@ class Input(_Doc):
 
 
 class Param(_Doc):
-    """A trainable parameter (in the order of the layers, repeat copies in order) or, after all of them, a
-    buffer (batch_norm `running_mean`/`running_var`)."""
+    """A trainable parameter outside every repeated block (in the order of the layers) or, after all of them,
+    such a buffer (batch_norm `running_mean`/`running_var`). The parameters of a repeated block are listed
+    once for all copies, under `repeats`."""
 
-    name: str = _f("canonical name, e.g. `blocks.3.attn.q.weight` (docs/spec.md#blocks-and-repeat)")
+    name: str = _f("canonical name, e.g. `wte.weight` (docs/spec.md#blocks-and-repeat)")
     shape: list[int] = _f("canonical shape, defined by the operator (docs/spec.md#operator-reference)")
     axes: list[str | None] = _f("logical axis per dimension, or null")
     layout: Layout = _f("one entry per dimension: the mesh axes it is split over (over their product, in this "
@@ -81,6 +82,47 @@ class Param(_Doc):
     local_bytes: int = _f("bytes of one device's shard: `local_shape` elements x dtype size")
     stage: int = _f("pipeline stage that holds it; 0 without a pipeline")
     buffer: bool = _f("true for a buffer (not trained), false for a parameter")
+
+
+class BlockParam(_Doc):
+    """A parameter (or buffer) of a repeated block, for all its copies: every copy has this shape, layout and
+    dtype (E073 otherwise)."""
+
+    name: str = _f("name inside the block, e.g. `attn.q.weight`: copy `i` of the repeat `blocks` owns "
+                   "`blocks.<i>.attn.q.weight` (docs/spec.md#blocks-and-repeat)")
+    shape: list[int] = _f("canonical shape of one copy, defined by the operator (docs/spec.md#operator-reference)")
+    axes: list[str | None] = _f("logical axis per dimension, or null")
+    layout: Layout = _f("one entry per dimension: the mesh axes it is split over (over their product, in this "
+                        "order), or null (not split); the same for every copy")
+    local_shape: list[int] = _f("the shape of one device's shard of one copy: each dimension divided by the "
+                                "product of its layout's axis sizes")
+    dtype: str = _f("storage dtype: `training.precision.params` for parameters, `float32` for buffers")
+    bytes: int = _f("bytes of one copy: elements x dtype size (all copies: `count` times this)")
+    local_bytes: int = _f("bytes of one device's shard of one copy: `local_shape` elements x dtype size")
+    buffer: bool = _f("true for a buffer (not trained), false for a parameter")
+
+
+class CopyStages(_Doc):
+    """Consecutive copies of a repeated block on one pipeline stage."""
+
+    stage: int = _f("the pipeline stage that holds copies `start` to `end - 1` (their parameters and "
+                    "buffers); 0 without a pipeline")
+    start: int = _f("the first copy of the run, from 0")
+    end: int = _f("one past the last copy of the run, as in `blocks[start:end]` of `pipeline.stages[].layers`")
+
+
+class Repeat(_Doc):
+    """A repeated block (a `repeat` layer): `count` copies of one block, its parameters listed once."""
+
+    name: str = _f("the repeat layer's name: the prefix of its copies' parameter names, `<name>.<i>.<param>`")
+    block: str = _f("the block it repeats: a key of `model.blocks`")
+    count: int = _f("number of copies, numbered 0 to `count - 1`")
+    stages: list[CopyStages] = _f("the pipeline stage of every copy, as runs of consecutive copies in copy "
+                                  "order that together cover 0 to `count`; one run `{stage: 0, start: 0, end: "
+                                  "count}` without a pipeline (what differs between copies)")
+    params: list[BlockParam] = _f("one per parameter of the block, in block order, then one per buffer; "
+                                  "copy `i` of each is `<name>.<i>.<params[].name>`, on the stage of the run "
+                                  "of `stages` holding `i`")
 
 
 class PerDeviceState(_Doc):
@@ -314,12 +356,16 @@ class PlanDocument(_Doc):
     """What `mithril-spec plan SPEC --format json` prints for a valid spec (and `build` writes to
     `plan.json`): everything the plan says, per device where it says "per device" (docs/plan-json.md)."""
 
-    format: Literal[1] = _f("version of this JSON layout")
+    format: Literal[2] = _f("version of this JSON layout: 2 since repeated blocks are listed once (`repeats`); "
+                            "1 listed every copy's parameters under `params`")
     name: str = _f("the spec's `name`")
     mesh: Mesh = _f("the mesh the plan is for")
     batch: Batch = _f("how the batch is split")
     inputs: list[Input] = _f("one per model input, in spec order")
-    params: list[Param] = _f("one per trainable parameter, then one per buffer")
+    params: list[Param] = _f("one per trainable parameter outside repeated blocks, then one per buffer outside "
+                             "them; the parameters of repeated blocks are under `repeats`")
+    repeats: list[Repeat] = _f("one per repeated block (`repeat` layer), in layer order, listing its parameters "
+                               "once for all copies; empty when the model repeats nothing")
     totals: Totals = _f("counts and per-device memory")
     pipeline: Pipeline | None = _f("the pipeline's stages; null when the spec has no `pipeline` section")
     diagnostics: list[Diagnostic] = _f("the plan's warnings (W001, W002; with `--hardware`, E050); empty when "

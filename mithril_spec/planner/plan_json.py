@@ -11,7 +11,8 @@ from typing import Any
 from . import plan_document as doc
 from .costs import estimate
 from .costs.serialise import costs_document
-from .plan import Plan
+from .plan import BlockParamPlan, Plan, RepeatPlan
+from .table import repeat_stage_runs
 
 
 def _layout(spec) -> doc.Layout:
@@ -25,7 +26,7 @@ def plan_document(plan: Plan, costs: Any = None) -> doc.PlanDocument:
     mem = plan.memory
     pipe = plan.pipeline
     return doc.PlanDocument(
-        format=1,
+        format=2,
         name=plan.spec.name,
         mesh=doc.Mesh(name=plan.mesh.name, axes={a: plan.mesh.sizes[a] for a in plan.mesh.axes},
                       devices=plan.mesh.devices),
@@ -41,8 +42,9 @@ def plan_document(plan: Plan, costs: Any = None) -> doc.PlanDocument:
             doc.Param(name=p.name, shape=list(p.param.shape), axes=list(p.param.axes), layout=_layout(p.spec),
                       local_shape=list(p.local_shape), dtype=p.dtype, bytes=p.bytes, local_bytes=p.local_bytes,
                       stage=p.stage, buffer=not p.param.trainable)
-            for p in plan.params + plan.buffers
+            for p in plan.top_params + plan.top_buffers
         ],
+        repeats=[_repeat(plan, r) for r in plan.repeats],
         totals=doc.Totals(
             param_count=plan.param_count,
             param_bytes=sum(p.bytes for p in plan.params),
@@ -59,6 +61,38 @@ def plan_document(plan: Plan, costs: Any = None) -> doc.PlanDocument:
         diagnostics=[doc.Diagnostic(d.to_json()) for d in plan.warnings],
         costs=costs_document(costs if costs is not None else estimate(plan)),
     )
+
+
+def _block_param(b: BlockParamPlan) -> doc.BlockParam:
+    p = b.first
+    return doc.BlockParam(name=b.local, shape=list(p.param.shape), axes=list(p.param.axes), layout=_layout(p.spec),
+                          local_shape=list(p.local_shape), dtype=p.dtype, bytes=p.bytes, local_bytes=p.local_bytes,
+                          buffer=not p.param.trainable)
+
+
+def _repeat(plan: Plan, r: RepeatPlan) -> doc.Repeat:
+    return doc.Repeat(name=r.name, block=r.block, count=r.count,
+                      stages=[doc.CopyStages(stage=s, start=a, end=b) for a, b, s in repeat_stage_runs(plan, r)],
+                      params=[_block_param(b) for b in r.params + r.buffers])
+
+
+def per_copy_params(document: dict[str, Any]) -> list[dict[str, Any]]:
+    """The parameters of a plan document one entry per copy, as format 1 listed them: `params`, then every
+    copy `i` of every block parameter of every repeat as a `params` entry named `<repeat>.<i>.<name>`, with
+    the stage of its copy. (Format 1 put the copies among the parameters in layer order; here they follow
+    the parameters outside repeats, trainable ones before buffers.)"""
+    top = document["params"]
+    copies: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
+    for rep in document["repeats"]:
+        stage_of = [0] * rep["count"]
+        for run in rep["stages"]:
+            stage_of[run["start"]:run["end"]] = [run["stage"]] * (run["end"] - run["start"])
+        for i in range(rep["count"]):
+            for p in rep["params"]:
+                copies[p["buffer"]].append({**p, "name": f"{rep['name']}.{i}.{p['name']}", "stage": stage_of[i]})
+    order = list(doc.Param.model_fields)
+    out = [p for p in top if not p["buffer"]] + copies[False] + [p for p in top if p["buffer"]] + copies[True]
+    return [{k: p[k] for k in order} for p in out]
 
 
 def plan_to_json(plan: Plan, costs: Any = None) -> dict[str, Any]:

@@ -1,8 +1,9 @@
-"""The human-readable plan: one row per parameter, then totals."""
+"""The human-readable plan: one row per parameter (one per block parameter for all copies of a repeated
+block), then totals."""
 
 from __future__ import annotations
 
-from .plan import Plan
+from .plan import BlockParamPlan, Plan, RepeatPlan
 
 
 def human_bytes(n: int) -> str:
@@ -22,6 +23,54 @@ def _pspec(spec) -> str:
 
 def _shape(s) -> str:
     return "[" + ", ".join(map(str, s)) + "]"
+
+
+def copy_range(count: int) -> str:
+    """`[0-3]`: the copies of a repeated block, as the collapsed rows name them (`blocks.[0-3].attn.q.weight`)."""
+    return f"[0-{count - 1}]" if count > 1 else "[0]"
+
+
+def block_name(rep: RepeatPlan, local: str) -> str:
+    """The row name of a block parameter for all copies, e.g. `blocks.[0-3].attn.q.weight`."""
+    return f"{rep.name}.{copy_range(rep.count)}.{local}"
+
+
+def stage_runs(stages) -> list[tuple[int, int, int]]:
+    """Consecutive runs of equal stages in a per-copy list: (start, end, stage), copies start..end-1."""
+    runs: list[list[int]] = []
+    for i, s in enumerate(stages):
+        if runs and runs[-1][2] == s:
+            runs[-1][1] = i + 1
+        else:
+            runs.append([i, i + 1, s])
+    return [(a, b, s) for a, b, s in runs]
+
+
+def repeat_stage_runs(plan: Plan, rep: RepeatPlan) -> list[tuple[int, int, int]]:
+    """Which copies of a repeat sit on which pipeline stage: (start, end, stage) runs, in copy order. Every
+    parameter of a copy is on the copy's stage; a block without parameters follows the pipeline's split."""
+    blocks = rep.params + rep.buffers
+    if blocks:
+        return stage_runs(c.stage for c in blocks[0].copies)
+    pp = plan.pipeline
+    if pp is None:
+        return [(0, rep.count, 0)]
+    spans = pp.repeat_split.get(rep.name) or ((0, rep.count),)
+    if len(spans) == 1:
+        return [(0, rep.count, pp.layer_stage.get(rep.name, 0))]
+    return [(a, b, s) for s, (a, b) in enumerate(spans) if b > a]
+
+
+def _stage_cell(runs: list[tuple[int, int, int]]) -> str:
+    """`1` when every copy is on stage 1, else `[0-1]: 0, [2-3]: 1` (copies: stage)."""
+    if len(runs) == 1:
+        return str(runs[0][2])
+    return ", ".join(f"[{a}-{b - 1}]: {s}" if b - a > 1 else f"[{a}]: {s}" for a, b, s in runs)
+
+
+def _block_rows(plan: Plan) -> dict[str, tuple[RepeatPlan, BlockParamPlan]]:
+    """Canonical name of copy 0 of every block parameter and buffer -> (its repeat, the block parameter)."""
+    return {b.first.name: (r, b) for r in plan.repeats for b in r.params + r.buffers}
 
 
 def human_flops(n: float) -> str:
@@ -100,23 +149,46 @@ def render_plan(plan: Plan, costs=None) -> str:
         f"{plan.micro_batch // plan.dp_degree} per device",
         "",
     ]
-    header = ("parameter", "shape", "logical axes", "layout", "per device", "bytes/device")
+    pp = plan.pipeline
+    header = ("parameter", "shape", "logical axes", "layout", "per device", "bytes/device") + (
+        ("stage",) if pp is not None else ())
     rows = [header]
+    firsts = _block_rows(plan)
+    in_repeat = plan.in_repeat
     for p in plan.params + plan.buffers:
+        stage = str(p.stage)
+        name = p.name
+        if name in in_repeat:  # one row per block parameter, at the place of its first copy
+            hit = firsts.get(name)
+            if hit is None:
+                continue
+            rep, blk = hit
+            name = block_name(rep, blk.local)
+            stage = _stage_cell(stage_runs(c.stage for c in blk.copies)) if pp is not None else stage
         axes = "[" + ", ".join(a or "-" for a in p.param.axes) + "]"
-        rows.append((p.name + ("" if p.param.trainable else " (buffer)"), _shape(p.param.shape), axes,
-                     _pspec(p.spec), _shape(p.local_shape), human_bytes(p.local_bytes)))
+        rows.append((name + ("" if p.param.trainable else " (buffer)"), _shape(p.param.shape), axes,
+                     _pspec(p.spec), _shape(p.local_shape), human_bytes(p.local_bytes))
+                    + ((stage,) if pp is not None else ()))
     for i in plan.inputs:
         rows.append((f"input {i.input.name}", _shape(["batch", *i.input.type.shape]),
                      "[" + ", ".join(["batch", *(a or "-" for a in i.input.type.axes)]) + "]", _pspec(i.spec),
-                     _shape([i.local_batch, *i.input.type.shape]), i.input.type.dtype))
+                     _shape([i.local_batch, *i.input.type.shape]), i.input.type.dtype)
+                    + (("",) if pp is not None else ()))
     widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
     for j, r in enumerate(rows):
-        lines.append("  ".join(cell.ljust(w) if c < 5 else cell.rjust(w) for c, (cell, w) in
+        lines.append("  ".join(cell.rjust(w) if c == 5 else cell.ljust(w) for c, (cell, w) in
                                enumerate(zip(r, widths))).rstrip())
         if j == 0:
             lines.append("  ".join("-" * w for w in widths))
-    pp = plan.pipeline
+    notes = []
+    for rep in plan.repeats:
+        if rep.params or rep.buffers:
+            split = pp is not None and len(repeat_stage_runs(plan, rep)) > 1
+            notes.append(f"{block_name(rep, '*')}: {rep.count} cop{'ies' if rep.count > 1 else 'y'} of block "
+                         f"`{rep.block}` (copy i is `{rep.name}.i.*`), one row for all copies, sizes per copy"
+                         + ("; stage `[a-b]: s`: copies a to b on stage s" if split else ""))
+    if notes:
+        lines += ["", *notes]
     if pp is not None:
         lines += ["", f"pipeline: {pp.schedule}, {len(pp.stages)} stage(s) on pipe={pp.pipe}"
                   + (f" x {pp.virtual} virtual" if pp.virtual > 1 else "")

@@ -14,7 +14,7 @@ from typing import Any, Optional
 from .. import __version__
 from ..planner.costs import Costs, estimate
 from ..planner.plan import ParamPlan, Plan
-from ..planner.table import human_bytes, human_flops, human_seconds
+from ..planner.table import block_name, human_bytes, human_flops, human_seconds
 from .environment import make_environment
 
 MAX_DEVICES_DRAWN = 64
@@ -143,15 +143,20 @@ def _pspec(spec) -> str:
     return "[" + ", ".join("-" if not d else (d[0] if len(d) == 1 else "(" + ",".join(d) + ")") for d in spec) + "]"
 
 
-def _large_tensors(plan: Plan) -> list[tuple[ParamPlan, int]]:
-    """The largest parameters, one per distinct (local name, shape, layout), with how many share it."""
-    groups: dict[tuple, list[ParamPlan]] = {}
-    for p in plan.params:
-        parts = p.name.split(".")
-        generic = ".".join("N" if s.isdigit() else s for s in parts)
-        groups.setdefault((generic, p.param.shape, p.spec), []).append(p)
-    ranked = sorted(groups.values(), key=lambda ps: -ps[0].bytes)
-    return [(ps[0], len(ps)) for ps in ranked[:MAX_TENSORS]]
+def _large_tensors(plan: Plan) -> list[tuple[ParamPlan, str, int]]:
+    """The largest parameters, each once: a parameter outside repeated blocks, or a block parameter for all
+    its copies (named `blocks.[0-3].attn.q.weight`, drawn from copy 0: every copy has its layout), with its
+    name and number of copies."""
+    firsts = {b.first.name: (r, b) for r in plan.repeats for b in r.params}
+    rows: list[tuple[ParamPlan, str, int]] = []
+    for p in plan.params:  # layer order, so that equal sizes keep it
+        if p.name in firsts:
+            r, b = firsts[p.name]
+            rows.append((p, block_name(r, b.local), r.count))
+        elif p.name not in plan.in_repeat:
+            rows.append((p, p.name, 1))
+    ranked = sorted(rows, key=lambda row: -row[0].bytes)
+    return ranked[:MAX_TENSORS]
 
 
 def context(plan: Plan, costs: Costs) -> dict[str, Any]:
@@ -186,9 +191,9 @@ def context(plan: Plan, costs: Costs) -> dict[str, Any]:
             "blocking": c.blocking,
         })
     tensors = []
-    for p, n in _large_tensors(plan):
+    for p, name, n in _large_tensors(plan):
         view = _tensor_view(p, plan, coords)
-        view["more"] = n - 1
+        view["name"], view["copies"] = name, n
         tensors.append(view)
     tr = plan.spec.training
     return {
