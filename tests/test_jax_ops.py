@@ -68,11 +68,15 @@ def test_all_ops_one_device_equals_two():
     # rounding (attention's k.bias: adding a constant to every key's score of a query changes nothing).
     assert dp < 1e-3
     assert len(one.losses) == 3 and np.isfinite(one.losses).all()
-    # batch_norm's running statistics moved, and travel in the checkpoint with the step
+    # batch_norm's running statistics moved, and travel in the checkpoint with the step (a repeated
+    # block's stacked over its copies, as the train state holds them)
     assert int(s1["step"]) == 3
-    assert sorted(s1["buffers"]) == sorted(b.name for b in compile_file(ALL_OPS).plan.buffers)
+    plan = compile_file(ALL_OPS).plan
+    stacked = [f"{r.name}.*.{b.local}" for r in plan.repeats for b in r.buffers]
+    assert sorted(s1["buffers"]) == sorted([b.name for b in plan.top_buffers] + stacked)
+    assert s1["buffers"]["blocks.*.bn_seq.running_var"].shape == (2, 8)
     assert not np.allclose(s1["buffers"]["bn.running_mean"], 0)
-    assert not np.allclose(s1["buffers"]["blocks.1.bn_seq.running_var"], 1)
+    assert not np.allclose(s1["buffers"]["blocks.*.bn_seq.running_var"][1], 1)
 
 
 @pytest.mark.slow

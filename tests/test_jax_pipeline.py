@@ -4,14 +4,15 @@ Equivalence: every schedule (gpipe, 1f1b, interleaved with 2 virtual stages) on 
 (the gpt-pipe example's default mesh: pipeline with data and tensor parallelism) and 1f1b on pipe=4 give
 the loss trajectory of the one-device build (`--mesh data=1`, which runs the same micro-batches one after
 the other), max abs difference below 1e-5 over 5 steps, float32. Also: canonical export and parameter
-count, resume of the stacked train state, the memory the program holds, and the E049s for what the jax
+count, resume of the stacked train state (in the pipelined build and in one without a pipeline, which
+stacks the copies in the same rows), the memory the program holds, and the E049s for what the jax
 pipeline does not run.
 """
 
 from __future__ import annotations
 
 import pytest
-from jax_runs import ROOT, SPECS, WORK, build, max_diff, max_param_diff, report, run, run_many
+from jax_runs import SPECS, WORK, build, max_diff, max_param_diff, report, run, run_many
 
 from mithril_spec.frontend import compile_file
 from mithril_spec.targets import check_target
@@ -105,6 +106,21 @@ def test_resume_the_stacked_state():
     assert len(first.losses) == 3 and len(second.losses) == STEPS - 3
     assert max_diff(list(first.losses) + list(second.losses), full.losses) == 0.0
     assert max_param_diff(second.params, full.params) == 0.0
+
+
+@pytest.mark.slow
+def test_stacked_checkpoints_move_between_builds_with_the_same_rows():
+    """A 1f1b pipe=2 build stacks the copies in their order, as a build without a pipeline does: its checkpoint
+    resumes there on the same trajectory. An interleaved build's rows are in another order: refused."""
+    first, _ = resumed()
+    single = run(build(GPT_PIPE, "single"), "--steps", str(STEPS), "--resume", str(WORK / "ckpt-gpt-pipe"))
+    d = max_diff(list(first.losses) + list(single.losses), reference().losses)
+    report("pipeline checkpoint (1f1b pipe=2, step 3) resumed without a pipeline", max_dloss=d)
+    assert d < 1e-5
+    ck = WORK / "ckpt-gpt-pipe-interleaved"
+    run(build(GPT_PIPE, None, INTERLEAVED), "--steps", "1", "--checkpoint-dir", str(ck))
+    refused = run(build(GPT_PIPE, "single"), "--steps", "2", "--resume", str(ck), expect_rc=2)
+    assert "stacks the copies of the repeated blocks in the rows {'blocks': [0, 2, 1, 3]}" in refused.output
 
 
 @pytest.mark.slow

@@ -226,7 +226,9 @@ def test_dry_run_prints_layouts_and_planned_bytes():
     got = run(gpt(), "--dry-run", export=False, metrics=False)
     plan = compile_file(GPT).plan
     assert "mesh: {'data': 2, 'fsdp': 2, 'tensor': 2}" in got.output
-    assert "blocks.3.mlp.fc.weight" in got.output
+    # the train state's parameters: a block's stacked over its 4 copies, each copy split as the plan says
+    line = next(x for x in got.output.splitlines() if x.startswith("blocks.*.mlp.fc.weight "))
+    assert "[4, 128, 512]" in line and line.endswith("[4, 64, 256]")
     line = next(x for x in got.output.splitlines() if x.startswith("device 0 bytes"))
     assert f"params {plan.memory.params}, optimizer state {plan.memory.optimizer}," in line
     assert "step " not in got.output

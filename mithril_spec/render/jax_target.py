@@ -15,9 +15,13 @@
   micro-batches a step accumulates over (one: no loop).
 - moe layers: their per-sample capacity, and the two layouts of the dispatched tokens [B, E, C, d] the
   program pins (like the tokens: batch split; like the experts: experts split over the experts' mesh axes).
+- The train state stacks each parameter (and buffer) of a repeated block over the block's copies:
+  `<repeat>.*.<param>` = [copies, ...], laid out as one copy with the copy dimension first (`stack_axis`:
+  whole, or split over `pipe` for the pipelined block), and the forward runs the block under lax.scan.
+  Every stacked parameter has one row in the program's tables, so the program does not grow with depth.
 - The pipeline (`jax.pipeline`, only with more than one stage): the repeated block it splits, the layers
-  before and after it, and how the train state stacks the block's copies (`<repeat>.*.<param>`,
-  [copies, ...] split over `pipe`).
+  before and after it, and the order of the copies in its stacked arrays (each pipe rank's stages'
+  copies in a row).
 """
 
 from __future__ import annotations
@@ -63,14 +67,10 @@ def _pipeline(plan: Plan, layers: list[dict[str, Any]]) -> dict[str, Any] | None
     at = next(i for i, layer in enumerate(layers) if layer["name"] == name)
     per = spans[0][1] - spans[0][0]
     # stacked row q holds copy order[q]: pipe rank r's rows are the copies of its stages r, r + pipe, ...
+    # (the program computes it from PIPE, VIRTUAL_STAGES and PER_STAGE: stage s holds copies s * per ...)
     order = [c for r in range(pp.pipe) for v in range(pp.virtual) for c in range(*spans[v * pp.pipe + r])]
-    first = f"{name}.0."
-    stacked = []
-    for p in plan.params:
-        if p.name.startswith(first):
-            suffix = p.name[len(first):]
-            stacked.append({"name": f"{name}.*.{suffix}", "suffix": suffix, "shape": [len(order), *p.param.shape],
-                            "layout": [["pipe"], *[list(d) if d else None for d in p.spec]]})
+    even = [(v * pp.pipe + r) * per + c for r in range(pp.pipe) for v in range(pp.virtual) for c in range(per)]
+    assert order == even, f"{name}: the jax pipeline needs the copies split evenly over the stages"
     pre, post = layers[:at], layers[at + 1:]
     return {
         "repeat": layers[at],
@@ -85,7 +85,6 @@ def _pipeline(plan: Plan, layers: list[dict[str, Any]]) -> dict[str, Any] | None
         "schedule": pp.schedule,
         "per_stage": per,
         "order": order,
-        "stacked": stacked,
         # rank 0 shares the finished micro-batches: each pipe rank runs the head on its own share when
         # the pipe ranks divide them, else every rank on all of them
         "share_outputs": pp.microbatches % pp.pipe == 0,
@@ -178,7 +177,13 @@ def model_context(plan: Plan, ctx: dict[str, Any], model_names: set[str]) -> dic
 
 
 def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
-    model = model_context(plan, ctx, MODEL_NAMES)
+    # the function that runs a block's copies under lax.scan: no tensor variable may shadow it
+    stack_fns = {f"{b['name']}_stack" for b in ctx["blocks"]}
+    model = model_context(plan, ctx, MODEL_NAMES | stack_fns)
+    for b in model["blocks"]:
+        b["stack_fn"] = f"{b['name']}_stack"
+        # top-level tables that a tied linear of the block reads (not stacked: every copy reads them)
+        b["shared"] = sorted({layer["attrs"]["tie"] for layer in b["layers"] if layer["attrs"].get("tie")})
     layers = model["layers"]
     pipeline = _pipeline(plan, layers)
     tr = plan.spec.training
@@ -190,6 +195,9 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
         "jax": {
             **{k: model[k] for k in ("ops", "op_attrs", "has_dropout", "has_buffers", "has_aux")},
             "pipeline": pipeline,
+            # repeat -> the mesh axes of the copy dimension of its stacked arrays (None: whole)
+            "stack_axis": {r["name"]: ["pipe"] if pipeline and pipeline["repeat"]["name"] == r["name"] else None
+                           for r in ctx["repeats"]},
             "zero": tr.zero,  # not in the shared context (yet)
             # a float32 master copy of 16-bit parameters in the optimizer state
             "master_weights": bool(tr.precision.master_weights and tr.precision.params != "float32"),

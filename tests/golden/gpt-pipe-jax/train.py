@@ -43,129 +43,61 @@ from jax.sharding import PartitionSpec as P
 SPEC_NAME = "gpt-pipe"
 SPEC_FILE = "gpt-pipe.yaml"
 MITHRIL_VERSION = "0.1.0"
+# Repeated blocks: name -> number of copies. The tables below list a block's parameters once, by their name
+# inside the block; every_copy() gives them their canonical names (copy i of `ln1.weight` in
+# `blocks` is `blocks.i.ln1.weight`).
+REPEATS = {"blocks": 4}
+
+
+def every_copy(top, blocks):
+    """A table by canonical name: `top` as it is, and each block entry once per copy."""
+    each = [
+        (f"{r}.{i}.{k}", rows[k] if isinstance(rows, dict) else True)
+        for r, rows in blocks.items()
+        for i in range(REPEATS[r])
+        for k in rows
+    ]
+    if isinstance(top, set):
+        return top | {name for name, _ in each}
+    return {**top, **dict(each)}
+
 
 # Device mesh: axis -> size in canonical order (axes of size 1 are left out).
 MESH = {"pipe": 2, "data": 2, "tensor": 2}
 BATCH_AXES = ("data",)  # the batch is split over these (data-parallel degree 2)
 
 # Parameters by canonical name: shape (canonical layout), init, std (docs/program.md "Parameters").
-PARAMS = {
-    "wte.weight": ((256, 64), "normal", 0.02),
-    "wpe.weight": ((32, 64), "normal", 0.02),
-    "blocks.0.ln1.weight": ((64,), "ones", 0.02),
-    "blocks.0.ln1.bias": ((64,), "zeros", 0.02),
-    "blocks.0.attn.q.weight": ((64, 64), "normal", 0.02),
-    "blocks.0.attn.k.weight": ((64, 64), "normal", 0.02),
-    "blocks.0.attn.v.weight": ((64, 64), "normal", 0.02),
-    "blocks.0.attn.o.weight": ((64, 64), "normal", 0.02),
-    "blocks.0.ln2.weight": ((64,), "ones", 0.02),
-    "blocks.0.ln2.bias": ((64,), "zeros", 0.02),
-    "blocks.0.mlp.fc.weight": ((64, 256), "normal", 0.02),
-    "blocks.0.mlp.fc.bias": ((256,), "zeros", 0.02),
-    "blocks.0.mlp.proj.weight": ((256, 64), "normal", 0.02),
-    "blocks.0.mlp.proj.bias": ((64,), "zeros", 0.02),
-    "blocks.1.ln1.weight": ((64,), "ones", 0.02),
-    "blocks.1.ln1.bias": ((64,), "zeros", 0.02),
-    "blocks.1.attn.q.weight": ((64, 64), "normal", 0.02),
-    "blocks.1.attn.k.weight": ((64, 64), "normal", 0.02),
-    "blocks.1.attn.v.weight": ((64, 64), "normal", 0.02),
-    "blocks.1.attn.o.weight": ((64, 64), "normal", 0.02),
-    "blocks.1.ln2.weight": ((64,), "ones", 0.02),
-    "blocks.1.ln2.bias": ((64,), "zeros", 0.02),
-    "blocks.1.mlp.fc.weight": ((64, 256), "normal", 0.02),
-    "blocks.1.mlp.fc.bias": ((256,), "zeros", 0.02),
-    "blocks.1.mlp.proj.weight": ((256, 64), "normal", 0.02),
-    "blocks.1.mlp.proj.bias": ((64,), "zeros", 0.02),
-    "blocks.2.ln1.weight": ((64,), "ones", 0.02),
-    "blocks.2.ln1.bias": ((64,), "zeros", 0.02),
-    "blocks.2.attn.q.weight": ((64, 64), "normal", 0.02),
-    "blocks.2.attn.k.weight": ((64, 64), "normal", 0.02),
-    "blocks.2.attn.v.weight": ((64, 64), "normal", 0.02),
-    "blocks.2.attn.o.weight": ((64, 64), "normal", 0.02),
-    "blocks.2.ln2.weight": ((64,), "ones", 0.02),
-    "blocks.2.ln2.bias": ((64,), "zeros", 0.02),
-    "blocks.2.mlp.fc.weight": ((64, 256), "normal", 0.02),
-    "blocks.2.mlp.fc.bias": ((256,), "zeros", 0.02),
-    "blocks.2.mlp.proj.weight": ((256, 64), "normal", 0.02),
-    "blocks.2.mlp.proj.bias": ((64,), "zeros", 0.02),
-    "blocks.3.ln1.weight": ((64,), "ones", 0.02),
-    "blocks.3.ln1.bias": ((64,), "zeros", 0.02),
-    "blocks.3.attn.q.weight": ((64, 64), "normal", 0.02),
-    "blocks.3.attn.k.weight": ((64, 64), "normal", 0.02),
-    "blocks.3.attn.v.weight": ((64, 64), "normal", 0.02),
-    "blocks.3.attn.o.weight": ((64, 64), "normal", 0.02),
-    "blocks.3.ln2.weight": ((64,), "ones", 0.02),
-    "blocks.3.ln2.bias": ((64,), "zeros", 0.02),
-    "blocks.3.mlp.fc.weight": ((64, 256), "normal", 0.02),
-    "blocks.3.mlp.fc.bias": ((256,), "zeros", 0.02),
-    "blocks.3.mlp.proj.weight": ((256, 64), "normal", 0.02),
-    "blocks.3.mlp.proj.bias": ((64,), "zeros", 0.02),
-    "ln_f.weight": ((64,), "ones", 0.02),
-    "ln_f.bias": ((64,), "zeros", 0.02),
-    "lm_head.weight": ((64, 256), "normal", 0.02),
-}
-# The plan's layout of each parameter: the mesh axes each dimension is split over. Gradients and the
-# optimizer state take the layout of their parameter.
-PARAM_LAYOUTS = {
-    "wte.weight": P(None, None),
-    "wpe.weight": P(None, None),
-    "blocks.0.ln1.weight": P(None),
-    "blocks.0.ln1.bias": P(None),
-    "blocks.0.attn.q.weight": P(None, "tensor"),
-    "blocks.0.attn.k.weight": P(None, "tensor"),
-    "blocks.0.attn.v.weight": P(None, "tensor"),
-    "blocks.0.attn.o.weight": P("tensor", None),
-    "blocks.0.ln2.weight": P(None),
-    "blocks.0.ln2.bias": P(None),
-    "blocks.0.mlp.fc.weight": P(None, "tensor"),
-    "blocks.0.mlp.fc.bias": P("tensor"),
-    "blocks.0.mlp.proj.weight": P("tensor", None),
-    "blocks.0.mlp.proj.bias": P(None),
-    "blocks.1.ln1.weight": P(None),
-    "blocks.1.ln1.bias": P(None),
-    "blocks.1.attn.q.weight": P(None, "tensor"),
-    "blocks.1.attn.k.weight": P(None, "tensor"),
-    "blocks.1.attn.v.weight": P(None, "tensor"),
-    "blocks.1.attn.o.weight": P("tensor", None),
-    "blocks.1.ln2.weight": P(None),
-    "blocks.1.ln2.bias": P(None),
-    "blocks.1.mlp.fc.weight": P(None, "tensor"),
-    "blocks.1.mlp.fc.bias": P("tensor"),
-    "blocks.1.mlp.proj.weight": P("tensor", None),
-    "blocks.1.mlp.proj.bias": P(None),
-    "blocks.2.ln1.weight": P(None),
-    "blocks.2.ln1.bias": P(None),
-    "blocks.2.attn.q.weight": P(None, "tensor"),
-    "blocks.2.attn.k.weight": P(None, "tensor"),
-    "blocks.2.attn.v.weight": P(None, "tensor"),
-    "blocks.2.attn.o.weight": P("tensor", None),
-    "blocks.2.ln2.weight": P(None),
-    "blocks.2.ln2.bias": P(None),
-    "blocks.2.mlp.fc.weight": P(None, "tensor"),
-    "blocks.2.mlp.fc.bias": P("tensor"),
-    "blocks.2.mlp.proj.weight": P("tensor", None),
-    "blocks.2.mlp.proj.bias": P(None),
-    "blocks.3.ln1.weight": P(None),
-    "blocks.3.ln1.bias": P(None),
-    "blocks.3.attn.q.weight": P(None, "tensor"),
-    "blocks.3.attn.k.weight": P(None, "tensor"),
-    "blocks.3.attn.v.weight": P(None, "tensor"),
-    "blocks.3.attn.o.weight": P("tensor", None),
-    "blocks.3.ln2.weight": P(None),
-    "blocks.3.ln2.bias": P(None),
-    "blocks.3.mlp.fc.weight": P(None, "tensor"),
-    "blocks.3.mlp.fc.bias": P("tensor"),
-    "blocks.3.mlp.proj.weight": P("tensor", None),
-    "blocks.3.mlp.proj.bias": P(None),
-    "ln_f.weight": P(None),
-    "ln_f.bias": P(None),
-    "lm_head.weight": P(None, None),
-}
-# Pipeline: the train state holds the 4 copies of `blocks` stacked, "blocks.*.<param>" =
-# [copies, ...], split over `pipe` on the copy dimension: each pipe rank holds the copies of its stages.
-# Row q holds copy STACK_ORDER[q]. The other parameters are replicated over `pipe`. Checkpoints hold the
-# stacked arrays; --init-params and --export-params use the canonical names.
-STACK_ORDER = (0, 1, 2, 3)
+PARAMS = every_copy(
+    {
+        "wte.weight": ((256, 64), "normal", 0.02),
+        "wpe.weight": ((32, 64), "normal", 0.02),
+        "ln_f.weight": ((64,), "ones", 0.02),
+        "ln_f.bias": ((64,), "zeros", 0.02),
+        "lm_head.weight": ((64, 256), "normal", 0.02),
+    },
+    {
+        "blocks": {
+            "ln1.weight": ((64,), "ones", 0.02),
+            "ln1.bias": ((64,), "zeros", 0.02),
+            "attn.q.weight": ((64, 64), "normal", 0.02),
+            "attn.k.weight": ((64, 64), "normal", 0.02),
+            "attn.v.weight": ((64, 64), "normal", 0.02),
+            "attn.o.weight": ((64, 64), "normal", 0.02),
+            "ln2.weight": ((64,), "ones", 0.02),
+            "ln2.bias": ((64,), "zeros", 0.02),
+            "mlp.fc.weight": ((64, 256), "normal", 0.02),
+            "mlp.fc.bias": ((256,), "zeros", 0.02),
+            "mlp.proj.weight": ((256, 64), "normal", 0.02),
+            "mlp.proj.bias": ((64,), "zeros", 0.02),
+        },
+    },
+)
+# The train state's parameters and the plan's layout of each: the mesh axes each dimension is split over.
+# Gradients and the optimizer state take the layout of their parameter.
+# A parameter of a repeated block is one array over its copies, "<repeat>.*.<param>" = [copies, ...], each
+# copy laid out as the plan says, and the model runs the block under lax.scan over the copies.
+# The copy dimension of `blocks` is split over `pipe`: each pipe rank holds the copies of its stages.
+# Checkpoints hold the stacked arrays; --init-params and --export-params use the canonical names.
 STATE_LAYOUTS = {
     "wte.weight": P(None, None),
     "wpe.weight": P(None, None),
@@ -299,15 +231,35 @@ def cross_entropy(logits, targets):
     return losses.mean()
 
 
-def decoder_block(p, pre, block_input):
-    """The `decoder` block. Its parameters are named pre + "<layer>.<param>", pre = "<repeat>.<i>."."""
-    ln1 = layer_norm(block_input, p[pre + "ln1.weight"], p[pre + "ln1.bias"], eps=1e-05)
-    attn = attention(ln1, p, pre + "attn.", heads=4, head_dim=16, causal=True)
+def decoder_block(p, block_input):
+    """One copy of the `decoder` block. `p`: its parameters by their names inside the block
+    ("<layer>.<param>"). Returns its output."""
+    ln1 = layer_norm(block_input, p["ln1.weight"], p["ln1.bias"], eps=1e-05)
+    attn = attention(ln1, p, "attn.", heads=4, head_dim=16, causal=True)
     res1 = block_input + attn
-    ln2 = layer_norm(res1, p[pre + "ln2.weight"], p[pre + "ln2.bias"], eps=1e-05)
-    mlp_ = mlp(ln2, p, pre + "mlp.", activation="gelu", bias=True)
+    ln2 = layer_norm(res1, p["ln2.weight"], p["ln2.bias"], eps=1e-05)
+    mlp_ = mlp(ln2, p, "mlp.", activation="gelu", bias=True)
     res2 = res1 + mlp_
     return res2
+
+
+def decoder_stack(p, name, x):
+    """The copies of the `decoder` block that the repeat `name` holds, one after the other: one lax.scan over
+    the rows of its stacked parameters "<name>.*.<param>" in `p`, so that the block is traced and compiled
+    once, however many copies there are.
+    """
+    pre = name + ".*."
+    rows = {"p": {k[len(pre) :]: w for k, w in p.items() if k.startswith(pre)}}
+
+    def step(x, row):
+        x = decoder_block(row["p"], x)
+        # Pin the residual stream between blocks (batch split, features whole): otherwise XLA may
+        # keep it split along features after an fsdp-sharded weight and add collectives.
+        x = jax.lax.with_sharding_constraint(x, P("data", None, None))
+        return x, None
+
+    x, _ = jax.lax.scan(step, x, rows)
+    return x
 
 
 def pre_forward(p, batch):
@@ -343,39 +295,14 @@ VIRTUAL_STAGES = 1  # stages per pipe rank (stage v * PIPE + r on rank r)
 PER_STAGE = 2  # copies of `blocks` per stage
 PIPELINE_SCHEDULE = "1f1b"
 STACKED = "blocks.*."  # the train state's names of the stacked copies start with it
-
-
-def copy_name(name, i):
-    """The canonical name of copy i of a stacked parameter (other names are returned as they are)."""
-    return name.replace(STACKED, f"blocks.{i}.", 1) if name.startswith(STACKED) else name
-
-
-def state_shape(name):
-    """The shape of a parameter of the train state (a stacked one has the copies first)."""
-    shape = PARAMS[copy_name(name, 0)][0]
-    return (len(STACK_ORDER), *shape) if name.startswith(STACKED) else shape
-
-
-def stack_params(params):
-    """Parameters by canonical name (host arrays) -> the train state's parameters."""
-    return {
-        name: np.stack([params[copy_name(name, i)] for i in STACK_ORDER])
-        if name.startswith(STACKED)
-        else params[name]
-        for name in STATE_LAYOUTS
-    }
-
-
-def unstack_params(params):
-    """The train state's parameters (host arrays) -> parameters by canonical name."""
-    # row q of a stacked array is copy STACK_ORDER[q]
-    copies = {
-        copy_name(name, i): w[q]
-        for name, w in params.items()
-        if name.startswith(STACKED)
-        for q, i in enumerate(STACK_ORDER)
-    }
-    return {name: copies[name] if name in copies else params[name] for name in PARAMS}
+# Row q of the stacked arrays holds copy STACK_ORDER[q]. Pipe rank r holds a contiguous block of rows: the
+# copies of its stages r, r + PIPE, ... (stage s runs copies s * PER_STAGE ... (s + 1) * PER_STAGE - 1).
+STACK_ORDER = tuple(
+    (v * PIPE + r) * PER_STAGE + c
+    for r in range(PIPE)
+    for v in range(VIRTUAL_STAGES)
+    for c in range(PER_STAGE)
+)
 
 
 def varying(tree):
@@ -394,17 +321,12 @@ def varying(tree):
 
 def pipeline_stage(sp, chunk, x):
     """Stage `chunk` (0 .. VIRTUAL_STAGES - 1) of this pipe rank: PER_STAGE copies of the block, whose
-    parameters are this rank's rows of the stacked arrays `sp`."""
-    block = decoder_block
-    for i in range(PER_STAGE):
-        row = chunk * PER_STAGE + i
-        p = {
-            name[len(STACKED) :]: jax.lax.dynamic_index_in_dim(w, row, keepdims=False)
-            for name, w in sp.items()
-        }
-        x = block(p, "", x)
-        x = jax.lax.with_sharding_constraint(x, P("data", None, None))
-    return x
+    parameters are the rows chunk * PER_STAGE ... of this rank's stacked arrays `sp`."""
+    rows = {
+        name: jax.lax.dynamic_slice_in_dim(w, chunk * PER_STAGE, PER_STAGE)
+        for name, w in sp.items()
+    }
+    return decoder_stack(rows, "blocks", x)
 
 
 def pipeline_1f1b(sp, rest, xs, batch):
@@ -569,7 +491,8 @@ def opt_state_shardings(optimizer, abstract_params, param_shardings, replicated)
 
 
 # ----------------------------------------------------------------------------
-# Parameters: drawn on the host with numpy (the same values for every mesh and target), then laid out.
+# Parameters: each process computes (or reads) only the slices its devices hold, from lazy tensors by
+# canonical name (the same values for every mesh and target), and the train state is laid out from them.
 # ----------------------------------------------------------------------------
 def init_values(name, shape, kind, std, seed, index=()):
     """The initial values of parameter `name` at `index` (slices, one per leading dimension; () for all),
@@ -742,11 +665,55 @@ def save_params(path, arrays):
     os.replace(tmp, path)
 
 
-def place(host, sharding, dtype):
-    """A host array -> a global jax.Array laid out by `sharding`. Each process fills only the shards of
-    its own devices, so the same call serves one process and many."""
-    host = np.asarray(host).astype(jnp.dtype(dtype))
-    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+def stack_of(name):
+    """A name of the train state -> (repeat, name inside the block) for a block parameter (or buffer) stacked
+    over the block's copies, "<repeat>.*.<param>"; (None, name) for the others."""
+    repeat, stacked, local = name.partition(".*.")
+    return (repeat, local) if stacked else (None, name)
+
+
+def copy_name(name, i):
+    """The canonical name of copy i of a stacked parameter (other names are returned as they are)."""
+    repeat, local = stack_of(name)
+    return name if repeat is None else f"{repeat}.{i}.{local}"
+
+
+def copies(repeat):
+    """The copy of `repeat` that each row of its stacked arrays holds (STACK_ORDER for the pipelined `blocks`)."""
+    return STACK_ORDER if repeat == "blocks" else range(REPEATS[repeat])
+
+
+def state_shape(name, table):
+    """The shape in the train state of `name`, from `table` (PARAMS or BUFFERS): a stacked
+    one has its copies first."""
+    repeat, _ = stack_of(name)
+    shape = table[copy_name(name, 0)][0]
+    return shape if repeat is None else (REPEATS[repeat], *shape)
+
+
+def place(src, name, shape, sharding, dtype):
+    """The train state's `name` as a global jax.Array laid out by `sharding`, from `src`: lazy tensors (or
+    arrays) by canonical name, indexed by slices. Each process computes or reads only the slices of its own
+    devices, once each (of a stacked parameter: its copies' slices, stacked), so no
+    process ever holds a whole parameter it does not own, and the same call serves one process and many."""
+    dtype = jnp.dtype(dtype)
+    done = {}
+
+    def shard(index):
+        at = tuple((s.start, s.stop) for s in index)
+        if at not in done:
+            repeat, local = stack_of(name)
+            if repeat is None:
+                done[at] = np.asarray(src[name][index]).astype(dtype)
+            else:  # rows index[0]: those copies, each sliced by the rest of the index
+                rows = [
+                    np.asarray(src[f"{repeat}.{i}.{local}"][index[1:]])
+                    for i in copies(repeat)[index[0]]
+                ]
+                done[at] = np.stack(rows).astype(dtype)
+        return done[at]
+
+    return jax.make_array_from_callback(tuple(shape), sharding, shard)
 
 
 def to_host(x):
@@ -755,6 +722,20 @@ def to_host(x):
     return np.asarray(
         x if x.is_fully_addressable else multihost_utils.process_allgather(x, tiled=True)
     )
+
+
+def gather_params(params):
+    """The train state's parameters, gathered one at a time (a collective: every process calls it) ->
+    numpy arrays by canonical name (a stacked parameter gives one per copy)."""
+    out = {}
+    for name, w in params.items():
+        host, (repeat, _) = to_host(w), stack_of(name)
+        out.update(
+            {copy_name(name, i): host[q] for q, i in enumerate(copies(repeat))}
+            if repeat
+            else {name: host}
+        )
+    return {name: out[name] for name in PARAMS}
 
 
 # ----------------------------------------------------------------------------
@@ -873,7 +854,7 @@ def checkpoint_manager(directory):
 def save_checkpoint(manager, step, state):
     import orbax.checkpoint as ocp
 
-    meta = {"step": step, "spec": SPEC_NAME, "mesh": MESH, "stack_order": list(STACK_ORDER)}
+    meta = {"step": step, "spec": SPEC_NAME, "mesh": MESH, "stack_order": stack_order()}
     manager.save(
         step,
         args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
@@ -881,24 +862,27 @@ def save_checkpoint(manager, step, state):
     manager.wait_until_finished()
 
 
-def restore_checkpoint(directory, state):
-    """The latest checkpoint in `directory`, laid out like `state` (orbax reshards when the checkpoint
-    was written on another mesh or by another number of processes)."""
+def stack_order():
+    """The copy each row of the stacked arrays holds, per repeated block (checkpoints record it)."""
+    return {r: list(copies(r)) for r in REPEATS}
+
+
+def restore_checkpoint(directory, target):
+    """The latest checkpoint in `directory`, restored into `target` (the train state's shapes, dtypes and
+    shardings: each process reads only its shards; orbax reshards when the checkpoint was written on another
+    mesh or by another number of processes)."""
     import orbax.checkpoint as ocp
 
     with checkpoint_manager(directory) as manager:
         require(manager.latest_step() is not None, f"--resume {directory}: no checkpoint there")
         saved = manager.restore(
             manager.latest_step(), args=ocp.args.Composite(meta=ocp.args.JsonRestore())
-        )["meta"].get("stack_order")
+        )["meta"]
         require(
-            saved == list(STACK_ORDER),
-            f"--resume {directory}: its train state stacks the copies of `blocks` as "
-            f"{saved or 'separate arrays (no pipeline)'}, this program as {list(STACK_ORDER)}: resume it with a "
-            "build of the same pipeline layout, or carry the parameters over with --export-params / --init-params",
-        )
-        target = jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state
+            saved.get("stack_order") == stack_order(),
+            f"--resume {directory}: its train state stacks the copies of the repeated blocks in the rows "
+            f"{saved.get('stack_order')}, this program in {stack_order()}: resume it with a build of the same "
+            "pipeline layout, or carry the parameters over with --export-params / --init-params",
         )
         return manager.restore(
             manager.latest_step(), args=ocp.args.Composite(state=ocp.args.StandardRestore(target))
@@ -1027,8 +1011,8 @@ def device0_bytes(tree):
 
 
 def dry_run(mesh, shardings, abstract):
-    """What the program would hold: the mesh, every parameter's layout and per-device shape (the
-    stacked copies of `blocks` as the train state holds them), bytes per device."""
+    """What the program would hold: the mesh, every parameter's layout and per-device shape (a repeated
+    block's parameters as the train state holds them: stacked over the copies), bytes per device."""
     held = {
         key: sum(
             math.prod(s.shard_shape(a.shape)) * a.dtype.itemsize
@@ -1070,11 +1054,14 @@ def layouts(mesh, optimizer):
     params = {name: NamedSharding(mesh, spec) for name, spec in STATE_LAYOUTS.items()}
     abstract = {
         "params": {
-            name: jax.ShapeDtypeStruct(state_shape(name), PARAM_DTYPE) for name in STATE_LAYOUTS
+            name: jax.ShapeDtypeStruct(state_shape(name, PARAMS), PARAM_DTYPE)
+            for name in STATE_LAYOUTS
         },
         "buffers": {
-            name: jax.ShapeDtypeStruct(shape, jnp.float32) for name, (shape, _) in BUFFERS.items()
+            name: jax.ShapeDtypeStruct(state_shape(name, BUFFERS), jnp.float32)
+            for name in BUFFER_LAYOUTS
         },
+        "step": jax.ShapeDtypeStruct((), jnp.int32),
     }
     abstract["opt_state"] = jax.eval_shape(
         lambda p: init_optimizer(optimizer, p), abstract["params"]
@@ -1090,29 +1077,36 @@ def layouts(mesh, optimizer):
     return state, batch, abstract
 
 
-def init_state(args, optimizer, shardings):
-    """Parameters from the numpy init (or --init-params), a fresh optimizer state, initial buffers,
-    step 0; or all of it from the latest checkpoint with --resume."""
-    host = load_params(args.init_params) if args.init_params else initial_params(args.seed)
-    host = stack_params(host)
+def init_state(args, optimizer, shardings, abstract):
+    """Parameters from the counter-based init (or --init-params), a fresh optimizer state, initial buffers,
+    step 0, each process computing or reading only its devices' slices. With --resume, all of it from the
+    latest checkpoint, restored straight into its sharded layout: nothing is drawn or placed first."""
+    if args.resume:  # the restore targets: shapes, dtypes and shardings
+        return restore_checkpoint(
+            args.resume,
+            jax.tree.map(
+                lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
+            ),
+        )
+    src = load_params(args.init_params) if args.init_params else initial_params(args.seed)
     params = {
-        name: place(host[name], shardings["params"][name], PARAM_DTYPE) for name in STATE_LAYOUTS
+        name: place(src, name, a.shape, shardings["params"][name], PARAM_DTYPE)
+        for name, a in abstract["params"].items()
     }
     init_opt = jax.jit(lambda p: init_optimizer(optimizer, p), out_shardings=shardings["opt_state"])
-    state = {
+    buffers = {
+        name: InitTensor(name, shape, kind, 0.0, args.seed)
+        for name, (shape, kind) in BUFFERS.items()
+    }
+    return {
         "params": params,
         "opt_state": init_opt(params),
         "buffers": {
-            name: place(
-                init_param(name, shape, kind, 0.0, args.seed),
-                shardings["buffers"][name],
-                np.float32,
-            )
-            for name, (shape, kind) in BUFFERS.items()
+            name: place(buffers, name, a.shape, shardings["buffers"][name], np.float32)
+            for name, a in abstract["buffers"].items()
         },
-        "step": place(np.int32(0), shardings["step"], np.int32),
+        "step": place({"step": np.zeros((), np.int32)}, "step", (), shardings["step"], np.int32),
     }
-    return restore_checkpoint(args.resume, state) if args.resume else state
 
 
 def train(args, mesh):
@@ -1126,7 +1120,7 @@ def train(args, mesh):
     shardings, batch_shardings, abstract = layouts(mesh, optimizer)
     if args.dry_run:  # the first process prints the layouts; nothing is allocated
         return dry_run(mesh, shardings, abstract) if is_first else None
-    state = init_state(args, optimizer, shardings)
+    state = init_state(args, optimizer, shardings, abstract)
     start = int(state["step"])
     checkpoints = checkpoint_manager(args.checkpoint_dir) if args.checkpoint_dir else None
     later = sorted(s for s in checkpoints.all_steps() if s > start) if checkpoints else []
@@ -1189,8 +1183,7 @@ def train(args, mesh):
     if checkpoints:
         checkpoints.close()
     if args.export_params:
-        # gathering a parameter that several processes hold is a collective: every process takes part
-        exported = unstack_params({name: to_host(w) for name, w in state["params"].items()})
+        exported = gather_params(state["params"])  # every process takes part; the first one writes
         if is_first:
             save_params(args.export_params, exported)
 

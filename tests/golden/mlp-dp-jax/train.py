@@ -44,6 +44,7 @@ SPEC_NAME = "mlp-dp"
 SPEC_FILE = "mlp-dp.yaml"
 MITHRIL_VERSION = "0.1.0"
 
+
 # Device mesh: axis -> size in canonical order (axes of size 1 are left out).
 MESH = {"data": 8}
 BATCH_AXES = ("data",)  # the batch is split over these (data-parallel degree 8)
@@ -57,9 +58,9 @@ PARAMS = {
     "head.weight": ((256, 10), "normal", 0.02),
     "head.bias": ((10,), "zeros", 0.02),
 }
-# The plan's layout of each parameter: the mesh axes each dimension is split over. Gradients and the
-# optimizer state take the layout of their parameter.
-PARAM_LAYOUTS = {
+# The train state's parameters and the plan's layout of each: the mesh axes each dimension is split over.
+# Gradients and the optimizer state take the layout of their parameter.
+STATE_LAYOUTS = {
     "fc1.weight": P(None, None),
     "fc1.bias": P(None),
     "fc2.weight": P(None, None),
@@ -201,7 +202,8 @@ def opt_state_shardings(optimizer, abstract_params, param_shardings, replicated)
 
 
 # ----------------------------------------------------------------------------
-# Parameters: drawn on the host with numpy (the same values for every mesh and target), then laid out.
+# Parameters: each process computes (or reads) only the slices its devices hold, from lazy tensors by
+# canonical name (the same values for every mesh and target), and the train state is laid out from them.
 # ----------------------------------------------------------------------------
 def init_values(name, shape, kind, std, seed, index=()):
     """The initial values of parameter `name` at `index` (slices, one per leading dimension; () for all),
@@ -372,11 +374,26 @@ def save_params(path, arrays):
     os.replace(tmp, path)
 
 
-def place(host, sharding, dtype):
-    """A host array -> a global jax.Array laid out by `sharding`. Each process fills only the shards of
-    its own devices, so the same call serves one process and many."""
-    host = np.asarray(host).astype(jnp.dtype(dtype))
-    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+def state_shape(name, table):
+    """The shape in the train state of `name`, from `table` (PARAMS or BUFFERS)."""
+    return table[name][0]
+
+
+def place(src, name, shape, sharding, dtype):
+    """The train state's `name` as a global jax.Array laid out by `sharding`, from `src`: lazy tensors (or
+    arrays) by canonical name, indexed by slices. Each process computes or reads only the slices of its own
+    devices, once each, so no
+    process ever holds a whole parameter it does not own, and the same call serves one process and many."""
+    dtype = jnp.dtype(dtype)
+    done = {}
+
+    def shard(index):
+        at = tuple((s.start, s.stop) for s in index)
+        if at not in done:
+            done[at] = np.asarray(src[name][index]).astype(dtype)
+        return done[at]
+
+    return jax.make_array_from_callback(tuple(shape), sharding, shard)
 
 
 def to_host(x):
@@ -385,6 +402,12 @@ def to_host(x):
     return np.asarray(
         x if x.is_fully_addressable else multihost_utils.process_allgather(x, tiled=True)
     )
+
+
+def gather_params(params):
+    """The train state's parameters, gathered one at a time (a collective: every process calls it) ->
+    numpy arrays by canonical name."""
+    return {name: to_host(w) for name, w in params.items()}
 
 
 # ----------------------------------------------------------------------------
@@ -510,16 +533,14 @@ def save_checkpoint(manager, step, state):
     manager.wait_until_finished()
 
 
-def restore_checkpoint(directory, state):
-    """The latest checkpoint in `directory`, laid out like `state` (orbax reshards when the checkpoint
-    was written on another mesh or by another number of processes)."""
+def restore_checkpoint(directory, target):
+    """The latest checkpoint in `directory`, restored into `target` (the train state's shapes, dtypes and
+    shardings: each process reads only its shards; orbax reshards when the checkpoint was written on another
+    mesh or by another number of processes)."""
     import orbax.checkpoint as ocp
 
     with checkpoint_manager(directory) as manager:
         require(manager.latest_step() is not None, f"--resume {directory}: no checkpoint there")
-        target = jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state
-        )
         return manager.restore(
             manager.latest_step(), args=ocp.args.Composite(state=ocp.args.StandardRestore(target))
         )["state"]
@@ -686,14 +707,17 @@ def main(args):
 def layouts(mesh, optimizer):
     """Shardings of the train state and of a batch, and the state's shapes (nothing allocated)."""
     replicated = NamedSharding(mesh, P())
-    params = {name: NamedSharding(mesh, spec) for name, spec in PARAM_LAYOUTS.items()}
+    params = {name: NamedSharding(mesh, spec) for name, spec in STATE_LAYOUTS.items()}
     abstract = {
         "params": {
-            name: jax.ShapeDtypeStruct(shape, PARAM_DTYPE) for name, (shape, _, _) in PARAMS.items()
+            name: jax.ShapeDtypeStruct(state_shape(name, PARAMS), PARAM_DTYPE)
+            for name in STATE_LAYOUTS
         },
         "buffers": {
-            name: jax.ShapeDtypeStruct(shape, jnp.float32) for name, (shape, _) in BUFFERS.items()
+            name: jax.ShapeDtypeStruct(state_shape(name, BUFFERS), jnp.float32)
+            for name in BUFFER_LAYOUTS
         },
+        "step": jax.ShapeDtypeStruct((), jnp.int32),
     }
     abstract["opt_state"] = jax.eval_shape(
         lambda p: init_optimizer(optimizer, p), abstract["params"]
@@ -709,26 +733,36 @@ def layouts(mesh, optimizer):
     return state, batch, abstract
 
 
-def init_state(args, optimizer, shardings):
-    """Parameters from the numpy init (or --init-params), a fresh optimizer state, initial buffers,
-    step 0; or all of it from the latest checkpoint with --resume."""
-    host = load_params(args.init_params) if args.init_params else initial_params(args.seed)
-    params = {name: place(host[name], shardings["params"][name], PARAM_DTYPE) for name in PARAMS}
+def init_state(args, optimizer, shardings, abstract):
+    """Parameters from the counter-based init (or --init-params), a fresh optimizer state, initial buffers,
+    step 0, each process computing or reading only its devices' slices. With --resume, all of it from the
+    latest checkpoint, restored straight into its sharded layout: nothing is drawn or placed first."""
+    if args.resume:  # the restore targets: shapes, dtypes and shardings
+        return restore_checkpoint(
+            args.resume,
+            jax.tree.map(
+                lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
+            ),
+        )
+    src = load_params(args.init_params) if args.init_params else initial_params(args.seed)
+    params = {
+        name: place(src, name, a.shape, shardings["params"][name], PARAM_DTYPE)
+        for name, a in abstract["params"].items()
+    }
     init_opt = jax.jit(lambda p: init_optimizer(optimizer, p), out_shardings=shardings["opt_state"])
-    state = {
+    buffers = {
+        name: InitTensor(name, shape, kind, 0.0, args.seed)
+        for name, (shape, kind) in BUFFERS.items()
+    }
+    return {
         "params": params,
         "opt_state": init_opt(params),
         "buffers": {
-            name: place(
-                init_param(name, shape, kind, 0.0, args.seed),
-                shardings["buffers"][name],
-                np.float32,
-            )
-            for name, (shape, kind) in BUFFERS.items()
+            name: place(buffers, name, a.shape, shardings["buffers"][name], np.float32)
+            for name, a in abstract["buffers"].items()
         },
-        "step": place(np.int32(0), shardings["step"], np.int32),
+        "step": place({"step": np.zeros((), np.int32)}, "step", (), shardings["step"], np.int32),
     }
-    return restore_checkpoint(args.resume, state) if args.resume else state
 
 
 def train(args, mesh):
@@ -742,7 +776,7 @@ def train(args, mesh):
     shardings, batch_shardings, abstract = layouts(mesh, optimizer)
     if args.dry_run:  # the first process prints the layouts; nothing is allocated
         return dry_run(mesh, shardings, abstract) if is_first else None
-    state = init_state(args, optimizer, shardings)
+    state = init_state(args, optimizer, shardings, abstract)
     start = int(state["step"])
     checkpoints = checkpoint_manager(args.checkpoint_dir) if args.checkpoint_dir else None
     later = sorted(s for s in checkpoints.all_steps() if s > start) if checkpoints else []
@@ -804,8 +838,7 @@ def train(args, mesh):
     if checkpoints:
         checkpoints.close()
     if args.export_params:
-        # gathering a parameter that several processes hold is a collective: every process takes part
-        exported = {name: to_host(w) for name, w in state["params"].items()}
+        exported = gather_params(state["params"])  # every process takes part; the first one writes
         if is_first:
             save_params(args.export_params, exported)
 
