@@ -287,14 +287,23 @@ def check_hf(spec, doc: Document, graph) -> list[Diagnostic]:
 
 def hf_context(plan) -> dict[str, Any] | None:
     """What the programs of a spec with an `hf` section need (templates/common/hf.py.j2): the transformers
-    name of every parameter, the names' prefix of the base model, the config written back on export."""
+    name of every parameter outside the repeated blocks (`names`), and of every block parameter as the text
+    before and after its copy index (`block_names`: repeat -> name in the block -> [before, after,
+    transposed, part, parts]), the names' prefix of the base model, the config written back on export."""
     hf = plan.spec.hf
     if hf is None:
         return None
-    names = {p.name: list(hf_name(hf.model_type, p.name, len(p.param.shape))) for p in plan.params}
+    names = {p.name: list(hf_name(hf.model_type, p.name, len(p.param.shape))) for p in plan.top_params}
+    block_names: dict[str, dict[str, list]] = {}
+    for r in plan.repeats:
+        for b in r.params:
+            mark = str(10 ** 12 + 7)  # a copy index no model has: where the real one goes in the name
+            key, *rest = hf_name(hf.model_type, f"{r.name}.{mark}.{b.local}", len(b.first.param.shape))
+            before, after = key.split(mark)
+            block_names.setdefault(r.name, {})[b.local] = [before, after, *rest]
     config = {**hf.config, "architectures": [hf.architecture], "model_type": hf.model_type}
     return {"model_type": hf.model_type, "architecture": hf.architecture, "config": config, "names": names,
-            "prefix": PREFIXES[hf.model_type]}
+            "block_names": block_names, "prefix": PREFIXES[hf.model_type]}
 
 
 def _inputs(family: str) -> tuple[list[str], str]:

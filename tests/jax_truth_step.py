@@ -81,6 +81,16 @@ def build(spec_path: str, mesh_arg: str):
         def w(name):
             return params[f"{prefix}{node.name}.{name}"].astype(cdt)
 
+        def parts(name):  # shards of the output features over the tensor-parallel (non-batch) axes
+            spec = plan.param(f"{prefix}{node.name}.{name}").spec[-1]
+            return plan.mesh.degree(tuple(ax for ax in spec if ax not in plan.batch_axes))
+
+        def together(x, ws, n):
+            """Megatron's fused input projection: one matmul over the weights viewed shard by shard."""
+            y = jnp.einsum("bsd,dpn->bspn", x, jnp.concatenate([m.reshape(m.shape[0], n, -1) for m in ws], -1))
+            sizes = [m.shape[1] // n for m in ws]
+            return [y[..., sum(sizes[:i]):sum(sizes[: i + 1])].reshape(*x.shape[:2], -1) for i in range(len(ws))]
+
         x = xs[0]
         k = node.op
         if k == "linear":
@@ -119,8 +129,8 @@ def build(spec_path: str, mesh_arg: str):
             return x + w("weight")[: x.shape[1]]
         if k == "mlp":
             if a["activation"] == "swiglu":
-                h = jax.nn.silu(x @ w("gate.weight")) * (x @ w("up.weight"))
-                return h @ w("down.weight")
+                gate, up = together(x, [w("gate.weight"), w("up.weight")], parts("gate.weight"))
+                return (jax.nn.silu(gate) * up) @ w("down.weight")
             h = x @ w("fc.weight") + (w("fc.bias") if a["bias"] else 0)
             h = {"gelu": lambda v: jax.nn.gelu(v, approximate=True), "relu": jax.nn.relu,
                  "silu": jax.nn.silu}[a["activation"]](h)
@@ -128,9 +138,8 @@ def build(spec_path: str, mesh_arg: str):
         if k == "attention":
             b, s, _ = x.shape
             h, kv, hd = a["heads"], a["kv_heads"], a["head_dim"]
-            q = (x @ w("q.weight")).reshape(b, s, h, hd)
-            kk = (x @ w("k.weight")).reshape(b, s, kv, hd)
-            v = (x @ w("v.weight")).reshape(b, s, kv, hd)
+            q, kk, v = together(x, [w("q.weight"), w("k.weight"), w("v.weight")], parts("q.weight"))
+            q, kk, v = q.reshape(b, s, h, hd), kk.reshape(b, s, kv, hd), v.reshape(b, s, kv, hd)
             if kv != h:
                 kk = jnp.repeat(kk, h // kv, axis=2)
                 v = jnp.repeat(v, h // kv, axis=2)

@@ -149,7 +149,7 @@ def test_targets_doc_is_generated_from_the_registry():
 # The macros every operator needs in each target's templates/<target>/ops.py.j2 (name -> parameters), and
 # those of every loss; `{kind}` stands for the operator's name.
 OP_MACROS = {
-    "jax": {"{kind}_def": "uses", "{kind}": "l, blk"},
+    "jax": {"{kind}_def": "uses", "{kind}": "l"},
     "torch": {"{kind}_def": "", "{kind}_init": "l", "{kind}": "l"},
     "mlx": {"{kind}_def": "uses", "{kind}": "l, blk"},
 }

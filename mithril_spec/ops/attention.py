@@ -74,6 +74,9 @@ class Attention(Op):
         }
         return OpResult(TensorType(x.shape, x.axes, x.dtype), tuple(params), attrs, flops=proj + scores)
 
+    def input_projections(self, attrs):
+        return ("q.weight", "k.weight", "v.weight")
+
     def score_flops(self, attrs):
         return 2 * 2 * attrs["seq"] * attrs["seq"] * attrs["heads"] * attrs["head_dim"]  # q @ k^T and p @ v
 
@@ -98,4 +101,4 @@ class Attention(Op):
         c.save("o_in", q * cb)
         c.add_score_flops(self.score_flops(a) * c.b / t)
         if T:
-            c.tp_pair(T, 3)  # q, k and v each reduce their input's gradient
+            c.tp_pair(T, c.input_gradients(self.input_projections(a)))

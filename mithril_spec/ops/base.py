@@ -132,6 +132,12 @@ class Op:
         below it); None otherwise."""
         return None
 
+    def input_projections(self, attrs: dict[str, Any]) -> tuple[str, ...]:
+        """For a "pair" operator: the weights of its column-parallel input projections ([in, out] each). The
+        programs multiply the input by all of them as one matmul (when their output features are split
+        alike), so its gradient is one partial sum: one all-reduce over `tensor` (Megatron's count)."""
+        return ()
+
     def is_random(self, attrs: dict[str, Any]) -> bool:
         """Does the layer draw random numbers (a mask per step, micro-batch and rank)?"""
         return False

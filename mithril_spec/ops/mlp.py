@@ -48,6 +48,9 @@ class Mlp(Op):
         return OpResult(x, tuple(params), {"dim": d, "hidden": h, "activation": args.activation, "bias": bias},
                         flops=flops)
 
+    def input_projections(self, attrs):
+        return ("gate.weight", "up.weight") if attrs["activation"] == "swiglu" else ("fc.weight",)
+
     def costs(self, c):
         swiglu = c.attrs["activation"] == "swiglu"
         T = c.tp.get("gate.weight" if swiglu else "fc.weight", frozenset())  # hidden split (tensor parallel)
@@ -57,4 +60,4 @@ class Mlp(Op):
         for j in range(3 if swiglu else 2):  # the hidden pre- and post-activation (and swiglu's product)
             c.save(f"hidden{j}", hid * c.compute_bytes)
         if T:
-            c.tp_pair(T, 2 if swiglu else 1)  # gate and up (or fc) each reduce their input's gradient
+            c.tp_pair(T, c.input_gradients(self.input_projections(c.attrs)))

@@ -142,6 +142,23 @@ def _buffer(b) -> dict[str, Any]:
             "layer": b.param.layer}
 
 
+def fused_parts(plan: Plan, prefix: str, node: Node) -> int | None:
+    """The number of shards the output features of a layer's input projections are split into, when all of
+    them are split alike (Op.input_projections: the programs then compute them as one matmul, each weight
+    viewed as [in, parts, out / parts] so that no shard moves); None when they differ or there are none."""
+    names = OPS[node.op].input_projections(node.attrs)
+    # the tensor-parallel axes of each output dimension (a batch axis there, fsdp's, is gathered before use)
+    degrees = {plan.mesh.degree(tuple(a for a in plan.param(f"{prefix}{node.name}.{w}").spec[-1]
+                                      if a not in plan.batch_axes)) for w in names}
+    return degrees.pop() if len(degrees) == 1 else None
+
+
+def _with_parts(layer: dict[str, Any], plan: Plan, prefix: str, node: Node) -> dict[str, Any]:
+    if OPS[node.op].input_projections(node.attrs):
+        layer["attrs"]["fused_parts"] = fused_parts(plan, prefix, node)
+    return layer
+
+
 def make_context(plan: Plan, target: str, spec_file: str) -> dict[str, Any]:
     spec, graph, mesh = plan.spec, plan.graph, plan.mesh
     tr = spec.training
@@ -151,7 +168,7 @@ def make_context(plan: Plan, target: str, spec_file: str) -> dict[str, Any]:
             blocks[node.block] = {
                 "name": node.block,
                 "class_name": class_name(node.block),
-                "layers": [_layer(n) for n in node.layers],
+                "layers": [_with_parts(_layer(n), plan, f"{node.name}.0.", n) for n in node.layers],
                 "output": node.layers[-1].name,
                 "output_var": var(node.layers[-1].name),
             }
@@ -199,7 +216,8 @@ def make_context(plan: Plan, target: str, spec_file: str) -> dict[str, Any]:
         "model_class": "Model",
         "tp": tp,
         "blocks": list(blocks.values()),
-        "layers": [_layer(n) for n in graph.layers],
+        "layers": [_layer(n) if isinstance(n, RepeatNode) else _with_parts(_layer(n), plan, "", n)
+                   for n in graph.layers],
         "loss": {"op": graph.loss.op, "prediction": graph.loss.prediction, "prediction_var": var(graph.loss.prediction),
                  "targets": graph.loss.targets, "targets_var": var(graph.loss.targets)},
         "params": [_param(p) for p in plan.params],  # every parameter by canonical (per-copy) name

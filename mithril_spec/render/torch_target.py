@@ -16,8 +16,10 @@
 - The tensor-parallel plan for parallelize_module, flat, by module FQN (`blocks.*.attn.q` for every copy
   of a block): colwise / rowwise, and under sequence parallelism (the plan splits the residual stream's
   sequence axis over `tensor`) the sequence-parallel variants and the boundaries of the repeated blocks.
-- The torch dimension FSDP2 shards for each parameter: the plan's fsdp dimension, moved by the transpose
-  of nn.Linear weights (torch [out, in] vs canonical [in, out]).
+- Per table row (`top_params`, `repeats[*].params`: one per parameter outside the repeats and per block
+  parameter, never per copy): `torch_fsdp_dim`, the torch dimension FSDP2 shards (the plan's fsdp
+  dimension, moved by the transpose of nn.Linear weights: torch [out, in] vs canonical [in, out]), and
+  `expert`, whether the parameter is split over `expert`.
 """
 
 from __future__ import annotations
@@ -121,7 +123,6 @@ def _pipeline(plan: Plan, layers: list[dict[str, Any]], top_vars: dict[str, str]
 def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
     sizes = plan.mesh.sizes
     D, Fs, T = sizes.get("data", 1), sizes.get("fsdp", 1), sizes.get("tensor", 1)
-    nodes = {n.name: n for n in plan.graph.layers}
 
     # ---- variables
     top = {i["name"]: i["var"] for i in ctx["inputs"]}
@@ -183,7 +184,6 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
     # ---- data parallelism (the expert axis splits the batch too: DDP over data x expert). Pipeline stages
     # replicate over data with FSDP2 (fsdp = 1), not DDP: DDP's reducer fails under the interleaved schedule.
     P, X = sizes.get("pipe", 1), sizes.get("expert", 1)
-    fsdp_sharded = any(p["fsdp_dim"] is not None for p in ctx["params"])
     if Fs > 1 or (T > 1 and D > 1) or (P > 1 and D > 1):
         dp = "hsdp" if D > 1 else "fsdp"
     elif D * X > 1:
@@ -208,27 +208,24 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
                     last = f"{node.name}.{node.count - 1}"
                     tp_plan[last] = "split_and_gather" if node.count == 1 else "gather_sequence"
 
-    # ---- parameters
-    transposed = set()
-    fsdp_dims: dict[str, int | None] = {}
-    for p in ctx["params"]:
-        layer = p["layer"].split(".")
-        node = nodes.get(layer[0])
-        if isinstance(node, RepeatNode):
-            node = next(n for n in node.layers if n.name == layer[2])
-        # nn.Linear weights are [out, in] in torch
-        is_t = p["name"][len(p["layer"]) + 1:] in OPS[node.op].torch_transposed
-        if is_t:
-            transposed.add(p["name"])
+    # ---- parameters: the torch-side fields of the table rows (one per parameter outside the repeats and per
+    # block parameter, render/context.py), which the config tables (common/tables.py.j2) render
+    def torch_row(p: dict[str, Any]) -> dict[str, Any]:
         d = p["fsdp_dim"]
-        fsdp_dims[p["name"]] = None if d is None else (1 - d if is_t else d)
+        # nn.Linear weights are [out, in] in torch: the fsdp dimension moves with the transpose
+        return {**p, "torch_fsdp_dim": None if d is None else (1 - d if p["transpose"] else d),
+                "expert": any(a and "expert" in a for a in p["layout"])}
+
+    top_params = [torch_row(p) for p in ctx["top_params"]]
+    repeats = [{**r, "params": [torch_row(p) for p in r["params"]]} for r in ctx["repeats"]]
+    rows = top_params + [p for r in repeats for p in r["params"]]
 
     precision = plan.spec.training.precision
     pdtype = precision.params
     fsdp = dp in ("fsdp", "hsdp")
     mixed = precision.compute != precision.params
     random = any(o.endswith("_rng") for o in ops)
-    expert_params = [p["name"] for p in ctx["params"] if any(d and "expert" in d for d in p["layout"])]
+    expert_params = any(p["expert"] for p in rows)
     _, _, slots, _ = precision_setup(plan.spec)  # optimizer state tensors per parameter, as the plan counts
     devices = plan.mesh.devices
     per_node = min(devices, 8)
@@ -239,6 +236,8 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
         "layers": layers,
         "blocks": blocks,
         "loss": loss,
+        "top_params": top_params,
+        "repeats": repeats,
         "torch": {
             # what the program holds: only what its spec runs
             "ops": sorted(ops),
@@ -254,19 +253,16 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
             "sharded": Fs > 1,  # FSDP2 shards over an fsdp axis larger than 1
             "mixed": mixed,  # compute dtype differs from the parameters' dtype
             "autocast": mixed and not fsdp,  # torch.autocast (FSDP2 casts with its MixedPrecisionPolicy)
-            "fsdp_sharded": fsdp_sharded,
             "tp_plan": tp_plan,
             "sp_repeats": sp_repeats,
-            "transposed": [p["name"] for p in ctx["params"] if p["name"] in transposed],
-            "fsdp_dims": fsdp_dims,
+            "transposed": any(p["transpose"] for p in rows),  # some nn.Linear weight (stored [out, in])
             "mesh3": {"data": D, "fsdp": Fs, "tensor": T},
             # every mesh axis the program builds its device mesh with, in canonical order (pipe and
             # expert only when split)
             "mesh_axes": ({"pipe": P} if P > 1 else {}) | {"data": D, "fsdp": Fs} | (
                 {"expert": X} if X > 1 else {}) | {"tensor": T},
             "expert": X,
-            "expert_params": expert_params,
-            "ep": X > 1 and bool(expert_params),  # experts split over `expert` (all-to-all)
+            "ep": X > 1 and expert_params,  # experts split over `expert` (all-to-all)
             "pipeline": _pipeline(plan, layers, top_vars),
             # a pipeline spec built for one stage runs its micro-batches one after the other
             "chunks": plan.pipeline.microbatches if plan.pipeline and len(plan.pipeline.stages) == 1 else 1,

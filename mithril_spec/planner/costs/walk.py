@@ -533,6 +533,11 @@ class LayerCosts:
     def add_coll(self, kind, axes, phase, what, nbytes, blocking, count=1) -> None:
         self.u.add_coll(kind, axes, phase, what, nbytes, blocking, count)
 
+    def input_gradients(self, projections: tuple[str, ...]) -> int:
+        """Input-gradient reductions of a layer's input projections: one when their output features are split
+        alike (the programs compute them as one matmul, Op.input_projections), else one each."""
+        return 1 if len({self.tp.get(w, frozenset()) for w in projections}) == 1 else len(projections)
+
     def tp_pair(self, T: frozenset, n_in: int) -> None:
         """Megatron: a column-parallel projection in, a row-parallel projection out; `n_in` input projections
         each reduce their input gradient."""

@@ -3,11 +3,12 @@
 It runs on the mesh it was built for (data=4: 4 rank(s)) and needs only the standard
 library, numpy and torch. The config block holds everything the spec decided; then come the model (one
 nn.Module per block, parameter names equal to the spec's canonical names), the parameters (numpy
-initialisation, shared by every target), the data (by global sample index), the optimizer, the
+initialisation, shared by every target: each rank computes only the shards it holds, after the model was
+built and parallelised on the meta device), the data (by global sample index), the optimizer, the
 parallelism, checkpoints (torch.distributed.checkpoint) and the training loop.
 
     torchrun --standalone --nproc-per-node 4 train.py --steps 20 --metrics metrics.jsonl
-    torchrun --standalone --nproc-per-node 4 train.py --dry-run   # mesh, layouts, bytes per rank
+    python train.py --dry-run   # mesh, layouts, bytes per rank: one process for the whole mesh, nothing allocated
 
 Several machines: launch.sh (torchrun rendezvous) or launch.sbatch (SLURM). gloo on CPU, NCCL on GPUs.
 """
@@ -16,6 +17,7 @@ import argparse
 import contextlib
 import json
 import logging
+import math
 import os
 import shutil
 import sys
@@ -46,6 +48,7 @@ MESH = {"data": 4, "fsdp": 1, "tensor": 1}
 WORLD = 4  # ranks the program must be launched on
 BATCH_AXES = ("data",)  # the batch is split over these (data-parallel degree 4)
 
+
 # Parameters by canonical name: shape (canonical layout), init, std (docs/program.md "Parameters").
 PARAMS = {
     "conv1.weight": ((32, 3, 3, 3), "normal", 0.02),
@@ -56,7 +59,7 @@ PARAMS = {
     "fc2.bias": ((10,), "zeros", 0.02),
 }
 # nn.Linear keeps its weight as [out, in]; the canonical layout is [in, out]: transposed at the boundary
-# (--init-params, --export-params).
+# (initialisation, --init-params, --export-params).
 TRANSPOSED = {
     "fc1.weight",
     "fc2.weight",
@@ -124,7 +127,7 @@ class Model(nn.Module):
 
 # ----------------------------------------------------------------------------
 # Parameters: drawn on the host with numpy (the same values for every mesh and target), by canonical name
-# in canonical layout; the module FQNs are the canonical names.
+# in canonical layout, each rank only the slices it holds; the module FQNs are the canonical names.
 # ----------------------------------------------------------------------------
 def init_values(name, shape, kind, std, seed, index=()):
     """The initial values of parameter `name` at `index` (slices, one per leading dimension; () for all),
@@ -209,23 +212,27 @@ def initial_params(seed):
 
 
 class FileTensor:
-    """One parameter in canonical layout, read from a safetensors file only where it is indexed: a process
-    that holds a slice reads just that slice (`tensor[index]`), and `np.asarray(tensor)` reads it whole.
-    `transposed`, `part` of `parts`: how a stored tensor of another layout holds it (Hugging Face's)."""
+    """A stored tensor of a safetensors file, in canonical layout, read only where it is indexed: a process
+    that holds a slice reads just that slice (`tensor[index]`). `transposed` and `part` of `parts` (of the
+    last dimension): how the stored tensor holds the canonical one (Hugging Face's layouts)."""
 
-    def __init__(self, handle, key, shape, transposed=False, part=0, parts=1):
-        self.handle, self.key, self.shape, self.transposed = handle, key, tuple(shape), transposed
-        self.ndim, self.offset = len(self.shape), part * self.shape[-1] if shape else 0
+    def __init__(self, handle, key, transposed=False, part=0, parts=1):
+        stored = handle.get_slice(key)
+        shape = list(stored.get_shape()[::-1] if transposed else stored.get_shape())
+        self.shape = tuple(shape[:-1] + [shape[-1] // parts] if shape else shape)
+        self.stored, self.key, self.transposed = stored, key, transposed
+        self.offset = part * self.shape[-1] if self.shape else 0
+        self.floating = stored.get_dtype().startswith(("F", "BF"))
 
     def __getitem__(self, index):
         index = index if isinstance(index, tuple) else (index,)
-        index = [index[d] if d < len(index) else slice(None) for d in range(self.ndim)]
-        index = [slice(*s.indices(n)) for s, n in zip(index, self.shape)]
-        if index and self.offset:
-            last = index[-1]
-            index[-1] = slice(last.start + self.offset, last.stop + self.offset)
-        stored = index[::-1] if self.transposed else index
-        x = np.asarray(self.handle.get_slice(self.key)[tuple(stored)], dtype=np.float32)
+        box = [
+            slice(*s.indices(n))
+            for s, n in zip((*index, *[slice(None)] * len(self.shape)), self.shape)
+        ]
+        if self.offset:  # part `part` of the stored last dimension
+            box[-1] = slice(box[-1].start + self.offset, box[-1].stop + self.offset)
+        x = np.asarray(self.stored[tuple(box[::-1] if self.transposed else box)], dtype=np.float32)
         x = x.T if self.transposed else x
         require(np.isfinite(x).all(), f"--init-params: `{self.key}` holds non-finite values")
         return x
@@ -235,49 +242,43 @@ class FileTensor:
 
 
 def load_params(path):
-    """--init-params: parameters by canonical name in canonical layout, every one with its shape and no
-    other. A .npz is read whole (small models); a .safetensors file is read lazily,
-    each process reading only the slices it holds."""
-    want = {k: tuple(shape) for k, (shape, _, _) in PARAMS.items()}
+    """--init-params: parameters by canonical name in canonical layout, every one with its shape. A .npz is
+    read whole (small models); a .safetensors file lazily, each process reading only its slices."""
+    require(os.path.exists(path), f"--init-params {path}: no such file")
     if path.endswith(".npz"):
-        require(os.path.isfile(path), f"--init-params {path}: no such file")
         with np.load(path) as f:
-            loaded = {k: f[k] for k in f.files}
-        got = {k: a.shape for k, a in loaded.items()}
-        bad = [
-            (k, got.get(k), want.get(k)) for k in sorted({*got, *want}) if got.get(k) != want.get(k)
-        ]
+            found = {k: f[k] for k in f.files}
         require(
-            not bad,
-            f"{path}: parameters missing, unknown or of another shape (name, shape in the file, "
-            f"expected shape; None: absent): {bad[:5]}",
+            all(np.isfinite(a).all() for a in found.values() if a.dtype.kind == "f"),
+            f"--init-params {path}: non-finite values",
         )
-        require(
-            all(np.issubdtype(a.dtype, np.floating) for a in loaded.values()),
-            f"--init-params {path}: parameters must be floating-point arrays",
-        )
-        return {k: loaded[k].astype(np.float32) for k in PARAMS}
-    from safetensors import safe_open
-
-    require(os.path.isfile(path), f"--init-params {path}: no such file (.npz or .safetensors)")
-    with safe_open(path, framework="numpy") as f:
-        files = dict.fromkeys(f.keys(), path)
-    handles = {file: safe_open(file, framework="numpy") for file in set(files.values())}
+    else:
+        found = safetensors_tensors(path)
     out, wrong = {}, []
-    for name, shape in want.items():
-        key, transposed, part, parts = name, False, 0, 1
-        if key not in files:
-            wrong.append(f"{key} (missing)")
-            continue
-        stored = handles[files[key]].get_slice(key).get_shape()
-        expect = list(shape[::-1] if transposed else shape)
-        if expect:
-            expect[-1] *= parts
-        if list(stored) != expect:
-            wrong.append(f"{key} {list(stored)} (expected {expect})")
-        out[name] = FileTensor(handles[files[key]], key, shape, transposed, part, parts)
+    for name, (shape, _, _) in PARAMS.items():
+        key, t = name, found.get(name)
+        if isinstance(t, tuple):  # (handle, key) of a safetensors tensor
+            t = FileTensor(*t)
+        if (
+            t is None
+            or tuple(t.shape) != tuple(shape)
+            or not (t.floating if isinstance(t, FileTensor) else t.dtype.kind == "f")
+        ):
+            wrong.append(
+                f"{key} "
+                + ("(missing)" if t is None else f"{list(t.shape)} (expected {list(shape)}, float)")
+            )
+        out[name] = t if isinstance(t, FileTensor) else np.asarray(t, np.float32)
     require(not wrong, f"--init-params {path}: not this model's parameters: {', '.join(wrong[:5])}")
     return out
+
+
+def safetensors_tensors(path):
+    """name -> (open file, name) of every tensor in a safetensors file."""
+    from safetensors import safe_open
+
+    handle = safe_open(path, framework="numpy")
+    return {key: (handle, key) for key in handle.keys()}
 
 
 def save_params(path, arrays):
@@ -295,34 +296,39 @@ def save_params(path, arrays):
     os.replace(tmp, path)
 
 
-def to_torch_layout(name, array):
-    """Canonical layout -> torch layout, and back: nn.Linear weights (TRANSPOSED) are transposed."""
-    a = np.asarray(array, dtype=np.float32)
-    return np.ascontiguousarray(a.T if name in TRANSPOSED else a)
+def canonical(name, tensor):
+    """A whole parameter as numpy in canonical layout: nn.Linear weights (TRANSPOSED) transposed back."""
+    return (tensor.T if name in TRANSPOSED else tensor).detach().float().cpu().numpy()
 
 
 @torch.no_grad()
-def fill_model(model, arrays, device, seed):
-    """Parameters from canonical arrays (into the whole, not yet sharded model)."""
-    names = dict(model.named_parameters())
-    assert set(names) == set(PARAMS), f"model parameters {sorted(set(names) ^ set(PARAMS))} differ"
-    for name, p in names.items():
-        t = torch.from_numpy(to_torch_layout(name, arrays[name]))
-        assert t.shape == p.shape, f"{name} is {list(p.shape)} in torch, {list(t.shape)} canonical"
-        p.data = t.to(device=device, dtype=PARAM_DTYPE)
+def fill_model(model, source, seed):
+    """Every parameter's local part (its shard on this rank, or the whole), in place, from `source`
+    (canonical name -> a lazy tensor or an array, canonical layout): only the slices this rank holds are
+    computed or read."""
+    assert set(dict(model.named_parameters())) == set(PARAMS), "model parameters differ from PARAMS"
+    for name, p in model.named_parameters():
+        shape, offset = local_box(p)
+        box = tuple(slice(o, o + n) for o, n in zip(offset, shape))  # torch layout
+        if name in TRANSPOSED:  # the same block of the canonical [in, out] layout
+            values = np.asarray(source[name][box[::-1]], dtype=np.float32).T
+        else:
+            values = np.asarray(source[name][box], dtype=np.float32)
+        local_part(p).copy_(torch.from_numpy(np.ascontiguousarray(values)))
 
 
 @torch.no_grad()
 def export_params(model, path):
     """--export-params: every parameter, whole, in canonical layout, written by the first rank.
-    Collective: every rank calls it, in the same (named_parameters) order; full_tensor() gathers the
-    shards."""
-    arrays = {
-        n: to_torch_layout(
-            n, (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().float().cpu().numpy()
-        )
+    Collective: every rank calls it, in the same (named_parameters) order; one parameter at a time,
+    full_tensor() gathers its shards and the first rank keeps it."""
+    wholes = (
+        (n, p.full_tensor() if hasattr(p, "full_tensor") else p)
         for n, p in model.named_parameters()
-    }
+    )
+    arrays = {
+        n: canonical(n, whole) for n, whole in wholes if is_first()
+    }  # every rank gathers each in turn
     if is_first():
         save_params(path, {name: arrays[name] for name in PARAMS})
 
@@ -408,10 +414,9 @@ def clip_grad_norm(params):
 # ----------------------------------------------------------------------------
 # Parallelism
 # ----------------------------------------------------------------------------
-def parallelize(model, mesh):
-    """The mesh's parallelism, applied in place to `model` (whose parameter names stay canonical).
-    Then DistributedDataParallel over `data`: returns the DDP wrapper, which the loop calls.
-    """
+def replicate(model, mesh):
+    """DistributedDataParallel over `data`, once the parameters are filled (DDP
+    checks that every rank holds the same): returns the DDP wrapper, which the loop calls."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     # process_group rather than device_mesh=mesh["data"]: a mesh slice makes DDP apply its
@@ -425,6 +430,12 @@ def parallelize(model, mesh):
 def local_part(t):
     """This rank's part of a tensor: its local shard for a DTensor (autograd flows back through it)."""
     return t.to_local() if hasattr(t, "to_local") else t
+
+
+def local_box(p, rank=None):
+    """The shape and offset of the part of parameter `p` that a rank holds: the whole (no parameter is
+    split)."""
+    return tuple(p.shape), (0,) * p.ndim
 
 
 def local_bytes(t):
@@ -458,24 +469,28 @@ def all_ranks(value):
 
 
 def dry_run(model):
-    """--dry-run: the mesh, every parameter's torch layout and this rank's shape of it (its placement
-    over the mesh), and the bytes each rank would hold (gradients like their parameters, OPTIMIZER_SLOTS
-    optimizer tensors each); then the program stops."""
-    # n: this rank's parameter bytes, the gradients' too; the optimizer holds OPTIMIZER_SLOTS times as many
-    every = all_ranks(
-        {
-            "params": (n := sum(local_bytes(p) for p in model.parameters())),
-            "grads": n,
-            "optimizer": OPTIMIZER_SLOTS * n,
-            "buffers": sum(local_bytes(b) for b in model.buffers()),
-        }
-    )
+    """--dry-run: the mesh, every parameter's torch layout and its shape on this rank (its placement over
+    the mesh), and the bytes each rank would hold (gradients like their parameters, OPTIMIZER_SLOTS
+    optimizer tensors each), from the layouts of the model on the meta device: nothing is allocated, and
+    one plain process does it for any mesh (a fake process group stands in for the other ranks).
+    Then the program stops."""
+
+    # per rank: the bytes of its parameter shards, and of its buffers (whole)
+    params = [
+        sum(
+            int(np.prod(local_box(p, r)[0])) * p.element_size() for n, p in model.named_parameters()
+        )
+        for r in range(WORLD)
+    ]
+    held = [
+        sum(b.numel() * b.element_size() for n, b in model.named_buffers()) for r in range(WORLD)
+    ]
     log(
         f"mesh: {', '.join(f'{a}={k}' for a, k in MESH.items())} ({WORLD} rank(s)); batch over {BATCH_AXES or 'no axis'}",
         f"{'parameter':32s} {'canonical':>12s} {'torch':>12s} {'this rank':>12s}  placement",
         *(
             f"{name:32s} {str(list(PARAMS[name][0])):>12s} {str(list(p.shape)):>12s} "
-            f"{str(list(local_part(p).shape)):>12s}  "
+            f"{str(list(local_box(p)[0])):>12s}  "
             + (
                 f"{','.join(p.device_mesh.mesh_dim_names)}: {', '.join(map(str, p.placements))}"
                 if hasattr(p, "placements")
@@ -483,7 +498,13 @@ def dry_run(model):
             )
             for name, p in model.named_parameters()
         ),
-        *(f"rank {r} bytes: {json.dumps(b)}" for r, b in enumerate(every)),
+        *(
+            f"rank {r} bytes: "
+            + json.dumps(
+                {"params": n, "grads": n, "optimizer": OPTIMIZER_SLOTS * n, "buffers": held[r]}
+            )
+            for r, n in enumerate(params)
+        ),
         f"planned per rank: {json.dumps(PLANNED_BYTES)}",
         sep="\n",
     )
@@ -620,19 +641,25 @@ def require(ok, message):
         (os._exit if dist.is_initialized() else sys.exit)(2)
 
 
-def setup():
-    """Check the launch against the mesh before anything else, then the device and process group."""
+def setup(dry_run=False):
+    """Check the launch against the mesh before anything else, then the device and process group.
+    --dry-run in one plain process (no torchrun) stands in for the whole mesh with a fake process group:
+    rank 0 of WORLD, whose collectives do nothing (the dry run runs none)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    fake = dry_run and world == 1
     require(
-        world == WORLD,
+        world == WORLD or fake,
         f"this program was built for the mesh {', '.join(f'{a}={n}' for a, n in MESH.items())}: it needs "
         f"{WORLD} rank(s), but WORLD_SIZE is {world}. Launch it with "
         "`torchrun --nproc-per-node 4 train.py` (or launch.sh), "
         f"or rebuild it for {world} rank(s) with `mithril-spec build --mesh ...`.",
     )
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
-    if device.type == "cuda":
+    cuda = (
+        torch.cuda.is_available() and not fake
+    )  # a fake process group lays out on the CPU: nothing runs
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
         torch.cuda.set_device(device)
     else:
         # ranks on one host share its cores: oversubscribed threads make every rank slower
@@ -645,8 +672,12 @@ def setup():
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
     from torch.distributed.device_mesh import init_device_mesh
 
-    cuda = device.type == "cuda"
-    dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
+    if fake:
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+
+        dist.init_process_group("fake", rank=0, world_size=WORLD, store=FakeStore())
+    else:
+        dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
     mesh = init_device_mesh(device.type, tuple(MESH.values()), mesh_dim_names=tuple(MESH))
     at = dict(zip(MESH, mesh.get_coordinate()))
     dp_rank = 0  # which data shard this rank reads: its index over the batch axes (the other ranks share it)
@@ -669,20 +700,23 @@ def shutdown():
 # Main
 # ----------------------------------------------------------------------------
 def main(args):
-    device, mesh, dp_rank = setup()
-    # the whole model on every rank, filled from the canonical arrays, then sharded
+    device, mesh, dp_rank = setup(args.dry_run)
+    # the model on the meta device; then only what this rank holds is allocated, and filled
     with torch.device("meta"):
         model = Model()
+    if args.dry_run:
+        return dry_run(model)
     model.to_empty(device=device)
-    host = load_params(args.init_params) if args.init_params else initial_params(args.seed)
-    fill_model(model, host, device, args.seed)
-    del host
-    runner = parallelize(model, mesh)  # what the loop calls; `model` keeps the canonical FQNs
+    if not args.resume:  # (a checkpoint restores every parameter and buffer)
+        fill_model(
+            model,
+            load_params(args.init_params) if args.init_params else initial_params(args.seed),
+            args.seed,
+        )
+    runner = replicate(model, mesh)  # what the loop calls; `model` keeps the canonical FQNs
     if args.compile:
         model.compile()  # in place: module FQNs stay canonical
     optimizer, scheduler = make_optimizer(model)
-    if args.dry_run:
-        return dry_run(model)
     start = load_checkpoint(args.resume, model, optimizer, scheduler) if args.resume else 0
     later = [s for s in saved_steps(args.checkpoint_dir or "") if s > start]
     require(

@@ -50,9 +50,13 @@ REPEATS = {"blocks": 4}
 
 
 def every_copy(top, blocks):
-    """A table by canonical name: `top` as it is, and each block entry once per copy."""
+    """A table by canonical name: `top` as it is, and each block entry once per copy (an entry that is a
+    function gets the copy index)."""
     each = [
-        (f"{r}.{i}.{k}", rows[k] if isinstance(rows, dict) else True)
+        (
+            f"{r}.{i}.{k}",
+            (rows[k](i) if callable(rows[k]) else rows[k]) if isinstance(rows, dict) else True,
+        )
         for r, rows in blocks.items()
         for i in range(REPEATS[r])
         for k in rows
@@ -158,22 +162,31 @@ DATA_PATH = None
 # Bytes per device the planner predicts (`mithril-spec plan`); the program prints what it really holds.
 PLANNED_BYTES = {"params": 876032, "optimizer": 1752064, "buffers": 0}
 
+
 # ----------------------------------------------------------------------------
 # Model: pure functions over a flat dict of parameters keyed by canonical name.
 # ----------------------------------------------------------------------------
+def project_together(x, weights, parts):
+    """[x @ w for w in weights] as one matmul, so that the gradient of x is one partial sum over the
+    tensor-parallel axes (one all-reduce, Megatron's count) rather than one per weight. Each weight
+    [D, n] is viewed as [D, parts, n / parts], the shards of its output features on the middle axis,
+    and the views are joined along the last axis: no shard moves."""
+    joined = jnp.concatenate([w.reshape(w.shape[0], parts, -1) for w in weights], axis=-1)
+    y = jnp.einsum("...d,dsn->...sn", x, joined)
+    cuts = np.cumsum([w.shape[1] // parts for w in weights])[:-1]
+    return [part.reshape(*x.shape[:-1], -1) for part in jnp.split(y, cuts, axis=-1)]
 
 
-def attention(x, p, pre, heads, head_dim, causal=False, bias=False):
+def attention(x, p, pre, heads, head_dim, causal=False, bias=False, parts=1):
     """Multi-head self-attention over [B, T, D] with parameters pre + "q.weight" etc.
+    q, k and v come from one matmul (project_together: `parts` shards of their output features).
     Scores and softmax in float32."""
     B, T, _ = x.shape
-
-    def project(name, n):
-        y = x @ p[pre + name + ".weight"]
-        y = y + p[pre + name + ".bias"] if bias else y
-        return y.reshape(B, T, n, head_dim)
-
-    q, k, v = project("q", heads), project("k", heads), project("v", heads)
+    names = [pre + n + ".weight" for n in "qkv"]
+    q, k, v = project_together(x, [p[n] for n in names], parts)
+    if bias:
+        q, k, v = (y + p[n[: -len("weight")] + "bias"] for y, n in zip((q, k, v), names))
+    q, k, v = (y.reshape(B, T, heads, head_dim) for y in (q, k, v))
     scores = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / math.sqrt(head_dim)
     if causal:
         scores = jnp.where(jnp.tril(jnp.ones((T, T), dtype=bool)), scores, -jnp.inf)
@@ -227,7 +240,7 @@ def decoder_block(p, block_input):
     """One copy of the `decoder` block. `p`: its parameters by their names inside the block
     ("<layer>.<param>"). Returns its output."""
     ln1 = layer_norm(block_input, p["ln1.weight"], p["ln1.bias"], eps=1e-05)
-    attn = attention(ln1, p, "attn.", heads=4, head_dim=32, causal=True)
+    attn = attention(ln1, p, "attn.", heads=4, head_dim=32, causal=True, parts=2)
     res1 = block_input + attn
     ln2 = layer_norm(res1, p["ln2.weight"], p["ln2.bias"], eps=1e-05)
     mlp_ = mlp(ln2, p, "mlp.", activation="gelu", bias=True)
@@ -428,23 +441,27 @@ def initial_params(seed):
 
 
 class FileTensor:
-    """One parameter in canonical layout, read from a safetensors file only where it is indexed: a process
-    that holds a slice reads just that slice (`tensor[index]`), and `np.asarray(tensor)` reads it whole.
-    `transposed`, `part` of `parts`: how a stored tensor of another layout holds it (Hugging Face's)."""
+    """A stored tensor of a safetensors file, in canonical layout, read only where it is indexed: a process
+    that holds a slice reads just that slice (`tensor[index]`). `transposed` and `part` of `parts` (of the
+    last dimension): how the stored tensor holds the canonical one (Hugging Face's layouts)."""
 
-    def __init__(self, handle, key, shape, transposed=False, part=0, parts=1):
-        self.handle, self.key, self.shape, self.transposed = handle, key, tuple(shape), transposed
-        self.ndim, self.offset = len(self.shape), part * self.shape[-1] if shape else 0
+    def __init__(self, handle, key, transposed=False, part=0, parts=1):
+        stored = handle.get_slice(key)
+        shape = list(stored.get_shape()[::-1] if transposed else stored.get_shape())
+        self.shape = tuple(shape[:-1] + [shape[-1] // parts] if shape else shape)
+        self.stored, self.key, self.transposed = stored, key, transposed
+        self.offset = part * self.shape[-1] if self.shape else 0
+        self.floating = stored.get_dtype().startswith(("F", "BF"))
 
     def __getitem__(self, index):
         index = index if isinstance(index, tuple) else (index,)
-        index = [index[d] if d < len(index) else slice(None) for d in range(self.ndim)]
-        index = [slice(*s.indices(n)) for s, n in zip(index, self.shape)]
-        if index and self.offset:
-            last = index[-1]
-            index[-1] = slice(last.start + self.offset, last.stop + self.offset)
-        stored = index[::-1] if self.transposed else index
-        x = np.asarray(self.handle.get_slice(self.key)[tuple(stored)], dtype=np.float32)
+        box = [
+            slice(*s.indices(n))
+            for s, n in zip((*index, *[slice(None)] * len(self.shape)), self.shape)
+        ]
+        if self.offset:  # part `part` of the stored last dimension
+            box[-1] = slice(box[-1].start + self.offset, box[-1].stop + self.offset)
+        x = np.asarray(self.stored[tuple(box[::-1] if self.transposed else box)], dtype=np.float32)
         x = x.T if self.transposed else x
         require(np.isfinite(x).all(), f"--init-params: `{self.key}` holds non-finite values")
         return x
@@ -454,49 +471,43 @@ class FileTensor:
 
 
 def load_params(path):
-    """--init-params: parameters by canonical name in canonical layout, every one with its shape and no
-    other. A .npz is read whole (small models); a .safetensors file is read lazily,
-    each process reading only the slices it holds."""
-    want = {k: tuple(shape) for k, (shape, _, _) in PARAMS.items()}
+    """--init-params: parameters by canonical name in canonical layout, every one with its shape. A .npz is
+    read whole (small models); a .safetensors file lazily, each process reading only its slices."""
+    require(os.path.exists(path), f"--init-params {path}: no such file")
     if path.endswith(".npz"):
-        require(os.path.isfile(path), f"--init-params {path}: no such file")
         with np.load(path) as f:
-            loaded = {k: f[k] for k in f.files}
-        got = {k: a.shape for k, a in loaded.items()}
-        bad = [
-            (k, got.get(k), want.get(k)) for k in sorted({*got, *want}) if got.get(k) != want.get(k)
-        ]
+            found = {k: f[k] for k in f.files}
         require(
-            not bad,
-            f"{path}: parameters missing, unknown or of another shape (name, shape in the file, "
-            f"expected shape; None: absent): {bad[:5]}",
+            all(np.isfinite(a).all() for a in found.values() if a.dtype.kind == "f"),
+            f"--init-params {path}: non-finite values",
         )
-        require(
-            all(np.issubdtype(a.dtype, np.floating) for a in loaded.values()),
-            f"--init-params {path}: parameters must be floating-point arrays",
-        )
-        return {k: loaded[k].astype(np.float32) for k in PARAMS}
-    from safetensors import safe_open
-
-    require(os.path.isfile(path), f"--init-params {path}: no such file (.npz or .safetensors)")
-    with safe_open(path, framework="numpy") as f:
-        files = dict.fromkeys(f.keys(), path)
-    handles = {file: safe_open(file, framework="numpy") for file in set(files.values())}
+    else:
+        found = safetensors_tensors(path)
     out, wrong = {}, []
-    for name, shape in want.items():
-        key, transposed, part, parts = name, False, 0, 1
-        if key not in files:
-            wrong.append(f"{key} (missing)")
-            continue
-        stored = handles[files[key]].get_slice(key).get_shape()
-        expect = list(shape[::-1] if transposed else shape)
-        if expect:
-            expect[-1] *= parts
-        if list(stored) != expect:
-            wrong.append(f"{key} {list(stored)} (expected {expect})")
-        out[name] = FileTensor(handles[files[key]], key, shape, transposed, part, parts)
+    for name, (shape, _, _) in PARAMS.items():
+        key, t = name, found.get(name)
+        if isinstance(t, tuple):  # (handle, key) of a safetensors tensor
+            t = FileTensor(*t)
+        if (
+            t is None
+            or tuple(t.shape) != tuple(shape)
+            or not (t.floating if isinstance(t, FileTensor) else t.dtype.kind == "f")
+        ):
+            wrong.append(
+                f"{key} "
+                + ("(missing)" if t is None else f"{list(t.shape)} (expected {list(shape)}, float)")
+            )
+        out[name] = t if isinstance(t, FileTensor) else np.asarray(t, np.float32)
     require(not wrong, f"--init-params {path}: not this model's parameters: {', '.join(wrong[:5])}")
     return out
+
+
+def safetensors_tensors(path):
+    """name -> (open file, name) of every tensor in a safetensors file."""
+    from safetensors import safe_open
+
+    handle = safe_open(path, framework="numpy")
+    return {key: (handle, key) for key in handle.keys()}
 
 
 def save_params(path, arrays):

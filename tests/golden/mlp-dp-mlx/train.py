@@ -36,6 +36,7 @@ SPEC_NAME = "mlp-dp"
 SPEC_FILE = "mlp-dp.yaml"
 MITHRIL_VERSION = "0.1.0"
 
+
 # Device mesh: axis -> size (axes of size 1 are left out). One process per device.
 MESH = {"data": 8}
 PROCESSES = 8
@@ -248,23 +249,27 @@ def initial_params(seed):
 
 
 class FileTensor:
-    """One parameter in canonical layout, read from a safetensors file only where it is indexed: a process
-    that holds a slice reads just that slice (`tensor[index]`), and `np.asarray(tensor)` reads it whole.
-    `transposed`, `part` of `parts`: how a stored tensor of another layout holds it (Hugging Face's)."""
+    """A stored tensor of a safetensors file, in canonical layout, read only where it is indexed: a process
+    that holds a slice reads just that slice (`tensor[index]`). `transposed` and `part` of `parts` (of the
+    last dimension): how the stored tensor holds the canonical one (Hugging Face's layouts)."""
 
-    def __init__(self, handle, key, shape, transposed=False, part=0, parts=1):
-        self.handle, self.key, self.shape, self.transposed = handle, key, tuple(shape), transposed
-        self.ndim, self.offset = len(self.shape), part * self.shape[-1] if shape else 0
+    def __init__(self, handle, key, transposed=False, part=0, parts=1):
+        stored = handle.get_slice(key)
+        shape = list(stored.get_shape()[::-1] if transposed else stored.get_shape())
+        self.shape = tuple(shape[:-1] + [shape[-1] // parts] if shape else shape)
+        self.stored, self.key, self.transposed = stored, key, transposed
+        self.offset = part * self.shape[-1] if self.shape else 0
+        self.floating = stored.get_dtype().startswith(("F", "BF"))
 
     def __getitem__(self, index):
         index = index if isinstance(index, tuple) else (index,)
-        index = [index[d] if d < len(index) else slice(None) for d in range(self.ndim)]
-        index = [slice(*s.indices(n)) for s, n in zip(index, self.shape)]
-        if index and self.offset:
-            last = index[-1]
-            index[-1] = slice(last.start + self.offset, last.stop + self.offset)
-        stored = index[::-1] if self.transposed else index
-        x = np.asarray(self.handle.get_slice(self.key)[tuple(stored)], dtype=np.float32)
+        box = [
+            slice(*s.indices(n))
+            for s, n in zip((*index, *[slice(None)] * len(self.shape)), self.shape)
+        ]
+        if self.offset:  # part `part` of the stored last dimension
+            box[-1] = slice(box[-1].start + self.offset, box[-1].stop + self.offset)
+        x = np.asarray(self.stored[tuple(box[::-1] if self.transposed else box)], dtype=np.float32)
         x = x.T if self.transposed else x
         require(np.isfinite(x).all(), f"--init-params: `{self.key}` holds non-finite values")
         return x
@@ -274,49 +279,43 @@ class FileTensor:
 
 
 def load_params(path):
-    """--init-params: parameters by canonical name in canonical layout, every one with its shape and no
-    other. A .npz is read whole (small models); a .safetensors file is read lazily,
-    each process reading only the slices it holds."""
-    want = {k: tuple(shape) for k, (shape, _, _) in PARAMS.items()}
+    """--init-params: parameters by canonical name in canonical layout, every one with its shape. A .npz is
+    read whole (small models); a .safetensors file lazily, each process reading only its slices."""
+    require(os.path.exists(path), f"--init-params {path}: no such file")
     if path.endswith(".npz"):
-        require(os.path.isfile(path), f"--init-params {path}: no such file")
         with np.load(path) as f:
-            loaded = {k: f[k] for k in f.files}
-        got = {k: a.shape for k, a in loaded.items()}
-        bad = [
-            (k, got.get(k), want.get(k)) for k in sorted({*got, *want}) if got.get(k) != want.get(k)
-        ]
+            found = {k: f[k] for k in f.files}
         require(
-            not bad,
-            f"{path}: parameters missing, unknown or of another shape (name, shape in the file, "
-            f"expected shape; None: absent): {bad[:5]}",
+            all(np.isfinite(a).all() for a in found.values() if a.dtype.kind == "f"),
+            f"--init-params {path}: non-finite values",
         )
-        require(
-            all(np.issubdtype(a.dtype, np.floating) for a in loaded.values()),
-            f"--init-params {path}: parameters must be floating-point arrays",
-        )
-        return {k: loaded[k].astype(np.float32) for k in PARAMS}
-    from safetensors import safe_open
-
-    require(os.path.isfile(path), f"--init-params {path}: no such file (.npz or .safetensors)")
-    with safe_open(path, framework="numpy") as f:
-        files = dict.fromkeys(f.keys(), path)
-    handles = {file: safe_open(file, framework="numpy") for file in set(files.values())}
+    else:
+        found = safetensors_tensors(path)
     out, wrong = {}, []
-    for name, shape in want.items():
-        key, transposed, part, parts = name, False, 0, 1
-        if key not in files:
-            wrong.append(f"{key} (missing)")
-            continue
-        stored = handles[files[key]].get_slice(key).get_shape()
-        expect = list(shape[::-1] if transposed else shape)
-        if expect:
-            expect[-1] *= parts
-        if list(stored) != expect:
-            wrong.append(f"{key} {list(stored)} (expected {expect})")
-        out[name] = FileTensor(handles[files[key]], key, shape, transposed, part, parts)
+    for name, (shape, _, _) in PARAMS.items():
+        key, t = name, found.get(name)
+        if isinstance(t, tuple):  # (handle, key) of a safetensors tensor
+            t = FileTensor(*t)
+        if (
+            t is None
+            or tuple(t.shape) != tuple(shape)
+            or not (t.floating if isinstance(t, FileTensor) else t.dtype.kind == "f")
+        ):
+            wrong.append(
+                f"{key} "
+                + ("(missing)" if t is None else f"{list(t.shape)} (expected {list(shape)}, float)")
+            )
+        out[name] = t if isinstance(t, FileTensor) else np.asarray(t, np.float32)
     require(not wrong, f"--init-params {path}: not this model's parameters: {', '.join(wrong[:5])}")
     return out
+
+
+def safetensors_tensors(path):
+    """name -> (open file, name) of every tensor in a safetensors file."""
+    from safetensors import safe_open
+
+    handle = safe_open(path, framework="numpy")
+    return {key: (handle, key) for key in handle.keys()}
 
 
 def save_params(path, arrays):
