@@ -42,7 +42,7 @@ EXIT_PIPE = 128 + 13  # as a process ended by SIGPIPE
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # usage errors exit 2 without a traceback (argparse's default too)
         self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {escape(message)}\n")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -118,10 +118,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
+    from .atomic import OutputError
+
     args = _parser().parse_args(argv)
     try:
+        _check_numbers(args)
         return _COMMANDS[args.command](args)
-    except UsageError as e:
+    except (UsageError, OutputError) as e:
         print(f"mithril-spec: error: {escape(str(e))}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
@@ -131,6 +134,29 @@ def _main(argv: Sequence[str] | None) -> int:
     except Exception as e:  # noqa: BLE001 (a bug in mithril-spec, not in the user's spec: say so in one line)
         print(f"mithril-spec: internal error: {type(e).__name__}: {escape(str(e))} (please report this)", file=sys.stderr)
         return EXIT_INTERNAL
+
+
+def _check_numbers(args) -> None:
+    """Numbers on the command line obey the spec's limits (E015): below 2^53, a mesh's product too."""
+    from .limits import MAX_INT
+
+    for flag in ("devices", "top", "seq"):
+        n = getattr(args, flag, None)
+        if n is not None and abs(n) >= MAX_INT:
+            raise UsageError(f"--{flag} {n if n < 10**30 else 'of ' + str(len(str(n))) + ' digits'}: out of range "
+                             "(numbers are below 2^53)")
+    mesh = getattr(args, "mesh", None)
+    if mesh:
+        product = 1
+        for part in mesh.split(","):
+            axis, eq, size = part.partition("=")
+            size = size.strip()
+            if eq and size.isdigit() and size.isascii():
+                if len(size) > 16 or int(size) >= MAX_INT:
+                    raise UsageError(f"--mesh: size of `{axis.strip()}` is out of range (sizes are below 2^53)")
+                product *= int(size)
+        if product >= MAX_INT:
+            raise UsageError(f"--mesh: {product:,} devices; a mesh has fewer than 2^53")
 
 
 def _broken_pipe() -> int:
@@ -173,6 +199,11 @@ def _emit(diags: list[Diagnostic], sources: dict[str, str], args) -> None:
         sys.stderr.write(render_text(diags, sources, color=_color(args)))
 
 
+def _escape_lines(text: str) -> str:
+    """Text for a terminal, each line escaped (`escape`): names and globs from the spec reach the output."""
+    return "\n".join(escape(line) for line in text.split("\n"))
+
+
 def _strict(diags: list[Diagnostic], strict: bool) -> list[Diagnostic]:
     return [d.as_error() for d in diags] if strict else diags
 
@@ -182,8 +213,10 @@ def _read(path: Path):
 
     try:
         return load_spec_file(path)
-    except (UnicodeDecodeError, ValueError) as e:
-        raise UsageError(f"{path}: cannot read as UTF-8 text ({e})")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{path}: cannot read as UTF-8 text ({e})") from None
+    except OSError as e:
+        raise UsageError(f"{path}: cannot read: {e.strerror or e}") from None
 
 
 class _Spec:
@@ -192,6 +225,7 @@ class _Spec:
 
     def __init__(self, path: Path, devices: int | None):
         from .graph import resolve
+        from .source import read_source
         from .validate import validate
 
         if not path.is_file():
@@ -205,11 +239,12 @@ class _Spec:
         try:
             self.doc = _read(path)
         except DiagnosticError as e:
-            self.sources = {str(path): path.read_text(encoding="utf-8", errors="replace")}
+            # (at most MAX_FILE_BYTES of each file: a file over the limit is shown from its start)
+            self.sources = {str(path): read_source(path)}
             for d in e.diagnostics:  # an error inside a base spec reached through `extends`
                 for where in [d.pos] + [lab.pos for lab in d.labels]:
                     if where and where.file not in self.sources and Path(where.file).is_file():
-                        self.sources[where.file] = Path(where.file).read_text(encoding="utf-8", errors="replace")
+                        self.sources[where.file] = read_source(where.file)
             self.diags = self.finish(e.diagnostics)
             return
         self.sources = dict(self.doc.sources)
@@ -391,6 +426,8 @@ def cmd_plan(args) -> int:
     from .planner.plan_json import plan_to_json
     from .planner.table import render_plan
 
+    if args.report:
+        _check_report(Path(args.report))  # (a usage error before any work)
     if args.auto:
         return _plan_auto(args)
     c, diags, sources = _compile(Path(args.spec), args.mesh, args.devices)
@@ -416,16 +453,26 @@ def cmd_plan(args) -> int:
         sys.stdout.write(json.dumps(out, indent=2, sort_keys=False) + "\n")
     else:
         _emit(diags, sources, args)
-        sys.stdout.write(render_plan(c.plan, costs))
+        sys.stdout.write(_escape_lines(render_plan(c.plan, costs)))
     return EXIT_INVALID if any(d.severity == "error" for d in diags) else EXIT_OK
+
+
+def _check_report(path: Path) -> None:
+    """`--report FILE`: its directory must exist (it is not created) and FILE must not be a directory."""
+    if path.is_dir():
+        raise UsageError(f"--report {path}: is a directory")
+    parent = path.parent
+    if not parent.is_dir():
+        what = "not a directory" if parent.exists() else "no such directory"
+        raise UsageError(f"--report {path}: {what}: {parent}")
 
 
 def _write_report(path: Path, c: Compiled, costs) -> None:
     from .atomic import write_atomic
     from .render.report import render_report
 
-    write_atomic(path, render_report(c.plan, costs))
-    print(f"wrote {path}", file=sys.stderr)
+    write_atomic(path, render_report(c.plan, costs), create_parents=False)
+    print(f"wrote {escape(str(path))}", file=sys.stderr)
 
 
 def _plan_auto(args) -> int:
@@ -493,13 +540,14 @@ def _plan_auto(args) -> int:
             by_code[r.code] = by_code.get(r.code, 0) + 1
         out.append(f"rejected by the planner: {len(res.rejected)} mesh(es) (" + ", ".join(
             f"{code} {codes.title(code)}: {n}" for code, n in sorted(by_code.items())) + ")")
-    sys.stdout.write("\n".join(out) + "\n")
+    sys.stdout.write(_escape_lines("\n".join(out) + "\n"))
     return EXIT_OK if best else EXIT_INVALID
 
 
 def cmd_build(args) -> int:
     from .render import build
 
+    build.check_output(Path(args.output))  # (a usage error before any work)
     c, diags, sources = _compile(Path(args.spec), args.mesh, args.devices)
     diags = _strict(diags, args.strict)
     if c is None or any(d.severity == "error" for d in diags):
@@ -512,7 +560,7 @@ def cmd_build(args) -> int:
         return EXIT_INVALID
     _emit(diags, sources, args)
     for f in written:
-        print(f"wrote {f}")
+        print(f"wrote {escape(str(f))}")
     return EXIT_OK
 
 
@@ -533,7 +581,7 @@ def cmd_schema(args) -> int:
         print(f"{out} is up to date", file=sys.stderr)
         return EXIT_OK
     write_atomic(out, text)
-    print(f"wrote {out}")
+    print(f"wrote {escape(str(out))}")
     return EXIT_OK
 
 
@@ -630,7 +678,7 @@ def cmd_import(args) -> int:
         sys.stdout.write(imported.spec)
     else:
         write_atomic(Path(args.output), imported.spec)
-        print(f"wrote {args.output} ({imported.family}, {c.plan.param_count:,} parameters)", file=sys.stderr)
+        print(f"wrote {escape(args.output)} ({imported.family}, {c.plan.param_count:,} parameters)", file=sys.stderr)
     return EXIT_OK
 
 

@@ -33,7 +33,10 @@ _TEXTS: dict[str, tuple[str, str]] = {
         "YAML syntax error",
         (
             "The file is not valid YAML. The position points where the parser gave up; the real mistake is "
-            "often just before it (an unclosed bracket or quote, a tab used for indentation, a mis-indented key)."
+            "often just before it (an unclosed bracket, a tab used for indentation, a mis-indented key). A quoted "
+            "string that is never closed is reported where it opens. Also refused: a mapping key that is not a "
+            "plain scalar, an escape that is not a Unicode character (a lone surrogate such as `\\ud800`), an "
+            "alias inside the node it names, tags other than the standard ones (`!!python/object`), several documents in one file."
         ),
     ),
     "E002": (
@@ -67,6 +70,18 @@ _TEXTS: dict[str, tuple[str, str]] = {
         (
             "A spec is a mapping at the top level (`version: 1`, `name: ...`, `model: ...`, ...); so is a base "
             "spec reached through `extends`. The file (or base spec) is a list, a scalar or empty."
+        ),
+    ),
+    "E006": (
+        "spec too large",
+        (
+            "A spec is checked within limits that keep every check fast, whatever the file holds: a spec file "
+            "(and each base spec it extends) holds at most 1 MiB, nests mappings and lists at most 100 levels "
+            "deep, and holds at most 20,000 values once YAML aliases and `<<` merge keys are expanded. Aliases "
+            "and merge keys are counted as they are met, before anything is expanded, so a few lines that would "
+            "expand into millions of values (an \"alias bomb\") are refused at once; the position is the alias, "
+            "node or bracket that passes the limit. Real specs stay far below these limits: write a repeated "
+            "stack of layers once, as a block with `repeat`. docs/spec.md (Limits) lists every limit."
         ),
     ),
     # ---- the spec's structure
@@ -109,6 +124,17 @@ _TEXTS: dict[str, tuple[str, str]] = {
         "unsupported spec version",
         "`version` must be 1, the only version of the spec language this mithril-spec understands.",
     ),
+    "E015": (
+        "number out of range",
+        (
+            "Integers (sizes, dims, batch sizes, steps, mesh axis sizes, ...) must be below 2^53, and so must "
+            "the products they make: the elements of each tensor (with the batch) and the devices of a mesh. "
+            "Floating-point values (learning rates, weight decay, eps, clip norms, hardware figures) must be "
+            "finite: `.inf`, `.nan` and numbers beyond the float range (`1e400` reads as infinity) are refused. "
+            "Such values pass a type check but cannot run: the generated program would overflow, or train on "
+            "infinities and NaN."
+        ),
+    ),
     # ---- the model graph
     "E020": (
         "undefined dim",
@@ -123,7 +149,8 @@ _TEXTS: dict[str, tuple[str, str]] = {
         (
             "Sizes are positive integers, dim names, or arithmetic on them (`4*d`, `d/heads`). The expression "
             "could not be evaluated to a positive integer (a division that leaves a remainder, a negative or "
-            "zero result, or an unsupported operator)."
+            "zero result, or an unsupported operator), or is longer than 200 characters (name the size in `dims` "
+            "instead). A size or an intermediate result of 2^53 or more is E015."
         ),
     ),
     "E022": (
@@ -196,6 +223,15 @@ _TEXTS: dict[str, tuple[str, str]] = {
             "than `max_len`, `tie` to a non-embedding or with `bias: true`, `add`/`mul`/`concat` with fewer than "
             "two inputs, a one-input operator given several, `split` sizes that do not add up to the dimension or "
             "an `index` past the last piece, a `dim` out of range."
+        ),
+    ),
+    "E031": (
+        "too many layers",
+        (
+            "A model has at most 10,000 layers once every `repeat` is expanded: its top-level layers plus, for "
+            "each `repeat`, the block's layers times the repeat count (a 1000-layer GPT has about 6,000). "
+            "Planning, building and the generated programs grow with that count; a larger one is almost always "
+            "a typo (`repeat: 100000`). The position is the `repeat` that passes the limit."
         ),
     ),
     # ---- mesh and sharding
@@ -510,6 +546,17 @@ name: example
 - name: example
 """)
     ),
+    "E006": Example(
+        _spec("""
+version: 1
+name: example
+a: &a [x, x, x, x, x, x, x, x, x, x]
+b: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]
+c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]
+d: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]
+e: [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d]
+""")
+    ),
     "E010": Example(
         _spec(
             _MLP
@@ -555,6 +602,17 @@ training:
         )
     ),
     "E014": Example(_spec("version: 2\n" + _MLP.removeprefix("\nversion: 1\n") + _TRAIN)),
+    "E015": Example(
+        _spec(
+            _MLP
+            + """
+training:
+  batch_size: 8
+  steps: 10
+  optimizer: {name: adamw, lr: 1e400}
+"""
+        )
+    ),
     "E020": Example(
         _spec(
             _MLP_HEAD
@@ -675,6 +733,21 @@ model:
         )
     ),
     "E030": Example(_spec(_LM_HEAD.replace("heads: 4}", "heads: 6}"))),
+    "E031": Example(
+        _spec(
+            _MLP_HEAD
+            + """  blocks:
+    mlp:
+      - {op: linear, name: fc, dimension: features}
+      - {op: relu, name: act}
+  layers:
+    - {repeat: 100000, block: mlp, name: blocks}
+    - {op: linear, name: head, dimension: classes}
+  loss: {op: cross_entropy, logits: head, targets: y}
+"""
+            + _TRAIN
+        )
+    ),
     "E040": Example(_spec(_LM_HEAD + "mesh: {data: 2, tensr: 2}\n")),
     "E041": Example(
         _spec(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -135,18 +136,72 @@ def edit_distance(a: str, b: str) -> int:
     return prev[-1]
 
 
+MAX_SUGGEST = 100  # words longer than this get no suggestion (the distance costs len(a) * len(b))
+MAX_COMPARED = 200  # choices whose distance to a word is computed (the closest by shared start and end)
+
+
 def closest(word: str, choices: Iterable[str]) -> str | None:
     """The choice close enough to `word` to be what was meant, if any."""
-    choices = sorted(set(choices))
-    if not choices:
+    if len(word) > MAX_SUGGEST:
         return None
-    best = min(choices, key=lambda c: (edit_distance(word.lower(), c.lower()), c))
-    return best if edit_distance(word.lower(), best.lower()) <= max(1, len(word) // 3) else None
+    limit = max(1, len(word) // 3)
+    # (a distance is at least the difference of the lengths: only choices within the limit are compared)
+    choices = sorted({c for c in choices if abs(len(c) - len(word)) <= limit})
+    low = word.lower()
+    if len(choices) > MAX_COMPARED:
+        # Thousands of names (every parameter of a deep model): compare those that share the most of the
+        # word's start and end, so that a suggestion costs milliseconds, not seconds.
+        def shared(c: str) -> int:
+            c = c.lower()
+            n = len(os.path.commonprefix([low, c]))
+            return n + len(os.path.commonprefix([low[n:][::-1], c[n:][::-1]]))
+
+        choices = sorted(sorted(choices, key=shared, reverse=True)[:MAX_COMPARED])
+    mine = {ch: low.count(ch) for ch in set(low)}
+    best, best_d = None, limit + 1
+    for c in choices:
+        cl = c.lower()
+        # An edit changes at most one character of each word: the characters one word has and the other lacks
+        # bound the distance from below, cheaply (thousands of parameter names are compared to one glob).
+        if sum(n - cl.count(ch) for ch, n in mine.items() if n > cl.count(ch)) > min(limit, best_d):
+            continue
+        d = _within(low, cl, min(limit, best_d))
+        if d < best_d or (d == best_d and best is not None and c < best):
+            best, best_d = c, d
+    return best if best_d <= limit else None
+
+
+def _within(a: str, b: str, limit: int) -> int:
+    """`edit_distance(a, b)` when it is at most `limit`, else `limit + 1`: only the diagonal band |i - j| <= limit
+    is computed, and a row beyond the limit ends it (a suggestion is looked for among thousands of names)."""
+    if abs(len(a) - len(b)) > limit:
+        return limit + 1
+    if a == b:
+        return 0
+    big = limit + 1
+    prev2: list[int] = []
+    prev = [j if j <= limit else big for j in range(len(b) + 1)]
+    for i in range(1, len(a) + 1):
+        cur = [big] * (len(b) + 1)
+        if i <= limit:
+            cur[0] = i
+        lo, hi = max(1, i - limit), min(len(b), i + limit)
+        for j in range(lo, hi + 1):
+            cost = a[i - 1] != b[j - 1]
+            v = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + cost)
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                v = min(v, prev2[j - 2] + 1)
+            cur[j] = v if v < big else big
+        if min(cur[max(0, lo - 1) : hi + 1]) > limit:
+            return big
+        prev2, prev = prev, cur
+    return min(prev[-1], big)
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str | None:
     """A help line suggesting the closest of `choices`, or listing them when none is close."""
     choices = sorted(set(choices))
+    word = str(word)
     best = closest(word, choices)
     if best is not None:
         return f"did you mean `{best}`?"
@@ -182,6 +237,19 @@ def escape(text: str) -> str:
             n = ord(ch)
             out.append(f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}")
     return "".join(out)
+
+
+MAX_MESSAGE = 1000  # characters of a message, note or help line shown (the middle is left out beyond)
+MAX_LINE = 240  # a longer source line is shown as a window around what is underlined
+WINDOW = 160
+
+
+def clip(text: str, limit: int = MAX_MESSAGE) -> str:
+    """`text`, its middle left out when longer than `limit` (a message can quote a huge user value)."""
+    if len(text) <= limit:
+        return text
+    half = (limit - 5) // 2
+    return f"{text[:half]} ... {text[-half:]}"
 
 
 def _style(text: str, code: str, color: bool) -> str:
@@ -260,32 +328,81 @@ def _connectors(cols: list[int], upto: int | None = None) -> str:
 
 def render_text(diags: Sequence[Diagnostic], sources: dict[str, str], color: bool = False) -> str:
     """rustc/ruff-like: a header, the source lines with the span underlined (`^`) and secondary labels
-    (`-` and their text), then note and help lines. User text is escaped (see `escape`)."""
+    (`-` and their text), then note and help lines. User text is escaped (see `escape`); very long messages
+    and source lines are shortened (`clip`, a window of the line around the underline)."""
     out: list[str] = []
+    cache: dict[str, list[str]] = {}
+
+    def lines_of(file: str) -> list[str]:  # each file split once, however many diagnostics point into it
+        if file not in cache:
+            cache[file] = _ExpandedLines(_source_lines(sources[file]))
+        return cache[file]
     for d in diags:
         sev_color = "1;31" if d.severity == "error" else "1;33"
-        head = (
-            f"{_style(d.severity + '[' + d.code + ']', sev_color, color)}: {_style(escape(d.full_message), '1', color)}"
-        )
+        message = escape(clip(d.full_message))
+        head = f"{_style(d.severity + '[' + d.code + ']', sev_color, color)}: {_style(message, '1', color)}"
         out.append(f"{escape(str(d.pos))}: {head}" if d.pos else head)
-        marks = ([_Mark(d.pos, True, "")] if d.pos else []) + [_Mark(lab.pos, False, lab.message) for lab in d.labels]
-        out += _snippets(marks, sources, sev_color, color)
+        marks = ([_Mark(d.pos, True, "")] if d.pos else []) + [
+            _Mark(lab.pos, False, clip(lab.message)) for lab in d.labels]
+        out += _snippets(marks, sources, sev_color, color, lines_of)
         for note in d.notes:
-            out.append(f"  = note: {escape(note)}")
+            out.append(f"  = note: {escape(clip(note))}")
         if d.help:
-            out.append(f"  = {_style('help', '1;36', color)}: {escape(d.help)}")
+            out.append(f"  = {_style('help', '1;36', color)}: {escape(clip(d.help))}")
         out.append("")
     return "\n".join(out)
 
 
-def _snippets(marks: list[_Mark], sources: dict[str, str], sev_color: str, color: bool) -> list[str]:
+class _ExpandedLines(list):
+    """A file's lines; `expanded(i)` is line i with tabs expanded, computed once."""
+
+    def __init__(self, lines: list[str]):
+        super().__init__(lines)
+        self._expanded: dict[int, str] = {}
+
+    def expanded(self, i: int) -> str:
+        if i not in self._expanded:
+            self._expanded[i] = self[i].expandtabs(1)
+        return self._expanded[i]
+
+
+def _window(src: str, marks: list[_Mark]) -> tuple[str, list[_Mark]]:
+    """A line longer than MAX_LINE: the WINDOW characters around its marks (`...` where text is left out),
+    with the marks' columns moved to match."""
+    if len(src) <= MAX_LINE:
+        return src, marks
+    lo = min(max(m.pos.col, 1) - 1 for m in marks)
+    start = max(0, min(lo - 40, len(src) - WINDOW))
+    end = min(len(src), start + WINDOW)
+    head = "..." if start > 0 else ""
+    shown = head + src[start:end] + ("..." if end < len(src) else "")
+
+    def move(col: int) -> int:
+        return min(max(col - 1 - start, 0), end - start) + len(head) + 1
+
+    moved = []
+    for m in marks:
+        p = m.pos
+        if p.has_end and p.end_line == p.line:
+            q = Position(p.file, p.line, move(p.col), p.end_line, max(move(p.end_col), move(p.col) + 1))
+        else:
+            q = Position(p.file, p.line, move(p.col))
+        moved.append(_Mark(q, m.primary, m.text))
+    return shown, moved
+
+
+def _snippets(marks: list[_Mark], sources: dict[str, str], sev_color: str, color: bool,
+              lines_of=None) -> list[str]:
     """Source excerpts for the marks, one block per file (the primary's first), lines in order."""
+    if lines_of is None:
+        def lines_of(file: str) -> list[str]:
+            return _ExpandedLines(_source_lines(sources[file]))
     by_file: dict[str, dict[int, list[_Mark]]] = {}
     for m in marks:
         text = sources.get(m.pos.file)
         if text is None:
             continue
-        lines = _source_lines(text)
+        lines = lines_of(m.pos.file)
         if 1 <= m.pos.line <= len(lines):
             by_file.setdefault(m.pos.file, {}).setdefault(m.pos.line, []).append(m)
     if not by_file:
@@ -295,7 +412,7 @@ def _snippets(marks: list[_Mark], sources: dict[str, str], sev_color: str, color
     bar = _style("|", "1;34", color)
     out: list[str] = []
     for i, (file, rows) in enumerate(by_file.items()):
-        lines = _source_lines(sources[file])
+        lines = lines_of(file)
         if i > 0 or (marks and marks[0].pos.file != file):
             first = min(rows)
             ref = min(rows[first], key=lambda m: m.pos.col).pos
@@ -305,9 +422,9 @@ def _snippets(marks: list[_Mark], sources: dict[str, str], sev_color: str, color
         for n in sorted(rows):
             if prev is not None and n > prev + 1:
                 out.append(_style("...", "1;34", color))
-            src = lines[n - 1].expandtabs(1)
+            src, shown_marks = _window(lines.expanded(n - 1), rows[n])
             out.append(f" {_style(str(n).rjust(width), '1;34', color)} {bar} {escape(src)}".rstrip())
-            for row in _marker_lines(src, rows[n], sev_color, color):
+            for row in _marker_lines(src, shown_marks, sev_color, color):
                 out.append(f" {pad} {bar} {row}".rstrip())
             prev = n
     return out
@@ -318,7 +435,9 @@ def render_json(diags: Sequence[Diagnostic]) -> str:
 
 
 def _gh_escape(s: str, prop: bool = False) -> str:
-    s = s.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    """A workflow command's escapes for `%`, CR and LF; any other control character (and whatever else a
+    terminal would act on) escaped as in text output."""
+    s = escape(s.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A"))
     if prop:
         s = s.replace(":", "%3A").replace(",", "%2C")
     return s
@@ -336,6 +455,6 @@ def render_github(diags: Sequence[Diagnostic]) -> str:
                 f"line={d.pos.line}",
                 f"col={d.pos.col}",
             ] + props
-        msg = d.full_message + (f" (help: {d.help})" if d.help else "")
+        msg = clip(d.full_message) + (f" (help: {clip(d.help)})" if d.help else "")
         out.append(f"::{kind} {','.join(props)}::{_gh_escape(msg)}")
     return "\n".join(out) + ("\n" if out else "")

@@ -56,6 +56,12 @@ that is a bug in mithril-spec.
 - `mithril-spec explain CODE` prints the explanation of a code with its example (below) and what the
   example reports; `mithril-spec explain` lists every code.
 
+User text in diagnostics (keys, values, file names) is shown with control characters and other
+non-printable characters escaped (`\\x1b`, `\\ud800`) in every format; very long values are shortened in
+messages, and a very long source line is shown as a window around the place it points at. Specs are
+checked within limits (file size, nesting, values, layers, number ranges: E006, E015, E031; docs/spec.md,
+Limits), so that any file is answered in well under a second.
+
 Diagnostics come from one stage at a time: a spec with an unknown key (validation) is not resolved
 or planned, so fixing it can reveal errors of a later stage. Within a stage, all problems are
 reported together. `validate` plans every named mesh of a spec (`meshes:`), and says which mesh a
@@ -135,7 +141,7 @@ also in the file and title properties. A diagnostic without a position has only 
 |---|---|
 | 0 | valid (warnings allowed unless `--strict`) |
 | 1 | at least one error (or a warning under `--strict`) |
-| 2 | usage error (bad arguments or `--mesh`, missing or non-spec file, no spec files found, unknown code for `explain`); one line on stderr, no diagnostics |
+| 2 | usage error (bad arguments or `--mesh`, missing or non-spec file, no spec files found, unknown code for `explain`, an output that cannot be written: `build -o` onto a file or into a non-empty directory that is not a build, `plan --report` into a missing directory, a directory that refuses writes); one line on stderr, no diagnostics |
 | 3 | internal error (a bug in mithril-spec) |
 
 A reader that stops early (`mithril-spec explain | head -2`) ends the command quietly, as for any

@@ -13,6 +13,7 @@ from typing import Any, ClassVar, Optional, Union
 
 from . import pyast
 from .diagnostics import Diagnostic, DiagnosticError, Label, did_you_mean
+from .limits import MAX_EXPRESSION_CHARS, MAX_INT, MAX_LAYERS, float_not_finite, int_too_large, show
 from .ops import OPS, OpError, ParamDef, TensorType
 from .ops.loss import LOSSES
 from .source import Document
@@ -127,25 +128,37 @@ class _SizeError(Exception):
 
 
 def eval_size(value: Any, dims: dict[str, int]) -> int:
-    """A size: int, dim name, or + - * / // over them. Division must be exact. Raises _SizeError."""
+    """A size: int, dim name, or + - * / // over them. Division must be exact; every number on the way is
+    below 2^53 (E015) and an expression at most MAX_EXPRESSION_CHARS long. Raises _SizeError."""
     if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise _SizeError("E012", f"a size must be an integer or a dim name, got {value!r}")
+        raise _SizeError("E012", f"a size must be an integer or a dim name, got {show(value)}")
     if isinstance(value, int):
-        n = value
+        n = _bounded(value, value)
     else:
+        if len(value) > MAX_EXPRESSION_CHARS:
+            raise _SizeError("E021", f"size expression of {len(value):,} characters (at most {MAX_EXPRESSION_CHARS})",
+                             "name the size in `dims` and use the name")
         try:
             tree = pyast.parse(value.strip(), mode="eval")
-        except SyntaxError:
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
             raise _SizeError("E021", f"cannot read size expression {value!r}", "use dim names, integers and + - * /")
         n = _eval(tree.body, dims, value)
     if n <= 0:
-        raise _SizeError("E021", f"size {value!r} is {n}; sizes must be positive")
+        raise _SizeError("E021", f"size {show(value)} is {n}; sizes must be positive")
+    return n
+
+
+def _bounded(n: int, text: Any) -> int:
+    if int_too_large(n):
+        what = "is" if n == text else "reaches"
+        raise _SizeError("E015", f"size {show(text)} {what} {n:,}: out of range (sizes are below 2^53)",
+                         "sizes and their products are below 2^53 (9,007,199,254,740,992)")
     return n
 
 
 def _eval(node: ast.AST, dims: dict[str, int], text: str) -> int:
     if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
-        return node.value
+        return _bounded(node.value, text)
     if isinstance(node, ast.Name):
         if node.id not in dims:
             raise _SizeError("E020", f"undefined dim `{node.id}`", did_you_mean(node.id, dims) or "define it in `dims`")
@@ -153,7 +166,7 @@ def _eval(node: ast.AST, dims: dict[str, int], text: str) -> int:
     if isinstance(node, ast.BinOp):
         a, b = _eval(node.left, dims, text), _eval(node.right, dims, text)
         if type(node.op) in _BINOPS:
-            return _BINOPS[type(node.op)](a, b)
+            return _bounded(_BINOPS[type(node.op)](a, b), text)
         if isinstance(node.op, (ast.Div, ast.FloorDiv)):
             if b == 0 or a % b:
                 raise _SizeError("E021", f"{text!r}: {a} is not divisible by {b}")
@@ -162,6 +175,8 @@ def _eval(node: ast.AST, dims: dict[str, int], text: str) -> int:
 
 
 # ---------------------------------------------------------------- resolution
+
+_DERIVED = {"capacity": "capacity_factor"}  # a derived attribute -> the argument it comes from
 
 
 class _Resolver:
@@ -207,6 +222,9 @@ class _Resolver:
                     key=True,
                 )
         if self.diags or loss is None:
+            raise DiagnosticError(self.diags)
+        self.limits(inputs, layers)
+        if self.diags:
             raise DiagnosticError(self.diags)
         inputs = self.integer_ranges(inputs, layers, loss, env)
         params, buffers = self.collect(layers)
@@ -377,6 +395,10 @@ class _Resolver:
             self.error("E013", "a block cannot contain a `repeat`", lpath, help="repeat blocks from `model.layers`")
             return None
         count = self.size(layer.repeat, lpath + ("repeat",))
+        if count is not None and count > MAX_LAYERS:
+            self.error("E031", f"`{name}` repeats its block {count:,} times; a model has at most {MAX_LAYERS:,} "
+                       "layers", lpath + ("repeat",), help=f"repeat a block at most {MAX_LAYERS:,} times")
+            return None
         blocks = self.spec.model.blocks
         if layer.block not in blocks:
             self.error("E023", f"undefined block `{layer.block}`", lpath + ("block",),
@@ -426,6 +448,58 @@ class _Resolver:
             self.error(e.code, e.message, path + (e.field,) if getattr(loss, e.field or "", None) else path, e.help)
             return None
         return LossNode(loss.op, pred, loss.targets, path)
+
+    # -- limits, before anything is expanded
+    def limits(self, inputs, layers) -> None:
+        """E031 when the layers, every repeat expanded, pass MAX_LAYERS (at the repeat that passes it); E015 for
+        a tensor (a parameter, or a layer's output or an input with the global batch) of 2^53 elements or
+        more."""
+        total = 0
+        for node in layers:
+            total += node.count * len(node.layers) if isinstance(node, RepeatNode) else 1
+            if total > MAX_LAYERS:
+                path = node.path + (("repeat",) if isinstance(node, RepeatNode) else ())
+                self.error("E031", f"the model has more than {MAX_LAYERS:,} layers with its repeats expanded "
+                           f"({total:,} up to `{node.name}`)", path,
+                           help=f"a model has at most {MAX_LAYERS:,} layers (each repeat counts its block's layers "
+                           "once per copy)")
+                return
+        batch = self.spec.training.batch_size
+        for inp in inputs:
+            if inp.type.numel * batch >= MAX_INT:
+                self.error("E015", f"input `{inp.name}` has {inp.type.numel * batch:,} elements ({inp.type.show()} "
+                           f"with batch {batch:,}); a tensor has fewer than 2^53", inp.path + ("shape",),
+                           help="use smaller sizes or a smaller batch")
+                return
+        for node in layers:
+            for inner in node.layers if isinstance(node, RepeatNode) else (node,):
+                for p in inner.params + inner.buffers:
+                    if p.numel >= MAX_INT:
+                        self.error("E015", f"`{inner.name}`: parameter `{p.name}` of shape {list(p.shape)} has "
+                                   f"{p.numel:,} elements; a tensor has fewer than 2^53", inner.path,
+                                   help="use smaller sizes")
+                        return
+                for key, value in inner.attrs.items():  # derived sizes too (an moe layer's capacity)
+                    if int_too_large(value) or float_not_finite(value):
+                        field = _DERIVED.get(key, key)
+                        where = inner.path + ((field,) if self._has_field(inner.path, field) else ())
+                        self.error("E015", f"`{inner.name}`: its {key} ({show(value)}) is out of range (sizes are below "
+                                   "2^53, numbers finite)", where, help=f"use a smaller `{field}`")
+                        return
+                if inner.out.numel * batch >= MAX_INT:
+                    self.error("E015", f"`{inner.name}`: its output {inner.out.show()} has {inner.out.numel * batch:,} "
+                               f"elements with batch {batch:,}; a tensor has fewer than 2^53", inner.path,
+                               help="use smaller sizes or a smaller batch")
+                    return
+
+    def _has_field(self, path: tuple, field: str) -> bool:
+        node: Any = self.doc.data
+        for p in path:
+            try:
+                node = node[p]
+            except (KeyError, IndexError, TypeError):
+                return False
+        return isinstance(node, dict) and field in node
 
     # -- integer input ranges, for synthetic data
     def integer_ranges(self, inputs, layers, loss, env) -> list[InputNode]:

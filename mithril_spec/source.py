@@ -1,13 +1,17 @@
 """Loading: source text -> plain data plus a position for every node.
 
-YAML goes through PyYAML's composer (which keeps marks); TOML values come from `tomllib` and their
-positions from a small scanner that walks the same text. Both give a `Document`: the plain data and,
-for every path into it (a tuple of keys and list indices), where its key and its value stand in the file:
-a `Position` with the start and the end of the node's text (a span).
+YAML goes through a composer of ours (which keeps marks and enforces the limits of `limits.py` while it
+composes: nesting depth, and the number of values with aliases and `<<` merge keys counted before anything is
+expanded) over libyaml's event parser when PyYAML has it (PyYAML's own parser otherwise, and for the messages
+of syntax errors); TOML values come from `tomllib` and their positions from a small scanner that walks the
+same text. Both give a `Document`: the plain data and, for every path into it (a tuple of keys and list
+indices), where its key and its value stand in the file: a `Position` with the start and the end of the
+node's text (a span).
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import re
 import tomllib
@@ -15,8 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from yaml.composer import Composer
+from yaml.events import AliasEvent
+from yaml.nodes import MappingNode, ScalarNode, SequenceNode
 
 from .diagnostics import Diagnostic, DiagnosticError, Label, Position
+from .limits import MAX_DEPTH, MAX_FILE_BYTES, MAX_NODES, power_of_two
 
 PathT = tuple[Any, ...]
 
@@ -63,14 +71,51 @@ class Document:
 
 def load_text(text: str, file: str) -> Document:
     suffix = Path(file).suffix.lower()
+    if len(text) > MAX_FILE_BYTES and len(text.encode("utf-8", errors="surrogatepass")) > MAX_FILE_BYTES:
+        raise DiagnosticError([too_large(file, len(text.encode("utf-8", errors="surrogatepass")))])
     if suffix == ".toml":
         return _load_toml(text, file)
     return _load_yaml(text, file)
 
 
+def too_large(file: str, size: int | None) -> Diagnostic:
+    """E006 for a file over MAX_FILE_BYTES (`size` None: not known, the file was read up to the limit)."""
+    what = f"{size:,} bytes" if size is not None else f"more than {MAX_FILE_BYTES:,} bytes"
+    return Diagnostic("E006", f"the spec file is too large: {what} (at most {MAX_FILE_BYTES:,}, 1 MiB)",
+                      Position(file, 1, 1),
+                      help="a spec describes a model in a few kilobytes: use `repeat` for repeated blocks, "
+                      "and keep data out of the spec")
+
+
+def read_limited(path: str | Path) -> bytes:
+    """The bytes of a file, or DiagnosticError E006 when it holds more than MAX_FILE_BYTES (read no further)."""
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+    except OSError:
+        size = None
+    if size is not None and size > MAX_FILE_BYTES and p.is_file():
+        raise DiagnosticError([too_large(str(path), size)])
+    with open(p, "rb") as f:
+        raw = f.read(MAX_FILE_BYTES + 1)
+    if len(raw) > MAX_FILE_BYTES:
+        raise DiagnosticError([too_large(str(path), None)])
+    return raw
+
+
+def read_source(path: str | Path) -> str:
+    """A file's text for showing source excerpts: at most MAX_FILE_BYTES of it, undecodable bytes replaced."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_FILE_BYTES)
+    except OSError:
+        return ""
+    return raw.decode("utf-8", errors="replace").removeprefix("\ufeff")
+
+
 def load_file(path: str | Path) -> Document:
     p = Path(path)
-    raw = p.read_bytes()
+    raw = read_limited(p)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -89,9 +134,103 @@ def load_file(path: str | Path) -> Document:
 
 # ---------------------------------------------------------------- YAML
 
+_MERGE = "tag:yaml.org,2002:merge"
+_VALUE = "tag:yaml.org,2002:value"
+_INT = "tag:yaml.org,2002:int"
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
-class _SpecLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, reading `1e-3` as a float (YAML 1.2, and TOML, do; YAML 1.1 wants `1.0e-3`)."""
+
+class _Refused(yaml.MarkedYAMLError):
+    """A YAML error of ours (E001), with its own help line."""
+
+    def __init__(self, problem: str, mark, help: str):
+        super().__init__(problem=problem, problem_mark=mark)
+        self.help = help
+
+
+class _Limit(Exception):
+    """A limit passed while composing: code, message, where, help."""
+
+    def __init__(self, code: str, message: str, mark, help: str):
+        super().__init__(message)
+        self.code, self.message, self.mark, self.help = code, message, mark, help
+
+
+def _too_many(mark) -> _Limit:
+    return _Limit("E006", f"the document expands to more than {MAX_NODES:,} values (aliases and merge keys "
+                  "expanded)", mark, f"a spec holds at most {MAX_NODES:,} values; aliases count once per use")
+
+
+def _too_deep_here(mark, alias: bool = False) -> _Limit:
+    return _Limit("E006", "nesting too deep" + (" (through an alias)" if alias else ""), mark,
+                  f"a spec nests at most {MAX_DEPTH} levels deep")
+
+
+class _LimitedComposer(Composer):
+    """PyYAML's composer, keeping count: every node gets `size` (the values of its subtree once every alias in
+    it is expanded) and `height`; the expanded size of the document and its expanded depth are checked as each
+    node or alias is met, so that neither recursion nor expansion (`*a` repeated, `<<: [*a, *a]` chains) ever
+    gets past the limits. A lone surrogate (`"\\ud800"`) is refused where it stands."""
+
+    def compose_document(self):
+        self.depth = 0
+        self.total = 0
+        return super().compose_document()
+
+    def _count(self, n: int, mark) -> None:
+        self.total += n
+        if self.total > MAX_NODES:
+            raise _too_many(mark)
+
+    def compose_node(self, parent, index):
+        if self.check_event(AliasEvent):
+            event = self.peek_event()
+            node = self.anchors.get(event.anchor)
+            if node is not None:
+                size = getattr(node, "size", None)
+                if size is None:  # the alias stands inside the node it names
+                    raise _Refused(f"alias *{event.anchor} refers to a node that contains it", event.start_mark,
+                                   "an alias names a whole node written before it, not one it stands in")
+                if self.depth + node.height > MAX_DEPTH:
+                    raise _too_deep_here(event.start_mark, alias=True)
+                self._count(size, event.start_mark)
+            return super().compose_node(parent, index)  # (an undefined alias: PyYAML's error)
+        event = self.peek_event()
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise _too_deep_here(event.start_mark)
+        if not (index is None and isinstance(parent, MappingNode)):  # (keys are not values)
+            self._count(1, event.start_mark)
+        node = super().compose_node(parent, index)
+        self.depth -= 1
+        return node
+
+    def compose_scalar_node(self, anchor):
+        event = self.peek_event()
+        m = _SURROGATE.search(event.value)
+        if m:
+            raise _Refused(f"\\u{ord(m.group()):04x} is not a Unicode character (a lone surrogate)",
+                           event.start_mark, "write the character itself, or escape a whole one (\\U0001F600)")
+        node = super().compose_scalar_node(anchor)
+        node.size, node.height = 1, 1
+        return node
+
+    def compose_sequence_node(self, anchor):
+        node = super().compose_sequence_node(anchor)
+        node.size = 1 + sum(item.size for item in node.value)
+        node.height = 1 + max((item.height for item in node.value), default=0)
+        return node
+
+    def compose_mapping_node(self, anchor):
+        node = super().compose_mapping_node(anchor)
+        node.size = 1 + sum(v.size for _, v in node.value)
+        node.height = 1 + max((max(k.height, v.height) for k, v in node.value), default=0)
+        return node
+
+
+class _SpecLoader(_LimitedComposer, yaml.SafeLoader):
+    """PyYAML's safe loader with our composer, reading `1e-3` as a float (YAML 1.2, and TOML, do; YAML 1.1
+    wants `1.0e-3`)."""
 
 
 _SpecLoader.add_implicit_resolver(
@@ -100,51 +239,81 @@ _SpecLoader.add_implicit_resolver(
     list("-+0123456789"),
 )
 
+try:  # libyaml's parser (C, tens of times faster) feeding the same composer, resolver and constructor
+    from yaml._yaml import CParser
+
+    class _FastLoader(_LimitedComposer, CParser, yaml.constructor.SafeConstructor, yaml.resolver.Resolver):
+        yaml_implicit_resolvers = _SpecLoader.yaml_implicit_resolvers
+
+        def __init__(self, stream):
+            CParser.__init__(self, stream)
+            yaml.constructor.SafeConstructor.__init__(self)
+            yaml.resolver.Resolver.__init__(self)
+            Composer.__init__(self)
+
+    _LOADERS: tuple = (_FastLoader, _SpecLoader)
+except ImportError:  # pragma: no cover (PyYAML without libyaml)
+    _LOADERS = (_SpecLoader,)
+
+
+# A syntax error found by libyaml is explained by PyYAML's own parser (its established words and positions)
+# in files up to this size; in larger ones (where PyYAML would take seconds) libyaml's report is used.
+PYTHON_REPARSE_CHARS = 1 << 17
+
 
 def _load_yaml(text: str, file: str) -> Document:
+    if len(_LOADERS) > 1:
+        try:
+            return _compose_yaml(_LOADERS[0], text, file, report=len(text) > PYTHON_REPARSE_CHARS)
+        except (yaml.YAMLError, UnicodeError, ValueError) as e:
+            if "maximum nesting depth" in str(e):
+                # libyaml refuses flow nesting past 1000 levels before composing anything; PyYAML's scanner
+                # takes quadratic time on it: ours stops at MAX_DEPTH within the first levels.
+                _deep_prefix(text, file)
+    return _compose_yaml(_LOADERS[-1], text, file, report=True)
+
+
+def _deep_prefix(text: str, file: str) -> None:
+    """Raises the E006 our composer gives for the text up to where its flow nesting reaches 2 * MAX_DEPTH."""
+    depth = 0
+    for m in re.finditer(r"[\[\]{}]", text):
+        depth += 1 if m.group() in "[{" else -1
+        if depth >= 2 * MAX_DEPTH:
+            try:
+                _compose_yaml(_LOADERS[-1], text[: m.end()], file, report=True)
+            except DiagnosticError as e:
+                if e.diagnostics[0].code == "E006":
+                    raise
+            return
+
+
+def _compose_yaml(loader_class, text: str, file: str, report: bool = False) -> Document:
     values: dict[PathT, Position] = {}
     keys: dict[PathT, Position] = {}
     errors: list[Diagnostic] = []
     try:
-        loader = _SpecLoader(text)
+        loader = loader_class(text)
         try:
             node = loader.get_single_node()
             if node is None:
                 data: Any = None
                 values[()] = Position(file, 1, 1)
             else:
+                loader.merged = {}
                 data = _yaml_node(loader, node, (), file, values, keys, errors)
         finally:
             loader.dispose()
+    except _Limit as e:
+        mark = e.mark
+        raise DiagnosticError([Diagnostic(e.code, e.message, Position(file, mark.line + 1, mark.column + 1),
+                                          help=e.help)]) from None
     except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
-        lines = text.splitlines()
-        if lines and line > len(lines):  # at the end of the stream: point just after the last line
-            line, col = len(lines), len(lines[-1]) + 1
-        msg = (e.problem or "invalid YAML").strip()
-        if e.context:
-            msg = f"{msg} ({e.context.strip()})"
-        labels = ()
-        ctx = e.context_mark
-        if e.context and ctx is not None and e.problem_mark is not None and (ctx.line + 1, ctx.column + 1) != (
-            line,
-            col,
-        ):
-            what = re.sub(r"^while (parsing|scanning|constructing) ", "", e.context.strip())
-            labels = (Label(Position(file, ctx.line + 1, ctx.column + 1), f"{what} starts here"),)
-        raise DiagnosticError(
-            [
-                Diagnostic(
-                    "E001",
-                    f"YAML syntax error: {msg}",
-                    Position(file, line, col),
-                    help="check indentation (spaces, not tabs), brackets and quotes near this point",
-                    labels=labels,
-                )
-            ]
-        ) from None
+        if not report:
+            raise
+        raise DiagnosticError([_syntax_error(e, text, file)]) from None
     except yaml.reader.ReaderError as e:  # a character YAML does not allow (control characters)
+        if not report:
+            raise
         before = text[: e.position]
         line, col = before.count("\n") + 1, e.position - (before.rfind("\n") + 1) + 1
         what = f"#x{e.character:04x}" if isinstance(e.character, int) else repr(e.character)
@@ -152,36 +321,42 @@ def _load_yaml(text: str, file: str) -> Document:
             "E001", f"YAML syntax error: unacceptable character {what}: {e.reason}", Position(file, line, col),
             help="remove the control character, or quote and escape it in a double-quoted string")]) from None
     except yaml.YAMLError as e:
+        if not report:
+            raise
         raise DiagnosticError([Diagnostic("E001", f"YAML syntax error: {e}", Position(file, 1, 1))]) from None
-    except RecursionError:
-        raise DiagnosticError([_too_deep("E001", "YAML", text, file)]) from None
+    except RecursionError:  # (the composer's depth limit comes first; kept as a last guard)
+        raise DiagnosticError([Diagnostic("E006", "nesting too deep", Position(file, 1, 1),
+                                          help=f"a spec nests at most {MAX_DEPTH} levels deep")]) from None
     if errors:
         raise DiagnosticError(errors)
     return Document(data, file, text, values, keys)
 
 
-MAX_DEPTH = 100
-MAX_NODES = 20_000  # aliases can expand a small file into a huge tree ("billion laughs")
-
-
-def _too_deep(code: str, lang: str, text: str, file: str) -> Diagnostic:
-    """The parser ran out of stack: point at the bracket where flow nesting passes MAX_DEPTH, if any."""
-    depth, line, col = 0, 1, 1
-    pos = Position(file, 1, 1)
-    for ch in text:
-        if ch in "[{":
-            depth += 1
-            if depth > MAX_DEPTH:
-                pos = Position(file, line, col)
-                break
-        elif ch in "]}":
-            depth -= 1
-        if ch == "\n":
-            line, col = line + 1, 1
-        else:
-            col += 1
-    return Diagnostic(code, f"{lang} syntax error: nesting too deep", pos,
-                      help=f"a spec nests at most {MAX_DEPTH} levels deep")
+def _syntax_error(e: yaml.MarkedYAMLError, text: str, file: str) -> Diagnostic:
+    mark = e.problem_mark or e.context_mark
+    line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
+    lines = text.splitlines()
+    if lines and line > len(lines):  # at the end of the stream: point just after the last line
+        line, col = len(lines), len(lines[-1]) + 1
+    msg = (e.problem or "invalid YAML").strip()
+    ctx = e.context_mark
+    context = (e.context or "").strip()
+    if context:
+        msg = f"{msg} ({context})"
+    labels: tuple[Label, ...] = ()
+    help = getattr(e, "help", None) or "check indentation (spaces, not tabs), brackets and quotes near this point"
+    if context and ctx is not None and e.problem_mark is not None and (ctx.line + 1, ctx.column + 1) != (line, col):
+        what = re.sub(r"^while (parsing|scanning|constructing) ", "", context)
+        if "quoted scalar" in context and "end of stream" in msg:
+            # An unclosed quote: the mistake is where the string opens, not at the end of the file.
+            end = Position(file, line, col)
+            line, col = ctx.line + 1, ctx.column + 1
+            msg = "YAML syntax error: a quoted string is never closed"
+            labels = (Label(end, "the file ends before its closing quote"),)
+            help = "close the quote (a string that contains a quote is written \"a \\\"b\\\" c\" or 'a ''b'' c')"
+            return Diagnostic("E001", msg, Position(file, line, col), help=help, labels=labels)
+        labels = (Label(Position(file, ctx.line + 1, ctx.column + 1), f"{what} starts here"),)
+    return Diagnostic("E001", f"YAML syntax error: {msg}", Position(file, line, col), help=help, labels=labels)
 
 
 def _scalar(loader, node) -> Any:
@@ -198,40 +373,59 @@ def _mark(node: yaml.Node, file: str) -> Position:
     return Position(file, start.line + 1, start.column + 1, end.line + 1, end.column + 1)
 
 
+def _key(loader, knode) -> str:
+    if not isinstance(knode, ScalarNode):
+        raise yaml.MarkedYAMLError(problem="mapping keys must be plain scalars", problem_mark=knode.start_mark)
+    if knode.tag == _VALUE:  # `=`, YAML 1.1's value key: plain text here
+        return knode.value
+    key = _scalar(loader, knode)
+    if not isinstance(key, str):
+        key = str(key).lower() if isinstance(key, bool) else str(key)
+    return key
+
+
+def _entries(loader, node) -> list[tuple[str, Any, Any, bool]]:
+    """A mapping's entries with `<<` merge keys resolved as YAML defines them: (key, key node, value node,
+    merged). Merged entries come first; an explicit key overrides a merged one; of several merged mappings
+    (`<<: [*a, *b]`) the earlier wins. Memoised per node, so that shared mappings are resolved once."""
+    memo = loader.merged
+    if id(node) in memo:
+        return memo[id(node)][1]
+    explicit: list[tuple[str, Any, Any, bool]] = []
+    sources = []
+    for knode, vnode in node.value:
+        if isinstance(knode, ScalarNode) and knode.tag == _MERGE:
+            items = vnode.value if isinstance(vnode, SequenceNode) else [vnode]
+            for s in items:
+                if not isinstance(s, MappingNode):
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping", node.start_mark,
+                        f"expected a mapping or list of mappings for merging, but found {s.id}", s.start_mark)
+                sources.append(s)
+        else:
+            explicit.append((_key(loader, knode), knode, vnode, False))
+    mine = {k for k, *_ in explicit}
+    merged: dict[str, tuple[str, Any, Any, bool]] = {}
+    for s in sources:
+        for key, knode, vnode, _ in _entries(loader, s):
+            if key not in mine and key not in merged:
+                merged[key] = (key, knode, vnode, True)
+    out = list(merged.values()) + explicit
+    memo[id(node)] = (node, out)  # (the node too: its id must not be reused while the memo lives)
+    return out
+
+
 def _yaml_node(loader, node, path, file, values, keys, errors, depth=0):
-    if depth > MAX_DEPTH:
-        raise yaml.MarkedYAMLError(problem="nesting too deep", problem_mark=node.start_mark)
+    if depth > MAX_DEPTH:  # (the composer stops this first; kept as a guard)
+        raise _too_deep_here(node.start_mark)
     loader.node_count = getattr(loader, "node_count", 0) + 1
-    if loader.node_count > MAX_NODES:
-        raise yaml.MarkedYAMLError(problem=f"the document expands to more than {MAX_NODES:,} values (aliases?)",
-                                   problem_mark=node.start_mark)
+    if loader.node_count > MAX_NODES:  # (likewise)
+        raise _too_many(node.start_mark)
     values[path] = _mark(node, file) if path else _mark(node, file).start()  # the document: its start only
-    if isinstance(node, yaml.MappingNode):
-        # `<<` merge keys: the merged entries come first; an explicit key overrides a merged one silently.
-        # (An aliased mapping is visited again, already flattened: remember its explicit keys.)
-        explicit = getattr(loader, "explicit_keys", None)
-        if explicit is None:
-            explicit = loader.explicit_keys = {}
-        if id(node) not in explicit:
-            explicit[id(node)] = {id(k) for k, _ in node.value if k.tag != "tag:yaml.org,2002:merge"}
-            loader.flatten_mapping(node)
-        mine = explicit[id(node)]
+    if isinstance(node, MappingNode):
         out: dict = {}
-        merged: set = set()
-        for knode, vnode in node.value:
-            if not isinstance(knode, yaml.ScalarNode):
-                raise yaml.MarkedYAMLError(problem="mapping keys must be plain scalars", problem_mark=knode.start_mark)
-            key = _scalar(loader, knode)
-            if not isinstance(key, str):
-                key = str(key).lower() if isinstance(key, bool) else str(key)
-            if id(knode) not in mine:
-                merged.add(key)
-            elif key in merged:
-                merged.discard(key)
-                out.pop(key)
-            if key in out and key in merged:
-                out.pop(key)  # several merged mappings define it: the later one wins, as in PyYAML
-            if key in out:
+        for key, knode, vnode, _merged in _entries(loader, node):
+            if key in out:  # (only explicit keys can repeat: a merged one is dropped when a later key has it)
                 first = keys[path + (key,)]
                 errors.append(
                     Diagnostic(
@@ -248,12 +442,17 @@ def _yaml_node(loader, node, path, file, values, keys, errors, depth=0):
             keys[path + (key,)] = _mark(knode, file)
             out[key] = _yaml_node(loader, vnode, path + (key,), file, values, keys, errors, depth + 1)
         return out
-    if isinstance(node, yaml.SequenceNode):
+    if isinstance(node, SequenceNode):
         return [
             _yaml_node(loader, item, path + (i,), file, values, keys, errors, depth + 1)
             for i, item in enumerate(node.value)
         ]
     value = _scalar(loader, node)
+    if node.tag == _INT and isinstance(value, str):  # more digits than Python converts (4,300)
+        errors.append(Diagnostic(
+            "E015", f"integer of {len(node.value):,} characters is out of range (sizes and counts are below "
+            f"{power_of_two(2**53)})", _mark(node, file), help="write a smaller number", path=path))
+        return None
     # Dates and binary are not part of the spec language; keep them as text so validation reports a type error.
     if not isinstance(value, (str, int, float, bool, type(None))):
         value = str(value)
@@ -266,11 +465,62 @@ _TOML_ERR = re.compile(r"\(at line (\d+), column (\d+)\)")
 _TOML_EOF = re.compile(r"\(at end of document\)")
 
 
+def _too_deep(text: str, file: str) -> Diagnostic:
+    """The parser ran out of stack: point at the bracket where flow nesting passes MAX_DEPTH, if any."""
+    depth, line, col = 0, 1, 1
+    pos = Position(file, 1, 1)
+    for ch in text:
+        if ch in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                pos = Position(file, line, col)
+                break
+        elif ch in "]}":
+            depth -= 1
+        if ch == "\n":
+            line, col = line + 1, 1
+        else:
+            col += 1
+    return Diagnostic("E006", "nesting too deep", pos, help=f"a spec nests at most {MAX_DEPTH} levels deep")
+
+
+# The places a TOML value can start (after `=`, `,`, `[`, `{`), strings and comments skipped: counted before
+# parsing, so that a file of a million values is refused without parsing it (their count bounds the values).
+# A dotted key of very many parts (`a.a.a...`) costs tomllib time and memory quadratic in its length: refused
+# first (a chain of more than MAX_DEPTH parts but not many more is found, at its part past MAX_DEPTH, later).
+# (Possessive quantifiers and a bare-word token keep the scan linear however long a word or string is.)
+_TOML_CHAIN = r'(?P<chain>(?>(?:(?:[A-Za-z0-9_-]++|"[^"\\\n]*+"|\'[^\'\n]*+\')[ \t]*+\.[ \t]*+){%d,}))' % (
+    10 * MAX_DEPTH)
+# (A string never closed is taken to the end of its line, or of the text: one token, not one per quote.)
+_TOML_TOKENS = re.compile(_TOML_CHAIN + r'|[A-Za-z0-9_-]++|"""[\s\S]*?(?:"""|\Z)|\'\'\'[\s\S]*?(?:\'\'\'|\Z)'
+                          r'|"(?:[^"\\\n]++|\\.)*+"?|\'[^\'\n]*+\'?|#[^\n]*+|[=,\[{]')
+
+
+def _toml_precount(text: str, file: str) -> None:
+    n = 0
+    for m in _TOML_TOKENS.finditer(text):
+        if m.group("chain"):
+            before = text[: m.start()]
+            line, col = before.count("\n") + 1, m.start() - (before.rfind("\n") + 1) + 1
+            raise DiagnosticError([Diagnostic(
+                "E006", f"nesting too deep: a dotted key of more than {10 * MAX_DEPTH:,} parts",
+                Position(file, line, col), help=f"a spec nests at most {MAX_DEPTH} levels deep")])
+        if len(m.group()) == 1:
+            n += 1
+            if n > MAX_NODES:
+                before = text[: m.start()]
+                line, col = before.count("\n") + 1, m.start() - (before.rfind("\n") + 1) + 1
+                raise DiagnosticError([Diagnostic(
+                    "E006", f"the document holds more than {MAX_NODES:,} values", Position(file, line, col),
+                    help=f"a spec holds at most {MAX_NODES:,} values")])
+
+
 def _load_toml(text: str, file: str) -> Document:
+    _toml_precount(text, file)
     try:
         data = tomllib.loads(text)
     except RecursionError:
-        raise DiagnosticError([_too_deep("E002", "TOML", text, file)]) from None
+        raise DiagnosticError([_too_deep(text, file)]) from None
     except tomllib.TOMLDecodeError as e:
         msg = str(e)
         m = _TOML_ERR.search(msg)
@@ -291,13 +541,49 @@ def _load_toml(text: str, file: str) -> Document:
         raise DiagnosticError([Diagnostic(
             "E002", f"TOML syntax error: {msg}", Position(file, line, col),
             help="check `key = value` syntax, string quotes and brackets near this point")]) from None
+    except ValueError as e:
+        # Python refuses to convert an integer of more than 4,300 digits.
+        m = next((m for m in re.finditer(r"[0-9][0-9_]*+", text) if len(m.group()) > 4000), None)
+        if m is None:
+            raise DiagnosticError([Diagnostic("E002", f"TOML syntax error: {e}", Position(file, 1, 1))]) from None
+        before = text[: m.start()]
+        line, col = before.count("\n") + 1, m.start() - (before.rfind("\n") + 1) + 1
+        raise DiagnosticError([Diagnostic(
+            "E015", f"integer of {len(m.group()):,} characters is out of range (sizes and counts are below "
+            f"{power_of_two(2**53)})", Position(file, line, col), help="write a smaller number")]) from None
     values: dict[PathT, Position] = {(): Position(file, 1, 1)}
     keys: dict[PathT, Position] = {}
+    scanner = _TomlScanner(text, file, values, keys)
     try:
-        _TomlScanner(text, file, values, keys).scan()
+        scanner.scan()
+    except _Limit as e:
+        raise DiagnosticError([Diagnostic(e.code, e.message, scanner.too_deep, help=e.help)]) from None
     except Exception:  # noqa: BLE001, S110 (positions are best effort: a scanner gap must never hide diagnostics)
         pass
-    return Document(data, file, text, values, keys)
+    doc = Document(data, file, text, values, keys)
+    _toml_limits(doc)
+    return doc
+
+
+def _toml_limits(doc: Document) -> None:
+    """E006 when a TOML document nests deeper than MAX_DEPTH (dotted keys and table headers nest without
+    brackets) or holds more than MAX_NODES values; at the first node past the limit."""
+    count = 0
+    stack: list[tuple[PathT, Any]] = [((), doc.data)]
+    while stack:
+        path, value = stack.pop()
+        count += 1
+        if len(path) > MAX_DEPTH:
+            raise DiagnosticError([Diagnostic("E006", "nesting too deep", doc.pos(path, key=True),
+                                              help=f"a spec nests at most {MAX_DEPTH} levels deep")])
+        if count > MAX_NODES:
+            raise DiagnosticError([Diagnostic(
+                "E006", f"the document holds more than {MAX_NODES:,} values", doc.pos(path),
+                help=f"a spec holds at most {MAX_NODES:,} values")])
+        if isinstance(value, dict):
+            stack.extend((path + (k,), v) for k, v in reversed(value.items()))
+        elif isinstance(value, list):
+            stack.extend((path + (i,), v) for i, v in reversed(list(enumerate(value))))
 
 
 _TOML_KEYVAL = re.compile(r"\s*(\[|[A-Za-z0-9_\-\"'][^=\n]*=)")
@@ -380,30 +666,27 @@ class _TomlScanner:
         # line starts for offset -> (line, col)
         self.starts = [0] + [m.end() for m in re.finditer(r"\n", text)]
 
-    def at(self, offset: int) -> Position:
-        import bisect
-
+    def _line_col(self, offset: int) -> tuple[int, int]:
         line = bisect.bisect_right(self.starts, offset)
-        return Position(self.file, line, offset - self.starts[line - 1] + 1)
+        return line, offset - self.starts[line - 1] + 1
+
+    def at(self, offset: int) -> Position:
+        return Position(self.file, *self._line_col(offset))
 
     def span(self, start: int, end: int) -> Position:
-        a, b = self.at(start), self.at(max(end, start + 1))
-        return Position(self.file, a.line, a.col, b.line, b.col)
+        return Position(self.file, *self._line_col(start), *self._line_col(max(end, start + 1)))
 
     # -- low level
     def peek(self, n: int = 1) -> str:
         return self.s[self.i : self.i + n]
 
+    _BASIC = re.compile(r'"((?:[^"\\\n]++|\\.)*+)"')
+    _LITERAL = re.compile(r"'([^'\n]*)'")
+    _WS = re.compile(r"[ \t]*(?:#[^\n]*)?")
+    _WS_NL = re.compile(r"[ \t\r\n]*(?:#[^\n]*[ \t\r\n]*)*")
+
     def skip_ws(self, newlines: bool = False) -> None:
-        while self.i < len(self.s):
-            c = self.s[self.i]
-            if c in " \t" or (newlines and c in "\r\n"):
-                self.i += 1
-            elif c == "#":
-                while self.i < len(self.s) and self.s[self.i] != "\n":
-                    self.i += 1
-            else:
-                break
+        self.i = (self._WS_NL if newlines else self._WS).match(self.s, self.i).end()
 
     def read_key_part(self) -> str:
         c = self.peek()
@@ -426,7 +709,7 @@ class _TomlScanner:
                 continue
             return parts
 
-    def read_string(self) -> str:
+    def read_string(self, decode: bool = True) -> str:
         q3 = self.peek(3)
         if q3 in ('"""', "'''"):
             end = self.s.index(q3, self.i + 3)
@@ -435,18 +718,10 @@ class _TomlScanner:
             self.i = end + 3
             return ""
         q = self.peek()
-        j = self.i + 1
-        out = []
-        while self.s[j] != q:
-            if q == '"' and self.s[j] == "\\":
-                out.append(self.s[j : j + 2])
-                j += 2
-                continue
-            out.append(self.s[j])
-            j += 1
-        raw = "".join(out)
-        self.i = j + 1
-        if q == '"' and "\\" in raw:
+        m = (self._BASIC if q == '"' else self._LITERAL).match(self.s, self.i)
+        raw = m.group(1)
+        self.i = m.end()
+        if decode and q == '"' and "\\" in raw:
             return tomllib.loads(f'x = "{raw}"')["x"]
         return raw
 
@@ -460,7 +735,10 @@ class _TomlScanner:
             if self.peek(2) == "[[":
                 start = self.i
                 self.i += 2
-                names = tuple(k for k, *_ in self.read_key())
+                parts = self.read_key()
+                if len(parts) > MAX_DEPTH:
+                    self._depth(tuple(k for k, *_ in parts), parts[MAX_DEPTH][1], parts[MAX_DEPTH][2])
+                names = tuple(k for k, *_ in parts)
                 base = self._resolve(names[:-1]) + names[-1:]  # [[a.b]] under [[a]]: the latest a
                 self.i = self.s.index("]]", self.i) + 2
                 n = self.array_counts.get(base, 0)
@@ -475,11 +753,19 @@ class _TomlScanner:
                 self.i += 1
                 parts = self.read_key()
                 self.i = self.s.index("]", self.i) + 1
+                if len(parts) > MAX_DEPTH:
+                    self._depth(tuple(k for k, *_ in parts), parts[MAX_DEPTH][1], parts[MAX_DEPTH][2])
                 table = self._resolve(tuple(k for k, *_ in parts))
                 self.keys.setdefault(table, self.span(parts[-1][1], parts[-1][2]))
                 self.values.setdefault(table, self.span(start, self.i))
             else:
                 self.key_value(table)
+
+    def _depth(self, path: PathT, start: int, end: int) -> None:
+        """Stops at a key nested deeper than MAX_DEPTH (paths would grow quadratically): `too_deep` says where."""
+        if len(path) > MAX_DEPTH:
+            self.too_deep = self.span(start, end)
+            raise _Limit("E006", "nesting too deep", None, f"a spec nests at most {MAX_DEPTH} levels deep")
 
     def _resolve(self, keys: PathT) -> PathT:
         """A table header path, with array-of-tables segments pointing at their latest element."""
@@ -495,6 +781,7 @@ class _TomlScanner:
         path = table
         for k, start, end in parts:
             path = path + (k,)
+            self._depth(path, start, end)
             self.keys.setdefault(path, self.span(start, end))
         self.skip_ws()
         assert self.peek() == "="
@@ -511,7 +798,7 @@ class _TomlScanner:
     def _value(self, path: PathT) -> None:
         c = self.peek()
         if c in "\"'":
-            self.read_string()
+            self.read_string(decode=False)
         elif c == "[":
             self.i += 1
             n = 0

@@ -6,6 +6,7 @@ file, with a did-you-mean for unknown keys.
 
 from __future__ import annotations
 
+import math
 import types
 import typing
 from typing import Any, Union
@@ -14,6 +15,7 @@ import pydantic
 from pydantic import BaseModel
 
 from .diagnostics import Diagnostic, DiagnosticError, closest, did_you_mean
+from .limits import MAX_INT, float_not_finite, int_too_large, shorten, show
 from .source import Document
 from .spec.root import Spec
 
@@ -44,32 +46,81 @@ def validate(doc: Document) -> Spec:
             [
                 Diagnostic(
                     "E014",
-                    f"unsupported spec version {data['version']!r}",
+                    f"unsupported spec version {show(data['version'])}",
                     doc.pos(("version",)),
                     help="this mithril-spec reads `version: 1`",
                     path=("version",),
                 )
             ]
         )
+    numbers = _out_of_range(doc)
     try:
-        return Spec.model_validate(data)
+        spec = Spec.model_validate(data)
     except pydantic.ValidationError as e:
-        raise DiagnosticError(_convert(e, doc)) from None
+        bad = {d.path for d in numbers}
+        raise DiagnosticError(numbers + [d for d in _convert(e, doc) if d.path not in bad]) from None
+    if numbers:
+        raise DiagnosticError(numbers)
+    return spec
+
+
+# `hf.config` is the imported model's config.json, kept as it is (written back by --export-hf).
+_OPAQUE = {("hf", "config")}
+
+
+def _out_of_range(doc: Document) -> list[Diagnostic]:
+    """E015 for every integer of 2^53 or more and every float that is not finite (inf, nan, 1e400), and
+    for a mesh whose device count (the product of its axis sizes) reaches 2^53."""
+    out: list[Diagnostic] = []
+    stack: list[tuple[tuple, Any]] = [((), doc.data)]
+    while stack:
+        path, v = stack.pop()
+        if path in _OPAQUE:
+            continue
+        if isinstance(v, dict):
+            stack.extend((path + (k,), x) for k, x in reversed(v.items()))
+        elif isinstance(v, list):
+            stack.extend((path + (i,), x) for i, x in reversed(list(enumerate(v))))
+        elif int_too_large(v):
+            out.append(Diagnostic(
+                "E015", f"{show(v)} is out of range for {_section(path)}: integers must be below 2^53",
+                doc.pos(path), help="sizes and counts are below 2^53 (9,007,199,254,740,992)", path=path))
+        elif float_not_finite(v):
+            text = "infinite" if v == v else "not a number"
+            out.append(Diagnostic(
+                "E015", f"{_section(path)} is {text} ({v!r}); numbers must be finite", doc.pos(path),
+                help="write a finite number (`1e400` is beyond the float range and reads as infinity)", path=path))
+    data = doc.data if isinstance(doc.data, dict) else {}
+    meshes = [(("mesh",), data.get("mesh"))]
+    if isinstance(data.get("meshes"), dict):
+        meshes += [(("meshes", k), m) for k, m in data["meshes"].items()]
+    for path, mesh in meshes:
+        if not isinstance(mesh, dict):
+            continue
+        sizes = [n for n in mesh.values() if isinstance(n, int) and not isinstance(n, bool) and n > 0]
+        if sizes and not any(int_too_large(n) for n in sizes) and math.prod(sizes) >= MAX_INT:
+            out.append(Diagnostic(
+                "E015", f"{_section(path)} has {math.prod(sizes):,} devices; a mesh has fewer than 2^53",
+                doc.pos(path), help="the product of the mesh axis sizes is the device count", path=path))
+    return out
 
 
 def _convert(err: pydantic.ValidationError, doc: Document) -> list[Diagnostic]:
     seen: set[tuple] = set()
+    unknown_ops: set[tuple] = set()  # layers whose operator is unknown: their other errors are noise
     out: list[Diagnostic] = []
     for e in err.errors(include_url=False):
         if _other_branch(e["loc"], doc.data):
             continue
         path = _real_path(e["loc"], doc.data)
-        d = _diagnostic(e, path, doc)
+        d = _diagnostic(e, path, doc, is_key=bool(e["loc"]) and e["loc"][-1] == "[key]")
         key = (path, d.code)
-        if key in seen or any(path[: len(p)] == p and c in ("E024",) for p, c in seen):
+        if key in seen or any(path[:n] in unknown_ops for n in range(len(path) + 1)):
             continue
         # A union member error at a path whose parent already produced one is noise.
         seen.add(key)
+        if d.code == "E024":
+            unknown_ops.add(path)
         out.append(d)
     # `optimiser: ...` gives both "unknown key `optimiser`" (did you mean `optimizer`?) and "missing key
     # `optimizer`": the first says it all.
@@ -94,7 +145,12 @@ def _real_path(loc: tuple, data: Any) -> tuple:
     """Pydantic's loc with union tags and validator names dropped: a path into the data."""
     path: list = []
     node = data
-    for item in loc:
+    for i, item in enumerate(loc):
+        if (isinstance(node, dict) and isinstance(item, str) and path_is_tag(item, node) and i + 1 < len(loc)
+                and _has_child(node, item) and not isinstance(node[item], (dict, list))):
+            # The union tag of a layer (`repeat`) that is also one of its keys: the loc goes on inside the
+            # layer (`repeat`, `stage`), not inside the scalar value of that key.
+            continue
         if _has_child(node, item):
             path.append(item)
             node = node[item]
@@ -132,19 +188,19 @@ def path_is_tag(item: str, node: dict) -> bool:
 
 
 def _section(path: tuple) -> str:
-    keys = [str(p) if not isinstance(p, int) else f"[{p}]" for p in path]
+    keys = [shorten(p, 40) if not isinstance(p, int) else f"[{p}]" for p in path]
     return ".".join(keys).replace(".[", "[") if keys else "the spec"
 
 
-def _diagnostic(e: dict, path: tuple, doc: Document) -> Diagnostic:
-    d = _diagnostic_for(e, path, doc)
+def _diagnostic(e: dict, path: tuple, doc: Document, is_key: bool = False) -> Diagnostic:
+    d = _diagnostic_for(e, path, doc, is_key)
     # A mesh axis size that is not a positive integer is a bad mesh definition (E047), like `mesh` + `meshes`.
     sizes = len(path) == 2 and path[0] == "mesh" or len(path) == 3 and path[0] == "meshes"
-    if sizes and d.code in ("E012", "E013") and e["type"] != "string_pattern_mismatch":
+    if sizes and not is_key and d.code in ("E012", "E013") and e["type"] != "string_pattern_mismatch":
         value = _get(doc.data, path)
         d = Diagnostic(
             "E047",
-            f"mesh axis `{path[-1]}` has size {value!r}; sizes are positive integers",
+            f"mesh axis `{path[-1]}` has size {show(value)}; sizes are positive integers",
             d.pos,
             help="e.g. `mesh: {data: 2, tensor: 4}`",
             path=path,
@@ -152,16 +208,30 @@ def _diagnostic(e: dict, path: tuple, doc: Document) -> Diagnostic:
     return d
 
 
-def _diagnostic_for(e: dict, path: tuple, doc: Document) -> Diagnostic:
+def _diagnostic_for(e: dict, path: tuple, doc: Document, is_key: bool = False) -> Diagnostic:
     typ = e["type"]
     ctx = e.get("ctx") or {}
     here = _section(path)
+    if is_key and path:  # a mapping key that is not allowed (`dims: {"a b": 4}`): point at the key
+        where = doc.pos(path, key=True)
+        key = path[-1]
+        if typ == "string_pattern_mismatch":
+            message = (f"invalid name {show(key)} in {_section(path[:-1])}: names must be identifiers (letters, "
+                       "digits, _; not starting with a digit)")
+            help = "names become Python identifiers in the generated program"
+        elif typ == "string_too_long":
+            message = f"invalid name {show(key)} in {_section(path[:-1])}: {e['msg'].removeprefix('Value error, ')}"
+            help = None
+        else:
+            message = f"invalid key {show(key)} in {_section(path[:-1])}: {e['msg'].removeprefix('Value error, ')}"
+            help = None
+        return Diagnostic("E013", message, where, help=help, path=path, key=str(key))
     if typ == "extra_forbidden":
         key = path[-1]
         allowed = _allowed_keys(path[:-1], doc.data)
         return Diagnostic(
             "E010",
-            f"unknown key `{key}` in {_section(path[:-1])}",
+            f"unknown key `{shorten(key)}` in {_section(path[:-1])}",
             doc.pos(path, key=True),
             help=did_you_mean(str(key), allowed) if allowed else None,
             path=path,
@@ -185,14 +255,14 @@ def _diagnostic_for(e: dict, path: tuple, doc: Document) -> Diagnostic:
             choices = [c for c in choices if c != "repeat"]
             return Diagnostic(
                 "E024",
-                f"unknown operator `{tag}`",
+                f"unknown operator `{shorten(tag)}`",
                 doc.pos(path + ("op",)),
                 help=did_you_mean(str(tag), choices) or "see docs/spec.md for the operators",
                 path=path + ("op",),
             )
         return Diagnostic(
             "E013",
-            f"invalid value {tag!r} for {_section(path + (field,))}",
+            f"invalid value {show(tag)} for {_section(path + (field,))}",
             doc.pos(path + (field,)),
             help=did_you_mean(str(tag), choices),
             path=path + (field,),
@@ -224,7 +294,7 @@ def _diagnostic_for(e: dict, path: tuple, doc: Document) -> Diagnostic:
         choices = [c.strip().strip("'") for c in str(expected).replace(" or ", ",").split(",") if c.strip()]
         return Diagnostic(
             "E013",
-            f"invalid value {value!r} for {here}",
+            f"invalid value {show(value)} for {here}",
             doc.pos(path),
             help=did_you_mean(str(value), choices) if choices else None,
             path=path,
@@ -232,7 +302,7 @@ def _diagnostic_for(e: dict, path: tuple, doc: Document) -> Diagnostic:
     if typ == "string_pattern_mismatch":
         return Diagnostic(
             "E013",
-            f"invalid name {value!r} for {here}: names must be identifiers (letters, digits, _; not starting "
+            f"invalid name {show(value)} for {here}: names must be identifiers (letters, digits, _; not starting "
             "with a digit)",
             doc.pos(path),
             help="names become Python identifiers in the generated program",
@@ -240,7 +310,7 @@ def _diagnostic_for(e: dict, path: tuple, doc: Document) -> Diagnostic:
         )
     return Diagnostic(
         "E013",
-        f"invalid value {value!r} for {here}: {e['msg'].removeprefix('Value error, ')}",
+        f"invalid value {show(value)} for {here}: {e['msg'].removeprefix('Value error, ')}",
         doc.pos(path),
         help=None,
         path=path,
@@ -285,7 +355,7 @@ def _kind(v: Any) -> str:
     if isinstance(v, list):
         return "a list"
     if isinstance(v, str):
-        return f"string {v!r}"
+        return f"string {show(v)}"
     return f"{type(v).__name__} `{v}`"
 
 

@@ -10,7 +10,7 @@ import pytest
 from corpus import corpus_files, read_case
 
 from mithril_spec import cli
-from mithril_spec.diagnostics import escape
+from mithril_spec.diagnostics import MAX_LINE, escape
 
 FILES = corpus_files()
 
@@ -62,10 +62,15 @@ def test_broken_spec_text(path, capsys):
             # header, gutter, then source lines (the primary's among those of secondary labels), each followed
             # by its underline row; the source is shown with control characters escaped
             row = next(i for i, text in enumerate(block) if re.match(rf"^ +{line} \|( |$)", text))
-            shown = escape(src_lines[line - 1].expandtabs(1)).rstrip()
-            assert block[row].endswith(shown), "\n".join(block)
+            src = src_lines[line - 1].expandtabs(1)
             caret = block[row + 1]
             bar = caret.index("|")
-            assert caret[bar + 2 :].index("^") == len(escape(src_lines[line - 1].expandtabs(1)[: col - 1])), "\n".join(
-                block
-            )
+            if len(src) <= MAX_LINE:
+                shown = escape(src).rstrip()
+                assert block[row].endswith(shown), "\n".join(block)
+                assert caret[bar + 2 :].index("^") == len(escape(src[: col - 1])), "\n".join(block)
+            else:  # a long line: a window of it around the caret, which stays under the character it points at
+                text = block[row][bar + 2 :]
+                assert "..." in text and len(text) < len(src), "\n".join(block)
+                at = caret[bar + 2 :].index("^")
+                assert text[at:at + 8] == escape(src[col - 1 : col + 7]), "\n".join(block)

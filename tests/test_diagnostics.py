@@ -297,3 +297,83 @@ def test_each_spec_is_resolved_once_and_planned_per_mesh(capsys, monkeypatch):
     assert rc == 0, err
     assert len(calls["validate"]) == 1 and len(calls["resolve"]) == 1
     assert sorted(calls["make_plan"], key=str) == sorted([None, "fsdp_tp", "single"], key=str)  # once per mesh
+
+
+# ---------------------------------------------------------------- hostile text: escaped, shortened, where it stands
+
+
+def _spec_with(tmp_path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_control_characters_are_escaped_in_every_output_format(capsys, tmp_path):
+    src = (SPECS / "gpt-tiny.yaml").read_text().replace("  steps: 20", '  "st\\e[2Jeps\\a": 20')
+    path = _spec_with(tmp_path, "ctrl.yaml", src)
+    for fmt in ("text", "github", "json"):
+        rc, out, err = run(capsys, "validate", path, "--format", fmt, "--color", "never")
+        assert rc == 1
+        assert not any(ord(c) < 32 and c != "\n" for c in out + err), (fmt, out + err)
+    rc, out, _err = run(capsys, "validate", path, "--format", "github")
+    assert "unknown key `st\\x1b[2Jeps\\x07` in training" in out
+
+
+def test_github_format_escapes_control_characters():
+    from mithril_spec.diagnostics import render_github
+
+    d = Diagnostic("E010", "unknown key `\x1b]0;x\x07`", Position("s\x1b.yaml", 1, 2), help="not \x1b[2J")
+    out = render_github([d])
+    assert out == "::error file=s\\x1b.yaml,line=1,col=2,title=E010::unknown key `\\x1b]0;x\\x07` (help: not \\x1b[2J)\n"
+
+
+def test_lone_surrogates_are_refused_where_they_stand(capsys, tmp_path):
+    path = _spec_with(tmp_path, "s.yaml", 'version: 1\nname: x\n"\\udc80": 1\nb: "\\ud800"\n')
+    (d,) = validate_json(capsys, path)
+    assert (d["code"], d["line"], d["col"]) == ("E001", 3, 1) and "lone surrogate" in d["message"]
+    rc, _out, err = run(capsys, "validate", path)  # text output: the escape shown, never a raw surrogate
+    assert rc == 1 and "\\udc80" in err
+
+
+def test_a_long_line_is_shown_as_a_window_around_the_caret():
+    src = "x: [" + ", ".join(f"v{i}" for i in range(400)) + "]"
+    col = src.index("v300") + 1
+    d = Diagnostic("E013", "bad", Position("s.yaml", 1, col, 1, col + 4))
+    out = render_text([d], {"s.yaml": src})
+    row, marks = [ln for ln in out.splitlines() if ln.startswith((" 1 |", "   |"))][1:3]
+    assert row.count("...") == 2 and len(row) < 200
+    at = marks.index("^")
+    assert row[at : at + 4] == "v300" and marks.count("^") == 4
+
+
+def test_huge_values_are_shortened_in_messages(capsys, tmp_path):
+    big = "x" * 100_000
+    src = (SPECS / "gpt-tiny.yaml").read_text().replace("remat: none", "").replace(
+        "  seed: 0", f"  seed: 0\n  remat: {big}")
+    rc, _out, err = run(capsys, "validate", _spec_with(tmp_path, "s.yaml", src))
+    assert rc == 1 and "E013" in err and len(err) < 3000, len(err)
+
+
+@pytest.mark.parametrize(
+    "edit, code, at",
+    [
+        # an invalid mapping key: at the key, not at its value
+        (('dims: {vocab: 256,', 'dims: {"bad key": 3, vocab: 256,'), "E013", '"bad key"'),
+        # a negative stage: at `stage`, not as a bad `repeat`
+        (("{repeat: layers, block: decoder, name: blocks}", "{repeat: layers, block: decoder, name: blocks, stage: -1}"),
+         "E013", "-1}"),
+        # an unclosed quote: where it opens, not at the end of the file
+        (("name: gpt-tiny", 'name: "gpt-tiny'), "E001", '"gpt-tiny'),
+        # a 10,000-deep nesting: at the bracket past the limit, not at 1:1
+        (("data: {kind: synthetic}", "data: " + "[" * 10_000 + "]" * 10_000), "E006", "[[[["),
+    ],
+)
+def test_positions_point_at_the_offending_node(capsys, tmp_path, edit, code, at):
+    src = (SPECS / "gpt-tiny.yaml").read_text()
+    assert edit[0] in src
+    path = _spec_with(tmp_path, "s.yaml", src.replace(edit[0], edit[1]))
+    diags = validate_json(capsys, path)
+    assert [d["code"] for d in diags] == [code], diags
+    d = diags[0]
+    line = path.read_text().split("\n")[d["line"] - 1]
+    assert line[d["col"] - 1 :].startswith(at), (line[:80], d)

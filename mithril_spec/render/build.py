@@ -1,6 +1,7 @@
 """Rendering: Plan -> files. Templates are rendered in memory, Python output is parsed, then fixed
 (`ruff check --fix-only`) and formatted (`ruff format`) by the pinned ruff; only when every file is ready
-is anything written (each file atomically), so a failed build never leaves a partial program behind.
+is anything written, and then as a whole directory swapped in atomically (`atomic.replace_directory`), so a
+failed or killed build never leaves a partial program, or a mixture of two builds, behind.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import pyast
-from ..atomic import write_atomic
+from ..atomic import check_directory, replace_directory
 from ..diagnostics import Diagnostic, DiagnosticError
 from ..frontend import Compiled
 from ..targets import TARGETS
@@ -89,13 +90,20 @@ def _ruff(command: list[str], text: str, name: str) -> str:
     return proc.stdout.decode()
 
 
+def build_files() -> set[str]:
+    """Every file name a build of any target writes: what a new build replaces in its output directory."""
+    return {name for entry in TARGETS.values() for _, name in entry.files} | {"plan.json"}
+
+
+def check_output(out_dir: Path) -> None:
+    """OutputError (a usage error) when `out_dir` cannot receive a build; checked before rendering."""
+    check_directory(out_dir, build_files())
+
+
 def build(compiled: Compiled, target: str, out_dir: Path, spec_path: str) -> list[Path]:
+    """Renders the program and swaps it in as the whole of `out_dir` (atomic.replace_directory): the
+    directory holds the old build or the new one, never a mixture, and no file of another target or spec."""
+    check_output(out_dir)
     files = render_files(compiled, target, spec_path)
-    written = []
-    for name, text in files.items():
-        path = out_dir / name
-        write_atomic(path, text)
-        if name.endswith((".sh", ".sbatch")):
-            path.chmod(0o755)
-        written.append(path)
-    return written
+    modes = {name: (text, 0o755 if name.endswith((".sh", ".sbatch")) else 0o644) for name, text in files.items()}
+    return replace_directory(out_dir, modes, build_files())

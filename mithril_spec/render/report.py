@@ -40,12 +40,13 @@ def colour(i: int, n: int) -> str:
     return f"#{int(r * 255):02x}{int(g * 255):02x}{int(b * 255):02x}"
 
 
-def _coords(plan: Plan) -> list[dict[str, int]]:
-    """Mesh coordinates of every device id (row-major over the mesh axes, the last innermost)."""
+def _coords(plan: Plan, limit: int = MAX_DEVICES_DRAWN) -> list[dict[str, int]]:
+    """Mesh coordinates of the first `limit` device ids (row-major over the mesh axes, the last innermost):
+    the devices drawn. (Never every device: a mesh may have millions.)"""
     axes = plan.mesh.axes
     sizes = [plan.mesh.sizes[a] for a in axes]
     out = []
-    for d in range(plan.mesh.devices):
+    for d in range(min(plan.mesh.devices, limit)):
         c, rem = {}, d
         for a, n in zip(reversed(axes), reversed(sizes)):
             c[a] = rem % n
@@ -74,7 +75,6 @@ def _index(coord: dict[str, int], axes, plan: Plan) -> int:
 
 def _mesh_cells(plan: Plan, coords, cell: int, fills: Optional[list[str]] = None, labels: bool = True):
     rows_axes, cols_axes = _grid_shape(plan)
-    ncols = math.prod(plan.mesh.sizes[a] for a in cols_axes) if cols_axes else 1
     cells = []
     for d, c in enumerate(coords[:MAX_DEVICES_DRAWN]):
         r, k = _index(c, rows_axes, plan), _index(c, cols_axes, plan)
@@ -83,6 +83,7 @@ def _mesh_cells(plan: Plan, coords, cell: int, fills: Optional[list[str]] = None
                       "fill": fills[d] if fills else "#dfe7ef", "title": f"device {d}: {label or 'single device'}",
                       "text": str(d) if labels else ""})
     nrows = max((c["y"] - 4) // cell + 1 for c in cells) if cells else 1
+    ncols = max((c["x"] - 4) // cell + 1 for c in cells) if cells else 1  # (of the devices drawn)
     return cells, 8 + ncols * cell, 8 + nrows * cell
 
 
@@ -91,7 +92,8 @@ def _shard_of(p: ParamPlan, coord: dict[str, int], plan: Plan) -> tuple[int, ...
 
 
 def _tensor_view(p: ParamPlan, plan: Plan, coords) -> dict[str, Any]:
-    """A tensor drawn as a rectangle cut into its shards, and the mesh coloured by the shard each holds."""
+    """A tensor drawn as a rectangle cut into its shards, and the mesh coloured by the shard each holds: the
+    distinct shards of the devices drawn (`coords`), however many devices the mesh has."""
     shape = p.param.shape
     rows_dims = [0] if len(shape) >= 2 else []
     cols_dims = list(range(1, len(shape))) if len(shape) >= 2 else [0]
@@ -116,7 +118,8 @@ def _tensor_view(p: ParamPlan, plan: Plan, coords) -> dict[str, Any]:
     for sh, sid in shard_ids.items():
         r = _mixed(sh, degrees, rows_dims)
         k = _mixed(sh, degrees, cols_dims)
-        blocks.append({"x": 2 + k * W / cdeg, "y": 2 + r * H / rdeg, "w": W / cdeg - 1, "h": H / rdeg - 1,
+        blocks.append({"x": 2 + k * W / cdeg, "y": 2 + r * H / rdeg, "w": max(W / cdeg - 1, 0.5),
+                       "h": max(H / rdeg - 1, 0.5),
                        "fill": colour(sid, total), "title": f"shard {list(sh)} of {degrees}", "shard": sid})
     fills = [colour(shard_ids[_shard_of(p, c, plan)], total) for c in coords]
     cells, gw, gh = _mesh_cells(plan, coords, MINI, fills, labels=False)

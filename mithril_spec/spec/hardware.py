@@ -8,32 +8,35 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Optional
 
-from pydantic import Field, PositiveFloat, PositiveInt
+from pydantic import Field, PositiveInt
 
 from .common import Strict
 
-NonNegative = Annotated[float, Field(ge=0)]
+# Figures stay within what the cost model's arithmetic can carry (no overflow to infinity, no division by
+# almost nothing): from 10^-6 to 10^9 of their unit.
+Figure = Annotated[float, Field(ge=1e-6, le=1e9)]
+NonNegative = Annotated[float, Field(ge=0, le=1e9)]
 
 
 class Hardware(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64, description="profile name")
     base: Optional[str] = Field(None, description="a built-in profile to start from, e.g. h100-sxm-80gb")
     description: Optional[str] = None
-    flops: Optional[dict[Literal["float32", "bfloat16", "float16"], PositiveFloat]] = Field(
+    flops: Optional[dict[Literal["float32", "bfloat16", "float16"], Figure]] = Field(
         None, description="peak dense TFLOP/s per device, by compute dtype"
     )
-    memory_gb: Optional[PositiveFloat] = Field(None, description="device memory, GB (10^9 bytes)")
+    memory_gb: Optional[Figure] = Field(None, description="device memory, GB (10^9 bytes)")
     reserved_gb: Optional[NonNegative] = Field(
         None, description="memory the runtime keeps for itself (context, workspace), GB"
     )
-    hbm_gb_per_s: Optional[PositiveFloat] = Field(None, description="device memory bandwidth, GB/s")
+    hbm_gb_per_s: Optional[Figure] = Field(None, description="device memory bandwidth, GB/s")
     devices_per_node: Optional[PositiveInt] = Field(
         None, description="devices joined by the fast intra-node link (the innermost mesh axes use it)"
     )
-    intra_node_gb_per_s: Optional[PositiveFloat] = Field(
+    intra_node_gb_per_s: Optional[Figure] = Field(
         None, description="per-device, one-direction bandwidth of the intra-node link, GB/s"
     )
-    inter_node_gb_per_s: Optional[PositiveFloat] = Field(
+    inter_node_gb_per_s: Optional[Figure] = Field(
         None, description="per-device, one-direction bandwidth between nodes, GB/s"
     )
     intra_node_latency_us: Optional[NonNegative] = None
