@@ -1,9 +1,10 @@
 """Statement coverage of a generated program in a short run: a rendered program holds only what its spec
 can execute (docs/program.md; the templates gate every optional feature on the plan).
 
-`coverage_of(target, spec)` builds the spec's program for `target`, runs RUN_ARGS (2 steps, with --metrics
-and --checkpoint-dir) under `coverage run`, and returns the statements of its train.py and those that never
-ran. A target is one entry of RUNNERS: a function (spec) -> (train.py, coverage data file) that builds and
+`coverage_of(target, spec)` builds the spec's program for `target`, runs 2 steps under `coverage run` with
+--metrics, --checkpoint-dir and --export-params (.safetensors), then `--steps 0 --init-params` of that file
+(so both parameter-file paths run as well as the initialisation), and returns the statements of its
+train.py and those that never ran in either run. A target is one entry of RUNNERS: a function (spec) -> (train.py, coverage data file) that builds and
 runs the program (memoised, like the other program tests); `prefetch` starts every run at once.
 """
 
@@ -51,14 +52,17 @@ def _jax(spec: Path) -> tuple[Path, Path]:
 
     program = build(spec)
     launcher = [PY, "-m", "coverage", "run", "--data-file", ".coverage", str(program / "train.py")]
-    got = run(program, "--steps", STEPS, "--checkpoint-dir", "ckpt", launcher=launcher, export=False)
-    assert len(got.metrics) == int(STEPS) and (got.cwd / "ckpt").is_dir(), got.output[-3000:]
-    return program / "train.py", got.cwd / ".coverage"
+    exported = program.parent / f"{program.name}-params.safetensors"
+    got = run(program, "--steps", STEPS, "--checkpoint-dir", "ckpt", "--export-params", str(exported),
+              launcher=launcher, export=False)
+    assert len(got.metrics) == int(STEPS) and (got.cwd / "ckpt").is_dir() and exported.is_file(), got.output[-3000:]
+    again = run(program, "--steps", "0", "--init-params", str(exported), launcher=launcher, export=False)
+    return program / "train.py", [got.cwd / ".coverage", again.cwd / ".coverage"]
 
 
-# target -> runner: builds the spec's program, runs it for STEPS steps with --metrics and --checkpoint-dir
-# under `coverage run` (its data file: the runner's choice), returns (train.py, coverage data file)
-RUNNERS: dict[str, Callable[[Path], tuple[Path, Path]]] = {"jax": _jax}
+# target -> runner: builds the spec's program, runs it as the module docstring says under `coverage run`,
+# returns (train.py, the coverage data files or directories of its runs)
+RUNNERS: dict[str, Callable[[Path], tuple[Path, list[Path]]]] = {"jax": _jax}
 
 _results: dict[tuple[str, Path], Coverage] = {}
 _locks: dict[tuple[str, Path], threading.Lock] = {}
@@ -73,8 +77,8 @@ def coverage_of(target: str, spec: Path) -> Coverage:
     with lock:
         if key not in _results:
             program, data = RUNNERS[target](spec)
-            cov = coverage.Coverage(data_file=str(data))
-            cov.load()
+            cov = coverage.Coverage(data_file=str(program.parent / f".coverage-{program.parent.name}"))
+            cov.combine([str(d) for d in data], keep=True)
             _, statements, _, missing, _ = cov.analysis2(str(program))
             assert statements, f"{program}: no statements measured"
             _results[key] = Coverage(target, spec, program, list(statements), list(missing))

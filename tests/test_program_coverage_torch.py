@@ -1,7 +1,7 @@
-"""A generated PyTorch program holds only what its spec can execute: in a 2-step run with --metrics and
---checkpoint-dir on the ranks of the spec's default mesh, at least 90% of its train.py's statements run
+"""A generated PyTorch program holds only what its spec can execute: in a 2-step run with --metrics,
+--checkpoint-dir and --export-params (.safetensors), then a `--steps 0 --init-params` run of that file, on the ranks of the spec's default mesh, at least 90% of its train.py's statements run
 (combined over the ranks), for every example spec. The rest are the paths of other flags (--resume,
---export-params, --init-params, --dry-run, --compile), of a GPU, and of errors. Each test prints its figure
+.npz parameter files, --dry-run, --compile), of a GPU, and of errors. Each test prints its figure
 (pytest -s). The ranks run under tests/torch_coverage_launch.py (forked, each measured by coverage.py)."""
 
 from __future__ import annotations
@@ -26,18 +26,21 @@ def coverage_of(spec: Path) -> Coverage:
     if spec not in _results:
         program = build(spec)
         train = program / "train.py"
-        cwd = WORK / f"coverage-{spec.name}"
+        cwd, again = WORK / f"coverage-{spec.name}", WORK / f"coverage-{spec.name}-init"
         cwd.mkdir()
-        data = cwd / ".coverage"
-        args = ["--steps", STEPS, "--metrics", "metrics.jsonl", "--checkpoint-dir", "ckpt"]
-        cmd = [PY, str(LAUNCH), str(world_of(program)), str(train), str(data), *args]
-        p = subprocess.run(cmd, cwd=cwd, env=env_for(), capture_output=True, text=True, timeout=600, check=False)
-        out = p.stdout + p.stderr
-        assert p.returncode == 0, f"{' '.join(cmd)}: exit {p.returncode}\n{out[-6000:]}"
+        again.mkdir()
+        exported = cwd / "params.safetensors"
+        first = ["--steps", STEPS, "--metrics", "metrics.jsonl", "--checkpoint-dir", "ckpt", "--export-params",
+                 str(exported)]
+        for where, args in ((cwd, first), (again, ["--steps", "0", "--init-params", str(exported)])):
+            cmd = [PY, str(LAUNCH), str(world_of(program)), str(train), str(where / ".coverage"), *args]
+            p = subprocess.run(cmd, cwd=where, env=env_for(), capture_output=True, text=True, timeout=600, check=False)
+            out = p.stdout + p.stderr
+            assert p.returncode == 0, f"{' '.join(cmd)}: exit {p.returncode}\n{out[-6000:]}"
         rows = [json.loads(line) for line in (cwd / "metrics.jsonl").read_text().splitlines()]
         assert len(rows) == int(STEPS) and (cwd / "ckpt" / f"step_{int(STEPS):08d}").is_dir(), out[-3000:]
-        cov = coverage.Coverage(data_file=str(data))
-        cov.combine([str(cwd)])  # one data file per rank
+        cov = coverage.Coverage(data_file=str(cwd / ".coverage"))
+        cov.combine([str(cwd), str(again)])  # one data file per rank and run
         _, statements, _, missing, _ = cov.analysis2(str(train))
         assert statements, f"{train}: no statements measured"
         _results[spec] = Coverage("torch", spec, train, list(statements), list(missing))
