@@ -68,6 +68,8 @@ def _styles(ctx_tp: dict[str, str], prefix: str, nodes, sp: bool) -> dict[str, s
         mine = {k: v for k, v in ctx_tp.items() if k == node.name or k.startswith(node.name + ".")}
         if not sp:
             out.update({prefix + k: v for k, v in mine.items()})
+            if len(OPS[node.op].input_projections(node.attrs)) > 1 and mine:
+                out[prefix + node.name] = "replicate_input"  # q, k, v (gate, up) share one input-gradient all-reduce
             continue
         # Sequence parallel: activations between layers hold seq / tensor positions on each rank.
         kind = OPS[node.op].tensor_parallel

@@ -121,6 +121,7 @@ TP_PLAN = {
     "blocks.*.attn.k": "colwise",
     "blocks.*.attn.v": "colwise",
     "blocks.*.attn.o": "rowwise",
+    "blocks.*.attn": "replicate_input",
     "blocks.*.mlp.fc": "colwise",
     "blocks.*.mlp.proj": "rowwise",
 }
@@ -647,8 +648,10 @@ def parallelize(model, mesh):
     all-reduced), which keeps the tensor-parallel DTensors DTensors for checkpoints and export (DDP
     would turn them into local tensors).
     """
+    from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
+        PrepareModuleInput,
         RowwiseParallel,
         parallelize_module,
     )
@@ -658,6 +661,13 @@ def parallelize(model, mesh):
         "colwise": lambda: ColwiseParallel(),
         # input features split: all-reduce the output
         "rowwise": lambda: RowwiseParallel(),
+        # the layer's input projections read one DTensor: their input gradients add up as partial sums
+        # and are all-reduced once (Megatron's count), not once per projection
+        "replicate_input": lambda: PrepareModuleInput(
+            input_layouts=(Replicate(),),
+            desired_input_layouts=(Replicate(),),
+            use_local_output=False,
+        ),
     }
     mine = {
         fqn: s for fqn, s in TP_PLAN.items() if fqn.split(".")[0] in model._modules

@@ -143,6 +143,7 @@ TP_PLAN = {
     "blocks.*.attn.k": "colwise",
     "blocks.*.attn.v": "colwise",
     "blocks.*.attn.o": "rowwise",
+    "blocks.*.attn": "replicate_input",
     "blocks.*.mlp.fc": "colwise",
     "blocks.*.mlp.proj": "rowwise",
 }
@@ -606,9 +607,10 @@ def parallelize(model, mesh):
     Then FSDP2 as HSDP on the 2-D (data, fsdp) mesh: parameters, gradients and optimizer state sharded
     over `fsdp`, replicated over `data`.
     """
-    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
+        PrepareModuleInput,
         RowwiseParallel,
         parallelize_module,
     )
@@ -618,6 +620,13 @@ def parallelize(model, mesh):
         "colwise": lambda: ColwiseParallel(),
         # input features split: all-reduce the output
         "rowwise": lambda: RowwiseParallel(),
+        # the layer's input projections read one DTensor: their input gradients add up as partial sums
+        # and are all-reduced once (Megatron's count), not once per projection
+        "replicate_input": lambda: PrepareModuleInput(
+            input_layouts=(Replicate(),),
+            desired_input_layouts=(Replicate(),),
+            use_local_output=False,
+        ),
     }
     parallelize_module(model, mesh["tensor"], {fqn: styles[s]() for fqn, s in TP_PLAN.items()})
 
