@@ -65,6 +65,7 @@ def test_tensor_parallel_plan_and_fsdp_dims_follow_the_plan():
     assert config(text, "TP_PLAN") == {
         "blocks.*.attn.q": "colwise", "blocks.*.attn.k": "colwise", "blocks.*.attn.v": "colwise",
         "blocks.*.attn.o": "rowwise", "blocks.*.mlp.fc": "colwise", "blocks.*.mlp.proj": "rowwise",
+        "blocks.*.attn": "replicate_input",  # q, k and v read one DTensor: one input-gradient all-reduce
     }
     dims = config(text, "FSDP_DIMS")
     # canonical q.weight [embed(fsdp), heads(tensor)] is nn.Linear [heads, embed]: fsdp on torch dim 1

@@ -93,8 +93,7 @@ TORCH_COUNT = textwrap.dedent("""
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mesh", ["tensor=2", "fsdp=2,tensor=2"])
-@pytest.mark.parametrize("edits", [(), SWIGLU], ids=["gelu", "swiglu"])
+@pytest.mark.parametrize("mesh, edits", [("tensor=2", ()), ("fsdp=2,tensor=2", SWIGLU)], ids=["gelu", "swiglu"])
 def test_torch_all_reduces_as_planned(mesh, edits):
     program = tr.build(GPT, mesh, edits)
     p = subprocess.run([tr.PY, "-c", TORCH_COUNT], cwd=program, capture_output=True, text=True, timeout=600,
