@@ -367,14 +367,16 @@ class Model(nn.Module):
 # Parameters: drawn on the host with numpy (the same values for every mesh and target), by canonical name
 # in canonical layout, each rank only the slices it holds; the module FQNs are the canonical names.
 # ----------------------------------------------------------------------------
+def slices(index, shape):
+    """An index (slices of the leading dimensions) as one plain slice per dimension of `shape`."""
+    return [slice(*s.indices(n)) for s, n in zip((*index, *[slice(None)] * len(shape)), shape)]
+
+
 def init_values(name, shape, kind, std, seed, index=()):
     """The initial values of parameter `name` at `index` (slices, one per leading dimension; () for all),
     float32. Each element depends only on (seed, name, its flat index), so any process computes just the
     slice it holds, and every mesh and every target starts from the same values (docs/program.md)."""
-    box = [
-        slice(*s.indices(n))
-        for s, n in zip((*index, *[slice(None)] * len(shape))[: len(shape)], shape)
-    ]
+    box = slices(index, shape)
     out_shape = tuple(len(range(b.start, b.stop, b.step)) for b in box)
     if kind == "zeros":
         return np.zeros(out_shape, np.float32)
@@ -465,11 +467,7 @@ class FileTensor:
         self.floating = stored.get_dtype().startswith(("F", "BF"))
 
     def __getitem__(self, index):
-        index = index if isinstance(index, tuple) else (index,)
-        box = [
-            slice(*s.indices(n))
-            for s, n in zip((*index, *[slice(None)] * len(self.shape)), self.shape)
-        ]
+        box = slices(index if isinstance(index, tuple) else (index,), self.shape)
         if self.offset:  # part `part` of the stored last dimension
             box[-1] = slice(box[-1].start + self.offset, box[-1].stop + self.offset)
         x = np.asarray(self.stored[tuple(box[::-1] if self.transposed else box)], dtype=np.float32)
