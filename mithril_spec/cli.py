@@ -14,6 +14,7 @@ import dataclasses
 import io
 import json
 import os
+import shlex
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -55,6 +56,9 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("--mesh", help="a mesh name from the spec, or AXIS=SIZE,... (e.g. data=4,tensor=2)")
         sp.add_argument("--devices", type=int, help="check that the mesh uses exactly this many devices")
         sp.add_argument("--color", choices=("auto", "always", "never"), default="auto")
+        sp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="settings",
+                        help="override a value of the spec after `extends` (repeatable): a dotted path and a YAML "
+                        "value, e.g. --set training.optimizer.lr=3e-4 --set dims.layers=8")
 
     def hardware(sp):
         sp.add_argument("--hardware", metavar="NAME",
@@ -208,11 +212,12 @@ def _strict(diags: list[Diagnostic], strict: bool) -> list[Diagnostic]:
     return [d.as_error() for d in diags] if strict else diags
 
 
-def _read(path: Path):
+def _read(path: Path, settings: Sequence[str] = ()):
     from .extends import load_spec_file
+    from .overrides import apply
 
     try:
-        return load_spec_file(path)
+        return apply(load_spec_file(path), settings)
     except UnicodeDecodeError as e:
         raise UsageError(f"{path}: cannot read as UTF-8 text ({e})") from None
     except OSError as e:
@@ -223,8 +228,9 @@ class _Spec:
     """One spec file, loaded (with `extends`), validated and resolved once per command, and planned once per
     mesh. Every diagnostic it hands out has its structured fields filled in (`finish`)."""
 
-    def __init__(self, path: Path, devices: int | None):
+    def __init__(self, path: Path, devices: int | None, settings: Sequence[str] = ()):
         from .graph import resolve
+        from .overrides import source_name
         from .source import read_source
         from .validate import validate
 
@@ -237,10 +243,10 @@ class _Spec:
         self.diags: list[Diagnostic] = []  # of loading, validation and resolution
         self._plans: dict[str | None, tuple[Compiled | None, list[Diagnostic]]] = {}
         try:
-            self.doc = _read(path)
+            self.doc = _read(path, settings)
         except DiagnosticError as e:
             # (at most MAX_FILE_BYTES of each file: a file over the limit is shown from its start)
-            self.sources = {str(path): read_source(path)}
+            self.sources = {str(path): read_source(path)} | {source_name(i): a for i, a in enumerate(settings, 1)}
             for d in e.diagnostics:  # an error inside a base spec reached through `extends`
                 for where in [d.pos] + [lab.pos for lab in d.labels]:
                     if where and where.file not in self.sources and Path(where.file).is_file():
@@ -273,8 +279,10 @@ class _Spec:
 
     def finish(self, diags) -> list[Diagnostic]:
         """Fills in what a stage does not know: the path of the node a diagnostic points at, the spec that
-        reached a base file through `extends` (with a label on that `extends`), and the base spec's value
-        that the pointed-at value replaced."""
+        reached a base file through `extends` (with a label on that `extends`), and the base spec's (or, for a
+        `--set`, the spec's) value that the pointed-at value replaced."""
+        from .overrides import is_override
+
         out = []
         for d in diags:
             changes: dict = {}
@@ -284,7 +292,7 @@ class _Spec:
                 if path is not None:
                     changes["path"] = path
             path = changes.get("path", d.path)
-            if d.pos is not None and d.pos.file != str(self.path):
+            if d.pos is not None and d.pos.file != str(self.path) and not is_override(d.pos.file):
                 if d.spec is None:
                     changes["spec"] = str(self.path)
                 ext = self._extends_pos()
@@ -293,7 +301,8 @@ class _Spec:
             if self.doc is not None and path is not None and d.pos is not None:
                 base = self.doc.overridden.get(path)
                 if base is not None and base != d.pos:
-                    labels.append(Label(base, "the value it replaces in the base spec"))
+                    what = "the spec's value it replaces" if is_override(d.pos.file) else "the value it replaces in the base spec"
+                    labels.append(Label(base, what))
             if len(labels) != len(d.labels):
                 changes["labels"] = tuple(labels)
             out.append(dataclasses.replace(d, **changes) if changes else d)
@@ -315,9 +324,11 @@ class _Spec:
         return None
 
 
-def _compile(path: Path, mesh: str | None, devices: int | None) -> tuple[Compiled | None, list, dict]:
-    """Compiles one spec for one mesh; returns (result or None, diagnostics, sources)."""
-    s = _Spec(path, devices)
+def _compile(path: Path, mesh: str | None, devices: int | None,
+             settings: Sequence[str] = ()) -> tuple[Compiled | None, list, dict]:
+    """Compiles one spec (with its `--set` overrides) for one mesh; returns (result or None, diagnostics,
+    sources)."""
+    s = _Spec(path, devices, settings)
     c, diags = s.compiled(mesh)
     return c, diags, s.sources
 
@@ -348,7 +359,7 @@ def cmd_validate(args) -> int:
     all_diags: list[Diagnostic] = []
     sources: dict[str, str] = {}
     for f in files:
-        s = _Spec(f, args.devices)
+        s = _Spec(f, args.devices, args.settings)
         sources.update(s.sources)
         diags = list(s.diags) if s.graph is None else _check_meshes(s, args)
         all_diags += _dedupe(_strict(diags, args.strict))
@@ -430,7 +441,7 @@ def cmd_plan(args) -> int:
         _check_report(Path(args.report))  # (a usage error before any work)
     if args.auto:
         return _plan_auto(args)
-    c, diags, sources = _compile(Path(args.spec), args.mesh, args.devices)
+    c, diags, sources = _compile(Path(args.spec), args.mesh, args.devices, args.settings)
     diags = _strict(diags, args.strict)
     if c is None or any(d.severity == "error" for d in diags):
         _emit(diags, sources, args)
@@ -479,7 +490,7 @@ def _plan_auto(args) -> int:
     from .planner.auto import search
     from .planner.table import human_bytes, human_seconds
 
-    c, diags, sources = _compile(Path(args.spec), args.mesh, None)
+    c, diags, sources = _compile(Path(args.spec), args.mesh, None, args.settings)
     if c is None:
         _emit(diags, sources, args)
         return EXIT_INVALID
@@ -548,13 +559,15 @@ def cmd_build(args) -> int:
     from .render import build
 
     build.check_output(Path(args.output))  # (a usage error before any work)
-    c, diags, sources = _compile(Path(args.spec), args.mesh, args.devices)
+    c, diags, sources = _compile(Path(args.spec), args.mesh, args.devices, args.settings)
     diags = _strict(diags, args.strict)
     if c is None or any(d.severity == "error" for d in diags):
         _emit(diags, sources, args)
         return EXIT_INVALID
     try:
-        written = build.build(c, args.target, Path(args.output), spec_path=args.spec)
+        # (the program names where it came from: the spec file and the overrides applied to it)
+        origin = " ".join([args.spec] + [f"--set {shlex.quote(a)}" for a in args.settings])
+        written = build.build(c, args.target, Path(args.output), spec_path=origin)
     except DiagnosticError as e:
         _emit(e.diagnostics, sources, args)
         return EXIT_INVALID

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .diagnostics import Diagnostic, DiagnosticError
-from .limits import MAX_NODES
+from .limits import MAX_NODES, count_values
 from .source import Document, load_file
 
 MAX_DEPTH = 16
@@ -51,7 +51,7 @@ def _load(path: Path, chain: tuple[Path, ...]) -> Document:
         raise DiagnosticError([Diagnostic("E005", f"the base spec `{ext}` is not a mapping ({kind})", base.pos(()),
                                           help="a base spec is a mapping of spec sections, like any spec")])
     data = _merge(base.data, {k: v for k, v in doc.data.items() if k != "extends"})
-    if _count(data) > MAX_NODES:
+    if count_values(data) > MAX_NODES:
         raise DiagnosticError([Diagnostic(
             "E006", f"this spec and the base specs it extends hold more than {MAX_NODES:,} values together", pos,
             help=f"a spec holds at most {MAX_NODES:,} values, its base specs included")])
@@ -71,19 +71,6 @@ def _overridden(base: Document, doc: Document) -> dict:
         if not (isinstance(b, dict) and isinstance(o, dict)):
             out[path] = base.values[path]
     return out
-
-
-def _count(data: Any) -> int:
-    """The values of a merged document (stops counting past MAX_NODES)."""
-    n, stack = 0, [data]
-    while stack and n <= MAX_NODES:
-        v = stack.pop()
-        n += 1
-        if isinstance(v, dict):
-            stack.extend(v.values())
-        elif isinstance(v, list):
-            stack.extend(v)
-    return n
 
 
 def _get(data: Any, path: tuple) -> Any:

@@ -54,3 +54,16 @@ def shorten(text: Any, limit: int = MAX_SHOWN) -> str:
 def power_of_two(n: int) -> str:
     """`2^53` for a power of two, else the number with separators."""
     return f"2^{n.bit_length() - 1}" if n > 0 and n & (n - 1) == 0 else f"{n:,}"
+
+
+def count_values(data: Any) -> int:
+    """The values of a loaded document (stops counting past MAX_NODES)."""
+    n, stack = 0, [data]
+    while stack and n <= MAX_NODES:
+        v = stack.pop()
+        n += 1
+        if isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return n
