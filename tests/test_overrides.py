@@ -79,7 +79,7 @@ def test_malformed_overrides_are_usage_errors(capsys):
         ("model.layers.99.dim=3", "is a list of"),
         ("model.layers.0=null", "list entries cannot be removed"),
     ):
-        rc, out, err = run(capsys, "validate", GPT, "--set", arg)
+        rc, _out, err = run(capsys, "validate", GPT, "--set", arg)
         assert rc == 2, (arg, err)
         assert says in err and err.count("\n") == 1, (arg, err)
 
