@@ -447,6 +447,15 @@ _TEXTS: dict[str, tuple[str, str]] = {
             "spec where you want them (the spec language has no attention-probability dropout)."
         ),
     ),
+    "W011": (
+        "data file not found",
+        (
+            "A file or directory named in `data` (`path`, `tokenizer`) or `eval.path` does not exist where "
+            "`validate` runs. A relative path is relative to the directory of the spec file that holds it (of a "
+            "`--set`: the working directory). It is a warning because data often exists only on the training "
+            "machine, and the program can be given another path (`--data`); with `--strict` it fails CI."
+        ),
+    ),
 }
 
 
@@ -998,6 +1007,26 @@ hf:
     "W010": Example(
         '{"model_type": "gpt2", "vocab_size": 100, "n_embd": 32, "n_layer": 2, "n_head": 4,\n'
         ' "n_positions": 64, "resid_pdrop": 0.1}\n', args=("-o", "spec.yaml"), file="config.json", command=_IMPORT),
+    "W011": Example(
+        _spec(
+            """
+version: 1
+name: example
+dims: {vocab: 512, d: 64, heads: 4}
+model:
+  inputs:
+    tokens: {shape: [batch, 32], dtype: int32}
+    targets: {shape: [batch, 32], dtype: int32}
+  layers:
+    - {op: embedding, name: wte, vocab: vocab, dim: d, input: tokens}
+    - {op: attention, name: attn, heads: heads, causal: true}
+    - {op: linear, name: lm_head, dimension: vocab}
+  loss: {op: cross_entropy, logits: lm_head, targets: targets}
+training: {batch_size: 8, steps: 10, optimizer: {name: adamw, lr: 1.0e-3}}
+data: {kind: tokens, path: data/train.bin, dtype: uint16}
+"""
+        )
+    ),
 })
 CATALOG: dict[str, Entry] = {code: Entry(title, text, _EXAMPLES[code]) for code, (title, text) in _TEXTS.items()}
 assert set(_EXAMPLES) == set(CATALOG), "every code needs an example"

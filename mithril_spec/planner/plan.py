@@ -13,6 +13,7 @@ from ..ops import TensorType
 from ..ops import OPS
 from ..source import Document
 from ..spec.root import Spec
+from .data_check import check_data, data_files
 from .layouts import DEFAULT_RULES, Layout, Rules, batch_axes, check_layout, local_shape, param_layouts, read_rules
 from ..spec.sharding import MESH_AXES
 from .mesh import Mesh, select_mesh
@@ -113,6 +114,8 @@ class Plan:
     pipeline: Optional[PipelinePlan] = None
     rules: Rules = Rules({}, {})  # the sharding rules as resolved (logical axis -> mesh axes)
     repeats: tuple[RepeatPlan, ...] = ()  # the repeated blocks, one entry per block parameter
+    # the files the spec names, by role (`data`, `eval`, `tokenizer`), as absolute paths (data_check.py)
+    data_files: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @functools.cached_property
     def in_repeat(self) -> frozenset[str]:
@@ -219,20 +222,22 @@ def make_plan(spec: Spec, doc: Document, graph: Graph, mesh_choice: Optional[str
             doc.pos(("training", "batch_size")),
             help=f"use a batch size divisible by {tr.grad_accum * dp}"))
     micro = tr.batch_size // tr.grad_accum
-    _check_data(spec, graph, doc, diags)
+    files = data_files(spec, doc)
+    data_warnings: list[Diagnostic] = []
+    check_data(spec, graph, doc, files, diags, data_warnings)
     if any(d.code == "E043" for d in diags):
         seen.add("batch-reported")
 
     repeats = _repeat_plans(graph, doc, params, buffers, layouts, diags)
     inputs = _input_plans(graph, spec, doc, mesh, rules, baxes, micro, dp, diags, seen)
-    warnings = _warnings(graph, spec, doc, mesh, rules, params, baxes)
+    warnings = _warnings(graph, spec, doc, mesh, rules, params, baxes) + data_warnings
     if diags:
         raise DiagnosticError(diags + warnings)
 
     # A device holds the parameters of the stages on its pipe rank; report the fullest rank. The cost model
     # owns the formulas (fp32 master weights, ZeRO sharding of optimizer state and gradients).
     plan = Plan(spec, graph, mesh, tuple(params), tuple(buffers), tuple(inputs), baxes, dp, micro,
-                Memory(0, 0, 0, 0), tuple(warnings), pipeline, rules, repeats)
+                Memory(0, 0, 0, 0), tuple(warnings), pipeline, rules, repeats, files)
     st = state_memory(plan)
     return dataclasses.replace(plan, memory=Memory(params=st.params, grads=st.grads, optimizer=st.optimizer,
                                                    buffers=st.buffers))
@@ -276,23 +281,6 @@ def _repeat_plans(graph: Graph, doc: Document, params, buffers, layouts, diags) 
 
 def _show_spec(spec) -> str:
     return "[" + ", ".join("+".join(d) if d else "whole" for d in spec) + "]"
-
-
-def _check_data(spec: Spec, graph: Graph, doc: Document, diags: list[Diagnostic]) -> None:
-    """A text file feeds byte tokens and next-byte targets: two integer inputs of shape [batch, seq]."""
-    if spec.data.kind != "text":
-        return
-    ins = graph.inputs
-    ok = len(ins) == 2 and all(i.type.is_int and len(i.type.shape) == 1 for i in ins) and (
-        ins[0].type.shape == ins[1].type.shape)
-    if not ok:
-        diags.append(Diagnostic(
-            "E013", "`data: {kind: text}` needs exactly two integer inputs of shape [batch, seq] (tokens, targets)",
-            doc.pos(("data", "kind")), help="declare e.g. tokens and targets as {shape: [batch, seq], dtype: int32}"))
-    elif ins[0].high < 256:
-        diags.append(Diagnostic(
-            "E013", f"`data: {{kind: text}}` produces byte tokens 0..255, but `{ins[0].name}` feeds an embedding "
-            f"of vocab {ins[0].high}", doc.pos(("data", "kind")), help="use vocab >= 256 for character-level text"))
 
 
 def _check_experts(graph: Graph, doc: Document, mesh: Mesh, layouts, diags) -> set[str]:

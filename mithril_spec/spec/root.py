@@ -8,7 +8,7 @@ from pydantic import Field, PositiveInt, StrictInt
 
 from ..targets import DEFAULT_TARGETS, TARGET_NAMES
 from .common import Ident, Strict
-from .data import Data, Synthetic
+from .data import Data, Eval, Synthetic
 from .hardware import Hardware
 from .hf import HfSource
 from .model import Model
@@ -35,6 +35,7 @@ class Spec(Strict):
     pipeline: Optional[Pipeline] = Field(None, description="pipeline parallelism over the `pipe` mesh axis")
     training: Training
     data: Data = Synthetic(kind="synthetic")
+    eval: Optional[Eval] = Field(None, description="held-out evaluation: its data, how often, how many batches")
     hf: Optional[HfSource] = Field(None, description="the Hugging Face model this spec was imported from")
     hardware: Optional[list[Hardware]] = Field(
         None, description="device profiles for `plan --hardware NAME` (besides the built-in ones)"
