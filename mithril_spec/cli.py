@@ -86,6 +86,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("spec", metavar="SPEC")
     b.add_argument("--target", choices=TARGET_NAMES, required=True)
     b.add_argument("-o", "--output", required=True, metavar="DIR")
+    b.add_argument("--force", action="store_true",
+                   help="replace files of the previous build in DIR even where they were edited since")
     common(b, ("text", "json", "github"))
 
     s = sub.add_parser("schema", help="write the JSON Schema of the spec language (or, with --plan, of "
@@ -558,7 +560,9 @@ def _plan_auto(args) -> int:
 def cmd_build(args) -> int:
     from .render import build
 
-    build.check_output(Path(args.output))  # (a usage error before any work)
+    build.check_output(Path(args.output))  # (usage errors before any work)
+    if not args.force:
+        build.check_unedited(Path(args.output))
     c, diags, sources = _compile(Path(args.spec), args.mesh, args.devices, args.settings)
     diags = _strict(diags, args.strict)
     if c is None or any(d.severity == "error" for d in diags):
@@ -567,7 +571,7 @@ def cmd_build(args) -> int:
     try:
         # (the program names where it came from: the spec file and the overrides applied to it)
         origin = " ".join([args.spec] + [f"--set {shlex.quote(a)}" for a in args.settings])
-        written = build.build(c, args.target, Path(args.output), spec_path=origin)
+        written = build.build(c, args.target, Path(args.output), spec_path=origin, force=args.force)
     except DiagnosticError as e:
         _emit(e.diagnostics, sources, args)
         return EXIT_INVALID

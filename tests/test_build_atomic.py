@@ -5,6 +5,7 @@ errors (exit code 2) with one line."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -184,10 +185,32 @@ def test_jax_build_over_a_torch_build_keeps_no_torch_file(tmp_path, capsys):
     (out / "metrics.jsonl").write_text("{}\n")  # written by the program
     rc, stdout, _ = run(capsys, "build", SPEC, "--target", "jax", "-o", out)
     assert rc == 0
-    assert sorted(os.listdir(out)) == ["README.md", "launch.sh", "metrics.jsonl", "plan.json", "train.py"]
+    assert sorted(os.listdir(out)) == ["README.md", "build-manifest.json", "launch.sh", "metrics.jsonl",
+                                       "plan.json", "train.py"]
     assert "(JAX)" in (out / "README.md").read_text()
-    assert stdout.splitlines() == [f"wrote {out / n}" for n in ("train.py", "launch.sh", "README.md", "plan.json")]
+    assert stdout.splitlines() == [f"wrote {out / n}" for n in
+                                   ("train.py", "launch.sh", "README.md", "plan.json", "build-manifest.json")]
     assert not leftovers(out)
+
+
+def test_a_file_edited_since_the_build_is_not_overwritten_without_force(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert run(capsys, "build", SPEC, "--target", "jax", "-o", out)[0] == 0
+    manifest = json.loads((out / "build-manifest.json").read_text())["files"]
+    assert sorted(manifest) == ["README.md", "launch.sh", "plan.json", "train.py"]
+    assert run(capsys, "build", SPEC, "--target", "jax", "-o", out)[0] == 0  # unchanged: rebuilt
+    edited = (out / "train.py").read_text().replace("\nLR = ", "\nLR = 2 * ", 1)
+    (out / "train.py").write_text(edited)
+    (out / "metrics.jsonl").write_text("{}\n")  # not a build file: never in the way
+    rc, stdout, err = run(capsys, "build", SPEC, "--target", "torch", "-o", out)
+    assert rc == 2 and stdout == ""
+    assert "train.py changed since the build that wrote it" in err and "--force" in err and err.count("\n") == 1
+    assert (out / "train.py").read_text() == edited  # nothing replaced
+    rc, _stdout, _err = run(capsys, "build", SPEC, "--target", "torch", "-o", out, "--force")
+    assert rc == 0 and (out / "launch.sbatch").is_file() and "LR = 2 * " not in (out / "train.py").read_text()
+    (out / "build-manifest.json").write_text("{not json")
+    rc, _stdout, err = run(capsys, "build", SPEC, "--target", "torch", "-o", out)
+    assert rc == 2 and "build-manifest.json changed" in err
 
 
 def test_a_failed_build_keeps_the_old_one(tmp_path, capsys, monkeypatch):

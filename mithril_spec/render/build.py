@@ -6,6 +6,7 @@ failed or killed build never leaves a partial program, or a mixture of two build
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 import os
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import pyast
-from ..atomic import check_directory, replace_directory
+from ..atomic import OutputError, check_directory, replace_directory
 from ..diagnostics import Diagnostic, DiagnosticError
 from ..frontend import Compiled
 from ..targets import TARGETS
@@ -90,9 +91,45 @@ def _ruff(command: list[str], text: str, name: str) -> str:
     return proc.stdout.decode()
 
 
+# What a build wrote: {"files": {name: sha256}}. The next build into the same directory compares the files
+# with it and refuses to replace one edited since (`build --force` replaces it anyway).
+MANIFEST = "build-manifest.json"
+
+
 def build_files() -> set[str]:
     """Every file name a build of any target writes: what a new build replaces in its output directory."""
-    return {name for entry in TARGETS.values() for _, name in entry.files} | {"plan.json"}
+    return {name for entry in TARGETS.values() for _, name in entry.files} | {"plan.json", MANIFEST}
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def manifest_text(files: dict[str, str]) -> str:
+    digests = {name: _sha256(text.encode("utf-8")) for name, text in sorted(files.items())}
+    return json.dumps({"files": digests}, indent=2) + "\n"
+
+
+def edited_files(out_dir: Path) -> list[str]:
+    """The files of the build in `out_dir` that differ from what its manifest says that build wrote (none
+    when there is no build or no manifest: a build of an older mithril-spec)."""
+    try:
+        recorded = json.loads((out_dir / MANIFEST).read_text(encoding="utf-8"))["files"]
+        if not isinstance(recorded, dict):
+            raise TypeError
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError, KeyError, TypeError):
+        return [MANIFEST]
+    edited = []
+    for name, digest in sorted(recorded.items()):
+        try:
+            data = (out_dir / str(name)).read_bytes()
+        except OSError:
+            continue  # deleted or unreadable: nothing of the user's to lose
+        if _sha256(data) != digest:
+            edited.append(str(name))
+    return edited
 
 
 def check_output(out_dir: Path) -> None:
@@ -100,10 +137,24 @@ def check_output(out_dir: Path) -> None:
     check_directory(out_dir, build_files())
 
 
-def build(compiled: Compiled, target: str, out_dir: Path, spec_path: str) -> list[Path]:
+def check_unedited(out_dir: Path) -> None:
+    """OutputError when a file of the build in `out_dir` was edited since that build wrote it."""
+    edited = edited_files(out_dir)
+    if edited:
+        shown = ", ".join(edited[:3]) + (", ..." if len(edited) > 3 else "")
+        raise OutputError(f"{out_dir}: {shown} changed since the build that wrote {'it' if len(edited) == 1 else 'them'}"
+                          ": a new build would overwrite your edits. Keep a copy elsewhere, then build again with "
+                          "--force")
+
+
+def build(compiled: Compiled, target: str, out_dir: Path, spec_path: str, force: bool = False) -> list[Path]:
     """Renders the program and swaps it in as the whole of `out_dir` (atomic.replace_directory): the
-    directory holds the old build or the new one, never a mixture, and no file of another target or spec."""
+    directory holds the old build or the new one, never a mixture, and no file of another target or spec.
+    A file edited since the previous build is not replaced unless `force` (OutputError naming it)."""
     check_output(out_dir)
+    if not force:
+        check_unedited(out_dir)
     files = render_files(compiled, target, spec_path)
+    files[MANIFEST] = manifest_text(files)
     modes = {name: (text, 0o755 if name.endswith((".sh", ".sbatch")) else 0o644) for name, text in files.items()}
     return replace_directory(out_dir, modes, build_files())
