@@ -101,6 +101,16 @@ def _parser() -> argparse.ArgumentParser:
     e = sub.add_parser("explain", help="explain a diagnostic code")
     e.add_argument("code", nargs="?", help="e.g. E042; omit to list every code")
 
+    d = sub.add_parser("data", help="prepare training data")
+    dsub = d.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
+    dp = dsub.add_parser("prepare", help="train a byte-level BPE tokenizer on text files and write token files "
+                         "for `data: {kind: tokens}` (train.bin, val.bin, tokenizer.json, data.json)")
+    dp.add_argument("inputs", nargs="+", metavar="INPUT", help="text files, or directories (their text files)")
+    dp.add_argument("--vocab", type=int, required=True, help="vocabulary size (257 or more)")
+    dp.add_argument("-o", "--output", required=True, metavar="DIR")
+    dp.add_argument("--val-fraction", type=float, default=0.1,
+                    help="the last fraction of the token stream held out as val.bin (default: %(default)s)")
+
     im = sub.add_parser("import", help="write a spec for an existing model (hf: a Hugging Face transformers "
                         "config.json or model directory)")
     im.add_argument("source", choices=("hf",), help="what PATH is: hf = a transformers model directory or config.json")
@@ -699,8 +709,21 @@ def cmd_import(args) -> int:
     return EXIT_OK
 
 
+def cmd_data(args) -> int:
+    from .data_prepare import prepare
+
+    p = prepare(args.inputs, args.vocab, Path(args.output), args.val_fraction)
+    where = escape(str(p.out))
+    print(f"{p.documents} document(s): {p.train_tokens:,} training and {p.val_tokens:,} held-out tokens, "
+          f"vocab {p.vocab:,} ({p.dtype}) in {where}")
+    print("in the spec (paths relative to the spec's directory):")
+    print(f"  data: {{kind: tokens, path: {where}/train.bin, dtype: {p.dtype}, tokenizer: {where}/tokenizer.json}}")
+    print(f"  eval: {{path: {where}/val.bin, every: 50, batches: 4}}")
+    return EXIT_OK
+
+
 _COMMANDS = {"validate": cmd_validate, "plan": cmd_plan, "build": cmd_build, "schema": cmd_schema,
-             "explain": cmd_explain, "import": cmd_import}
+             "explain": cmd_explain, "import": cmd_import, "data": cmd_data}
 
 if __name__ == "__main__":
     sys.exit(main())

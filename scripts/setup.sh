@@ -7,7 +7,7 @@ PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 # torch first, pinned: a bare `torch` requirement would pull the multi-GB CUDA build (see PLATFORM_NOTES).
 .venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/pip install -q "torch==2.13.0"
-.venv/bin/pip install -q -e ".[jax,torch,mlx,dev]"  # mlx: its CPU build on Linux (pyproject.toml)
+.venv/bin/pip install -q -e ".[jax,torch,mlx,data,tracking,dev]"  # mlx: its CPU build on Linux (pyproject.toml)
 # Headless Chromium renders the HTML plan report in tests/test_report.py (Debian package; CI runs as root).
 if ! command -v chromium >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
