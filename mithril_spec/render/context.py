@@ -7,22 +7,59 @@ programs do with them is docs/program.md.
 
 from __future__ import annotations
 
+import builtins
+import functools
 import keyword
+import re
 from typing import Any
 
 from .. import __version__
 from ..graph import Node, RepeatNode
 from ..hf_import import hf_context
 from ..ops import OPS
+from ..ops.loss import LOSSES
 from ..planner.plan import Plan
 from ..targets.base import linear_style, tensor_dims
+from .environment import template_dirs
 
 # Local variable names the templates use themselves; tensor variables that would shadow them get a `_`.
-RESERVED = {
-    "np", "jax", "jnp", "lax", "optax", "ocp", "torch", "nn", "F", "dist", "math", "os", "sys", "json", "time",
+LOCAL_NAMES = {
     "self", "params", "p", "x", "cfg", "batch", "mesh", "model", "args", "loss", "logits", "step", "state",
     "opt_state", "rng", "prefix", "i", "h", "inputs", "compute_dtype", "remat", "out", "mask", "q", "k", "v",
 }  # fmt: skip
+
+# A template line that defines or imports a module-level name of the program (at the start of a line:
+# `def f`, `class C`, `NAME = ...`, `A, B = ...`), or imports one anywhere (`import a.b as c`, `from a import b`).
+_DEFINES = re.compile(r"^(?:async\s+def|def|class)\s+([A-Za-z_]\w*)|^([A-Za-z_]\w*(?:\s*,\s*[A-Za-z_]\w*)*)\s*(?::[^=\n]*)?=(?!=)")
+_IMPORT = re.compile(r"^\s*(?:from\s+[\w.]+\s+)?import\s+([^(#\n]+)")
+
+
+@functools.lru_cache(maxsize=1)
+def program_names() -> frozenset[str]:
+    """Every name a generated program defines at module level or imports, in any target: read from the
+    templates (each section is included at module level), so a name a template adds is reserved at once.
+    Names that only some spec's program defines are included too (a spare `_` never hurts)."""
+    names: set[str] = set()
+    for directory in template_dirs():
+        for path in sorted(directory.glob("*/*.py.j2")):
+            for line in path.read_text().splitlines():
+                if m := _DEFINES.match(line):
+                    names.update(n.strip() for n in (m.group(1) or m.group(2)).split(","))
+                elif m := _IMPORT.match(line):
+                    for part in m.group(1).split(","):
+                        words = part.split()
+                        if words and words[0].replace(".", "").replace("_", "").isalnum():
+                            # `import a.b` binds `a`; `import a.b as c` and `from m import a as c` bind `c`
+                            names.add(words[-1] if len(words) == 3 and words[1] == "as" else words[0].split(".")[0])
+    return frozenset(n for n in names if n.isidentifier())
+
+
+# Every name a tensor variable must not take: the templates' local names, Python's builtins (`range`,
+# `len`, `__debug__`...), and every name a generated program defines or imports (np, jax, torch, F, mx,
+# os, json, forward, Data, ...). Such a variable gets a `_`; canonical names (parameters, checkpoints,
+# parameter files) are never renamed.
+MODEL_CLASS = "Model"  # the torch program's model class (rendered from the context, so not read above)
+RESERVED = LOCAL_NAMES | set(dir(builtins)) | program_names() | {MODEL_CLASS}
 
 
 def var(name: str) -> str:
@@ -33,18 +70,19 @@ def var(name: str) -> str:
 
 
 def rename_vars(scope: dict[str, str], reserved: set[str]) -> dict[str, str]:
-    """tensor name -> variable, moving aside (with trailing `_`) the variables that collide with names a
-    target's code uses itself, so that every variable stays unique in its scope."""
-    clash = {name for name, v in scope.items() if v in reserved}
-    used = {v for name, v in scope.items() if name not in clash} | reserved
-    out: dict[str, str] = {}
+    """tensor name -> variable, unique in its scope: a variable that is its own tensor name and free stays;
+    every other one (renamed by `var`, or colliding with `reserved`, the names a target's code uses itself)
+    takes trailing `_` until it is free (never RESERVED, `reserved`, nor another variable of the scope)."""
+    taken = reserved | RESERVED
+    out = {name: v for name, v in scope.items() if v == name and v not in taken}
+    used = set(out.values()) | taken
     for name, v in scope.items():
-        if name in clash:
+        if name not in out:
             while v in used:
                 v += "_"
             used.add(v)
-        out[name] = v
-    return out
+            out[name] = v
+    return {name: out[name] for name in scope}
 
 
 def class_name(name: str) -> str:
@@ -159,6 +197,16 @@ def _with_parts(layer: dict[str, Any], plan: Plan, prefix: str, node: Node) -> d
     return layer
 
 
+def index_inputs(plan: Plan) -> set[str]:
+    """The integer inputs whose values index something: a table (embedding rows) or the classes of the
+    loss. Their `high` is a true bound, which the programs check data from disk against (an input that
+    only feeds other arithmetic has `high` 2 for synthetic data, and no bound)."""
+    out = {r for n in plan.graph.layers if isinstance(n, Node) and OPS[n.op].index_bound(n.attrs) is not None
+           for r in n.inputs}
+    loss = plan.graph.loss
+    return out | ({loss.targets} if LOSSES[loss.op].class_targets else set())
+
+
 def make_context(plan: Plan, target: str, spec_file: str) -> dict[str, Any]:
     spec, graph, mesh = plan.spec, plan.graph, plan.mesh
     tr = spec.training
@@ -187,6 +235,7 @@ def make_context(plan: Plan, target: str, spec_file: str) -> dict[str, Any]:
     first_seq = next((i.input.type.shape[0] for i in plan.inputs if i.input.type.is_int and i.input.type.shape),
                      None)
     opt = tr.optimizer.model_dump()
+    indexed = index_inputs(plan)
     return {
         "mithril_version": __version__,
         "target": target,
@@ -208,12 +257,14 @@ def make_context(plan: Plan, target: str, spec_file: str) -> dict[str, Any]:
                 "dtype": i.input.type.dtype,
                 "is_int": i.input.type.is_int,
                 "high": i.input.high,
+                # values from disk must lie in [0, high): it indexes a table or the loss's classes
+                "bounded": i.input.type.is_int and i.input.name in indexed,
                 "layout": _pspec(i.spec),
                 "local_batch": i.local_batch,
             }
             for i in plan.inputs
         ],
-        "model_class": "Model",
+        "model_class": MODEL_CLASS,
         "tp": tp,
         "blocks": list(blocks.values()),
         "layers": [_layer(n) if isinstance(n, RepeatNode) else _with_parts(_layer(n), plan, "", n)

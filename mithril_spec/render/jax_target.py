@@ -27,12 +27,14 @@
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 from typing import Any
 
 from ..graph import RepeatNode
 from ..ops import OPS, TensorType
 from ..planner.plan import Plan
-from .context import rename_vars
+from .context import RESERVED, rename_vars
 
 # Names the generated model code uses inside the functions that hold tensor variables.
 MODEL_NAMES = {
@@ -91,12 +93,19 @@ def _pipeline(plan: Plan, layers: list[dict[str, Any]]) -> dict[str, Any] | None
     }
 
 
+def free(name: str, taken: set[str]) -> str:
+    """`name`, with trailing `_` while a builtin, a name the program defines or imports, or `taken`."""
+    while name in RESERVED or name in taken:
+        name += "_"
+    return name
+
+
 def model_context(plan: Plan, ctx: dict[str, Any], model_names: set[str]) -> dict[str, Any]:
     """The model's inputs, layers, blocks and loss with variables that never shadow `model_names` (what
     the target's model code uses itself) nor the block functions, each layer's activation layout, and
     which op helpers the program needs. Shared by the targets whose model is functions over a flat dict
     of parameters (jax, mlx)."""
-    block_fns = {b["name"]: f"{b['name']}_block" for b in ctx["blocks"]}
+    block_fns = {b["name"]: free(f"{b['name']}_block", model_names) for b in ctx["blocks"]}
     taken = set(block_fns.values()) | model_names
     nodes = {n.name: n for n in plan.graph.layers}
 
@@ -176,12 +185,28 @@ def model_context(plan: Plan, ctx: dict[str, Any], model_names: set[str]) -> dic
     }
 
 
+# What a spec hash leaves out: where and how a spec runs, not what its train state holds or how it trains
+# (docs/program.md "Checkpoints"). A checkpoint resumes on any mesh, pipeline layout and data path.
+HASH_OMITS = {"extends", "description", "targets", "mesh", "meshes", "devices", "sharding", "pipeline", "data",
+              "hardware"}
+HASH_OMITS_TRAINING = {"steps", "checkpoint", "remat", "zero", "grad_accum"}
+
+
+def spec_hash(plan: Plan) -> str:
+    """The spec's hash that every target's checkpoints record (SPEC_HASH): the first 16 hex digits of the
+    sha256 of the merged spec's canonical JSON, less HASH_OMITS. The same for every mesh and target."""
+    spec = plan.spec.model_dump(mode="json")
+    kept = {k: v for k, v in spec.items() if k not in HASH_OMITS}
+    kept["training"] = {k: v for k, v in spec["training"].items() if k not in HASH_OMITS_TRAINING}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
 def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
     # the function that runs a block's copies under lax.scan: no tensor variable may shadow it
-    stack_fns = {f"{b['name']}_stack" for b in ctx["blocks"]}
-    model = model_context(plan, ctx, MODEL_NAMES | stack_fns)
+    stack_fns = {b["name"]: free(f"{b['name']}_stack", MODEL_NAMES) for b in ctx["blocks"]}
+    model = model_context(plan, ctx, MODEL_NAMES | set(stack_fns.values()))
     for b in model["blocks"]:
-        b["stack_fn"] = f"{b['name']}_stack"
+        b["stack_fn"] = stack_fns[b["name"]]
         # top-level tables that a tied linear of the block reads (not stacked: every copy reads them)
         b["shared"] = sorted({layer["attrs"]["tie"] for layer in b["layers"] if layer["attrs"].get("tie")})
     layers = model["layers"]
@@ -192,6 +217,7 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
     accum = tr.grad_accum * (plan.pipeline.microbatches if plan.pipeline and not pipeline else 1)
     return {
         **{k: model[k] for k in ("inputs", "layers", "blocks", "loss")},
+        "spec_hash": spec_hash(plan),
         "jax": {
             **{k: model[k] for k in ("ops", "op_attrs", "has_dropout", "has_buffers", "has_aux")},
             "pipeline": pipeline,

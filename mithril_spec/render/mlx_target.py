@@ -14,7 +14,7 @@ from ..graph import RepeatNode
 from ..ops import OPS
 from ..planner.plan import Plan
 from ..targets.base import linear_style, tensor_dims
-from .jax_target import model_context
+from .jax_target import model_context, spec_hash
 
 # Names the generated model code uses inside the functions that hold tensor variables.
 MODEL_NAMES = {
@@ -49,6 +49,7 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
     tensor = plan.mesh.sizes.get("tensor", 1)
     return {
         **{k: model[k] for k in ("inputs", "layers", "blocks", "loss")},
+        "spec_hash": spec_hash(plan),
         "mlx": {
             **{k: model[k] for k in ("ops", "op_attrs", "has_dropout", "has_buffers")},
             # tensor parallelism (a mesh of `tensor` alone): the processes split these dimensions

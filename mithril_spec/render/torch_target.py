@@ -34,7 +34,8 @@ from ..planner.sizes import DTYPE_BYTES
 from ..planner.states import precision_setup
 from ..targets.torch import pipeline_flow
 from ..targets.torch import sequence_parallel as torch_sequence_parallel
-from .context import rename_vars
+from .context import RESERVED, rename_vars
+from .jax_target import spec_hash
 
 # Names the generated forward methods use besides tensor variables.
 MODEL_NAMES = {"F", "torch", "nn", "np", "math", "self", "block", "rope", "zlib", "checkpoint", "layers",
@@ -154,11 +155,11 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
             rotary |= bool(attrs.get("rotary"))
         return layer
 
-    # block classes: never a name the program uses for something else
+    # block classes: never a name the program uses for something else, nor a builtin (`Exception`)
     classes: dict[str, str] = {}
     for block in ctx["blocks"]:
         name = block["class_name"]
-        while name in PROGRAM_NAMES or name in classes.values() or _is_stage_class(name):
+        while name in PROGRAM_NAMES or name in RESERVED or name in classes.values() or _is_stage_class(name):
             name += "Block"
         classes[block["name"]] = name
 
@@ -240,6 +241,7 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
         "loss": loss,
         "top_params": top_params,
         "repeats": repeats,
+        "spec_hash": spec_hash(plan),
         "torch": {
             # what the program holds: only what its spec runs
             "ops": sorted(ops),
