@@ -3,7 +3,8 @@ can execute (docs/program.md; the templates gate every optional feature on the p
 
 `coverage_of(target, spec)` builds the spec's program for `target`, runs 2 steps under `coverage run` with
 --metrics, --checkpoint-dir and --export-params (.safetensors), then `--steps 0 --init-params` of that file
-(so both parameter-file paths run as well as the initialisation), and returns the statements of its
+(so both parameter-file paths run as well as the initialisation), then `--resume` of its checkpoint for one
+more step (checkpoint verification and restore), and returns the statements of its
 train.py and those that never ran in either run. A target is one entry of RUNNERS: a function (spec) -> (train.py, coverage data file) that builds and
 runs the program (memoised, like the other program tests); `prefetch` starts every run at once.
 """
@@ -57,7 +58,9 @@ def _jax(spec: Path) -> tuple[Path, Path]:
               launcher=launcher, export=False)
     assert len(got.metrics) == int(STEPS) and (got.cwd / "ckpt").is_dir() and exported.is_file(), got.output[-3000:]
     again = run(program, "--steps", "0", "--init-params", str(exported), launcher=launcher, export=False)
-    return program / "train.py", [got.cwd / ".coverage", again.cwd / ".coverage"]
+    resumed = run(program, "--steps", str(int(STEPS) + 1), "--resume", str(got.cwd / "ckpt"), launcher=launcher,
+                  export=False)
+    return program / "train.py", [got.cwd / ".coverage", again.cwd / ".coverage", resumed.cwd / ".coverage"]
 
 
 # target -> runner: builds the spec's program, runs it as the module docstring says under `coverage run`,

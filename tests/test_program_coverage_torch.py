@@ -1,5 +1,6 @@
 """A generated PyTorch program holds only what its spec can execute: in a 2-step run with --metrics,
---checkpoint-dir and --export-params (.safetensors), then a `--steps 0 --init-params` run of that file, on the ranks of the spec's default mesh, at least 90% of its train.py's statements run
+--checkpoint-dir and --export-params (.safetensors), then a `--steps 0 --init-params` run of that file and a
+`--resume` of its checkpoint for one more step, on the ranks of the spec's default mesh, at least 90% of its train.py's statements run
 (combined over the ranks), for every example spec. The rest are the paths of other flags (--resume,
 .npz parameter files, --dry-run, --compile), of a GPU, and of errors. Each test prints its figure
 (pytest -s). The ranks run under tests/torch_coverage_launch.py (forked, each measured by coverage.py)."""
@@ -27,12 +28,14 @@ def coverage_of(spec: Path) -> Coverage:
         program = build(spec)
         train = program / "train.py"
         cwd, again = WORK / f"coverage-{spec.name}", WORK / f"coverage-{spec.name}-init"
-        cwd.mkdir()
-        again.mkdir()
+        resumed = WORK / f"coverage-{spec.name}-resume"
+        for d in (cwd, again, resumed):
+            d.mkdir()
         exported = cwd / "params.safetensors"
         first = ["--steps", STEPS, "--metrics", "metrics.jsonl", "--checkpoint-dir", "ckpt", "--export-params",
                  str(exported)]
-        for where, args in ((cwd, first), (again, ["--steps", "0", "--init-params", str(exported)])):
+        for where, args in ((cwd, first), (again, ["--steps", "0", "--init-params", str(exported)]),
+                            (resumed, ["--steps", str(int(STEPS) + 1), "--resume", str(cwd / "ckpt")])):
             cmd = [PY, str(LAUNCH), str(world_of(program)), str(train), str(where / ".coverage"), *args]
             p = subprocess.run(cmd, cwd=where, env=env_for(), capture_output=True, text=True, timeout=600, check=False)
             out = p.stdout + p.stderr
@@ -40,7 +43,7 @@ def coverage_of(spec: Path) -> Coverage:
         rows = [json.loads(line) for line in (cwd / "metrics.jsonl").read_text().splitlines()]
         assert len(rows) == int(STEPS) and (cwd / "ckpt" / f"step_{int(STEPS):08d}").is_dir(), out[-3000:]
         cov = coverage.Coverage(data_file=str(cwd / ".coverage"))
-        cov.combine([str(cwd), str(again)])  # one data file per rank and run
+        cov.combine([str(cwd), str(again), str(resumed)])  # one data file per rank and run
         _, statements, _, missing, _ = cov.analysis2(str(train))
         assert statements, f"{train}: no statements measured"
         _results[spec] = Coverage("torch", spec, train, list(statements), list(missing))
