@@ -37,9 +37,10 @@ def plan_golden(spec: Path) -> Path:
 
 
 def golden_paths(case) -> list[Path]:
-    """The golden files of one case, without rendering anything."""
+    """The golden files of one case, without rendering anything (the plan decides the conditional files)."""
     spec, target = case
-    return [GOLDEN / case_id(case) / name for _, name in TARGETS[target].files] + [plan_golden(spec)]
+    files = TARGETS[target].files_for(compile_file(spec).plan)
+    return [GOLDEN / case_id(case) / name for _, name in files] + [plan_golden(spec)]
 
 
 def golden_files(case) -> dict[Path, str]:

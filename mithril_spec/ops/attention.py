@@ -28,6 +28,7 @@ class Attention(Op):
     Args = AttentionArgs
     has_params = True
     tensor_parallel = "pair"
+    kv_cache = True
     handled_dims = {"q.weight": (1,), "k.weight": (1,), "v.weight": (1,), "o.weight": (0,),
                     "q.bias": (0,), "k.bias": (0,), "v.bias": (0,)}  # fmt: skip
     torch_transposed = frozenset({"q.weight", "k.weight", "v.weight", "o.weight"})
@@ -73,6 +74,9 @@ class Attention(Op):
             "rotary": args.rotary, "rotary_base": args.rotary_base, "bias": bool(args.bias), "o_bias": args.bias is True,
         }
         return OpResult(TensorType(x.shape, x.axes, x.dtype), tuple(params), attrs, flops=proj + scores)
+
+    def decodes(self, attrs):
+        return attrs["causal"]  # a position reads only the keys and values of the positions before it
 
     def input_projections(self, attrs):
         return ("q.weight", "k.weight", "v.weight")

@@ -107,6 +107,8 @@ class Op:
     batch_statistics: ClassVar[bool] = False
     # Adds an auxiliary (load-balancing) loss to the model's loss.
     has_aux_loss: ClassVar[bool] = False
+    # Decoding one position at a time (generate.py), it keeps the keys and values of the earlier positions.
+    kv_cache: ClassVar[bool] = False
     # Tensor parallelism: None (cannot split), "matmul" (column or row parallel by its weight's layout) or
     # "pair" (a column-parallel projection in and a row-parallel projection out, Megatron style).
     tensor_parallel: ClassVar[Optional[str]] = None
@@ -137,6 +139,11 @@ class Op:
         programs multiply the input by all of them as one matmul (when their output features are split
         alike), so its gradient is one partial sum: one all-reduce over `tensor` (Megatron's count)."""
         return ()
+
+    def decodes(self, attrs: dict[str, Any]) -> bool:
+        """Can the layer run one sequence position at a time, the earlier positions' state cached (the
+        sampling program's decode, docs/program.md "Sampling")? Per-position operators can."""
+        return self.per_position
 
     def is_random(self, attrs: dict[str, Any]) -> bool:
         """Does the layer draw random numbers (a mask per step, micro-batch and rank)?"""

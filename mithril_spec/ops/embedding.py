@@ -32,6 +32,9 @@ class Embedding(Op):
         params = (ParamDef("weight", (vocab, dim), ("vocab", "embed")),)
         return OpResult(out, params, {"vocab": vocab, "dim": dim}, flops=0)
 
+    def decodes(self, attrs):
+        return True  # a row per position
+
     def index_bound(self, attrs):
         return attrs["vocab"]
 
@@ -69,3 +72,6 @@ class PosEmbedding(Op):
             raise OpError("E030", f"sequence length {seq} exceeds max_len {max_len}", "max_len")
         params = (ParamDef("weight", (max_len, dim), (None, x.axes[-1])),)
         return OpResult(x, params, {"max_len": max_len, "dim": dim}, flops=x.numel)
+
+    def decodes(self, attrs):
+        return True  # the row of the position

@@ -48,6 +48,9 @@ class Mlp(Op):
         return OpResult(x, tuple(params), {"dim": d, "hidden": h, "activation": args.activation, "bias": bias},
                         flops=flops)
 
+    def decodes(self, attrs):
+        return True  # per position
+
     def input_projections(self, attrs):
         return ("gate.weight", "up.weight") if attrs["activation"] == "swiglu" else ("fc.weight",)
 

@@ -122,6 +122,13 @@ class Plan:
         """Canonical names of the parameters and buffers that belong to a repeated block."""
         return frozenset(c.name for r in self.repeats for b in r.params + r.buffers for c in b.copies)
 
+    @functools.cached_property
+    def language_model(self):
+        """A language model the programs can sample from (generate.py), or None (planner/language_model.py)."""
+        from .language_model import language_model
+
+        return language_model(self)
+
     @property
     def top_params(self) -> tuple[ParamPlan, ...]:
         """The parameters outside every repeated block."""

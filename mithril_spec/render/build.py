@@ -22,6 +22,7 @@ from ..frontend import Compiled
 from ..targets import TARGETS
 from .context import make_context
 from .environment import environment
+from .sampling import sampling_context
 
 
 class RenderError(Exception):
@@ -37,9 +38,10 @@ def render_files(compiled: Compiled, target: str, spec_path: str) -> dict[str, s
     ctx = make_context(compiled.plan, target, Path(spec_path).name)
     adapter = importlib.import_module(f"{__package__}.{entry.adapter}")
     ctx.update(adapter.extra_context(compiled.plan, ctx))
+    ctx["sampling"] = sampling_context(compiled.plan, ctx, target)  # generate.py (a language model), or None
     env = environment()
     out: dict[str, str] = {}
-    for template, name in entry.files:
+    for template, name in entry.files_for(compiled.plan):
         text = env.get_template(template).render(**ctx)
         if name.endswith(".py"):
             text = format_python(text, name)
@@ -97,7 +99,8 @@ MANIFEST = "build-manifest.json"
 
 
 def build_files() -> set[str]:
-    """Every file name a build of any target writes: what a new build replaces in its output directory."""
+    """Every file name a build of any target may write (conditional files too): what a new build replaces in
+    its output directory."""
     return {name for entry in TARGETS.values() for _, name in entry.files} | {"plan.json", MANIFEST}
 
 

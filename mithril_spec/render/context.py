@@ -26,6 +26,7 @@ from .environment import template_dirs
 LOCAL_NAMES = {
     "self", "params", "p", "x", "cfg", "batch", "mesh", "model", "args", "loss", "logits", "step", "state",
     "opt_state", "rng", "prefix", "i", "h", "inputs", "compute_dtype", "remat", "out", "mask", "q", "k", "v",
+    "hits",
 }  # fmt: skip
 
 # A template line that defines or imports a module-level name of the program (at the start of a line:
@@ -207,6 +208,16 @@ def index_inputs(plan: Plan) -> set[str]:
     return out | ({loss.targets} if LOSSES[loss.op].class_targets else set())
 
 
+def _eval(plan: Plan) -> dict[str, Any] | None:
+    """The spec's `eval` section, its `path` absolute (plan.data_files); `accuracy`: the loss compares class
+    ids, so the evaluation also counts the predictions (argmax) equal to their target."""
+    ev = plan.spec.eval
+    if ev is None:
+        return None
+    return {**ev.model_dump(), "path": plan.data_files.get("eval"),
+            "accuracy": LOSSES[plan.graph.loss.op].class_targets}
+
+
 def make_context(plan: Plan, target: str, spec_file: str) -> dict[str, Any]:
     spec, graph, mesh = plan.spec, plan.graph, plan.mesh
     tr = spec.training
@@ -303,7 +314,10 @@ def make_context(plan: Plan, target: str, spec_file: str) -> dict[str, Any]:
             "seed": tr.seed,
             "checkpoint": tr.checkpoint.model_dump() if tr.checkpoint else None,
         },
-        "data": spec.data.model_dump(),
+        # the files as the plan resolved them (absolute; a relative path is relative to the spec's directory)
+        "data": {**spec.data.model_dump(), **{key: plan.data_files[role] for key, role in
+                                               (("path", "data"), ("tokenizer", "tokenizer")) if role in plan.data_files}},
+        "eval": _eval(plan),
         "pipeline": _pipeline(plan),
         "seq_len": first_seq,
         "hf": hf_context(plan),  # a spec imported from Hugging Face: its checkpoints' names (hf_import.py)

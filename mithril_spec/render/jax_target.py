@@ -40,7 +40,7 @@ from .context import RESERVED, rename_vars
 MODEL_NAMES = {
     "P", "jax", "jnp", "np", "optax", "zlib", "math", "linear", "layer_norm", "rms_norm", "batch_norm",
     "embedding", "attention", "rope", "mlp", "conv2d", "max_pool2d", "avg_pool2d", "dropout", "layer_key",
-    "cross_entropy", "mse", "remat", "forward", "loss_fn", "pre", "p", "batch", "buffers", "key", "x", "i",
+    "cross_entropy", "mse", "train", "remat", "forward", "loss_fn", "pre", "p", "batch", "buffers", "key", "x", "i",
     "block", "REMAT", "COMPUTE_DTYPE", "moe", "aux", "aux_loss", "pre_forward", "post_loss",
 }  # fmt: skip
 
@@ -120,8 +120,14 @@ def model_context(plan: Plan, ctx: dict[str, Any], model_names: set[str]) -> dic
         i["var"] = top_vars[i["name"]]
         i["read"] = i["name"] in read  # read by a layer (not only by the loss)
 
+    evaluates = plan.spec.eval is not None
+
     def annotate(layer: dict[str, Any], node, vars_: dict[str, str]) -> dict[str, Any]:
         layer["var"] = vars_[layer["name"]]
+        # the layer behaves differently in an evaluation (no dropout, batch_norm's running statistics): its
+        # function takes `train` (False in the evaluation)
+        layer["train_arg"] = evaluates and not isinstance(node, RepeatNode) and (
+            OPS[node.op].is_random(layer["attrs"]) or bool(layer["buffers"]))
         layer["input_vars"] = [vars_[n] for n in layer["inputs"]]
         layer["act_layout"] = _activation_layout(node.out, plan)
         # pin it where the layout is more than the batch split
@@ -163,6 +169,7 @@ def model_context(plan: Plan, ctx: dict[str, Any], model_names: set[str]) -> dic
         block["has_dropout"] = any(OPS[layer["op"]].is_random(layer["attrs"]) for layer in block["layers"])
         block["out_layout"] = _activation_layout(rep.out, plan)
         block["has_aux"] = any(OPS[layer["op"]].has_aux_loss for layer in block["layers"])
+        block["train_arg"] = any(layer["train_arg"] for layer in block["layers"])
         has_dropout |= block["has_dropout"]
         has_buffers |= block["has_buffers"]
         blocks.append(block)
@@ -182,13 +189,15 @@ def model_context(plan: Plan, ctx: dict[str, Any], model_names: set[str]) -> dic
         "has_buffers": has_buffers,
         # a load-balancing loss joins the model loss
         "has_aux": any(OPS[op].has_aux_loss for op in op_attrs),
+        # the forward pass takes `train` (False in an evaluation): some layer runs differently then
+        "train_arg": any(layer["train_arg"] for layer in layers) or any(b["train_arg"] for b in blocks),
     }
 
 
 # What a spec hash leaves out: where and how a spec runs, not what its train state holds or how it trains
-# (docs/program.md "Checkpoints"). A checkpoint resumes on any mesh, pipeline layout and data path.
+# (docs/program.md "Checkpoints"). A checkpoint resumes on any mesh, pipeline layout, data path and evaluation.
 HASH_OMITS = {"extends", "description", "targets", "mesh", "meshes", "devices", "sharding", "pipeline", "data",
-              "hardware"}
+              "eval", "hardware"}
 HASH_OMITS_TRAINING = {"steps", "checkpoint", "remat", "zero", "grad_accum"}
 
 
@@ -219,7 +228,7 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
         **{k: model[k] for k in ("inputs", "layers", "blocks", "loss")},
         "spec_hash": spec_hash(plan),
         "jax": {
-            **{k: model[k] for k in ("ops", "op_attrs", "has_dropout", "has_buffers", "has_aux")},
+            **{k: model[k] for k in ("ops", "op_attrs", "has_dropout", "has_buffers", "has_aux", "train_arg")},
             "pipeline": pipeline,
             # repeat -> the mesh axes of the copy dimension of its stacked arrays (None: whole)
             "stack_axis": {r["name"]: ["pipe"] if pipeline and pipeline["repeat"]["name"] == r["name"] else None

@@ -20,7 +20,7 @@ from .jax_target import model_context, spec_hash
 MODEL_NAMES = {
     "mx", "nn", "optim", "np", "zlib", "math", "linear", "layer_norm", "rms_norm", "batch_norm", "embedding",
     "attention", "rope", "mlp", "conv1d", "conv2d", "max_pool2d", "avg_pool2d", "dropout", "layer_key",
-    "cross_entropy", "mse", "forward", "loss_fn", "pre", "p", "batch", "buffers", "key", "x", "i", "block",
+    "cross_entropy", "mse", "train", "forward", "loss_fn", "pre", "p", "batch", "buffers", "key", "x", "i", "block",
     "COMPUTE_DTYPE", "REMAT", "pool2d", "tp_copy", "tp_sum",
 }  # fmt: skip
 
@@ -51,7 +51,7 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
         **{k: model[k] for k in ("inputs", "layers", "blocks", "loss")},
         "spec_hash": spec_hash(plan),
         "mlx": {
-            **{k: model[k] for k in ("ops", "op_attrs", "has_dropout", "has_buffers")},
+            **{k: model[k] for k in ("ops", "op_attrs", "has_dropout", "has_buffers", "train_arg")},
             # tensor parallelism (a mesh of `tensor` alone): the processes split these dimensions
             "tensor": tensor,
             "data": plan.mesh.sizes.get("data", 1),

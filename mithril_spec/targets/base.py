@@ -46,6 +46,8 @@ class Capabilities:
     remat: tuple[str, ...] = ("none", "selective", "full")
     # in a spec without `targets:`, validate checks this target too
     default: bool = True
+    # the `eval` section in a build with more than one pipeline stage
+    eval_with_pipeline: bool = False
 
     def reason(self, what: str, help: str) -> str:
         why = dict(self.reasons).get(what)
@@ -147,9 +149,18 @@ class Target:
     capabilities: ClassVar[Capabilities]
     # (template, output file) rendered by `mithril-spec build`; plan.json is added to every build
     files: ClassVar[tuple[tuple[str, str], ...]]
+    # output files rendered only for some plans: (file, the Plan attribute that must be set, not None or
+    # false, for it), e.g. ("generate.py", "language_model") (planner/language_model.py)
+    conditional_files: ClassVar[tuple[tuple[str, str], ...]] = ()
     adapter: ClassVar[str]  # the module under mithril_spec/render/ that builds its render context
     imports: ClassVar[str]  # what its programs import besides the standard library
     limits: ClassVar[tuple[str, ...]] = ()  # what `check_more` refuses, in words (docs/targets.md)
+
+    def files_for(self, plan: Plan) -> tuple[tuple[str, str], ...]:
+        """The (template, output file) pairs a build of `plan` renders: `files` less the conditional files
+        whose condition the plan does not meet."""
+        when = dict(self.conditional_files)
+        return tuple((t, name) for t, name in self.files if name not in when or getattr(plan, when[name]))
 
     def check(self, plan: Plan, doc: Document) -> list[Diagnostic]:
         """E049 for everything in `plan` this target cannot run."""
@@ -216,6 +227,10 @@ class Target:
             if tr.zero and not cap.zero_with_pipeline:
                 refuse(("training", "zero"), f"`training.zero: {tr.zero}` with a pipeline",
                        "shard over `fsdp` instead (ZeRO-3), which the pipeline supports")
+            if plan.spec.eval is not None and not cap.eval_with_pipeline:
+                refuse(("eval",), "evaluation (`eval`) in a pipelined build",
+                       cap.reason("eval", "build it without the `pipe` mesh axis (a one-stage build evaluates the same "
+                                  "samples), or leave out `eval`"), pos=doc.pos(("eval",), key=True))
             for _, nodes in scopes(plan):
                 for node in nodes:
                     why = None if node.is_repeat else OPS[node.op].pipeline_limit(node.attrs)

@@ -38,6 +38,7 @@ def capability_markdown() -> str:
     row("remat policies", lambda c: _list(c.remat))
     row("operators", lambda c: "all" if c.ops is None else "all but " + _list(sorted(set(OPS) - c.ops)))
     row("launchers", lambda c: "; ".join(c.launchers))
+    row("evaluation (`eval`) in a pipelined build", lambda c: _yes(c.eval_with_pipeline))
     row("checked for a spec without `targets:`", lambda c: _yes(c.default))
     rows.append(("program imports", [t.imports for t in targets]))
 

@@ -27,7 +27,9 @@ class JaxTarget(Target):
         param_dtypes=("float32", "bfloat16", "float16"),
         launchers=("launch.sh (jax.distributed, one process per host)",),
     )
-    files = (("jax/train.py.j2", "train.py"), ("jax/launch.sh.j2", "launch.sh"), ("jax/README.md.j2", "README.md"))
+    files = (("jax/train.py.j2", "train.py"), ("jax/launch.sh.j2", "launch.sh"), ("jax/README.md.j2", "README.md"),
+             ("jax/generate.py.j2", "generate.py"))
+    conditional_files = (("generate.py", "language_model"),)  # sampling from a language model
     adapter = "jax_target"
     imports = "numpy, jax, optax, orbax-checkpoint"
     pipeline_limit_field = ("op",)

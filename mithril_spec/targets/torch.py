@@ -43,7 +43,9 @@ class TorchTarget(Target):
         ("torch/launch.sh.j2", "launch.sh"),
         ("torch/launch.sbatch.j2", "launch.sbatch"),
         ("torch/README.md.j2", "README.md"),
+        ("torch/generate.py.j2", "generate.py"),
     )
+    conditional_files = (("generate.py", "language_model"),)  # sampling from a language model
     adapter = "torch_target"
     imports = "numpy, torch"
     limits = (

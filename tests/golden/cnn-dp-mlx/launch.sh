@@ -7,7 +7,9 @@
 #   MLX_HOSTS=mac1,mac2 ./launch.sh --steps 20     # one process per host (ssh; same paths on every host)
 #
 # PYTHON picks the interpreter (default: python3), MLX_LAUNCH the launcher (default: mlx.launch beside
-# it). mlx.launch itself exits 0 whatever its processes do: this script returns the first failure's code.
+# it). mlx.launch itself exits 0 whatever its processes do: this script returns the first failure's code
+# (2 when the processes refuse what they were asked: the first one says why, in one line), and leaves out
+# mlx.launch's own lines about which process exited how.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -29,9 +31,14 @@ else
 fi
 status_dir="$(mktemp -d)"
 trap 'rm -rf "$status_dir"' EXIT
-# every process runs this script again (bash), which runs train.py and notes its exit code
-"$launcher" --backend ring "${where[@]}" --python "$(command -v bash)" --env "MITHRIL_STATUS_DIR=$status_dir" \
-  --env "PYTHON=$python" "$here/launch.sh" "$@"
+# every process runs this script again (bash), which runs train.py and notes its exit code; mlx.launch's
+# stderr passes through a filter that drops its "[WARN] Node with rank N exited with code C / was killed"
+rc=0
+{ "$launcher" --backend ring "${where[@]}" --python "$(command -v bash)" --env "MITHRIL_STATUS_DIR=$status_dir" \
+    --env "PYTHON=$python" "$here/launch.sh" "$@" 2>&1 1>&3 3>&- |
+    { grep --line-buffered -Ev '\[WARN\] Node with rank [0-9]+ (exited with code|was killed)' || true; } >&2
+} 3>&1 || rc=$?
+(( rc == 0 )) || exit "$rc"  # mlx.launch itself failed
 for f in "$status_dir"/*; do
   [[ -e "$f" ]] && exit "$(cat "$f")"
 done

@@ -263,13 +263,14 @@ class FileTensor:
     that holds a slice reads just that slice (`tensor[index]`). `transposed` and `part` of `parts` (of the
     last dimension): how the stored tensor holds the canonical one (Hugging Face's layouts)."""
 
-    def __init__(self, handle, key, transposed=False, part=0, parts=1):
+    def __init__(self, handle, key, transposed=False, part=0, parts=1, flag="--init-params"):
         stored = handle.get_slice(key)
         shape = list(stored.get_shape()[::-1] if transposed else stored.get_shape())
         self.shape = tuple(shape[:-1] + [shape[-1] // parts] if shape else shape)
-        self.stored, self.key, self.transposed = stored, key, transposed
+        self.stored, self.key, self.transposed, self.flag = stored, key, transposed, flag
         self.offset = part * self.shape[-1] if self.shape else 0
-        self.floating = stored.get_dtype().startswith(("F", "BF"))
+        self.dtype = stored.get_dtype()  # safetensors' name: F32, BF16, I64, ...
+        self.floating = self.dtype.startswith(("F", "BF"))
 
     def __getitem__(self, index):
         box = slices(index if isinstance(index, tuple) else (index,), self.shape)
@@ -277,42 +278,69 @@ class FileTensor:
             box[-1] = slice(box[-1].start + self.offset, box[-1].stop + self.offset)
         x = np.asarray(self.stored[tuple(box[::-1] if self.transposed else box)], dtype=np.float32)
         x = x.T if self.transposed else x
-        require(np.isfinite(x).all(), f"--init-params: `{self.key}` holds non-finite values")
+        # (this process's slice: the verdict is its own)
+        require(
+            np.isfinite(x).all(),
+            f"{self.flag}: `{self.key}` holds non-finite values (NaN or inf)",
+            local=True,
+        )
         return x
 
     def __array__(self, dtype=None, copy=None):
         return self[()].astype(dtype or np.float32)
 
 
-def load_params(path):
-    """--init-params: parameters by canonical name in canonical layout, every one with its shape. A .npz is
-    read whole (small models); a .safetensors file lazily, each process reading only its slices."""
-    require(os.path.exists(path), f"--init-params {path}: no such file")
-    if path.endswith(".npz"):
-        with np.load(path) as f:
-            found = {k: f[k] for k in f.files}
+def load_params(path, flag="--init-params"):
+    """--init-params (`flag`: the option that names the file in messages): parameters by canonical name in
+    canonical layout, every one with its shape. A .npz is read whole (small models); a .safetensors
+    file lazily, each process reading only its slices."""
+    require(
+        os.path.isfile(path),
+        f"{flag} {path}: {'not a file' if os.path.exists(path) else 'no such file'}",
+    )
+    try:
+        if path.endswith(".npz"):
+            with np.load(path) as f:
+                found = {k: f[k] for k in f.files}
+        else:
+            found = safetensors_tensors(path)
+    except Exception as e:  # not such a file, truncated, unreadable, Python objects in a .npz
         require(
-            all(np.isfinite(a).all() for a in found.values() if a.dtype.kind == "f"),
-            f"--init-params {path}: non-finite values",
+            False,
+            f"{flag} {path}: cannot read it as a "
+            f"{'.npz archive' if path.endswith('.npz') else '.safetensors file'} "
+            f"({' '.join(str(e).split())})",
         )
-    else:
-        found = safetensors_tensors(path)
+    nonfinite = [
+        k
+        for k, a in found.items()
+        if not isinstance(a, tuple) and a.dtype.kind == "f" and not np.isfinite(a).all()
+    ]
+    require(
+        not nonfinite,
+        f"{flag} {path}: non-finite values (NaN or inf) in {', '.join(nonfinite[:5])}",
+    )
     out, wrong = {}, []
     for name, (shape, _, _) in PARAMS.items():
         key, t = name, found.get(name)
         if isinstance(t, tuple):  # (handle, key) of a safetensors tensor
-            t = FileTensor(*t)
-        if (
-            t is None
-            or tuple(t.shape) != tuple(shape)
-            or not (t.floating if isinstance(t, FileTensor) else t.dtype.kind == "f")
-        ):
-            wrong.append(
-                f"{key} "
-                + ("(missing)" if t is None else f"{list(t.shape)} (expected {list(shape)}, float)")
-            )
-        out[name] = t if isinstance(t, FileTensor) else np.asarray(t, np.float32)
-    require(not wrong, f"--init-params {path}: not this model's parameters: {', '.join(wrong[:5])}")
+            t = FileTensor(*t, flag=flag)
+        why = (
+            "(missing)"
+            if t is None
+            else f"of shape {list(t.shape)} (expected {list(shape)})"
+            if tuple(t.shape) != tuple(shape)
+            else None
+            if (t.floating if isinstance(t, FileTensor) else t.dtype.kind == "f")
+            else f"of dtype {t.dtype} (expected floating point)"
+        )
+        if why:
+            wrong.append(f"{key} {why}")
+        else:
+            out[name] = t if isinstance(t, FileTensor) else np.asarray(t, np.float32)
+    wrong += [f"{key} (unknown)" for key in found if key not in PARAMS]
+    more = f" and {len(wrong) - 5} more" if len(wrong) > 5 else ""
+    require(not wrong, f"{flag} {path}: not this model's parameters: {', '.join(wrong[:5])}{more}")
     return out
 
 
@@ -405,26 +433,174 @@ def train_step(world, optimizers, params, buffers, micro_batches, tag):
 
 # ----------------------------------------------------------------------------
 # Checkpoints: DIR/step_00000010/{state.safetensors, train_state.json}. Every process holds the same
-# state, so the first one writes: into a temporary directory, the manifest (train_state.json, with the
-# state file's sha256) last, then a rename. The last two are kept.
+# state, so the first one writes: into a temporary directory, the manifest (train_state.json: the spec,
+# the step, every array's shape and dtype, the state file's sha256) last, then a rename. The last
+# KEEP_CHECKPOINTS are kept.
 # ----------------------------------------------------------------------------
-KEEP_CHECKPOINTS = 2
+MANIFEST = "train_state.json"  # the manifest (below), the last file of a checkpoint directory
 
 
-def step_dirs(directory):
-    """{step: path} of the complete checkpoints in `directory`."""
-    if not os.path.isdir(directory):
-        return {}
-    names = [n for n in os.listdir(directory) if n.startswith("step_") and n[5:].isdigit()]
-    return {int(n[5:]): os.path.join(directory, n) for n in names}
+# Every checkpoint directory ends with its manifest (MANIFEST), written last, once every process has
+# written its files: the spec's name and hash, the mesh, the step, every array of the train state (name:
+# whole shape, dtype) and every other file's size and sha256. --resume takes the newest checkpoint whose
+# manifest agrees with its files and with this program, and whose values are finite.
+SPEC_HASH = "0a3ec1989f6ea785"  # the spec less where and how it runs (mesh, sharding, pipeline, data, steps)
+KEEP_CHECKPOINTS = 2  # the newest ones are kept; older ones are deleted after each save
+
+
+def file_table(path):
+    """{name: {bytes, sha256}} of every file under the checkpoint directory `path` but its manifest."""
+    files = sorted(
+        os.path.relpath(os.path.join(d, n), path) for d, _, names in os.walk(path) for n in names
+    )
+    return {
+        n.replace(os.sep, "/"): {
+            "bytes": os.path.getsize(os.path.join(path, n)),
+            "sha256": sha256(os.path.join(path, n)),
+        }
+        for n in files
+        if n != MANIFEST
+    }
 
 
 def sha256(path):
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def write_manifest(path, step, arrays, **extra):
+    """Writes the manifest of the checkpoint directory `path`, its last file. `arrays`: name -> (whole
+    shape, dtype) of the train state; `extra`: more to record."""
+    manifest = {
+        "spec": SPEC_NAME,
+        "spec_hash": SPEC_HASH,
+        "mesh": MESH,
+        "step": step,
+        **extra,
+        "arrays": {n: [list(shape), dtype] for n, (shape, dtype) in sorted(arrays.items())},
+        "files": file_table(path),
+    }
+    with open(os.path.join(path, MANIFEST + ".tmp"), "w") as f:
+        json.dump(manifest, f, indent=1)
+    os.replace(os.path.join(path, MANIFEST + ".tmp"), os.path.join(path, MANIFEST))
+
+
+def verify_manifest(path, step, arrays, more=lambda manifest: None):
+    """Why this program cannot resume from the checkpoint directory `path`, or None: its manifest missing
+    or of another spec, of another step than `step` (from the directory's name; None: not named by step),
+    what `more(manifest)` finds wrong, other arrays than `arrays` (name -> (whole shape, dtype)), a file
+    missing, truncated or corrupt."""
+    try:
+        with open(os.path.join(path, MANIFEST)) as f:
+            m = json.load(f)
+        want = {n: [list(shape), dtype] for n, (shape, dtype) in arrays.items()}
+        wrong = [
+            f"{n} ({m['arrays'].get(n, 'none')} there, {want.get(n, 'none')} here)"
+            for n in sorted({*want, *m["arrays"]})
+            if want.get(n) != m["arrays"].get(n)
+        ]
+        problems = (  # (wrong, why), cheapest first: the first that is wrong is the answer
+            (
+                m["spec"] != SPEC_NAME,
+                f"it is a checkpoint of the spec {m['spec']!r}, not of {SPEC_NAME!r}",
+            ),
+            (
+                m["spec_hash"] != SPEC_HASH,
+                f"it is a checkpoint of another version of the spec {SPEC_NAME!r} (spec "
+                f"hash {m['spec_hash']}, this program's {SPEC_HASH}): its model or training settings differ",
+            ),
+            (
+                step is not None and m["step"] != step,
+                f"the step in {MANIFEST} ({m['step']}) and in the directory name ({step}) disagree",
+            ),
+            (bool(why := more(m)), why),
+            (bool(wrong), f"its train state differs from this program's: {'; '.join(wrong[:3])}"),
+        )
+        have = file_table(path) if not any(bad for bad, _ in problems) else {}
+    except FileNotFoundError:
+        return f"no {MANIFEST}: an incomplete checkpoint (its writer stopped before the end?)"
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        return f"its {MANIFEST} is unreadable ({type(e).__name__}: {e})"
+    return next((why for bad, why in problems if bad), None) or next(
+        (
+            f"missing file {n}"
+            if n not in have
+            else f"{n} is {have[n]['bytes']} bytes, {f['bytes']} in {MANIFEST} (truncated?)"
+            if have[n]["bytes"] != f["bytes"]
+            else f"{n}: checksum mismatch (the file is corrupt)"
+            for n, f in sorted(m["files"].items())
+            if have.get(n) != f
+        ),
+        None,
+    )
+
+
+def checkpoint_dirs(path, step_of):
+    """{step: directory} of the checkpoints --resume `path` names: those in `path` (`step_of(name)`: the
+    step a directory's name gives, or None), or `path` itself when it is one."""
+    names = os.listdir(path) if os.path.isdir(path) else []
+    found = {step: os.path.join(path, n) for n in names if (step := step_of(n)) is not None}
+    own = step_of(os.path.basename(os.path.abspath(path)))
+    return found or ({own: path} if own is not None and names else {})
+
+
+def resume_from(path, found, verify, restore, say=True):
+    """(step, restored state) of the newest usable checkpoint of `found` ({step: directory}, what --resume
+    `path` names). `verify(step, directory)` and then `restore(step, directory)` -> (state, why not) say
+    whether one is usable (every process reaches the same verdict). A newer one that is not is skipped with
+    a warning (printed where `say`); when none is, exit 2 naming why."""
+    require(found, f"--resume {path}: no checkpoint there")
+    skipped = []
+    for step in sorted(found, reverse=True):
+        state, why = (
+            (None, why) if (why := verify(step, found[step])) else restore(step, found[step])
+        )
+        if not why:
+            for where, why in skipped if say else ():
+                print(
+                    f"warning: skipping checkpoint {where}: {why}; resuming from {found[step]} (step {step})",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            return step, state
+        skipped.append((found[step], why))
+    require(
+        False,
+        f"--resume {path}: no usable checkpoint: " + "; ".join(f"{w}: {why}" for w, why in skipped),
+    )
+
+
+def check_start(args, start, saved):
+    """Before the first step: --resume must leave steps to run, and --checkpoint-dir must not hold later
+    checkpoints (`saved`: the steps it holds) of another run. With --resume of that same directory, the
+    later ones are those --resume found unusable: this run's saves replace them."""
+    require(
+        not args.resume or args.steps > start,
+        f"--resume {args.resume}: the checkpoint is at step {start}, "
+        f"--steps {args.steps} asks for nothing more: pass --steps above {start}",
+    )
+    later = sorted(s for s in saved if s > start)
+    require(
+        not later
+        or (args.resume and os.path.realpath(args.resume) == os.path.realpath(args.checkpoint_dir)),
+        f"--checkpoint-dir {args.checkpoint_dir} already holds checkpoints of steps after {start} ({later}): "
+        "continue with --resume, or choose another directory",
+    )
+
+
+def step_of(name):
+    """The step a checkpoint directory's name gives (step_00000010), or None."""
+    return int(name[5:]) if name.startswith("step_") and name[5:].isdigit() else None
+
+
+def step_dirs(directory):
+    """{step: path} of the checkpoints in `directory`."""
+    names = os.listdir(directory) if os.path.isdir(directory) else []
+    return {step_of(n): os.path.join(directory, n) for n in names if step_of(n) is not None}
+
+
+def dtype_name(a):
+    return str(a.dtype).removeprefix("mlx.core.")
 
 
 def save_checkpoint(directory, step, arrays):
@@ -435,14 +611,7 @@ def save_checkpoint(directory, step, arrays):
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     mx.save_safetensors(os.path.join(tmp, "state.safetensors"), arrays)
-    meta = {
-        "step": step,
-        "spec": SPEC_NAME,
-        "mesh": MESH,
-        "sha256": sha256(os.path.join(tmp, "state.safetensors")),
-    }
-    with open(os.path.join(tmp, "train_state.json"), "w") as f:
-        json.dump(meta, f)
+    write_manifest(tmp, step, {n: (a.shape, dtype_name(a)) for n, a in arrays.items()})
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     for old in sorted(step_dirs(directory))[:-KEEP_CHECKPOINTS]:
@@ -480,59 +649,34 @@ def load_state(arrays, optimizers):
     return {n: arrays[f"params/{n}"] for n in PARAMS}, {n: arrays[f"buffers/{n}"] for n in BUFFERS}
 
 
-def read_checkpoint(path, want):
-    """(step, arrays) of the checkpoint directory `path`, or why it cannot be used: its manifest, the state
-    file's checksum, the spec, the arrays' names and shapes (`want`: name -> shape), finite values."""
-    try:
-        with open(os.path.join(path, "train_state.json")) as f:
-            meta = json.load(f)
-        intact = sha256(os.path.join(path, "state.safetensors")) == meta["sha256"]
-        arrays = mx.load(os.path.join(path, "state.safetensors")) if intact else {}
-    except (OSError, ValueError, KeyError, RuntimeError) as e:
-        return f"unreadable ({e})"
-    got = {n: tuple(a.shape) for n, a in arrays.items()}
-    problems = (
-        (
-            meta.get("spec") != SPEC_NAME,
-            f"it is a checkpoint of the spec {meta.get('spec')!r}, not of {SPEC_NAME!r}",
-        ),
-        (
-            not intact,
-            "state.safetensors does not match the checksum in its train_state.json (corrupt)",
-        ),
-        (
-            got != want,
-            f"its arrays differ from this program's: {sorted(n for n in {*got, *want} if got.get(n) != want.get(n))[:5]}",
-        ),
-        (
-            not all(mx.isfinite(a).all().item() for a in arrays.values()),
-            "it holds non-finite values",
-        ),
-    )
-    return next((why for bad, why in problems if bad), (meta["step"], arrays))
+def read_checkpoint(step, path):
+    """(arrays, why not) of the verified checkpoint directory `path`: its values must be finite."""
+    arrays = mx.load(os.path.join(path, "state.safetensors"))
+    bad = sorted(n for n, a in arrays.items() if not mx.isfinite(a).all().item())
+    return arrays, (f"it holds non-finite values ({', '.join(bad[:3])})" if bad else None)
 
 
 def restore_checkpoint(path, want):
-    """(step, arrays) of the newest usable checkpoint: `path` is a checkpoint directory or one step_*
-    directory. A newer one that fails the checks is skipped, saying so."""
-    found = step_dirs(path) or (
-        {0: path} if os.path.isfile(os.path.join(path, "train_state.json")) else {}
-    )
-    require(found, f"--resume {path}: no checkpoint there")
-    for step in sorted(found, reverse=True):
-        if not isinstance(got := read_checkpoint(found[step], want), str):
-            return got
-        print(f"warning: skipping checkpoint {found[step]}: {got}", file=sys.stderr, flush=True)
-    require(False, f"--resume {path}: no usable checkpoint (see the warnings above)")
+    """(step, arrays) of the newest usable checkpoint (resume_from): `path` is a checkpoint directory or one
+    step_* directory; `want`: name -> (whole shape, dtype) of this program's train state. Every process
+    holds the whole state, so every process verifies and reads the same files, reaching the same verdict."""
+
+    def verify(step, where):
+        return verify_manifest(where, step, want)
+
+    return resume_from(path, checkpoint_dirs(path, step_of), verify, read_checkpoint)
 
 
 # ----------------------------------------------------------------------------
 # Command line and processes.
 # ----------------------------------------------------------------------------
 def parse_args(argv=None):
+    about = f"Train {SPEC_NAME} (generated by mithril-spec from {SPEC_FILE})."
+    # argparse %-formats a description that mentions %(prog): then a `%` in the file name is only text
     ap = argparse.ArgumentParser(
-        description=f"Train {SPEC_NAME} (generated by mithril-spec from {SPEC_FILE})."
+        description=about.replace("%", "%%") if "%(prog)" in about else about
     )
+    ap.error = lambda message: require(False, f"{message} (train.py --help lists the options)")
     ap.add_argument(
         "--steps", type=int, default=STEPS, help="optimizer steps in total (default: %(default)s)"
     )
@@ -552,16 +696,40 @@ def parse_args(argv=None):
     ap.add_argument(
         "--checkpoint-every", type=int, default=CHECKPOINT_EVERY, help="steps between checkpoints"
     )
-    ap.add_argument("--data", help="data path (a directory of .npy arrays, or a text file)")
+    ap.add_argument("--data", help="not used: this program draws synthetic data")
     ap.add_argument("--seed", type=int, default=SEED)
     ap.add_argument(
         "--dry-run", action="store_true", help="print the mesh and layouts, run no step"
     )
 
     args = ap.parse_args(argv)
-    if args.steps < 0:
-        ap.error("--steps must be >= 0")
+    require(args.steps >= 0, "--steps must be >= 0")
+    check_paths(args)
     return args
+
+
+def check_paths(args):
+    """The paths of the command line, checked before any work: what is read exists, a file written at the end has a writable directory and is no directory, and a
+    directory written is no file."""
+    require(
+        not args.data,
+        "--data: this program's spec draws synthetic data; build it from a spec with "
+        "`data: {kind: arrays}`, `{kind: text}` or `{kind: tokens}` to read from disk",
+    )
+    require(
+        not args.init_params or os.path.exists(args.init_params),
+        f"--init-params {args.init_params}: no such file",
+    )
+    files = {"--metrics": args.metrics, "--export-params": args.export_params}
+    for flag, path in files.items():
+        where = os.path.dirname(os.path.abspath(path or "."))
+        require(not path or not os.path.isdir(path), f"{flag} {path}: is a directory, not a file")
+        require(
+            not path or (os.path.isdir(where) and os.access(where, os.W_OK)),
+            f"{flag} {path}: cannot write there ({where} is not a writable directory)",
+        )
+    for flag, path in {"--checkpoint-dir": args.checkpoint_dir}.items():
+        require(not path or not os.path.isfile(path), f"{flag} {path}: is a file, not a directory")
 
 
 class Metrics:
@@ -581,10 +749,13 @@ class Metrics:
             self.f.close()
 
 
-def require(ok, message):
-    """Exits with code 2 and `message` unless `ok`: what was asked cannot run (docs/program.md)."""
-    if not ok:
+def require(ok, message, local=False):
+    """Exits with code 2 and `message` (one line) unless `ok`: what was asked cannot run (docs/program.md).
+    Every process reaches the same verdict and the first one (MLX_RANK 0, or alone) says why; a `local`
+    verdict (about this process's own samples) is said by the process that reaches it."""
+    if not ok and (local or os.environ.get("MLX_RANK", "0") == "0"):
         print(f"error: {message}", file=sys.stderr, flush=True)
+    if not ok:
         sys.exit(2)
 
 
@@ -646,7 +817,9 @@ def init_state(args, optimizers, rank):
     init_optimizer(optimizers, params)
     if not args.resume:
         return 0, params, buffers
-    want = {n: tuple(a.shape) for n, a in state_arrays(params, buffers, optimizers).items()}
+    want = {
+        n: (a.shape, dtype_name(a)) for n, a in state_arrays(params, buffers, optimizers).items()
+    }
     step, arrays = restore_checkpoint(args.resume, want)
     return (step, *load_state(arrays, optimizers))
 
@@ -674,16 +847,7 @@ def main(args):
     )
     optimizers = make_optimizer()
     start, params, buffers = init_state(args, optimizers, world.rank())
-    later = (
-        sorted(s for s in step_dirs(args.checkpoint_dir) if s > start)
-        if args.checkpoint_dir
-        else []
-    )
-    require(
-        not later,
-        f"--checkpoint-dir {args.checkpoint_dir} already holds checkpoints of steps after {start} "
-        f"({later}): continue with --resume, or choose another directory",
-    )
+    check_start(args, start, step_dirs(args.checkpoint_dir) if args.checkpoint_dir else {})
     if is_first:
         state = state_arrays(params, buffers, optimizers)
         held = {

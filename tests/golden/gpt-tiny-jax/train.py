@@ -22,6 +22,7 @@ checkpoints into one shared directory. launch.sh starts N processes on this mach
 """
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -447,13 +448,14 @@ class FileTensor:
     that holds a slice reads just that slice (`tensor[index]`). `transposed` and `part` of `parts` (of the
     last dimension): how the stored tensor holds the canonical one (Hugging Face's layouts)."""
 
-    def __init__(self, handle, key, transposed=False, part=0, parts=1):
+    def __init__(self, handle, key, transposed=False, part=0, parts=1, flag="--init-params"):
         stored = handle.get_slice(key)
         shape = list(stored.get_shape()[::-1] if transposed else stored.get_shape())
         self.shape = tuple(shape[:-1] + [shape[-1] // parts] if shape else shape)
-        self.stored, self.key, self.transposed = stored, key, transposed
+        self.stored, self.key, self.transposed, self.flag = stored, key, transposed, flag
         self.offset = part * self.shape[-1] if self.shape else 0
-        self.floating = stored.get_dtype().startswith(("F", "BF"))
+        self.dtype = stored.get_dtype()  # safetensors' name: F32, BF16, I64, ...
+        self.floating = self.dtype.startswith(("F", "BF"))
 
     def __getitem__(self, index):
         box = slices(index if isinstance(index, tuple) else (index,), self.shape)
@@ -461,42 +463,69 @@ class FileTensor:
             box[-1] = slice(box[-1].start + self.offset, box[-1].stop + self.offset)
         x = np.asarray(self.stored[tuple(box[::-1] if self.transposed else box)], dtype=np.float32)
         x = x.T if self.transposed else x
-        require(np.isfinite(x).all(), f"--init-params: `{self.key}` holds non-finite values")
+        # (this process's slice: the verdict is its own)
+        require(
+            np.isfinite(x).all(),
+            f"{self.flag}: `{self.key}` holds non-finite values (NaN or inf)",
+            local=True,
+        )
         return x
 
     def __array__(self, dtype=None, copy=None):
         return self[()].astype(dtype or np.float32)
 
 
-def load_params(path):
-    """--init-params: parameters by canonical name in canonical layout, every one with its shape. A .npz is
-    read whole (small models); a .safetensors file lazily, each process reading only its slices."""
-    require(os.path.exists(path), f"--init-params {path}: no such file")
-    if path.endswith(".npz"):
-        with np.load(path) as f:
-            found = {k: f[k] for k in f.files}
+def load_params(path, flag="--init-params"):
+    """--init-params (`flag`: the option that names the file in messages): parameters by canonical name in
+    canonical layout, every one with its shape. A .npz is read whole (small models); a .safetensors
+    file lazily, each process reading only its slices."""
+    require(
+        os.path.isfile(path),
+        f"{flag} {path}: {'not a file' if os.path.exists(path) else 'no such file'}",
+    )
+    try:
+        if path.endswith(".npz"):
+            with np.load(path) as f:
+                found = {k: f[k] for k in f.files}
+        else:
+            found = safetensors_tensors(path)
+    except Exception as e:  # not such a file, truncated, unreadable, Python objects in a .npz
         require(
-            all(np.isfinite(a).all() for a in found.values() if a.dtype.kind == "f"),
-            f"--init-params {path}: non-finite values",
+            False,
+            f"{flag} {path}: cannot read it as a "
+            f"{'.npz archive' if path.endswith('.npz') else '.safetensors file'} "
+            f"({' '.join(str(e).split())})",
         )
-    else:
-        found = safetensors_tensors(path)
+    nonfinite = [
+        k
+        for k, a in found.items()
+        if not isinstance(a, tuple) and a.dtype.kind == "f" and not np.isfinite(a).all()
+    ]
+    require(
+        not nonfinite,
+        f"{flag} {path}: non-finite values (NaN or inf) in {', '.join(nonfinite[:5])}",
+    )
     out, wrong = {}, []
     for name, (shape, _, _) in PARAMS.items():
         key, t = name, found.get(name)
         if isinstance(t, tuple):  # (handle, key) of a safetensors tensor
-            t = FileTensor(*t)
-        if (
-            t is None
-            or tuple(t.shape) != tuple(shape)
-            or not (t.floating if isinstance(t, FileTensor) else t.dtype.kind == "f")
-        ):
-            wrong.append(
-                f"{key} "
-                + ("(missing)" if t is None else f"{list(t.shape)} (expected {list(shape)}, float)")
-            )
-        out[name] = t if isinstance(t, FileTensor) else np.asarray(t, np.float32)
-    require(not wrong, f"--init-params {path}: not this model's parameters: {', '.join(wrong[:5])}")
+            t = FileTensor(*t, flag=flag)
+        why = (
+            "(missing)"
+            if t is None
+            else f"of shape {list(t.shape)} (expected {list(shape)})"
+            if tuple(t.shape) != tuple(shape)
+            else None
+            if (t.floating if isinstance(t, FileTensor) else t.dtype.kind == "f")
+            else f"of dtype {t.dtype} (expected floating point)"
+        )
+        if why:
+            wrong.append(f"{key} {why}")
+        else:
+            out[name] = t if isinstance(t, FileTensor) else np.asarray(t, np.float32)
+    wrong += [f"{key} (unknown)" for key in found if key not in PARAMS]
+    more = f" and {len(wrong) - 5} more" if len(wrong) > 5 else ""
+    require(not wrong, f"{flag} {path}: not this model's parameters: {', '.join(wrong[:5])}{more}")
     return out
 
 
@@ -693,27 +722,200 @@ def make_train_step(optimizer, seed):
 
 
 # ----------------------------------------------------------------------------
-# Checkpoints (orbax): the whole train state, sharded, written atomically (orbax writes a temporary
-# directory and renames it when complete). Imported lazily: most runs never checkpoint.
+# Checkpoints (orbax): DIR/<step>/state, the whole train state, sharded (every process writes its shards;
+# orbax writes a temporary directory and renames it when complete), then DIR/<step>/manifest.json, written
+# by the first process once every process is done. Imported lazily: most runs never checkpoint.
 # ----------------------------------------------------------------------------
+MANIFEST = "manifest.json"
+
+
+# Every checkpoint directory ends with its manifest (MANIFEST), written last, once every process has
+# written its files: the spec's name and hash, the mesh, the step, every array of the train state (name:
+# whole shape, dtype) and every other file's size and sha256. --resume takes the newest checkpoint whose
+# manifest agrees with its files and with this program, and whose values are finite.
+SPEC_HASH = "07d98582e4c41dfa"  # the spec less where and how it runs (mesh, sharding, pipeline, data, steps)
+KEEP_CHECKPOINTS = 2  # the newest ones are kept; older ones are deleted after each save
+
+
+def file_table(path):
+    """{name: {bytes, sha256}} of every file under the checkpoint directory `path` but its manifest."""
+    files = sorted(
+        os.path.relpath(os.path.join(d, n), path) for d, _, names in os.walk(path) for n in names
+    )
+    return {
+        n.replace(os.sep, "/"): {
+            "bytes": os.path.getsize(os.path.join(path, n)),
+            "sha256": sha256(os.path.join(path, n)),
+        }
+        for n in files
+        if n != MANIFEST
+    }
+
+
+def sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def write_manifest(path, step, arrays, **extra):
+    """Writes the manifest of the checkpoint directory `path`, its last file. `arrays`: name -> (whole
+    shape, dtype) of the train state; `extra`: more to record."""
+    manifest = {
+        "spec": SPEC_NAME,
+        "spec_hash": SPEC_HASH,
+        "mesh": MESH,
+        "step": step,
+        **extra,
+        "arrays": {n: [list(shape), dtype] for n, (shape, dtype) in sorted(arrays.items())},
+        "files": file_table(path),
+    }
+    with open(os.path.join(path, MANIFEST + ".tmp"), "w") as f:
+        json.dump(manifest, f, indent=1)
+    os.replace(os.path.join(path, MANIFEST + ".tmp"), os.path.join(path, MANIFEST))
+
+
+def verify_manifest(path, step, arrays, more=lambda manifest: None):
+    """Why this program cannot resume from the checkpoint directory `path`, or None: its manifest missing
+    or of another spec, of another step than `step` (from the directory's name; None: not named by step),
+    what `more(manifest)` finds wrong, other arrays than `arrays` (name -> (whole shape, dtype)), a file
+    missing, truncated or corrupt."""
+    try:
+        with open(os.path.join(path, MANIFEST)) as f:
+            m = json.load(f)
+        want = {n: [list(shape), dtype] for n, (shape, dtype) in arrays.items()}
+        wrong = [
+            f"{n} ({m['arrays'].get(n, 'none')} there, {want.get(n, 'none')} here)"
+            for n in sorted({*want, *m["arrays"]})
+            if want.get(n) != m["arrays"].get(n)
+        ]
+        problems = (  # (wrong, why), cheapest first: the first that is wrong is the answer
+            (
+                m["spec"] != SPEC_NAME,
+                f"it is a checkpoint of the spec {m['spec']!r}, not of {SPEC_NAME!r}",
+            ),
+            (
+                m["spec_hash"] != SPEC_HASH,
+                f"it is a checkpoint of another version of the spec {SPEC_NAME!r} (spec "
+                f"hash {m['spec_hash']}, this program's {SPEC_HASH}): its model or training settings differ",
+            ),
+            (
+                step is not None and m["step"] != step,
+                f"the step in {MANIFEST} ({m['step']}) and in the directory name ({step}) disagree",
+            ),
+            (bool(why := more(m)), why),
+            (bool(wrong), f"its train state differs from this program's: {'; '.join(wrong[:3])}"),
+        )
+        have = file_table(path) if not any(bad for bad, _ in problems) else {}
+    except FileNotFoundError:
+        return f"no {MANIFEST}: an incomplete checkpoint (its writer stopped before the end?)"
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        return f"its {MANIFEST} is unreadable ({type(e).__name__}: {e})"
+    return next((why for bad, why in problems if bad), None) or next(
+        (
+            f"missing file {n}"
+            if n not in have
+            else f"{n} is {have[n]['bytes']} bytes, {f['bytes']} in {MANIFEST} (truncated?)"
+            if have[n]["bytes"] != f["bytes"]
+            else f"{n}: checksum mismatch (the file is corrupt)"
+            for n, f in sorted(m["files"].items())
+            if have.get(n) != f
+        ),
+        None,
+    )
+
+
+def checkpoint_dirs(path, step_of):
+    """{step: directory} of the checkpoints --resume `path` names: those in `path` (`step_of(name)`: the
+    step a directory's name gives, or None), or `path` itself when it is one."""
+    names = os.listdir(path) if os.path.isdir(path) else []
+    found = {step: os.path.join(path, n) for n in names if (step := step_of(n)) is not None}
+    own = step_of(os.path.basename(os.path.abspath(path)))
+    return found or ({own: path} if own is not None and names else {})
+
+
+def resume_from(path, found, verify, restore, say=True):
+    """(step, restored state) of the newest usable checkpoint of `found` ({step: directory}, what --resume
+    `path` names). `verify(step, directory)` and then `restore(step, directory)` -> (state, why not) say
+    whether one is usable (every process reaches the same verdict). A newer one that is not is skipped with
+    a warning (printed where `say`); when none is, exit 2 naming why."""
+    require(found, f"--resume {path}: no checkpoint there")
+    skipped = []
+    for step in sorted(found, reverse=True):
+        state, why = (
+            (None, why) if (why := verify(step, found[step])) else restore(step, found[step])
+        )
+        if not why:
+            for where, why in skipped if say else ():
+                print(
+                    f"warning: skipping checkpoint {where}: {why}; resuming from {found[step]} (step {step})",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            return step, state
+        skipped.append((found[step], why))
+    require(
+        False,
+        f"--resume {path}: no usable checkpoint: " + "; ".join(f"{w}: {why}" for w, why in skipped),
+    )
+
+
+def check_start(args, start, saved):
+    """Before the first step: --resume must leave steps to run, and --checkpoint-dir must not hold later
+    checkpoints (`saved`: the steps it holds) of another run. With --resume of that same directory, the
+    later ones are those --resume found unusable: this run's saves replace them."""
+    require(
+        not args.resume or args.steps > start,
+        f"--resume {args.resume}: the checkpoint is at step {start}, "
+        f"--steps {args.steps} asks for nothing more: pass --steps above {start}",
+    )
+    later = sorted(s for s in saved if s > start)
+    require(
+        not later
+        or (args.resume and os.path.realpath(args.resume) == os.path.realpath(args.checkpoint_dir)),
+        f"--checkpoint-dir {args.checkpoint_dir} already holds checkpoints of steps after {start} ({later}): "
+        "continue with --resume, or choose another directory",
+    )
+
+
 def checkpoint_manager(directory):
     import orbax.checkpoint as ocp
 
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=2, create=True, enable_async_checkpointing=False
+        max_to_keep=KEEP_CHECKPOINTS, create=True, enable_async_checkpointing=False
     )
     return ocp.CheckpointManager(os.path.abspath(directory), options=options)
 
 
+def step_of(name):
+    """The step an orbax checkpoint directory's name gives (10), or None."""
+    return int(name) if name.isdigit() else None
+
+
+def state_arrays(tree):
+    """name -> (whole shape, dtype) of every array of a train state (or of its abstract target)."""
+    return {
+        jax.tree_util.keystr(k, simple=True, separator="/"): (a.shape, str(a.dtype))
+        for k, a in jax.tree_util.tree_leaves_with_path(tree)
+    }
+
+
 def save_checkpoint(manager, step, state):
+    """DIR/<step>, replacing a checkpoint of that step (one that --resume of this directory found unusable)."""
     import orbax.checkpoint as ocp
 
-    meta = {"step": step, "spec": SPEC_NAME, "mesh": MESH, "stack_order": stack_order()}
-    manager.save(
-        step,
-        args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
-    )
+    if step in manager.all_steps():
+        manager.delete(step)
+    manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state)), force=True)
     manager.wait_until_finished()
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices(f"checkpoint {step} written")
+    if jax.process_index() == 0:
+        write_manifest(
+            os.path.join(str(manager.directory), str(step)),
+            step,
+            state_arrays(state),
+            stack_order=stack_order(),
+        )
 
 
 def stack_order():
@@ -721,35 +923,90 @@ def stack_order():
     return {r: list(copies(r)) for r in REPEATS}
 
 
+def other_stack_order(manifest):
+    """Why a checkpoint's stacked arrays do not fit this program, or None."""
+    if manifest.get("stack_order") != stack_order():
+        return (
+            f"its train state stacks the copies of the repeated blocks in the rows {manifest.get('stack_order')}, "
+            f"this program in {stack_order()}: resume it with a build of the same pipeline layout, or carry "
+            "the parameters over with --export-params / --init-params"
+        )
+    return None
+
+
+def agree(value):
+    """The first process's `value` (JSON), on every process (a collective when there are several)."""
+    if jax.process_count() == 1:
+        return value
+    data = np.frombuffer(json.dumps(value).encode(), np.uint8)
+    size = int(multihost_utils.broadcast_one_to_all(np.int32(data.size)))
+    data = multihost_utils.broadcast_one_to_all(
+        data if jax.process_index() == 0 else np.zeros(size, np.uint8)
+    )
+    return json.loads(np.asarray(data).tobytes())
+
+
+def nonfinite(state):
+    """The names of the arrays of `state` holding a non-finite value in any process's shards (a collective
+    when there are several processes)."""
+    leaves = jax.tree_util.tree_leaves_with_path(state)
+    bad = np.array(
+        [
+            any(not np.isfinite(np.asarray(s.data, np.float32)).all() for s in a.addressable_shards)
+            for _, a in leaves
+        ]
+    )
+    bad = multihost_utils.process_allgather(bad).any(axis=0) if jax.process_count() > 1 else bad
+    return [
+        jax.tree_util.keystr(k, simple=True, separator="/") for (k, _), b in zip(leaves, bad) if b
+    ]
+
+
 def restore_checkpoint(directory, target):
-    """The latest checkpoint in `directory`, restored into `target` (the train state's shapes, dtypes and
-    shardings: each process reads only its shards; orbax reshards when the checkpoint was written on another
-    mesh or by another number of processes)."""
+    """The newest usable checkpoint that --resume `directory` names (resume_from: the directory of
+    checkpoints, or one of them), restored into `target` (the train state's shapes, dtypes and shardings:
+    each process reads only its shards; orbax reshards when the checkpoint was written on another mesh or
+    by another number of processes). The first process verifies the manifest and tells the others."""
     import orbax.checkpoint as ocp
 
-    with checkpoint_manager(directory) as manager:
-        require(manager.latest_step() is not None, f"--resume {directory}: no checkpoint there")
-        saved = manager.restore(
-            manager.latest_step(), args=ocp.args.Composite(meta=ocp.args.JsonRestore())
-        )["meta"]
-        require(
-            saved.get("stack_order") == stack_order(),
-            f"--resume {directory}: its train state stacks the copies of the repeated blocks in the rows "
-            f"{saved.get('stack_order')}, this program in {stack_order()}: resume it with a build of the same "
-            "pipeline layout, or carry the parameters over with --export-params / --init-params",
+    want = state_arrays(target)
+
+    def verify(step, where):
+        return agree(
+            verify_manifest(where, step, want, other_stack_order)
+            if jax.process_index() == 0
+            else None
         )
-        return manager.restore(
-            manager.latest_step(), args=ocp.args.Composite(state=ocp.args.StandardRestore(target))
-        )["state"]
+
+    def restore(step, where):
+        with checkpoint_manager(os.path.dirname(where)) as manager:
+            state = manager.restore(
+                step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target))
+            )["state"]
+        bad, saved = nonfinite(state), int(np.asarray(state["step"].addressable_shards[0].data))
+        return state, (
+            f"it holds non-finite values ({', '.join(bad[:3])})"
+            if bad
+            else f"the step in its train state ({saved}) and in its directory name ({step}) disagree"
+            if saved != step
+            else None
+        )
+
+    return resume_from(
+        directory, checkpoint_dirs(directory, step_of), verify, restore, jax.process_index() == 0
+    )[1]
 
 
 # ----------------------------------------------------------------------------
 # Command line, processes and devices.
 # ----------------------------------------------------------------------------
 def parse_args(argv=None):
+    about = f"Train {SPEC_NAME} (generated by mithril-spec from {SPEC_FILE})."
+    # argparse %-formats a description that mentions %(prog): then a `%` in the file name is only text
     ap = argparse.ArgumentParser(
-        description=f"Train {SPEC_NAME} (generated by mithril-spec from {SPEC_FILE})."
+        description=about.replace("%", "%%") if "%(prog)" in about else about
     )
+    ap.error = lambda message: require(False, f"{message} (train.py --help lists the options)")
     ap.add_argument(
         "--steps", type=int, default=STEPS, help="optimizer steps in total (default: %(default)s)"
     )
@@ -769,7 +1026,7 @@ def parse_args(argv=None):
     ap.add_argument(
         "--checkpoint-every", type=int, default=CHECKPOINT_EVERY, help="steps between checkpoints"
     )
-    ap.add_argument("--data", help="data path (a directory of .npy arrays, or a text file)")
+    ap.add_argument("--data", help="not used: this program draws synthetic data")
     ap.add_argument("--seed", type=int, default=SEED)
     ap.add_argument(
         "--dry-run", action="store_true", help="print the mesh and layouts, run no step"
@@ -787,9 +1044,33 @@ def parse_args(argv=None):
     )
 
     args = ap.parse_args(argv)
-    if args.steps < 0:
-        ap.error("--steps must be >= 0")
+    require(args.steps >= 0, "--steps must be >= 0")
+    check_paths(args)
     return args
+
+
+def check_paths(args):
+    """The paths of the command line, checked before any work: what is read exists, a file written at the end has a writable directory and is no directory, and a
+    directory written is no file."""
+    require(
+        not args.data,
+        "--data: this program's spec draws synthetic data; build it from a spec with "
+        "`data: {kind: arrays}`, `{kind: text}` or `{kind: tokens}` to read from disk",
+    )
+    require(
+        not args.init_params or os.path.exists(args.init_params),
+        f"--init-params {args.init_params}: no such file",
+    )
+    files = {"--metrics": args.metrics, "--export-params": args.export_params}
+    for flag, path in files.items():
+        where = os.path.dirname(os.path.abspath(path or "."))
+        require(not path or not os.path.isdir(path), f"{flag} {path}: is a directory, not a file")
+        require(
+            not path or (os.path.isdir(where) and os.access(where, os.W_OK)),
+            f"{flag} {path}: cannot write there ({where} is not a writable directory)",
+        )
+    for flag, path in {"--checkpoint-dir": args.checkpoint_dir}.items():
+        require(not path or not os.path.isfile(path), f"{flag} {path}: is a file, not a directory")
 
 
 class Metrics:
@@ -809,10 +1090,13 @@ class Metrics:
             self.f.close()
 
 
-def require(ok, message):
-    """Exits with code 2 and `message` unless `ok`: what was asked cannot run (docs/program.md)."""
-    if not ok:
+def require(ok, message, local=False):
+    """Exits with code 2 and `message` (one line) unless `ok`: what was asked cannot run (docs/program.md).
+    Every process reaches the same verdict and the first one says why; a `local` verdict (about this
+    process's own samples) is said by the process that reaches it."""
+    if not ok and (local or os.environ.get("MITHRIL_PROCESS_ID", "0") == "0"):
         print(f"error: {message}", file=sys.stderr, flush=True)
+    if not ok:
         sys.exit(2)
 
 
@@ -934,7 +1218,7 @@ def layouts(mesh, optimizer):
 def init_state(args, optimizer, shardings, abstract):
     """Parameters from the counter-based init (or --init-params), a fresh optimizer state, initial buffers,
     step 0, each process computing or reading only its devices' slices. With --resume, all of it from the
-    latest checkpoint, restored straight into its sharded layout: nothing is drawn or placed first."""
+    newest usable checkpoint, restored straight into its sharded layout: nothing is drawn or placed first."""
     if args.resume:  # the restore targets: shapes, dtypes and shardings
         return restore_checkpoint(
             args.resume,
@@ -977,12 +1261,7 @@ def train(args, mesh):
     state = init_state(args, optimizer, shardings, abstract)
     start = int(state["step"])
     checkpoints = checkpoint_manager(args.checkpoint_dir) if args.checkpoint_dir else None
-    later = sorted(s for s in checkpoints.all_steps() if s > start) if checkpoints else []
-    require(
-        not later,
-        f"--checkpoint-dir {args.checkpoint_dir} already holds checkpoints of steps after {start} "
-        f"({later}): continue with --resume, or choose another directory",
-    )
+    check_start(args, start, checkpoints.all_steps() if checkpoints else [])
     if is_first:
         # optimizer: arrays with ndim > 0 only (optax's step counters are not counted)
         held = {

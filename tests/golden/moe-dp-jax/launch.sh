@@ -6,8 +6,10 @@
 #   ./launch.sh [--nproc N] [--port PORT] [--] [train.py arguments...]
 #   ./launch.sh --nproc 2 --steps 20 --metrics metrics.jsonl
 #
-# N defaults to $NPROC or 1 (then this is just `python train.py`). PYTHON picks the interpreter
-# (default: python3). If any process fails, the others are stopped and the first failure's code returned.
+# N defaults to $NPROC or 1 (then this is just `python train.py`) and must divide 8. PYTHON picks the
+# interpreter (default: python3). If any process fails, the script returns the first failure's code and
+# stops the others within 5 s: a refusal that every process reaches (exit 2) is said by process 0 in one
+# line, before it exits too.
 #
 # Several hosts: run train.py once per host with
 #   MITHRIL_COORDINATOR=<host of process 0>:<port> MITHRIL_NUM_PROCESSES=<N> MITHRIL_PROCESS_ID=<0..N-1>
@@ -29,8 +31,8 @@ while [[ $# -gt 0 ]]; do
     *) break ;;
   esac
 done
-if ! [[ "$nproc" =~ ^[1-9][0-9]*$ ]]; then
-  echo "launch.sh: --nproc must be a positive integer, got '$nproc'" >&2
+if ! [[ "$nproc" =~ ^[1-9][0-9]*$ ]] || (( 8 % nproc )); then
+  echo "launch.sh: --nproc must divide the 8 devices of this program's mesh, got '$nproc'" >&2
   exit 2
 fi
 if (( nproc == 1 )); then
@@ -46,14 +48,23 @@ for (( i = 0; i < nproc; i++ )); do
     "$python" "$here/train.py" "$@" &
   pids+=("$!")
 done
-# One process failing leaves the others waiting in a collective: stop them.
+# One process failing leaves the others waiting in a collective: stop them, once those that reach the
+# same verdict have had the time to exit by themselves (process 0 says why).
 status=0
 for (( i = 0; i < nproc; i++ )); do
   rc=0
   wait -n || rc=$?
-  if (( rc != 0 && status == 0 )); then
+  if (( rc != 0 )); then
     status=$rc
-    kill "${pids[@]}" 2>/dev/null || true
+    break
   fi
 done
+if (( status != 0 )); then
+  for (( t = 0; t < 50; t++ )); do  # up to 5 s
+    [[ -n "$(jobs -rp)" ]] || break
+    sleep 0.1
+  done
+  kill "${pids[@]}" 2>/dev/null || true
+  wait 2>/dev/null || true
+fi
 exit "$status"

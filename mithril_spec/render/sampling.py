@@ -1,0 +1,140 @@
+"""Context for generate.py, the sampling program of a language model (Plan.language_model; docs/program.md
+"Sampling"): built on top of a target's context (render/jax_target.py, render/torch_target.py), so it reads
+the same layers, blocks and tensor-parallel styles the training program was rendered from.
+
+- The decode functions run one position at a time, with their own variables: a tensor variable never
+  shadows what the decode code uses itself (the cache, the position, the block decode functions), nor
+  anything the program defines or imports (context.var).
+- Per layer that caches keys and values (Op.kv_cache: attention), at top level or per repeat (stacked
+  over the copies in JAX): its key/value heads and head size, and (JAX) the mesh axes its heads are split
+  over, as the k projection's output features are.
+- torch: per layer, whether its weights stay split over `tensor` while decoding (column / row parallel
+  linear layers, attention and mlp split Megatron-style); every other parameter is gathered whole.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from ..ops import OPS
+from ..planner.plan import Plan
+from .context import RESERVED, rename_vars
+
+# Local names of the decode code (besides the target's model names)
+JAX_DECODE_NAMES = {"cache", "ids", "pos", "kv", "rows", "row", "shared", "step", "name", "new"}
+TORCH_DECODE_NAMES = {"pos", "pre", "ids", "i", "cache"}
+
+
+def _decode_scope(layers: list[dict[str, Any]], names: dict[str, str], reserved: set[str]) -> list[dict[str, Any]]:
+    """Copies of `layers` whose var / input_vars are the decode scope's variables (`names`: tensor -> the
+    variable context.var gives it, every tensor the scope reads or writes)."""
+    vars_ = rename_vars(names, reserved)
+    out = []
+    for layer in copy.deepcopy(layers):
+        layer["var"] = vars_[layer["name"]]
+        layer["input_vars"] = [vars_[n] for n in layer["inputs"]]
+        out.append(layer)
+    return out
+
+
+def sampling_context(plan: Plan, ctx: dict[str, Any], target: str) -> dict[str, Any] | None:
+    lm = plan.language_model
+    if lm is None or target not in ("jax", "torch"):
+        return None
+    model_names: set[str]
+    if target == "jax":
+        from .jax_target import MODEL_NAMES as model_names
+        local = JAX_DECODE_NAMES
+    else:
+        from .torch_target import MODEL_NAMES as model_names
+        local = TORCH_DECODE_NAMES
+    decode_fns = {}
+    for b in ctx["blocks"]:  # module-level functions of generate.py (JAX)
+        name = f"{b['name']}_decode"
+        while name in RESERVED or name in model_names or f"{name}_stack" in RESERVED:
+            name += "_"
+        decode_fns[b["name"]] = name
+    reserved = set(model_names) | local | set(decode_fns.values()) | {f"{b}_stack" for b in decode_fns.values()}
+    top_names = {i["name"]: i["var"] for i in ctx["inputs"]} | {layer["name"]: layer["var"] for layer in ctx["layers"]}
+    layers = _decode_scope(ctx["layers"], top_names, reserved)
+    token_var = rename_vars(top_names, reserved)[lm.tokens]
+    prediction_var = rename_vars(top_names, reserved)[ctx["loss"]["prediction"]]
+    tensor = plan.mesh.sizes.get("tensor", 1)
+
+    def split(layer: dict[str, Any], styles: dict[str, str]) -> str | None:
+        """torch: how a layer's weights stay split over `tensor` while decoding: colwise / rowwise (a linear
+        layer), pair (attention, mlp), or None (gathered whole)."""
+        kind = OPS[layer["op"]].tensor_parallel if layer["op"] in OPS else None  # matmul (linear) or pair
+        if tensor <= 1 or not kind or layer["attrs"].get("tie"):
+            return None
+        mine = {k: v for k, v in styles.items() if k == layer["name"] or k.startswith(layer["name"] + ".")}
+        if not mine:
+            return None
+        return mine.get(layer["name"]) if kind == "matmul" else "pair"
+
+    blocks = []
+    caches = []  # per top-level attention layer and per repeat: the key/value caches of its attention layers
+    local_modules = []  # torch: the module FQNs (blocks.*.attn.q) whose weights stay split over `tensor`
+    for layer in layers:
+        if layer["op"] in OPS and OPS[layer["op"]].kv_cache:
+            caches.append({"repeat": None, "count": None, "layers": [_cache(plan, layer, "")]})
+        layer["split"] = split(layer, ctx["tp"])
+        if layer["split"]:
+            local_modules += [k for k in ctx["tp"] if k == layer["name"] or k.startswith(layer["name"] + ".")]
+    for block in ctx["blocks"]:
+        names = {"block_input": "block_input"} | {layer["name"]: layer["var"] for layer in block["layers"]}
+        vars_ = rename_vars(names, reserved)
+        inner = _decode_scope(block["layers"], names, reserved)
+        styles = block.get("tp", {})
+        for layer in inner:
+            layer["split"] = split(layer, styles)
+        blocks.append({
+            **{k: v for k, v in block.items() if k != "layers"},
+            "layers": inner,
+            "input_var": vars_["block_input"],
+            "output_var": vars_[block["output"]],
+            "decode_fn": decode_fns[block["name"]],
+            "stack_fn": f"{decode_fns[block['name']]}_stack",
+        })
+    by_block = {b["name"]: b for b in blocks}
+    for rep in (layer for layer in layers if layer["op"] == "repeat"):
+        inner = by_block[rep["block"]]["layers"]
+        caches.append({"repeat": rep["name"], "count": rep["count"], "layers": [
+            _cache(plan, layer, f"{rep['name']}.0.") for layer in inner if OPS[layer["op"]].kv_cache]})
+        local_modules += [f"{rep['name']}.*.{k}" for layer in inner if layer["split"]
+                          for k in by_block[rep["block"]].get("tp", {})
+                          if k == layer["name"] or k.startswith(layer["name"] + ".")]
+    ops = {layer["op"] for layer in layers} | {layer["op"] for b in blocks for layer in b["layers"]}
+    return {
+        "tokens": lm.tokens,
+        "targets": lm.targets,
+        "token_var": token_var,
+        "prediction_var": prediction_var,
+        "vocab": lm.vocab,
+        "seq": lm.seq,
+        "has_dropout": lm.dropout,
+        # the spec's tokenizer.json (data.tokenizer, resolved against the spec's directory), or None
+        "tokenizer": plan.data_files.get("tokenizer"),
+        "layers": layers,
+        "blocks": blocks,
+        "caches": caches,
+        "rotary": any(c["rotary"] for entry in caches for c in entry["layers"]),
+        "ops": sorted(ops),  # the operators of its layers (and "repeat")
+        "tensor": tensor,
+        "local_modules": tuple(sorted(set(local_modules))),
+    }
+
+
+def _cache(plan: Plan, layer: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """What the key/value cache of one attention layer holds (per copy of its repeat, if any)."""
+    a = layer["attrs"]
+    out_axes = plan.param(f"{prefix}{layer['name']}.k.weight").spec[1]
+    heads_axes = [x for x in out_axes if x not in plan.batch_axes]
+    return {
+        "layer": layer["name"],
+        "kv_heads": a["kv_heads"],
+        "head_dim": a["head_dim"],
+        "rotary": bool(a["rotary"]),
+        "heads_layout": heads_axes or None,  # mesh axes the heads are split over (JAX)
+    }

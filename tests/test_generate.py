@@ -1,0 +1,175 @@
+"""generate.py, sampling from a language model (docs/program.md "Sampling (generate.py)").
+
+Which builds get it (Plan.language_model, the targets' conditional files), then the programs themselves:
+gpt-tiny trains 2 steps once (JAX, one device: --export-params and a checkpoint), and generate.py of the
+JAX build on one device and on data=2 x tensor=2, and of the PyTorch build in one process and on tensor=2
+(2 ranks), continue one prompt greedily from that file: the tokens are the same everywhere, and the cached
+decode's most probable token equals that of the training forward pass at every position (--check). A
+temperature / top-k draw gives the same tokens for a seed (JAX from the checkpoint, PyTorch from the file);
+a tokenizer.json encodes the prompt; bad input stops with exit code 2 and one line. The runs go two at a
+time; each test prints its figures (pytest -s).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import jax_runs as jr
+import pytest
+import torch_runs as tr
+
+from mithril_spec.frontend import compile_file
+from mithril_spec.render.build import build_files, render_files
+from mithril_spec.targets import TARGETS
+
+GPT = jr.SPECS / "gpt-tiny.yaml"
+PROMPT = "Hello"
+GREEDY = ("--prompt", PROMPT, "--temperature", "0", "--check", "--json")
+DRAW = ("--prompt-ids", "1,2,3", "--temperature", "0.8", "--top-k", "20", "--max-new-tokens", "30", "--json")
+
+
+# ---------------------------------------------------------------- which builds get generate.py (no runs)
+
+def test_language_models_get_generate_py_and_others_do_not():
+    lm = compile_file(GPT).plan.language_model
+    assert (lm.tokens, lm.targets, lm.vocab, lm.seq, lm.dropout) == ("tokens", "targets", 256, 64, False)
+    for target in ("jax", "torch"):
+        assert "generate.py" in render_files(compile_file(GPT, "data=1"), target, GPT.name)
+        assert "generate.py" not in render_files(compile_file(jr.SPECS / "mlp-dp.yaml"), target, "mlp-dp.yaml")
+    assert "generate.py" not in [name for _, name in TARGETS["mlx"].files_for(compile_file(GPT).plan)]
+    assert "generate.py" in build_files()
+    # not a language model: a pipeline of several stages, a moe layer, attention that is not causal
+    assert compile_file(jr.SPECS / "gpt-pipe.yaml").plan.language_model is None
+    assert compile_file(jr.SPECS / "moe-dp.yaml").plan.language_model is None
+    bidirectional = jr.spec_variant(GPT, (("causal: true", "causal: false"),))
+    assert compile_file(bidirectional).plan.language_model is None
+
+
+# ---------------------------------------------------------------- the programs
+
+def _generate(target: str, program: Path, args: tuple, ranks: int = 1) -> dict:
+    """Runs `generate.py ARGS` of `program` (on `ranks` ranks: tests/torch_launch.py) -> rc, stdout, stderr,
+    seconds and, with --json and exit code 0, the JSON object it printed."""
+    script = str(program / "generate.py")
+    cmd = [jr.PY, script] if ranks == 1 else [jr.PY, str(tr.LAUNCH), str(ranks), script]
+    extra = {"PYTHONPATH": str(program)}  # tests/torch_launch.py runs generate.py from tests/: train.py beside it
+    env = jr.env_for(extra) if target == "jax" else tr.env_for(extra)
+    t0 = time.perf_counter()
+    p = subprocess.run([*cmd, *args], check=False, cwd=program, env=env, capture_output=True, text=True, timeout=600)
+    out = {"rc": p.returncode, "stdout": p.stdout, "stderr": p.stderr, "seconds": time.perf_counter() - t0}
+    if p.returncode == 0 and "--json" in args:
+        out["json"] = json.loads(p.stdout.strip().splitlines()[-1])
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Every run of the module, two at a time: the parameters first, then the generate.py runs."""
+    work = tmp_path_factory.mktemp("generate")
+    jax1, jax4 = jr.build(GPT, "data=1"), jr.build(GPT, "data=2,tensor=2")
+    torch1, torch2 = tr.build(GPT, "data=1"), tr.build(GPT, "tensor=2")
+    params, ckpt = work / "params.safetensors", work / "ckpt"
+    t0 = time.perf_counter()
+    trained = jr.run(jax1, "--steps", "2", "--export-params", str(params), "--checkpoint-dir", str(ckpt),
+                     export=False, metrics=False)
+    train_s = time.perf_counter() - t0
+    assert params.is_file() and ckpt.is_dir(), trained.output[-2000:]
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.train_from_iterator(["hello world, hello there"] * 20, trainers.BpeTrainer(
+        vocab_size=256, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    tok.save(str(work / "tokenizer.json"))
+    with_params = ("--params", str(params))
+    long_prompt = ",".join(["1"] * 65)
+    jobs = {
+        "jax": ("jax", jax1, with_params + GREEDY),
+        "jax sharded": ("jax", jax4, with_params + GREEDY),
+        "torch": ("torch", torch1, with_params + GREEDY),
+        "torch 2 ranks": ("torch", torch2, with_params + GREEDY, 2),
+        "jax draw (checkpoint)": ("jax", jax1, ("--resume", str(ckpt), "--seed", "3") + DRAW),
+        "torch draw": ("torch", torch1, with_params + ("--seed", "3") + DRAW),
+        "tokenizer": ("torch", torch1, with_params + ("--tokenizer", str(work / "tokenizer.json"), "--prompt",
+                                                      "hello world", "--max-new-tokens", "5", "--json")),
+        "missing file": ("jax", jax1, ("--params", str(work / "nope.safetensors"))),
+        "prompt longer than seq": ("jax", jax1, with_params + ("--prompt-ids", long_prompt)),
+        "id outside the vocab": ("torch", torch1, with_params + ("--prompt-ids", "1,256")),
+        "tokenizer missing": ("torch", torch1, with_params + ("--tokenizer", str(work / "nope.json"), "--prompt", "hi")),
+    }
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        futures = {name: pool.submit(_generate, *job) for name, job in jobs.items()}
+        got = {name: f.result() for name, f in futures.items()}
+    got["train_s"] = train_s
+    got["tokenizer.json"] = tok
+    return got
+
+
+GREEDY_RUNS = ["jax", "jax sharded", "torch", "torch 2 ranks"]
+
+
+@pytest.mark.slow
+def test_greedy_tokens_are_the_same_in_every_target_and_mesh(runs):
+    for name in GREEDY_RUNS:
+        assert runs[name]["rc"] == 0, f"{name}: exit {runs[name]['rc']}\n{runs[name]['stderr'][-3000:]}"
+    first = runs["jax"]["json"]
+    assert first["prompt_ids"] == list(PROMPT.encode())
+    # the default --max-new-tokens runs to the context: seq tokens in all, the generation says it stopped
+    assert first["stopped_at_context"] and len(first["prompt_ids"]) + len(first["new_ids"]) == 64
+    assert "stopped after 59 new token(s)" in runs["jax"]["stderr"]
+    for name in GREEDY_RUNS[1:]:
+        assert runs[name]["json"]["new_ids"] == first["new_ids"], name
+    jr.report("generate greedy", tokens=len(first["new_ids"]), train_s=round(runs["train_s"], 1),
+              **{f"{name} s": round(runs[name]["seconds"], 1) for name in GREEDY_RUNS},
+              **{f"{name} decode s": round(runs[name]["json"]["seconds"], 2) for name in GREEDY_RUNS})
+
+
+@pytest.mark.slow
+def test_cached_decode_equals_the_full_forward_pass_at_every_position(runs):
+    for name in GREEDY_RUNS:
+        check = runs[name]["json"]["check"]
+        assert check["positions"] == 63 and check["argmax_differs"] == [], (name, check)
+        assert check["max_abs_diff"] < 1e-4, (name, check)
+    jr.report("generate --check", **{name: runs[name]["json"]["check"]["max_abs_diff"] for name in GREEDY_RUNS})
+
+
+@pytest.mark.slow
+def test_temperature_and_top_k_draws_depend_only_on_the_seed(runs):
+    same = [runs[name] for name in ("jax draw (checkpoint)", "torch draw")]
+    for r in same:
+        assert r["rc"] == 0, r["stderr"][-3000:]
+    a, b = (r["json"] for r in same)
+    assert a["prompt_ids"] == [1, 2, 3] and len(a["new_ids"]) == 30 and not a["stopped_at_context"]
+    assert a["new_ids"] == b["new_ids"], "the same seed and parameters (checkpoint or file, JAX or torch) differ"
+    assert len(set(a["new_ids"])) > 5  # a draw, not the greedy repetition
+
+
+@pytest.mark.slow
+def test_tokenizer_encodes_the_prompt_and_decodes_the_output(runs):
+    r = runs["tokenizer"]
+    assert r["rc"] == 0, r["stderr"][-3000:]
+    tok, got = runs["tokenizer.json"], r["json"]
+    assert got["prompt_ids"] == tok.encode("hello world").ids
+    assert got["text"] == tok.decode(got["prompt_ids"] + got["new_ids"])
+
+
+BAD = {
+    "missing file": "--params",
+    "prompt longer than seq": "more than the model's context of 64",
+    "id outside the vocab": "outside the vocabulary 0..255",
+    "tokenizer missing": "--tokenizer",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_exits_2_with_one_line(runs, case):
+    r = runs[case]
+    assert r["rc"] == 2, f"{case}: exit {r['rc']}\n{r['stderr'][-3000:]}"
+    lines = r["stderr"].strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and BAD[case] in lines[0], lines
+    assert not r["stdout"].strip()
