@@ -713,10 +713,10 @@ def cmd_data(args) -> int:
     from .data_prepare import prepare
 
     p = prepare(args.inputs, args.vocab, Path(args.output), args.val_fraction)
-    where = escape(str(p.out))
+    where = escape(str(p.out.resolve()))
     print(f"{p.documents} document(s): {p.train_tokens:,} training and {p.val_tokens:,} held-out tokens, "
           f"vocab {p.vocab:,} ({p.dtype}) in {where}")
-    print("in the spec (paths relative to the spec's directory):")
+    print("in the spec (or paths relative to the spec's directory):")
     print(f"  data: {{kind: tokens, path: {where}/train.bin, dtype: {p.dtype}, tokenizer: {where}/tokenizer.json}}")
     print(f"  eval: {{path: {where}/val.bin, every: 50, batches: 4}}")
     return EXIT_OK

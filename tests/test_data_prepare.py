@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 from test_cli import run
 from tokenizers import Tokenizer
 
+ROOT = Path(__file__).resolve().parent.parent
 TEXTS = {
     "a.txt": "The quick brown fox jumps over the lazy dog. " * 40,
     "sub/b.md": "# Notes\n\nSharding splits a tensor over the devices of a mesh axis.\n" * 30,
@@ -77,3 +79,22 @@ def test_prepare_refuses_bad_input_in_one_line(tmp_path, capsys):
             argv = [*argv, "-o", tmp_path / "out"]
         rc, _out, err = run(capsys, "data", "prepare", *argv)
         assert rc == 2 and says in err and err.count("\n") == 1, (argv, err)
+
+
+def test_the_main_job_spec_builds_on_prepared_data(tmp_path, capsys):
+    """examples/gpt-docs (scripts/main.sh): token data from `data prepare`, evaluation, generate.py."""
+    spec = ROOT / "examples" / "gpt-docs" / "gpt-docs.yaml"
+    data = tmp_path / "data"
+    assert run(capsys, "data", "prepare", corpus(tmp_path), "--vocab", "300", "-o", data)[0] == 0
+    settings = ["--set", f"data.path={data / 'train.bin'}", "--set", f"data.tokenizer={data / 'tokenizer.json'}",
+                "--set", f"eval.path={data / 'val.bin'}"]
+    rc, _out, err = run(capsys, "validate", spec, "--strict", *settings)
+    assert rc == 0, err
+    rc, _out, err = run(capsys, "validate", spec, "--set", f"data.path={tmp_path / 'nothing.bin'}")
+    assert rc == 0 and "warning[W011]" in err  # missing data: a warning, not an error
+    for target in ("jax", "torch"):
+        rc, out, err = run(capsys, "build", spec, "--target", target, "-o", tmp_path / target, *settings)
+        assert rc == 0, err
+        assert "generate.py" in out
+        config = (tmp_path / target / "train.py").read_text()
+        assert repr(str(data / "train.bin")).replace("'", '"') in config  # the resolved path, absolute
