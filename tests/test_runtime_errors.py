@@ -182,7 +182,7 @@ def test_shared_code_refuses_bad_input_in_one_line(tmp_path):
         line = one_line(r["stderr"])
         assert line.startswith("error: ") and says in line, f"{name}: {line}"
     assert "memory " not in results["data: missing .npy"]["stdout"]  # refused before any work
-    assert results["good data trains"]["code"] == 0 and "step     1 |" in results["good data trains"]["stdout"]
+    assert results["good data trains"]["code"] == 0 and "step 1/" in results["good data trains"]["stdout"]
     assert results["--help, spec file named with %"]["code"] == 0
     help_text = "".join(results["--help, spec file named with %"]["stdout"].split())  # (wrapped lines)
     assert f"generatedbymithril-specfrom{odd.name})." in help_text

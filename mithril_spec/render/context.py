@@ -320,5 +320,7 @@ def make_context(plan: Plan, target: str, spec_file: str) -> dict[str, Any]:
         "eval": _eval(plan),
         "pipeline": _pipeline(plan),
         "seq_len": first_seq,
+        # model FLOPs of one optimizer step: forward and backward (twice the forward) over the batch
+        "flops_per_step": 3 * int(graph.flops_per_sample) * tr.batch_size,
         "hf": hf_context(plan),  # a spec imported from Hugging Face: its checkpoints' names (hf_import.py)
     }

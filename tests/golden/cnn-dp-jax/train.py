@@ -83,6 +83,9 @@ INPUT_LAYOUTS = {  # batch dimension first
     "labels": P("data"),
 }
 TOKENS_PER_SAMPLE = None  # for tokens/s: the first input's sequence length
+FLOPS_PER_STEP = (
+    332034048  # model FLOPs of one optimizer step (forward + backward, no recompute): for MFU
+)
 
 # Training
 BATCH_SIZE = 32  # global: samples per optimizer step
@@ -397,6 +400,7 @@ def save_params(path, arrays):
     else:
         tmp = f"{path}.tmp-{os.getpid()}.npz"
         np.savez(tmp, **arrays)
+    os.chmod(tmp, 0o644)  # (safetensors creates its files readable by their owner only)
     os.replace(tmp, path)
 
 
@@ -677,17 +681,25 @@ def check_start(args, start, saved):
     """Before the first step: --resume must leave steps to run, and --checkpoint-dir must not hold later
     checkpoints (`saved`: the steps it holds) of another run. With --resume of that same directory, the
     later ones are those --resume found unusable: this run's saves replace them."""
+    # (with nothing to train, a resumed run may still export what it restored)
+    exports = any(getattr(args, flag, None) for flag in ("export_params", "export_hf", "logits"))
     require(
-        not args.resume or args.steps > start,
-        f"--resume {args.resume}: the checkpoint is at step {start}, "
-        f"--steps {args.steps} asks for nothing more: pass --steps above {start}",
+        not args.resume or args.steps > start or exports,
+        f"--resume {args.resume}: the checkpoint is at "
+        f"step {start}, --steps {args.steps} asks for nothing more: pass --steps above {start} (or "
+        "--export-params FILE to write its parameters)",
     )
     later = sorted(s for s in saved if s > start)
+    where = (
+        f"--checkpoint-dir {args.checkpoint_dir}"
+        if args.checkpoint_dir != CHECKPOINT_DIR
+        else f"the spec's checkpoint directory {args.checkpoint_dir} (checkpoint.dir)"
+    )
     require(
         not later
         or (args.resume and os.path.realpath(args.resume) == os.path.realpath(args.checkpoint_dir)),
-        f"--checkpoint-dir {args.checkpoint_dir} already holds checkpoints of steps after {start} ({later}): "
-        "continue with --resume, or choose another directory",
+        f"{where} already holds checkpoints of steps after {start} ({later}): pass --resume auto to continue "
+        "from them, or --checkpoint-dir DIR to save into another directory",
     )
 
 
@@ -801,6 +813,12 @@ def parse_args(argv=None):
     )
     ap.add_argument("--metrics", help="write one JSON line per step to this file")
     ap.add_argument(
+        "--tensorboard",
+        metavar="DIR",
+        help="write loss, lr, grad_norm and tokens/s per step as "
+        "tensorboard scalars to DIR (needs tensorboardX)",
+    )
+    ap.add_argument(
         "--init-params",
         help="start from these parameters (.safetensors or .npz, canonical names and "
         "layout; each process reads only its slices of a .safetensors file)",
@@ -810,7 +828,11 @@ def parse_args(argv=None):
         help="write the final parameters here (.safetensors, or .npz for any other "
         "name); with --steps 0, the initial",
     )
-    ap.add_argument("--resume", help="continue from the latest checkpoint in this directory")
+    ap.add_argument(
+        "--resume",
+        help="continue from the newest usable checkpoint in this directory; `auto`: from "
+        "the checkpoint directory's when it holds one, else start fresh",
+    )
     ap.add_argument("--checkpoint-dir", default=CHECKPOINT_DIR, help="where to save checkpoints")
     ap.add_argument(
         "--checkpoint-every", type=int, default=CHECKPOINT_EVERY, help="steps between checkpoints"
@@ -846,6 +868,11 @@ def check_paths(args):
         "--data: this program's spec draws synthetic data; build it from a spec with "
         "`data: {kind: arrays}`, `{kind: text}` or `{kind: tokens}` to read from disk",
     )
+    if args.tensorboard:
+        try:
+            import tensorboardX  # noqa: F401
+        except ImportError:
+            require(False, "--tensorboard needs tensorboardX: pip install tensorboardX")
     require(
         not args.init_params or os.path.exists(args.init_params),
         f"--init-params {args.init_params}: no such file",
@@ -858,7 +885,10 @@ def check_paths(args):
             not path or (os.path.isdir(where) and os.access(where, os.W_OK)),
             f"{flag} {path}: cannot write there ({where} is not a writable directory)",
         )
-    for flag, path in {"--checkpoint-dir": args.checkpoint_dir}.items():
+    for flag, path in {
+        "--checkpoint-dir": args.checkpoint_dir,
+        "--tensorboard": args.tensorboard,
+    }.items():
         require(not path or not os.path.isfile(path), f"{flag} {path}: is a file, not a directory")
 
 
@@ -877,6 +907,154 @@ class Metrics:
     def close(self):
         if self.f:
             self.f.close()
+
+
+# Peak dense FLOP/s per device (bfloat16/float16, float32) of the accelerators whose name the program can
+# read (the planner's hardware table): MFU is printed only on these.
+PEAK_FLOPS = {"H200": (989.4e12, 66.9e12), "H100": (989.4e12, 66.9e12), "A100": (312e12, 19.5e12)}
+TRAIN_COMPUTE = "float32"  # which column of PEAK_FLOPS applies
+SCALARS = ("loss", "lr", "grad_norm", "tokens_per_s", "samples_per_s", "val_loss", "val_accuracy")
+
+
+def peak_flops(device_name):
+    """The peak FLOP/s of one device named `device_name` for the compute dtype, or None when unknown."""
+    for key, (half, full) in PEAK_FLOPS.items():
+        if key in (device_name or "").upper():
+            return full if TRAIN_COMPUTE == "float32" else half
+    return None
+
+
+def process_peak_rss():
+    """This process's peak resident memory in bytes."""
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB elsewhere
+
+
+def duration(s):
+    s = int(round(s))
+    return (
+        f"{s // 3600}h{s % 3600 // 60:02d}m"
+        if s >= 3600
+        else f"{s // 60}m{s % 60:02d}s"
+        if s >= 60
+        else f"{s}s"
+    )
+
+
+def tensorboard_writer(directory):
+    """--tensorboard DIR: a tensorboardX writer (an optional dependency: exit 2 when it is missing)."""
+    try:
+        from tensorboardX import SummaryWriter
+    except ImportError:
+        require(False, "--tensorboard needs tensorboardX: pip install tensorboardX")
+    return SummaryWriter(directory)
+
+
+def schedule_note(steps, lr_after):
+    """The note of --steps past the spec's STEPS (the lr schedule's length); `lr_after`: the schedule's lr
+    at the first step past it."""
+    if steps <= STEPS:
+        return None
+    return (
+        f"note: --steps {steps} goes past the schedule's {STEPS} steps: steps {STEPS + 1}-{steps} run at the "
+        f"schedule's final lr ({lr_after:.1e})"
+    )
+
+
+class Console:
+    """What the first process (`enabled`) prints while it trains, and writes to --tensorboard: `devices`
+    devices of `peak` FLOP/s each (None: unknown, no MFU), `memory()` the peak bytes of a device so far."""
+
+    def __init__(
+        self, args, start, enabled, devices=1, peak=None, memory=process_peak_rss, compiles=False
+    ):
+        self.enabled, self.start, self.steps = enabled, start, args.steps
+        self.devices, self.peak, self.memory, self.compiles = devices, peak, memory, compiles
+        self.times, self.last, self.began = [], {}, time.perf_counter()
+        self.writer = tensorboard_writer(args.tensorboard) if enabled and args.tensorboard else None
+
+    def say(self, line):
+        if self.enabled and line:
+            print(line, flush=True)
+
+    def compiling(self):
+        """Before the first step of a compiled train step."""
+        if self.compiles and self.start < self.steps:
+            self.say("compiling the train step...")
+
+    def step(self, row, extra=""):
+        """After each step: `row` is its metrics row; `extra` the rest of its line (the evaluation)."""
+        self.times.append(row["step_time_s"])
+        self.last = row
+        if self.compiles and len(self.times) == 1:
+            self.say(f"first step (compile included) took {row['step_time_s']:.1f} s")
+        if self.writer:
+            for key in SCALARS:
+                if key in row:
+                    self.writer.add_scalar(key, row[key], row["step"])
+            self.writer.flush()
+        if not self.enabled:
+            return
+        dt, done = row["step_time_s"], row["step"]
+        rate = (
+            f"{row['tokens_per_s']:,.0f} tok/s"
+            if "tokens_per_s" in row
+            else f"{row['samples_per_s']:,.1f} samples/s"
+        )
+        parts = [
+            f"step {done}/{self.steps}",
+            f"loss {row['loss']:.4f}",
+            f"lr {row['lr']:.1e}",
+            f"grad norm {row['grad_norm']:.2f}",
+            rate,
+        ]
+        if self.peak:
+            parts.append(f"mfu {100 * FLOPS_PER_STEP / dt / (self.devices * self.peak):.1f}%")
+        parts.append(f"mem {self.memory() / 1e9:.2f} GB")
+        timed = self.times[1:] or self.times  # the first step's time includes compiling
+        parts.append(f"eta {duration(sum(timed) / len(timed) * (self.steps - done))}")
+        print(" | ".join(parts) + extra, flush=True)
+
+    def summary(self):
+        """The end-of-run line; closes the tensorboard writer."""
+        if self.writer:
+            self.writer.close()
+        if not (self.enabled and self.times):
+            return
+        timed = self.times[1:] or self.times
+        mean = sum(timed) / len(timed)
+        rate = (
+            f"{BATCH_SIZE * TOKENS_PER_SAMPLE / mean:,.0f} tok/s"
+            if TOKENS_PER_SAMPLE
+            else f"{BATCH_SIZE / mean:,.1f} samples/s"
+        )
+        parts = [
+            f"done: {len(self.times)} steps in {duration(time.perf_counter() - self.began)}",
+            f"mean step {mean * 1e3:.1f} ms",
+            rate,
+            f"final loss {self.last['loss']:.4f}",
+        ]
+        parts += [f"{k} {self.last[k]:.4f}" for k in ("val_loss", "val_accuracy") if k in self.last]
+        parts.append(f"peak mem {self.memory() / 1e9:.2f} GB")
+        print(" | ".join(parts), flush=True)
+
+
+def resolve_resume(args, say):
+    """--resume auto: the checkpoint directory when it holds checkpoints (--resume then takes the newest
+    usable one), else a fresh start; `say` prints which, in one line."""
+    if args.resume != "auto":
+        return
+    where = args.checkpoint_dir
+    require(where, "--resume auto: this spec saves no checkpoints; pass --checkpoint-dir DIR")
+    found = checkpoint_dirs(where, step_of) if os.path.isdir(where) else {}
+    args.resume = where if found else None
+    say(
+        f"--resume auto: continuing from the newest usable checkpoint in {where} (newest: step {max(found)})"
+        if found
+        else f"--resume auto: no checkpoint in {where}: starting fresh"
+    )
 
 
 def require(ok, message, local=False):
@@ -1046,6 +1224,7 @@ def train(args, mesh):
     shardings, batch_shardings, abstract = layouts(mesh, optimizer)
     if args.dry_run:  # the first process prints the layouts; nothing is allocated
         return dry_run(mesh, shardings, abstract) if is_first else None
+    resolve_resume(args, print if is_first else lambda line: None)
     state = init_state(args, optimizer, shardings, abstract)
     start = int(state["step"])
     checkpoints = checkpoint_manager(args.checkpoint_dir) if args.checkpoint_dir else None
@@ -1062,6 +1241,17 @@ def train(args, mesh):
             resumed + "memory " + json.dumps({"device0": held, "planned": PLANNED_BYTES}),
             flush=True,
         )
+    device = jax.local_devices()[0]
+    console = Console(
+        args,
+        start,
+        is_first,
+        devices=mesh.devices.size,
+        compiles=True,
+        peak=peak_flops(device.device_kind) if device.platform == "gpu" else None,
+        memory=lambda: (device.memory_stats() or {}).get("peak_bytes_in_use") or process_peak_rss(),
+    )
+    console.say(schedule_note(args.steps, float(lr_schedule(STEPS))))
 
     step_fn = jax.jit(
         make_train_step(optimizer, args.seed),
@@ -1072,6 +1262,7 @@ def train(args, mesh):
     data = Data(args.data, seed=args.seed + 1)
     metrics = Metrics(args.metrics, is_first, append=bool(args.resume))
     batch = global_batch(data, start, batch_shardings) if start < args.steps else None
+    console.compiling()
     for step in range(start, args.steps):
         t0 = time.perf_counter()
         state, m = step_fn(state, batch)  # returns at once; the devices work in the background
@@ -1089,17 +1280,13 @@ def train(args, mesh):
             "samples_per_s": BATCH_SIZE / dt,
         }
         metrics.log(**row)
-        if is_first:
-            print(
-                f"step {done:5d} | loss {m['loss']:.6f} | lr {m['lr']:.3e} | grad norm {m['grad_norm']:.4f} "
-                f"| {dt * 1e3:.1f} ms",
-                flush=True,
-            )
+        console.step(row)
         if checkpoints and (
             done == args.steps or (args.checkpoint_every > 0 and done % args.checkpoint_every == 0)
         ):
             save_checkpoint(checkpoints, done, state)
     metrics.close()
+    console.summary()
     if checkpoints:
         checkpoints.close()
     if args.export_params:
