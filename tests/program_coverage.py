@@ -2,9 +2,9 @@
 can execute (docs/program.md; the templates gate every optional feature on the plan).
 
 `coverage_of(target, spec)` builds the spec's program for `target`, runs 2 steps under `coverage run` with
---metrics, --checkpoint-dir and --export-params (.safetensors), then `--steps 0 --init-params` of that file
-(so both parameter-file paths run as well as the initialisation), then `--resume` of its checkpoint for one
-more step (checkpoint verification and restore), and returns the statements of its
+--metrics, --checkpoint-dir, --tensorboard and --export-params (.safetensors), then `--steps 0 --init-params` of that file
+(so both parameter-file paths run as well as the initialisation), then `--resume auto` of its checkpoint directory
+for one more step (checkpoint verification and restore), and returns the statements of its
 train.py and those that never ran in either run. A target is one entry of RUNNERS: a function (spec) -> (train.py, coverage data file) that builds and
 runs the program (memoised, like the other program tests); `prefetch` starts every run at once.
 """
@@ -55,11 +55,11 @@ def _jax(spec: Path) -> tuple[Path, Path]:
     launcher = [PY, "-m", "coverage", "run", "--data-file", ".coverage", str(program / "train.py")]
     exported = program.parent / f"{program.name}-params.safetensors"
     got = run(program, "--steps", STEPS, "--checkpoint-dir", "ckpt", "--export-params", str(exported),
-              launcher=launcher, export=False)
+              "--tensorboard", "tb", launcher=launcher, export=False)
     assert len(got.metrics) == int(STEPS) and (got.cwd / "ckpt").is_dir() and exported.is_file(), got.output[-3000:]
     again = run(program, "--steps", "0", "--init-params", str(exported), launcher=launcher, export=False)
-    resumed = run(program, "--steps", str(int(STEPS) + 1), "--resume", str(got.cwd / "ckpt"), launcher=launcher,
-                  export=False)
+    resumed = run(program, "--steps", str(int(STEPS) + 1), "--resume", "auto", "--checkpoint-dir",
+                  str(got.cwd / "ckpt"), launcher=launcher, export=False)
     return program / "train.py", [got.cwd / ".coverage", again.cwd / ".coverage", resumed.cwd / ".coverage"]
 
 

@@ -156,7 +156,8 @@ def damaged(target: str, base: Path, root: Path) -> dict[str, tuple[Path, str]]:
             why = f"no {mf}: an incomplete checkpoint"
         elif case == "foreign":
             manifest(target, where, spec="cnn-dp")
-            why = "it is a checkpoint of the spec 'cnn-dp', not of 'mlp-dp'"
+            why = ("it is a checkpoint of the spec 'cnn-dp', not of 'mlp-dp'. For a warm start from its parameters, "
+                   "export them with that spec's program (--resume DIR --export-params FILE) and pass --init-params")
         elif case == "other_version":
             manifest(target, where, spec_hash="0123456789abcdef")
             why = "it is a checkpoint of another version of the spec 'mlp-dp' (spec hash 0123456789abcdef"
@@ -215,7 +216,8 @@ def runs(tmp_path_factory) -> dict:
         cases = damaged(target, base, root / "damaged")
         got: dict = {"full": full, "base": base, "fallback_dir": fallback, "cases": cases}
         got["fallback"] = run(target, "--steps", "4", "--resume", str(fallback))
-        got["below"] = run(target, "--steps", "2", "--resume", str(base), expect_rc=2)
+        got["below"] = run(target, "--steps", "2", "--resume", str(base), expect_rc=2, export=False)
+        got["export_only"] = run(target, "--steps", "0", "--resume", str(base))  # (with --export-params)
         if target == "mlx":  # cheap processes: one per copy
             got["tried"] = {case: {"code": r.rc, "output": r.output} for case, (path, _) in cases.items()
                             for r in [run(target, "--steps", "6", "--resume", str(path), expect_rc=2)]}
@@ -283,5 +285,10 @@ def test_steps_at_or_below_the_checkpoint_are_refused(runs, target):
     got = runs[target]["below"]
     base = runs[target]["base"]
     assert one_error_line(got.output) == (f"error: --resume {base}: the checkpoint is at step 4, --steps 2 asks for "
-                                          "nothing more: pass --steps above 4")
+                                          "nothing more: pass --steps above 4 (or --export-params FILE to write its "
+                                          "parameters)")
     assert not got.metrics
+    # with nothing to train, a resumed run still exports what it restored: the parameters of step 4
+    exported, full = runs[target]["export_only"], runs[target]["full"]
+    assert not exported.metrics and sorted(exported.params) == sorted(full.params)
+    assert max(float(abs(exported.params[n] - full.params[n]).max()) for n in full.params) == 0.0

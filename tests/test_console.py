@@ -4,6 +4,7 @@ a fresh run over later checkpoints. Few processes: one JAX program run three tim
 
 from __future__ import annotations
 
+import json
 import re
 import struct
 from pathlib import Path
@@ -37,6 +38,29 @@ def scalars(directory: Path) -> dict[str, list[tuple[int, float]]]:
     return out
 
 
+FAKE_WANDB = """
+import json, os
+
+
+def _record(*call):
+    with open(os.environ["FAKE_WANDB_LOG"], "a") as f:
+        f.write(json.dumps(call) + "\\n")
+
+
+class _Run:
+    def log(self, row, step):
+        _record("log", row, step)
+
+    def finish(self):
+        _record("finish")
+
+
+def init(**kw):
+    _record("init", kw)
+    return _Run()
+"""
+
+
 def test_jax_console_tensorboard_and_resume_auto(tmp_path):
     program = jr.build(SPECS / "mlp-dp.yaml", "data=1", SHORT)
     ckpt, tb = tmp_path / "ckpt", tmp_path / "tb"
@@ -59,7 +83,17 @@ def test_jax_console_tensorboard_and_resume_auto(tmp_path):
     assert [s for s, _ in got["loss"]] == [1, 2, 3]
     assert got["loss"][-1][1] == pytest.approx(first.metrics[-1]["loss"], rel=1e-6)
 
-    more = jr.run(program, "--steps", "4", "--checkpoint-dir", str(ckpt), "--resume", "auto")
+    # --wandb through a stand-in module that records what the program hands it (the real one: below)
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    (fake / "wandb.py").write_text(FAKE_WANDB)
+    more = jr.run(program, "--steps", "4", "--checkpoint-dir", str(ckpt), "--resume", "auto", "--wandb", "proj",
+                  env={"PYTHONPATH": str(fake), "FAKE_WANDB_LOG": str(tmp_path / "wandb.jsonl")})
+    calls = [json.loads(line) for line in (tmp_path / "wandb.jsonl").read_text().splitlines()]
+    assert calls[0] == ["init", {"project": "proj", "name": "mlp-dp", "config": {"spec": "mlp-dp", "mesh": {},
+                                                                                 "steps": 2}}]  # (one device)
+    assert calls[1][0] == "log" and calls[1][2] == 4 and calls[1][1]["loss"] == pytest.approx(more.metrics[-1]["loss"])
+    assert calls[2:] == [["finish"]]
     assert f"--resume auto: continuing from the newest usable checkpoint in {ckpt} (newest: step 3)" in more.output
     assert f"resumed from {ckpt} at step 3" in more.output
     assert [r["step"] for r in more.metrics] == [4] and "step 4/4 |" in more.output
@@ -69,10 +103,24 @@ def test_jax_console_tensorboard_and_resume_auto(tmp_path):
             "to continue from them, or --checkpoint-dir DIR to save into another directory") in fresh.output
 
 
-def test_torch_and_mlx_console():
-    torch_run = tr.run(tr.build(SPECS / "gpt-tiny.yaml", "data=1"), "--steps", "2")
-    mlx_run = mr.run(mr.build(SPECS / "mlp-dp.yaml", "data=1"), "--steps", "2")
+def test_torch_and_mlx_console(tmp_path):
+    # torch: the schedule of a 1-step spec, --steps 2 past it, --tensorboard and --resume auto (fresh, then on)
+    program = tr.build(SPECS / "gpt-tiny.yaml", "data=1", (("steps: 20", "steps: 1"),))
+    ckpt, tb = tmp_path / "ckpt", tmp_path / "tb"
+    torch_run = tr.run(program, "--steps", "2", "--checkpoint-dir", str(ckpt), "--resume", "auto",
+                       "--tensorboard", str(tb))
+    assert f"--resume auto: no checkpoint in {ckpt}: starting fresh" in torch_run.output
+    assert "note: --steps 2 goes past the schedule's 1 steps: steps 2-2 run at the schedule's final lr" in \
+        torch_run.output
+    assert [s for s, _ in scalars(tb)["loss"]] == [1, 2]
+    more = tr.run(program, "--steps", "3", "--checkpoint-dir", str(ckpt), "--resume", "auto")
+    assert "--resume auto: continuing from the newest usable checkpoint" in more.output
+    assert [r["step"] for r in more.metrics] == [3]
+    # the real wandb, offline: the run is kept under WANDB_DIR
+    mlx_run = mr.run(mr.build(SPECS / "mlp-dp.yaml", "data=1"), "--steps", "2", "--wandb", "proj",
+                     env={"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": str(tmp_path)})
+    assert len([p for p in (tmp_path / "wandb").iterdir() if p.name.startswith("offline-run-")]) == 1
     for r, unit in ((torch_run, "tok"), (mlx_run, "samples")):
         assert [(int(s), int(n), u) for s, n, u, *_ in STEP.findall(r.output)] == [(1, 2, unit), (2, 2, unit)]
         assert [int(m[0]) for m in SUMMARY.findall(r.output)] == [2]
-        assert "compiling the train step" not in r.output and "note: --steps" not in r.output
+        assert "compiling the train step" not in r.output

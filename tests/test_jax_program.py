@@ -239,7 +239,7 @@ def test_launch_script_rejects_a_bad_nproc():
 
     p = subprocess.run(["bash", str(gpt() / "launch.sh"), "--nproc", "zero"], capture_output=True, text=True,
                        check=False)
-    assert p.returncode == 2 and "--nproc must be a positive integer" in p.stderr
+    assert p.returncode == 2 and "--nproc must divide the 8 devices of this program's mesh, got 'zero'" in p.stderr
 
 
 ZERO2 = (("  seed: 0\n", "  seed: 0\n  zero: 2\n"),)

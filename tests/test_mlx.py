@@ -142,6 +142,9 @@ def test_corrupt_foreign_and_missing_checkpoints(tmp_path):
     mr.run(mr.build(CNN, "data=1"), "--steps", "1", "--checkpoint-dir", str(cnn_ckpt))
     foreign = mr.run(program, "--steps", "4", "--resume", str(cnn_ckpt), expect_rc=2)
     assert "checkpoint of the spec 'cnn-dp'" in foreign.output and "Traceback" not in foreign.output
+    # a model of other parameters: the first differences named, and the way to a warm start
+    assert "(missing params/" in foreign.output and "unexpected params/conv" in foreign.output, foreign.output
+    assert "pass --init-params FILE" in foreign.output
     shutil.rmtree(ckpt / "step_00000002")
     (ckpt / "step_00000003" / "train_state.json").unlink()
     gone = mr.run(program, "--steps", "4", "--resume", str(ckpt), expect_rc=2)

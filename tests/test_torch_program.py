@@ -37,6 +37,7 @@ ALL_OPS = TESTS / "specs" / "all-ops.yaml"
 # all-ops without its batch_norm layers, which the torch target allows only on a single data shard
 NO_BN = (("      - {op: batch_norm, name: bn_seq}\n", ""), ("    - {op: batch_norm, name: bn}\n", ""))
 ARRAYS = WORK / "arrays-mlp"
+REMAT_FULL = (("  seed: 0\n", "  seed: 0\n  remat: full\n"),)
 ACCUM = (("  batch_size: 16\n", "  batch_size: 16\n  grad_accum: 2\n"),)
 DROPOUT = (("    - {op: relu, name: act1}\n",
              "    - {op: relu, name: act1}\n    - {op: dropout, name: drop, rate: 0.5}\n"),)
@@ -95,6 +96,7 @@ def jobs():
         (build(MLP, "data=1"), "--steps", "5", "--compile"),
         (arrays, "--steps", "5"),
         (build(ALL_OPS, "single"), "--steps", "3"),
+        (build(ALL_OPS, "single", REMAT_FULL), "--steps", "3"),
         (build(ALL_OPS, "single", NO_BN), "--steps", "3"),
         (build(ALL_OPS, "two", NO_BN), "--steps", "3"),
         (build(GPT, "fsdp_tp"), "--dry-run", {"export": False, "metrics": False}),
@@ -324,4 +326,7 @@ def test_all_ops():
     d = max_diff(two.losses, one.losses)
     report("torch all-ops (no batch_norm) data=2 vs 1 process", max_dloss=d)
     assert d < 1e-5
+    # full remat recomputes every block, batch_norm inside one too: same losses, statistics updated once
+    remat = run(build(ALL_OPS, "single", REMAT_FULL), "--steps", "3")
+    assert max_diff(remat.losses, r.losses) < 1e-6
 

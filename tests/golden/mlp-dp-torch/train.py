@@ -624,12 +624,14 @@ def verify_manifest(path, step, arrays, more=lambda manifest: None):
         problems = (  # (wrong, why), cheapest first: the first that is wrong is the answer
             (
                 m["spec"] != SPEC_NAME,
-                f"it is a checkpoint of the spec {m['spec']!r}, not of {SPEC_NAME!r}",
+                f"it is a checkpoint of the spec {m['spec']!r}, not of {SPEC_NAME!r}"
+                + other_model(m["arrays"], want),
             ),
             (
                 m["spec_hash"] != SPEC_HASH,
                 f"it is a checkpoint of another version of the spec {SPEC_NAME!r} (spec "
-                f"hash {m['spec_hash']}, this program's {SPEC_HASH}): its model or training settings differ",
+                f"hash {m['spec_hash']}, this program's {SPEC_HASH}): its model or training settings differ"
+                + other_model(m["arrays"], want),
             ),
             (
                 step is not None and m["step"] != step,
@@ -654,6 +656,32 @@ def verify_manifest(path, step, arrays, more=lambda manifest: None):
             if have.get(n) != f
         ),
         None,
+    )
+
+
+def other_model(saved, want):
+    """For a checkpoint of another spec: how its train state differs from this program's (the first names
+    missing from it, unexpected in it, of other shapes), and how to start from its parameters instead."""
+
+    def first(names):  # parameters before optimizer state
+        return sorted(names, key=lambda n: (not n.startswith(("params/", "model/")), n))
+
+    missing = first(set(want) - set(saved))
+    unexpected = first(set(saved) - set(want))
+    reshaped = first(n for n in set(want) & set(saved) if want[n] != saved[n])
+    parts = [
+        f"{what} {', '.join(names[:3])}{', ...' if len(names) > 3 else ''}"
+        for what, names in (
+            ("missing", missing),
+            ("unexpected", unexpected),
+            ("other shapes", reshaped),
+        )
+        if names
+    ]
+    return (
+        (f" ({'; '.join(parts)})" if parts else "")
+        + ". For a warm start from its parameters, export them "
+        "with that spec's program (--resume DIR --export-params FILE) and pass --init-params FILE"
     )
 
 
@@ -836,6 +864,12 @@ def parse_args(argv=None):
         "tensorboard scalars to DIR (needs tensorboardX)",
     )
     ap.add_argument(
+        "--wandb",
+        metavar="PROJECT",
+        help="log the same scalars to this Weights & Biases project "
+        "(needs wandb; WANDB_MODE=offline keeps the run on this machine)",
+    )
+    ap.add_argument(
         "--init-params",
         help="start from these parameters (.safetensors or .npz, canonical names and "
         "layout; each process reads only its slices of a .safetensors file)",
@@ -882,6 +916,11 @@ def check_paths(args):
             import tensorboardX  # noqa: F401
         except ImportError:
             require(False, "--tensorboard needs tensorboardX: pip install tensorboardX")
+    if args.wandb:
+        try:
+            import wandb  # noqa: F401
+        except ImportError:
+            require(False, "--wandb needs wandb: pip install wandb")
     require(
         not args.init_params or os.path.exists(args.init_params),
         f"--init-params {args.init_params}: no such file",
@@ -961,6 +1000,15 @@ def tensorboard_writer(directory):
     return SummaryWriter(directory)
 
 
+def wandb_run(project):
+    """--wandb PROJECT: a Weights & Biases run holding the spec's name and mesh (an optional dependency)."""
+    import wandb
+
+    return wandb.init(
+        project=project, name=SPEC_NAME, config={"spec": SPEC_NAME, "mesh": MESH, "steps": STEPS}
+    )
+
+
 def schedule_note(steps, lr_after):
     """The note of --steps past the spec's STEPS (the lr schedule's length); `lr_after`: the schedule's lr
     at the first step past it."""
@@ -983,6 +1031,7 @@ class Console:
         self.devices, self.peak, self.memory, self.compiles = devices, peak, memory, compiles
         self.times, self.last, self.began = [], {}, time.perf_counter()
         self.writer = tensorboard_writer(args.tensorboard) if enabled and args.tensorboard else None
+        self.wandb = wandb_run(args.wandb) if enabled and args.wandb else None
 
     def say(self, line):
         if self.enabled and line:
@@ -1004,6 +1053,8 @@ class Console:
                 if key in row:
                     self.writer.add_scalar(key, row[key], row["step"])
             self.writer.flush()
+        if self.wandb:
+            self.wandb.log({key: row[key] for key in SCALARS if key in row}, step=row["step"])
         if not self.enabled:
             return
         dt, done = row["step_time_s"], row["step"]
@@ -1030,6 +1081,8 @@ class Console:
         """The end-of-run line; closes the tensorboard writer."""
         if self.writer:
             self.writer.close()
+        if self.wandb:
+            self.wandb.finish()
         if not (self.enabled and self.times):
             return
         timed = self.times[1:] or self.times
