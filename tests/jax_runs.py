@@ -1,6 +1,7 @@
 """Building and running generated JAX programs for the tests (test_jax_*.py).
 
-Every run is a subprocess (the number of devices is fixed per process). Builds and runs are memoised
+Every run is a fresh process (the number of devices is fixed per process), forked by
+tests/program_zygote.py from one that imported jax once for the session, or a launcher's subprocesses. Builds and runs are memoised
 for the whole pytest session, so the single-device reference of a spec is run once and shared by every
 test that compares against it. Runs share a persistent XLA compilation cache: a second run of the same
 program on the same mesh (resume, other data, --init-params) skips compilation.
@@ -23,6 +24,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from program_zygote import zygote
 
 from mithril_spec.frontend import compile_file
 from mithril_spec.render import build as render
@@ -130,15 +132,27 @@ def _run(program, args, env, expect_rc, export, metrics, launcher, timeout) -> R
         flags += ["--checkpoint-dir", ""]
     cmd = (launcher or [PY, str(program / "train.py")]) + flags
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, check=False, cwd=cwd, env=env_for(env), capture_output=True, text=True, timeout=timeout)
+    full_env = env_for(env)
+    if launcher is None and _jax_settings(full_env) == _jax_settings(env_for()):
+        # `python train.py`, forked from a process that imported jax already (jax reads JAX_* when imported:
+        # a run with other JAX_* settings starts its own interpreter)
+        log = cwd / "output.log"
+        rc = zygote("jax", env_for()).run(cmd[1], flags, cwd=str(cwd), env=full_env, log=str(log), timeout=timeout)
+        out = log.read_text()
+    else:
+        p = subprocess.run(cmd, check=False, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+        rc, out = p.returncode, p.stdout + p.stderr
     with open(WORK / "runs.log", "a") as f:
         f.write(f"{time.perf_counter() - t0:6.1f}s {' '.join(cmd[1:2] + list(args))}\n")
-    out = p.stdout + p.stderr
-    assert p.returncode == expect_rc, f"{' '.join(cmd)}: exit {p.returncode}, expected {expect_rc}\n{out[-6000:]}"
+    assert rc == expect_rc, f"{' '.join(cmd)}: exit {rc}, expected {expect_rc}\n{out[-6000:]}"
     m = cwd / "metrics.jsonl"
     params = cwd / "params.npz"
-    return Run(p.returncode, out, [json.loads(line) for line in m.read_text().splitlines()] if m.exists() else [],
+    return Run(rc, out, [json.loads(line) for line in m.read_text().splitlines()] if m.exists() else [],
                dict(np.load(params)) if params.exists() else None, cwd)
+
+
+def _jax_settings(env: dict) -> dict:
+    return {k: v for k, v in env.items() if k.startswith("JAX_")}
 
 
 def run_many(jobs: list[tuple]) -> list[Run]:

@@ -3,21 +3,20 @@
 `--resume` of its checkpoint for one more step, on the ranks of the spec's default mesh, at least 90% of its train.py's statements run
 (combined over the ranks), for every example spec. The rest are the paths of other flags (--resume,
 .npz parameter files, --dry-run, --compile), of a GPU, and of errors. Each test prints its figure
-(pytest -s). The ranks run under tests/torch_coverage_launch.py (forked, each measured by coverage.py)."""
+(pytest -s). The ranks are forked by tests/program_zygote.py, each measured by coverage.py."""
 
 from __future__ import annotations
 
 import concurrent.futures
 import json
-import subprocess
 from pathlib import Path
 
 import coverage
 import pytest
 from program_coverage import SPECS, STEPS, THRESHOLD, Coverage
-from torch_runs import PY, TESTS, WORK, WORKERS, build, env_for, report, world_of
+from program_zygote import zygote
+from torch_runs import WORK, WORKERS, build, env_for, report, world_of
 
-LAUNCH = TESTS / "torch_coverage_launch.py"
 _results: dict[Path, Coverage] = {}
 
 
@@ -41,10 +40,12 @@ def coverage_of(spec: Path) -> Coverage:
             runs.append((resumed, ["--steps", str(int(STEPS) + 1), "--resume", "auto", "--checkpoint-dir",
                                    str(cwd / "ckpt")]))
         for where, args in runs:
-            cmd = [PY, str(LAUNCH), str(world_of(program)), str(train), str(where / ".coverage"), *args]
-            p = subprocess.run(cmd, cwd=where, env=env_for(), capture_output=True, text=True, timeout=600, check=False)
-            out = p.stdout + p.stderr
-            assert p.returncode == 0, f"{' '.join(cmd)}: exit {p.returncode}\n{out[-6000:]}"
+            log = where / "output.log"
+            rc = zygote("torch", env_for()).run(str(train), args, cwd=str(where), env=env_for(), log=str(log),
+                                                ranks=world_of(program), rank_env=True,
+                                                coverage=str(where / ".coverage"))
+            out = log.read_text()
+            assert rc == 0, f"{train} {' '.join(args)}: exit {rc}\n{out[-6000:]}"
         rows = [json.loads(line) for line in (cwd / "metrics.jsonl").read_text().splitlines()]
         assert len(rows) == int(STEPS) and (cwd / "ckpt" / f"step_{int(STEPS):08d}").is_dir(), out[-3000:]
         cov = coverage.Coverage(data_file=str(cwd / ".coverage"))

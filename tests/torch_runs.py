@@ -1,7 +1,7 @@
 """Building and running generated PyTorch programs for the tests (test_torch_*.py, test_cross_target.py).
 
-Every run is a subprocess: `python train.py` for one process, tests/torch_launch.py (torch.multiprocessing
-spawn with torchrun's environment; faster to start than torchrun) for several ranks, or the real
+Every run is a fresh process: `python train.py` for one process, or one per rank with the environment
+torchrun sets, forked by tests/program_zygote.py (which imported torch once for the session), or the real
 `torchrun` / launch.sh where a test asks for it. Builds and runs are memoised for the whole pytest
 session, so a reference run is shared by every test that compares against it.
 """
@@ -23,13 +23,14 @@ import time
 from pathlib import Path
 
 import numpy as np
+from program_zygote import zygote
 
 from mithril_spec import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = ROOT / "specs"
 TESTS = ROOT / "tests"
-LAUNCH = TESTS / "torch_launch.py"
+LAUNCH = TESTS / "torch_launch.py"  # several ranks of another script (generate.py), spawned
 WORK = Path(tempfile.mkdtemp(prefix="mithril-torch-tests-"))
 PY = sys.executable
 WORKERS = int(os.environ.get("MITHRIL_TEST_WORKERS", "2"))
@@ -122,8 +123,8 @@ def run(program: Path, *args: str, ranks: int | None = None, launcher: str = "sp
         timeout: int = 600) -> Run:
     """Runs `program/train.py ARGS` on `ranks` ranks (default: what it was built for), memoised.
 
-    launcher: "spawn" (tests/torch_launch.py; `python train.py` for one rank), "torchrun" (the real
-    one, --standalone) or "launch.sh" (the generated launcher)."""
+    launcher: "spawn" (forked ranks with torchrun's environment; `python train.py` for one rank),
+    "torchrun" (the real one, --standalone) or "launch.sh" (the generated launcher)."""
     ranks = world_of(program) if ranks is None else ranks
     key = (str(program), args, ranks, launcher, expect_rc, export, metrics, count, tuple(sorted((env or {}).items())))
     if key in _runs:
@@ -141,25 +142,29 @@ def run(program: Path, *args: str, ranks: int | None = None, launcher: str = "sp
         cmd = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks), train]
     elif launcher == "launch.sh":
         cmd = [str(program / "launch.sh")]
-    elif ranks == 1:
-        cmd = [PY, train]
     else:
-        cmd = [PY, str(LAUNCH), str(ranks), train]
+        cmd = [PY, train]
     extra = dict(env or {})
     if count:
         extra["MITHRIL_COUNT_COLLECTIVES"] = str(cwd / "collectives")
     t0 = time.perf_counter()
-    p = subprocess.run(cmd + flags, check=False, cwd=cwd, env=env_for(extra), capture_output=True, text=True,
-                       timeout=timeout)
+    if launcher == "spawn":  # `python train.py` on each rank, forked from a process that imported torch already
+        log = cwd / "output.log"
+        count_prefix = extra.pop("MITHRIL_COUNT_COLLECTIVES", None)
+        rc = zygote("torch", env_for()).run(train, flags, cwd=str(cwd), env=env_for(extra), log=str(log), ranks=ranks, rank_env=ranks > 1,
+                      timeout=timeout, count=count_prefix)
+        out = log.read_text()
+    else:
+        p = subprocess.run(cmd + flags, check=False, cwd=cwd, env=env_for(extra), capture_output=True, text=True,
+                           timeout=timeout)
+        rc, out = p.returncode, p.stdout + p.stderr
     seconds = time.perf_counter() - t0
     with open(WORK / "runs.log", "a") as f:
         f.write(f"{seconds:6.1f}s {ranks}r {launcher} {program.name} {' '.join(args)}\n")
-    out = p.stdout + p.stderr
-    assert p.returncode == expect_rc, (
-        f"{' '.join(cmd + flags)}: exit {p.returncode}, expected {expect_rc}\n{out[-6000:]}")
+    assert rc == expect_rc, f"{' '.join(cmd + flags)}: exit {rc}, expected {expect_rc}\n{out[-6000:]}"
     m = cwd / "metrics.jsonl"
     params = cwd / "params.npz"
-    result = Run(p.returncode, out, [json.loads(line) for line in m.read_text().splitlines()] if m.exists() else [],
+    result = Run(rc, out, [json.loads(line) for line in m.read_text().splitlines()] if m.exists() else [],
                  dict(np.load(params)) if params.exists() else None, cwd, seconds)
     _runs[key] = result
     return result
