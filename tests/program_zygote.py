@@ -100,7 +100,9 @@ def _job(req: dict) -> int:
     os.dup2(null, 0)
     os.close(null)
     train = req["train"]
-    sys.path.insert(0, os.path.dirname(train))  # as `python train.py` does
+    # as `python train.py` starts: the script's directory, then PYTHONPATH, before the rest
+    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:0] = [os.path.dirname(train), *extra]
     world = req["ranks"]
     if not req["rank_env"]:
         return _program(req, None)
