@@ -110,18 +110,20 @@ def env_for(extra: dict | None = None) -> dict:
 
 
 def run(program: Path, *args: str, env: dict | None = None, expect_rc: int = 0, export: bool = True,
-        metrics: bool = True, launcher: list[str] | None = None, timeout: int = 600) -> Run:
-    """Runs `program/train.py ARGS` (or `launcher + ARGS`) in its own directory (memoised)."""
-    key = (str(program), args, tuple(sorted((env or {}).items())), expect_rc, export, metrics, tuple(launcher or ()))
+        metrics: bool = True, launcher: list[str] | None = None, timeout: int = 600, coverage: bool = False) -> Run:
+    """Runs `program/train.py ARGS` (or `launcher + ARGS`) in its own directory (memoised). With `coverage`,
+    train.py is measured by coverage.py into the run directory's .coverage.* files."""
+    key = (str(program), args, tuple(sorted((env or {}).items())), expect_rc, export, metrics, tuple(launcher or ()),
+           coverage)
     with _locks_lock:
         lock = _run_locks.setdefault(key, threading.Lock())
     with lock:
         if key not in _runs:
-            _runs[key] = _run(program, args, env, expect_rc, export, metrics, launcher, timeout)
+            _runs[key] = _run(program, args, env, expect_rc, export, metrics, launcher, timeout, coverage)
         return _runs[key]
 
 
-def _run(program, args, env, expect_rc, export, metrics, launcher, timeout) -> Run:
+def _run(program, args, env, expect_rc, export, metrics, launcher, timeout, coverage=False) -> Run:
     cwd = Path(tempfile.mkdtemp(prefix="run-", dir=WORK))
     flags = list(args)
     if metrics:
@@ -137,7 +139,8 @@ def _run(program, args, env, expect_rc, export, metrics, launcher, timeout) -> R
         # `python train.py`, forked from a process that imported jax already (jax reads JAX_* when imported:
         # a run with other JAX_* settings starts its own interpreter)
         log = cwd / "output.log"
-        rc = zygote("jax", env_for()).run(cmd[1], flags, cwd=str(cwd), env=full_env, log=str(log), timeout=timeout)
+        rc = zygote("jax", env_for()).run(cmd[1], flags, cwd=str(cwd), env=full_env, log=str(log), timeout=timeout,
+                                          coverage=str(cwd / ".coverage") if coverage else None)
         out = log.read_text()
     else:
         p = subprocess.run(cmd, check=False, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)

@@ -1,7 +1,7 @@
 """Statement coverage of a generated program in a short run: a rendered program holds only what its spec
 can execute (docs/program.md; the templates gate every optional feature on the plan).
 
-`coverage_of(target, spec)` builds the spec's program for `target`, runs 2 steps under `coverage run` with
+`coverage_of(target, spec)` builds the spec's program for `target`, runs 2 steps measured by coverage.py with
 --metrics, --checkpoint-dir, --tensorboard and --export-params (.safetensors), then `--steps 0 --init-params` of that file
 (so both parameter-file paths run as well as the initialisation), then `--resume auto` of its checkpoint directory
 for one more step (checkpoint verification and restore), and returns the statements of its
@@ -48,22 +48,21 @@ class Coverage:
         return "\n".join(f"{n:5d}  {src[n - 1]}" for n in self.missing)
 
 
-def _jax(spec: Path) -> tuple[Path, Path]:
-    from jax_runs import PY, build, run
+def _jax(spec: Path) -> tuple[Path, list[Path]]:
+    from jax_runs import build, run
 
     program = build(spec)
-    launcher = [PY, "-m", "coverage", "run", "--data-file", ".coverage", str(program / "train.py")]
     exported = program.parent / f"{program.name}-params.safetensors"
     got = run(program, "--steps", STEPS, "--checkpoint-dir", "ckpt", "--export-params", str(exported),
-              "--tensorboard", "tb", launcher=launcher, export=False)
+              "--tensorboard", "tb", coverage=True, export=False)
     assert len(got.metrics) == int(STEPS) and (got.cwd / "ckpt").is_dir() and exported.is_file(), got.output[-3000:]
-    again = run(program, "--steps", "0", "--init-params", str(exported), launcher=launcher, export=False)
+    again = run(program, "--steps", "0", "--init-params", str(exported), coverage=True, export=False)
     resumed = run(program, "--steps", str(int(STEPS) + 1), "--resume", "auto", "--checkpoint-dir",
-                  str(got.cwd / "ckpt"), launcher=launcher, export=False)
-    return program / "train.py", [got.cwd / ".coverage", again.cwd / ".coverage", resumed.cwd / ".coverage"]
+                  str(got.cwd / "ckpt"), coverage=True, export=False)
+    return program / "train.py", [f for r in (got, again, resumed) for f in r.cwd.glob(".coverage.*")]
 
 
-# target -> runner: builds the spec's program, runs it as the module docstring says under `coverage run`,
+# target -> runner: builds the spec's program, runs it as the module docstring says under coverage.py,
 # returns (train.py, the coverage data files or directories of its runs)
 RUNNERS: dict[str, Callable[[Path], tuple[Path, list[Path]]]] = {"jax": _jax}
 
