@@ -12,6 +12,7 @@ downloaded), imported with `mithril-spec import hf`:
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 
 import jax_runs as jr
@@ -73,14 +74,43 @@ def init_logits(runs, build, family):
     return np.load(out)
 
 
+TARGETS = [(jr, jr.build), (tr, tr.build), (mr, mr.build)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def all_runs():
+    """Every program run of the module, two at a time (memoised: the tests read their results). The models
+    and builds first, one at a time."""
+    for family in FAMILIES:
+        _, spec = model(family)
+        for _, build in TARGETS:
+            build(spec, "data=1")
+    for runs, family in SHARDED_CASES:
+        runs.build(model(family)[1], SHARDED)
+    jobs = [functools.partial(init_logits, runs, build, family) for family in FAMILIES for runs, build in TARGETS]
+    jobs += [functools.partial(sharded_run, runs, family) for runs, family in SHARDED_CASES]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda job: job(), jobs))
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("runs, build", [(jr, jr.build), (tr, tr.build), (mr, mr.build)], ids=["jax", "torch", "mlx"])
+@pytest.mark.parametrize("runs, build", TARGETS, ids=["jax", "torch", "mlx"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_logits_equal_transformers_from_its_checkpoint(family, runs, build):
     directory, _ = model(family)
     d = float(np.abs(init_logits(runs, build, family) - reference(family, directory)).max())
     jr.report(f"hf {family} {build.__module__}: logits vs transformers, one device", max_abs=d)
     assert d < 1e-4
+
+
+def sharded_run(runs, family):
+    """5 steps on the SHARDED mesh from the family's checkpoint: (tag, exported directory, logits file)."""
+    directory, spec = model(family)
+    tag = f"{family}-{runs.__name__}"
+    export, after = jr.WORK / "hf" / f"{tag}-export", jr.WORK / "hf" / f"{tag}-after.npy"
+    runs.run(runs.build(spec, SHARDED), "--steps", "5", "--init-params", str(directory), "--export-hf", str(export),
+             "--logits", str(after))
+    return tag, export, after
 
 
 # Sharded training and export: one case per layout that sharding can break (grouped kv heads split over
@@ -93,11 +123,8 @@ SHARDED_CASES = ([(jr, family) for family in ("llama-gqa", "llama-tied-bias", "g
 @pytest.mark.slow
 @pytest.mark.parametrize("runs, family", SHARDED_CASES, ids=lambda c: c if isinstance(c, str) else c.__name__[:-5])
 def test_sharded_training_exports_a_checkpoint_transformers_loads(runs, family):
-    directory, spec = model(family)
-    tag = f"{family}-{runs.__name__}"
-    export, after = jr.WORK / "hf" / f"{tag}-export", jr.WORK / "hf" / f"{tag}-after.npy"
-    runs.run(runs.build(spec, SHARDED), "--steps", "5", "--init-params", str(directory), "--export-hf", str(export),
-             "--logits", str(after))
+    directory, _ = model(family)
+    tag, export, after = sharded_run(runs, family)
     _, info = getattr(transformers, FAMILIES[family][1]).from_pretrained(export, output_loading_info=True)
     assert not any(info.values()), info
     d = float(np.abs(np.load(after) - reference(family, export)).max())

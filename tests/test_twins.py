@@ -65,3 +65,26 @@ def test_same_error_same_code_in_both_languages(tmp_path, capsys):
         assert cli.main(["validate", str(tmp_path / name), "--format", "json"]) == 1
         got.append([(d["code"], d["message"], d["help"]) for d in json.loads(capsys.readouterr().out)])
     assert got[0] == got[1] == [("E020", "undefined dim `clases`", "did you mean `classes`?")]
+
+
+@pytest.mark.parametrize("target", ["jax", "torch", "mlx"])
+@pytest.mark.parametrize("yaml_spec, toml_spec", TWINS, ids=IDS)
+def test_twins_build_the_same_programs(yaml_spec, toml_spec, target):
+    """Every file of the build is the same but for the spec file's name (so the program tests, e.g. the
+    coverage of the examples, run one of the twins)."""
+    from mithril_spec.diagnostics import DiagnosticError
+    from mithril_spec.render.build import render_files
+
+    def files(spec):
+        try:
+            return render_files(compile_file(spec), target, "SPEC")
+        except DiagnosticError as e:  # a target that refuses the spec refuses both twins alike
+            return str(e)
+
+    a, b = files(yaml_spec), files(toml_spec)
+    if isinstance(a, str):
+        assert a == b
+        return
+    assert sorted(a) == sorted(b)
+    for name in a:
+        assert a[name] == b[name], name
