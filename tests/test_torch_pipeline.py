@@ -119,6 +119,18 @@ def test_checkpoint_from_pipe4_resumes_on_one_process():
     assert max_param_diff(second.params, ref.params) < 1e-4
 
 
+def test_pipe4_resumes_on_its_own_mesh():
+    """Each stage keeps its own optimizer settings in the checkpoint (a flat optimizer state dict): the
+    pipe=4 build resumed from its step-3 checkpoint continues on its uninterrupted trajectory."""
+    first = parallel("pipe4", ())
+    again = run(build(GPT_PIPE, "pipe4"), "--steps", str(STEPS), "--resume", str(CKPT / "step_00000003"))
+    assert len(again.losses) == STEPS - 3
+    d = max_diff(again.losses, first.losses[3:])
+    report("torch pipeline pipe=4 resumed on pipe=4, steps 4-5", max_dloss=d)
+    assert d < 1e-6
+    assert max_param_diff(again.params, first.params) < 1e-6
+
+
 def test_single_stage_build_runs_the_micro_batches_one_after_the_other():
     text = (build(GPT_PIPE, "single") / "train.py").read_text()
     assert "pipelining" not in text and "class Stage0" not in text
