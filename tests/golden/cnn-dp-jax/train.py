@@ -1306,6 +1306,8 @@ def train(args, mesh):
     )
     console.say(schedule_note(args.steps, float(lr_schedule(STEPS))))
 
+    # Compiled at the first call, once per run: every call gets the same shapes, dtypes and layouts (the
+    # step counter is an int32 array of the state, not a Python number), so no later step recompiles.
     step_fn = jax.jit(
         make_train_step(optimizer, args.seed),
         in_shardings=(shardings, batch_shardings),
@@ -1316,28 +1318,29 @@ def train(args, mesh):
     metrics = Metrics(args.metrics, is_first, append=bool(args.resume))
     batch = global_batch(data, start, batch_shardings) if start < args.steps else None
     console.compiling()
+    # A step's figures are read one iteration late, once the next step is queued behind it: the devices
+    # never wait while the host logs. `since`: when the previous step's figures were read.
+    queued, since = None, time.perf_counter()
     for step in range(start, args.steps):
-        t0 = time.perf_counter()
         state, m = step_fn(state, batch)  # returns at once; the devices work in the background
         if step + 1 < args.steps:
             batch = global_batch(data, step + 1, batch_shardings)  # meanwhile, read the next batch
-        m = {k: float(v) for k, v in m.items()}  # waits for the step
-        dt = time.perf_counter() - t0
-        done = step + 1
-        row = {
-            "step": done,
-            "loss": m["loss"],
-            "lr": m["lr"],
-            "grad_norm": m["grad_norm"],
-            "step_time_s": dt,
-            "samples_per_s": BATCH_SIZE / dt,
-        }
-        metrics.log(**row)
-        console.step(row)
-        if checkpoints and (
+        if queued:  # the previous step's figures: waits for that step only
+            row, since = step_row(*queued, since)
+            metrics.log(**row)
+            console.step(row)
+        done, queued = step + 1, (step + 1, m)
+        save = checkpoints and (
             done == args.steps or (args.checkpoint_every > 0 and done % args.checkpoint_every == 0)
-        ):
-            save_checkpoint(checkpoints, done, state)
+        )
+        if done == args.steps or save:  # the last step, or its state is saved now: wait for it
+            row, _ = step_row(*queued, since)
+            metrics.log(**row)
+            console.step(row)
+            if save:
+                save_checkpoint(checkpoints, done, state)
+            # the next step's time leaves the save out
+            queued, since = None, time.perf_counter()
     metrics.close()
     console.summary()
     if checkpoints:
@@ -1346,6 +1349,25 @@ def train(args, mesh):
         exported = gather_params(state["params"])  # every process takes part; the first one writes
         if is_first:
             save_params(args.export_params, exported)
+
+
+def step_row(done, m, since):
+    """The metrics row of step `done` from its figures `m` (device arrays), and the time they were read:
+    reading them waits for that step (and only for it: the devices go on with the step queued behind it).
+    Its step_time_s runs from `since`, when the previous step's figures were read: one whole iteration of
+    the loop (the next batch, the logging, the wait), so samples_per_s is the rate the run really trains at."""
+    m = {k: float(v) for k, v in m.items()}  # waits for the step
+    now = time.perf_counter()
+    dt = now - since
+    row = {
+        "step": done,
+        "loss": m["loss"],
+        "lr": m["lr"],
+        "grad_norm": m["grad_norm"],
+        "step_time_s": dt,
+        "samples_per_s": BATCH_SIZE / dt,
+    }
+    return row, now
 
 
 if __name__ == "__main__":

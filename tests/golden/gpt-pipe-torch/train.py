@@ -14,7 +14,6 @@ Several machines: launch.sh (torchrun rendezvous) or launch.sbatch (SLURM). gloo
 """
 
 import argparse
-import ctypes
 import hashlib
 import json
 import logging
@@ -34,7 +33,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 # ----------------------------------------------------------------------------
 # Config: what the spec decided (mithril-spec plan shows the same numbers).
@@ -180,10 +179,11 @@ LOSS_TARGETS = "targets"  # what the last stage's loss compares with
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention over [B, T, dim] with separate q, k, v and o projections, so that tensor
-    parallelism splits whole heads (q, k, v column-parallel, o row-parallel). Query head j reads key/value
-    head j // (heads // kv_heads) (grouped-query attention); rotary embeddings when rotary_base is set;
-    biases on q, k, v and o with `bias` (on q, k and v only when o_bias is False)."""
+    """Multi-head self-attention over [B, T, dim] with separate q, k, v and o projections: tensor parallelism
+    splits whole heads (q, k, v column-parallel, o row-parallel), FSDP2 gathers and frees each weight on its
+    own. Query head j reads key/value head j // (heads // kv_heads) (grouped-query attention); rotary
+    embeddings when rotary_base is set; biases on q, k, v and o with `bias` (on q, k and v only when o_bias
+    is False)."""
 
     def __init__(
         self, dim, heads, kv_heads, head_dim, causal, rotary_base=None, bias=False, o_bias=None
@@ -625,7 +625,19 @@ def lr_at(t):
     return LR * (t + 1) / WARMUP_STEPS if t < WARMUP_STEPS else cosine
 
 
+def update_kernel(params):
+    """How the optimizer runs its update (its `fused` and `foreach`; set again on --resume, as a checkpoint
+    carries its writer's choice): torch's fused kernel, one pass over the memory of all parameters of a
+    dtype (CPU and CUDA), for plain tensors and DTensors alike, but for a mix of both
+    (tensor or expert parallelism without FSDP2 leaves some parameters plain) one parameter at a time."""
+    dtensors = {hasattr(p, "placements") for p in params}
+    if len(dtensors) > 1:
+        return {"fused": False, "foreach": False}
+    return {"fused": True, "foreach": False}
+
+
 def make_optimizer(model):
+    kernel = update_kernel(model.parameters())
     # decoupled weight decay on matrices (canonical ndim >= 2) only: two parameter groups
     named = list(model.named_parameters())
     decay = [p for name, p in named if len(PARAMS[name][0]) >= 2]
@@ -634,7 +646,7 @@ def make_optimizer(model):
         {"params": decay, "weight_decay": WEIGHT_DECAY},
         {"params": rest, "weight_decay": 0.0},
     ]
-    optimizer = torch.optim.AdamW(groups, lr=LR, betas=BETAS, eps=EPS)
+    optimizer = torch.optim.AdamW(groups, lr=LR, betas=BETAS, eps=EPS, **kernel)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: lr_at(t) / LR)
     return optimizer, scheduler
 
@@ -657,13 +669,14 @@ def clip_grad_norm(params, pipe_group):
             groups[p.grad.device_mesh if isinstance(p.grad, DTensor) else None].append(p)
     squares = []
     for group in groups.values():
-        n = torch.nn.utils.get_total_norm([p.grad for p in group], 2.0)
+        # foreach kernels: one call per mesh (torch picks them itself for plain tensors only)
+        n = torch.nn.utils.get_total_norm([p.grad for p in group], 2.0, foreach=True)
         squares.append((n.full_tensor() if isinstance(n, DTensor) else n).float() ** 2)
     total = torch.stack(squares).sum()
     dist.all_reduce(total, group=pipe_group)  # over the stages of the other pipe ranks
     total = total.sqrt()
     for group in groups.values():  # one mesh at a time: foreach ops need a common mesh
-        torch.nn.utils.clip_grads_with_norm_(group, CLIP_GRAD_NORM, total)
+        torch.nn.utils.clip_grads_with_norm_(group, CLIP_GRAD_NORM, total, foreach=True)
     return total
 
 
@@ -1012,16 +1025,21 @@ def check_start(args, start, saved):
     )
 
 
+FLAT_OPTIMIZER_STATE = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
 def train_state(model, optimizer):
     """The model and optimizer state dicts DCP saves and loads, laid out for this mesh (DCP reshards from
     whatever mesh a checkpoint was saved on). Before the first step get_state_dict creates the optimizer
-    state (a zero-lr step), so that a load has tensors to load into."""
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state (a zero-lr step), so that a load has tensors to load into. The optimizer state is flat, one key per
+    parameter and slot or setting: ranks that hold different parameters (pipeline stages) save different
+    keys, where a nested `param_groups` list would be saved once, from rank 0, for every rank."""
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=FLAT_OPTIMIZER_STATE)
     return {"model": model_sd, "optim": optim_sd}
 
 
 def tensors(tree, prefix=""):
-    """name -> tensor of every tensor in a state dict tree (`model/<fqn>`, `optim/state/<fqn>/<slot>`)."""
+    """name -> tensor of every tensor in a state dict tree (`model/<fqn>`, `optim/state.<fqn>.<slot>`)."""
     if isinstance(tree, torch.Tensor):
         return {prefix[:-1]: tree}
     tree = dict(enumerate(tree)) if isinstance(tree, list) else tree
@@ -1103,8 +1121,17 @@ def load_checkpoint(path, model, optimizer, scheduler):
 
     step, meta = resume_from(path, checkpoint_dirs(path, step_of), verify, restore, is_first())
     set_state_dict(
-        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+        model,
+        optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optim"],
+        options=FLAT_OPTIMIZER_STATE,
     )
+    kernel = update_kernel(
+        model.parameters()
+    )  # this program's, not the one the checkpoint's writer used
+    for group in optimizer.param_groups:
+        group.update(kernel)
     scheduler.load_state_dict(meta["scheduler"])
     return step
 
@@ -1405,18 +1432,6 @@ def require(ok, message, local=False):
         (os._exit if dist.is_initialized() else sys.exit)(2)
 
 
-def keep_host_memory_compact():
-    """glibc serves allocations below its mmap threshold from its heap, and raises the threshold (up to
-    32 MB) whenever a larger block is freed; from then on the tensors a step frees (activations, gathered
-    shards, gradients) stay in the heap, fragmented, and a sharded run's host peak grows by about the size
-    of its shards. A fixed threshold of 1 MiB hands every tensor of 1 MiB or more back when it is freed
-    (benchmarks/init_scale.py: 0.59 -> 0.45 of the one-process peak per rank on fsdp=4)."""
-    try:
-        ctypes.CDLL(None).mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD (glibc); elsewhere nothing to do
-    except (OSError, AttributeError):
-        pass
-
-
 def setup(dry_run=False):
     """Check the launch against the mesh before anything else, then the device and process group.
     --dry-run in one plain process (no torchrun) stands in for the whole mesh with a fake process group:
@@ -1430,7 +1445,6 @@ def setup(dry_run=False):
         "`torchrun --nproc-per-node 8 train.py` (or launch.sh), "
         f"or rebuild it for {world} rank(s) with `mithril-spec build --mesh ...`.",
     )
-    keep_host_memory_compact()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     cuda = (
         torch.cuda.is_available() and not fake
@@ -1547,8 +1561,10 @@ def main(args):
     )
     console.say(schedule_note(args.steps, lr_at(STEPS)))
     console.compiling()
+    # a step's time is the whole loop iteration, from the end of the one before (its logging included);
+    # checkpoint saves are not steps, and are left out
+    tick = time.perf_counter()
     for step in range(start, args.steps):
-        t0 = time.perf_counter()
         loss_sum = torch.zeros((), device=device)
         for k in range(GRAD_ACCUM):
             inputs, kwargs, losses = [], {}, []
@@ -1584,7 +1600,8 @@ def main(args):
         dist.all_reduce(loss_sum)
         loss_sum /= WORLD // PIPE
         mean_loss = loss_sum.item()  # also waits for the step to finish
-        dt = time.perf_counter() - t0
+        now = time.perf_counter()
+        dt, tick = now - tick, now
         norm = grad_norm.item()
         row = {"step": step + 1, "loss": mean_loss, "lr": lr, "grad_norm": norm, "step_time_s": dt}
         row["samples_per_s"] = BATCH_SIZE / dt
@@ -1596,6 +1613,7 @@ def main(args):
             (args.checkpoint_every > 0 and done % args.checkpoint_every == 0) or done == args.steps
         ):
             save_checkpoint(args.checkpoint_dir, done, model, optimizer, scheduler)
+            tick = time.perf_counter()
     metrics.close()
     console.summary()
     if args.export_params:

@@ -240,6 +240,24 @@ def cross_entropy(logits, targets):
     return losses.mean()
 
 
+def remat(fn):
+    """What the backward pass of a repeated block's copy keeps from its forward pass (the spec's `remat: none`):
+    the output of every matmul, and every value laid out anew (which XLA may have moved between devices). The
+    elementwise work between them (normalisations, activations, softmax) is recomputed inside the backward
+    pass's fused kernels: lax.scan writes each value it keeps into a stack over the copies, and keeping those
+    as well would write and read back several arrays per matmul (the tanh GELU alone five the size of its
+    input), which XLA's fusion of an unrolled model never materialises."""
+
+    def keep(prim, *args, **params):
+        return (
+            jax.checkpoint_policies.checkpoint_dots(prim, *args, **params)
+            or prim.name == "sharding_constraint"
+        )
+
+    # no CSE barrier: inside lax.scan the recomputation cannot be merged into the forward pass anyway
+    return jax.checkpoint(fn, policy=keep, prevent_cse=False)
+
+
 def decoder_block(p, block_input):
     """One copy of the `decoder` block. `p`: its parameters by their names inside the block
     ("<layer>.<param>"). Returns its output."""
@@ -256,12 +274,14 @@ def decoder_stack(p, name, x):
     """The copies of the `decoder` block that the repeat `name` holds, one after the other: one lax.scan over
     the rows of its stacked parameters "<name>.*.<param>" in `p`, so that the block is traced and compiled
     once, however many copies there are.
+    For the backward pass each copy keeps its inputs and its matmuls' outputs only (remat()).
     """
     pre = name + ".*."
     rows = {"p": {k[len(pre) :]: w for k, w in p.items() if k.startswith(pre)}}
+    block = remat(decoder_block)
 
     def step(x, row):
-        x = decoder_block(row["p"], x)
+        x = block(row["p"], x)
         # Pin the residual stream between blocks (batch split, features whole): otherwise XLA may
         # keep it split along features after an fsdp-sharded weight and add collectives.
         x = jax.lax.with_sharding_constraint(x, P(("data", "fsdp"), None, None))
@@ -1518,6 +1538,8 @@ def train(args, mesh):
     )
     console.say(schedule_note(args.steps, float(lr_schedule(STEPS))))
 
+    # Compiled at the first call, once per run: every call gets the same shapes, dtypes and layouts (the
+    # step counter is an int32 array of the state, not a Python number), so no later step recompiles.
     step_fn = jax.jit(
         make_train_step(optimizer, args.seed),
         in_shardings=(shardings, batch_shardings),
@@ -1528,29 +1550,29 @@ def train(args, mesh):
     metrics = Metrics(args.metrics, is_first, append=bool(args.resume))
     batch = global_batch(data, start, batch_shardings) if start < args.steps else None
     console.compiling()
+    # A step's figures are read one iteration late, once the next step is queued behind it: the devices
+    # never wait while the host logs. `since`: when the previous step's figures were read.
+    queued, since = None, time.perf_counter()
     for step in range(start, args.steps):
-        t0 = time.perf_counter()
         state, m = step_fn(state, batch)  # returns at once; the devices work in the background
         if step + 1 < args.steps:
             batch = global_batch(data, step + 1, batch_shardings)  # meanwhile, read the next batch
-        m = {k: float(v) for k, v in m.items()}  # waits for the step
-        dt = time.perf_counter() - t0
-        done = step + 1
-        row = {
-            "step": done,
-            "loss": m["loss"],
-            "lr": m["lr"],
-            "grad_norm": m["grad_norm"],
-            "step_time_s": dt,
-            "samples_per_s": BATCH_SIZE / dt,
-        }
-        row["tokens_per_s"] = BATCH_SIZE * TOKENS_PER_SAMPLE / dt
-        metrics.log(**row)
-        console.step(row)
-        if checkpoints and (
+        if queued:  # the previous step's figures: waits for that step only
+            row, since = step_row(*queued, since)
+            metrics.log(**row)
+            console.step(row)
+        done, queued = step + 1, (step + 1, m)
+        save = checkpoints and (
             done == args.steps or (args.checkpoint_every > 0 and done % args.checkpoint_every == 0)
-        ):
-            save_checkpoint(checkpoints, done, state)
+        )
+        if done == args.steps or save:  # the last step, or its state is saved now: wait for it
+            row, _ = step_row(*queued, since)
+            metrics.log(**row)
+            console.step(row)
+            if save:
+                save_checkpoint(checkpoints, done, state)
+            # the next step's time leaves the save out
+            queued, since = None, time.perf_counter()
     metrics.close()
     console.summary()
     if checkpoints:
@@ -1559,6 +1581,26 @@ def train(args, mesh):
         exported = gather_params(state["params"])  # every process takes part; the first one writes
         if is_first:
             save_params(args.export_params, exported)
+
+
+def step_row(done, m, since):
+    """The metrics row of step `done` from its figures `m` (device arrays), and the time they were read:
+    reading them waits for that step (and only for it: the devices go on with the step queued behind it).
+    Its step_time_s runs from `since`, when the previous step's figures were read: one whole iteration of
+    the loop (the next batch, the logging, the wait), so samples_per_s is the rate the run really trains at."""
+    m = {k: float(v) for k, v in m.items()}  # waits for the step
+    now = time.perf_counter()
+    dt = now - since
+    row = {
+        "step": done,
+        "loss": m["loss"],
+        "lr": m["lr"],
+        "grad_norm": m["grad_norm"],
+        "step_time_s": dt,
+        "samples_per_s": BATCH_SIZE / dt,
+    }
+    row["tokens_per_s"] = BATCH_SIZE * TOKENS_PER_SAMPLE / dt
+    return row, now
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ import time
 import warnings
 import zlib
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +35,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 # ----------------------------------------------------------------------------
 # Config: what the spec decided (mithril-spec plan shows the same numbers).
@@ -194,10 +195,11 @@ OPTIMIZER_SLOTS = 2  # state tensors per parameter (adamw)
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention over [B, T, dim] with separate q, k, v and o projections, so that tensor
-    parallelism splits whole heads (q, k, v column-parallel, o row-parallel). Query head j reads key/value
-    head j // (heads // kv_heads) (grouped-query attention); rotary embeddings when rotary_base is set;
-    biases on q, k, v and o with `bias` (on q, k and v only when o_bias is False)."""
+    """Multi-head self-attention over [B, T, dim] with separate q, k, v and o projections: tensor parallelism
+    splits whole heads (q, k, v column-parallel, o row-parallel), FSDP2 gathers and frees each weight on its
+    own. Query head j reads key/value head j // (heads // kv_heads) (grouped-query attention); rotary
+    embeddings when rotary_base is set; biases on q, k, v and o with `bias` (on q, k and v only when o_bias
+    is False)."""
 
     def __init__(
         self, dim, heads, kv_heads, head_dim, causal, rotary_base=None, bias=False, o_bias=None
@@ -579,6 +581,24 @@ def to_tensors(arrays, device):
     return out
 
 
+def prefetched(data, starts, count, device):
+    """to_tensors(data.batch(first, count)) for each `first` of `starts`, in order, each drawn by a background
+    thread while the micro-batch before it trains (numpy and torch let go of the GIL in their kernels), so
+    that drawing a batch is off the step's path."""
+
+    def draw(first):
+        return to_tensors(data.batch(first, count), device)
+
+    with ThreadPoolExecutor(1) as pool:
+        ahead = None
+        for first in starts:
+            now, ahead = ahead, pool.submit(draw, first)
+            if now:
+                yield now.result()
+        if ahead:
+            yield ahead.result()
+
+
 # ----------------------------------------------------------------------------
 # Optimizer: the documented schedule and clipping (docs/program.md "Numerics").
 # ----------------------------------------------------------------------------
@@ -590,7 +610,19 @@ def lr_at(t):
     return LR * (t + 1) / WARMUP_STEPS if t < WARMUP_STEPS else cosine
 
 
+def update_kernel(params):
+    """How the optimizer runs its update (its `fused` and `foreach`; set again on --resume, as a checkpoint
+    carries its writer's choice): torch's fused kernel, one pass over the memory of all parameters of a
+    dtype (CPU and CUDA), for plain tensors and DTensors alike, but for a mix of both
+    (tensor or expert parallelism without FSDP2 leaves some parameters plain) one parameter at a time."""
+    dtensors = {hasattr(p, "placements") for p in params}
+    if len(dtensors) > 1:
+        return {"fused": False, "foreach": False}
+    return {"fused": True, "foreach": False}
+
+
 def make_optimizer(model):
+    kernel = update_kernel(model.parameters())
     # decoupled weight decay on matrices (canonical ndim >= 2) only: two parameter groups
     named = list(model.named_parameters())
     decay = [p for name, p in named if len(PARAMS[name][0]) >= 2]
@@ -599,7 +631,7 @@ def make_optimizer(model):
         {"params": decay, "weight_decay": WEIGHT_DECAY},
         {"params": rest, "weight_decay": 0.0},
     ]
-    optimizer = torch.optim.AdamW(groups, lr=LR, betas=BETAS, eps=EPS)
+    optimizer = torch.optim.AdamW(groups, lr=LR, betas=BETAS, eps=EPS, **kernel)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: lr_at(t) / LR)
     return optimizer, scheduler
 
@@ -622,11 +654,12 @@ def clip_grad_norm(params):
             groups[p.grad.device_mesh if isinstance(p.grad, DTensor) else None].append(p)
     squares = []
     for group in groups.values():
-        n = torch.nn.utils.get_total_norm([p.grad for p in group], 2.0)
+        # foreach kernels: one call per mesh (torch picks them itself for plain tensors only)
+        n = torch.nn.utils.get_total_norm([p.grad for p in group], 2.0, foreach=True)
         squares.append((n.full_tensor() if isinstance(n, DTensor) else n).float() ** 2)
     total = torch.stack(squares).sum().sqrt()
     for group in groups.values():  # one mesh at a time: foreach ops need a common mesh
-        torch.nn.utils.clip_grads_with_norm_(group, CLIP_GRAD_NORM, total)
+        torch.nn.utils.clip_grads_with_norm_(group, CLIP_GRAD_NORM, total, foreach=True)
     return total
 
 
@@ -967,16 +1000,21 @@ def check_start(args, start, saved):
     )
 
 
+FLAT_OPTIMIZER_STATE = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
 def train_state(model, optimizer):
     """The model and optimizer state dicts DCP saves and loads, laid out for this mesh (DCP reshards from
     whatever mesh a checkpoint was saved on). Before the first step get_state_dict creates the optimizer
-    state (a zero-lr step), so that a load has tensors to load into."""
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state (a zero-lr step), so that a load has tensors to load into. The optimizer state is flat, one key per
+    parameter and slot or setting: ranks that hold different parameters (pipeline stages) save different
+    keys, where a nested `param_groups` list would be saved once, from rank 0, for every rank."""
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=FLAT_OPTIMIZER_STATE)
     return {"model": model_sd, "optim": optim_sd}
 
 
 def tensors(tree, prefix=""):
-    """name -> tensor of every tensor in a state dict tree (`model/<fqn>`, `optim/state/<fqn>/<slot>`)."""
+    """name -> tensor of every tensor in a state dict tree (`model/<fqn>`, `optim/state.<fqn>.<slot>`)."""
     if isinstance(tree, torch.Tensor):
         return {prefix[:-1]: tree}
     tree = dict(enumerate(tree)) if isinstance(tree, list) else tree
@@ -1058,8 +1096,17 @@ def load_checkpoint(path, model, optimizer, scheduler):
 
     step, meta = resume_from(path, checkpoint_dirs(path, step_of), verify, restore, is_first())
     set_state_dict(
-        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+        model,
+        optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optim"],
+        options=FLAT_OPTIMIZER_STATE,
     )
+    kernel = update_kernel(
+        model.parameters()
+    )  # this program's, not the one the checkpoint's writer used
+    for group in optimizer.param_groups:
+        group.update(kernel)
     scheduler.load_state_dict(meta["scheduler"])
     return step
 
@@ -1365,7 +1412,8 @@ def keep_host_memory_compact():
     32 MB) whenever a larger block is freed; from then on the tensors a step frees (activations, gathered
     shards, gradients) stay in the heap, fragmented, and a sharded run's host peak grows by about the size
     of its shards. A fixed threshold of 1 MiB hands every tensor of 1 MiB or more back when it is freed
-    (benchmarks/init_scale.py: 0.59 -> 0.45 of the one-process peak per rank on fsdp=4)."""
+    (benchmarks/init_scale.py: 0.59 -> 0.45 of the one-process peak per rank on fsdp=4). Only programs
+    that shard over fsdp: it costs every step the mapping (and zeroing) of its large tensors anew."""
     try:
         ctypes.CDLL(None).mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD (glibc); elsewhere nothing to do
     except (OSError, AttributeError):
@@ -1471,18 +1519,29 @@ def main(args):
     )
     console.say(schedule_note(args.steps, lr_at(STEPS)))
     console.compiling()
+    # the first sample of each micro-batch this rank reads, in order: drawn one micro-batch ahead
+    starts = (
+        micro_batch_start(s, k) + dp_rank * per_rank
+        for s in range(start, args.steps)
+        for k in range(GRAD_ACCUM)
+    )
+    batches = prefetched(data, starts, per_rank, device)
+    # a step's time is the whole loop iteration, from the end of the one before (its logging included);
+    # evaluations and checkpoint saves are not steps, and are left out
+    tick = time.perf_counter()
     for step in range(start, args.steps):
-        t0 = time.perf_counter()
         loss_sum = torch.zeros((), device=device)
         for k in range(GRAD_ACCUM):
             last = k == GRAD_ACCUM - 1
-            first = micro_batch_start(step, k) + dp_rank * per_rank
-            batch = to_tensors(data.batch(first, per_rank), device)
+            batch = next(batches)
             # gradients are reduced on the last micro-step only; before it they accumulate locally
             runner.set_requires_gradient_sync(last)
             loss = runner(*batch) / GRAD_ACCUM  # each micro-batch's mean counts 1 / GRAD_ACCUM
             loss.backward()
             loss_sum += loss.detach()
+        # each rank's mean over an equal share of the batch (tensor peers hold the same one), summed while
+        # the update runs
+        summed = dist.all_reduce(loss_sum, async_op=True)
         grad_norm = clip_grad_norm(list(model.parameters()))
         lr = scheduler.get_last_lr()[0]
         optimizer.step()
@@ -1493,11 +1552,11 @@ def main(args):
             resumed = f"resumed from {args.resume} at step {start}\n" if args.resume else ""
             log(f"{resumed}memory {json.dumps(report)}")
         optimizer.zero_grad(set_to_none=True)
-        # each rank's mean over an equal share of the batch (tensor peers hold the same one)
-        dist.all_reduce(loss_sum)
+        summed.wait()
         loss_sum /= WORLD
         mean_loss = loss_sum.item()  # also waits for the step to finish
-        dt = time.perf_counter() - t0
+        now = time.perf_counter()
+        dt, tick = now - tick, now
         norm = grad_norm.item()
         row = {"step": step + 1, "loss": mean_loss, "lr": lr, "grad_norm": norm, "step_time_s": dt}
         row["samples_per_s"] = BATCH_SIZE / dt
@@ -1509,6 +1568,7 @@ def main(args):
             (args.checkpoint_every > 0 and done % args.checkpoint_every == 0) or done == args.steps
         ):
             save_checkpoint(args.checkpoint_dir, done, model, optimizer, scheduler)
+            tick = time.perf_counter()
     metrics.close()
     console.summary()
     if args.export_params:
