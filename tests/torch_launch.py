@@ -30,35 +30,13 @@ def _child(rank, world, port, path, argv):
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     sys.argv = [path, *argv]
     if os.environ.get("MITHRIL_COUNT_COLLECTIVES"):
+        from program_zygote import _count_collectives  # (this script's directory is on sys.path)
+
         _count_collectives(os.environ["MITHRIL_COUNT_COLLECTIVES"], rank)
     spec = importlib.util.spec_from_file_location("train_program", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     mod.main(mod.parse_args(argv))
-
-
-def _count_collectives(prefix, rank):
-    import json
-
-    import torch.distributed as dist
-
-    counts = {"reduce_scatter": 0, "all_reduce": 0}
-    for name, key in (("reduce_scatter_single", "reduce_scatter"), ("all_reduce", "all_reduce")):
-        orig = getattr(dist, name)
-
-        def counted(*a, _orig=orig, _key=key, **k):
-            counts[_key] += 1
-            return _orig(*a, **k)
-
-        setattr(dist, name, counted)
-    destroy = dist.destroy_process_group
-
-    def destroy_and_report(*a, **k):
-        with open(f"{prefix}.{rank}.json", "w") as f:
-            json.dump(counts, f)
-        return destroy(*a, **k)
-
-    dist.destroy_process_group = destroy_and_report
 
 
 def main():
