@@ -81,6 +81,9 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--top", type=int, default=5, metavar="K", help="with --auto: how many candidates to list")
     pl.add_argument("--report", metavar="FILE.html",
                     help="also write a self-contained HTML report (partition map, memory, communication)")
+    pl.add_argument("--target", choices=TARGET_NAMES,
+                    help="cost activations as this target's kernels store them (default: the largest over the "
+                    "spec's targets)")
 
     b = sub.add_parser("build", help="render the training program for a target")
     b.add_argument("spec", metavar="SPEC")
@@ -391,8 +394,9 @@ def _check_meshes(s: _Spec, args) -> list[Diagnostic]:
     which may fail on its own): the planner's diagnostics, what the spec's targets refuse (E049) and, with
     `--hardware`, whether each device's memory suffices (E050). On named meshes each diagnostic says which."""
     from .planner.auto import fit_diagnostics
-    from .planner.costs import estimate
+    from .planner.costs import CostOptions, estimate
     from .planner.hardware import lookup
+    from .targets import attention_kernels
 
     spec = s.spec
     names = list(spec.meshes or ())
@@ -409,7 +413,9 @@ def _check_meshes(s: _Spec, args) -> list[Diagnostic]:
         if c is not None:
             diags += s.finish(_target_checks(c))
             if hw is not None:
-                diags += s.finish(fit_diagnostics(c.spec, c.doc, c.graph, c.plan, hw, estimate(c.plan, hw)))
+                options = CostOptions(fused_attention=all(attention_kernels(c.spec.targets).values()))
+                diags += s.finish(fit_diagnostics(c.spec, c.doc, c.graph, c.plan, hw, estimate(c.plan, hw, options),
+                                                  options))
         mesh = names[0] if every and choice is None else choice if choice in names else None
         out += [dataclasses.replace(d, mesh=mesh) for d in diags] if mesh else diags
     return out
@@ -445,9 +451,10 @@ def _hardware(c: Compiled, name: str):
 
 def cmd_plan(args) -> int:
     from .planner.auto import fit_diagnostics
-    from .planner.costs import estimate
+    from .planner.costs import CostOptions, estimate_targets
     from .planner.plan_json import plan_to_json
     from .planner.table import render_plan
+    from .targets import attention_kernels
 
     if args.report:
         _check_report(Path(args.report))  # (a usage error before any work)
@@ -465,9 +472,11 @@ def cmd_plan(args) -> int:
         except DiagnosticError as e:
             _emit(e.diagnostics, sources, args)
             return EXIT_INVALID
-    costs = estimate(c.plan, hw)
+    kernels = attention_kernels([args.target] if args.target else c.spec.targets)
+    costs = estimate_targets(c.plan, kernels, hw, target=args.target)
     if hw is not None:
-        diags += fit_diagnostics(c.spec, c.doc, c.graph, c.plan, hw, costs)
+        diags += fit_diagnostics(c.spec, c.doc, c.graph, c.plan, hw, costs,
+                                 CostOptions(fused_attention=all(kernels.values())))
     if args.report:
         _write_report(Path(args.report), c, costs)
     if args.format == "json":
@@ -500,7 +509,9 @@ def _write_report(path: Path, c: Compiled, costs) -> None:
 
 def _plan_auto(args) -> int:
     from .planner.auto import search
+    from .planner.costs import CostOptions
     from .planner.table import human_bytes, human_seconds
+    from .targets import attention_kernels
 
     c, diags, sources = _compile(Path(args.spec), args.mesh, None, args.settings)
     if c is None:
@@ -520,7 +531,8 @@ def _plan_auto(args) -> int:
     devices = args.devices or c.spec.devices or c.plan.mesh.devices
     if devices < 1:
         raise UsageError("--devices must be at least 1")
-    res = search(c.spec, c.doc, c.graph, devices, hw)
+    res = search(c.spec, c.doc, c.graph, devices, hw,
+                 options=CostOptions(fused_attention=all(attention_kernels(c.spec.targets).values())))
     best = res.fitting[: max(args.top, 1)]
     if args.report and best:
         from .planner.plan import make_plan

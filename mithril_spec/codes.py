@@ -314,9 +314,10 @@ _TEXTS: dict[str, tuple[str, str]] = {
         "target cannot express the plan",
         (
             "`build` (and `validate`, for each target in the spec's `targets`) finds a plan the target cannot "
-            "run: in torch, a layer name that clashes with `torch.nn.Module`, batch_norm under data parallelism, "
+            "run: in torch, a layer name that clashes with `torch.nn.Module`, a parameter or input split over `data` beyond the batch, "
             "tensor parallelism that is not a column-parallel linear followed by a row-parallel one, "
-            "`training.zero` or `precision.master_weights`, `expert` with an axis other than `data`; a model one "
+            "`training.zero` with an axis other than `data`, `expert` with an axis other than `data`; in mlx, "
+            "`training.zero` or `precision.master_weights`; a model one "
             "target cannot pipeline (docs/program.md, pipeline stages). The message says what the target "
             "supports; docs/targets.md lists every target's capabilities and limits (generated from the "
             "target registry)."
@@ -368,7 +369,8 @@ _TEXTS: dict[str, tuple[str, str]] = {
         "pipeline stages out of order or not contiguous",
         (
             "Explicit `stage:` values must not decrease along the layer list, must start at 0 and cover every "
-            "stage up to pipe x virtual_stages - 1 without gaps."
+            "stage up to pipe x virtual_stages - 1 without gaps. `stage:` belongs to top-level layers and to a "
+            "`repeat` (all its copies), not to a layer inside a block (every copy's layer on one stage)."
         ),
     ),
     "E055": (
@@ -444,7 +446,7 @@ _TEXTS: dict[str, tuple[str, str]] = {
             "`mithril-spec import hf` leaves out a setting that changes training but not the model: dropout rates "
             "(`hidden_dropout_prob`, `resid_pdrop`, `attention_dropout`, ...). The imported spec trains without "
             "them and computes the same outputs as the original model in evaluation; add `dropout` layers to the "
-            "spec where you want them (the spec language has no attention-probability dropout)."
+            "spec where you want them (and a `dropout` rate on attention layers for their probabilities)."
         ),
     ),
     "W011": (

@@ -313,6 +313,12 @@ class _Resolver:
                 failed.add(name)
                 prev = None
                 continue
+            if in_block and getattr(layer, "stage", None) is not None:
+                # every copy of the block would take the layer to that stage: not a pipeline any schedule runs
+                self.error("E054", f"`{name}` is inside a block: a `stage:` there would place the layer of every "
+                           "copy on one stage", lpath + ("stage",),
+                           help="give `stage:` to the `repeat` (all its copies) or to top-level layers, or leave "
+                           "stages to the planner (it splits one repeated block evenly)")
             node = self.repeat(layer, lpath, name, refs, types, in_block) if isinstance(layer, Repeat) else (
                 self.op(layer, lpath, name, refs, types, prefix))
             if node is None:

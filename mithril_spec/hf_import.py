@@ -69,7 +69,8 @@ class _Config:
                 self.diags.append(Diagnostic(
                     "W010", f"`{key}: {rate}` is not imported: the spec trains without this dropout",
                     self.doc.pos((key,)), severity="warning",
-                    help="add dropout layers to the spec where you want them (attention dropout does not exist)"))
+                    help="add dropout layers to the spec where you want them (attention layers take a `dropout` "
+                    "rate for their probabilities)"))
 
 
 def _num(v: float) -> str:

@@ -4,7 +4,6 @@ the pipeline bubble; hardware profiles, step time and the E050 fit check."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -12,8 +11,10 @@ import pytest
 
 from mithril_spec import cli
 from mithril_spec.diagnostics import DiagnosticError
-from mithril_spec.frontend import compile_file
-from mithril_spec.graph import Node, RepeatNode
+from mithril_spec.extends import load_spec_file
+from mithril_spec.frontend import compile_document, compile_file
+from mithril_spec.graph import RepeatNode
+from mithril_spec.overrides import apply as apply_settings
 from mithril_spec.planner.costs import (
     CostOptions, estimate, estimate_remats, pipeline_bubble, ring_time, state_memory,
 )
@@ -122,17 +123,10 @@ def test_sgd_and_fp32_optimizer_state():
 s, b, h, a, t, L = 512, 4, 1024, 16, 4, 2
 
 
-def with_attention_dropout(plan, rate=0.1):
-    """The paper also drops out attention probabilities; the attention op has no such option yet."""
-    def fix(n):
-        if isinstance(n, RepeatNode):
-            return dataclasses.replace(n, layers=tuple(fix(x) for x in n.layers))
-        if isinstance(n, Node) and n.op == "attention":
-            return dataclasses.replace(n, attrs={**n.attrs, "dropout": rate})
-        return n
-
-    graph = dataclasses.replace(plan.graph, layers=tuple(fix(n) for n in plan.graph.layers))
-    return dataclasses.replace(plan, graph=graph)
+def without_attention_dropout(path, mesh):
+    """The layer with the attention's `dropout: 0.1` set to 0 (`--set`): the paper's 2as/h variant."""
+    doc = apply_settings(load_spec_file(path), ["model.blocks.layer.1.dropout=0"])
+    return compile_document(doc, mesh).plan
 
 
 def per_layer(plan, remat="none") -> int:
@@ -143,32 +137,33 @@ def per_layer(plan, remat="none") -> int:
 
 
 def test_activations_without_parallelism():
-    """sbh(34 + 5as/h) bytes per layer."""
-    plan = with_attention_dropout(plan_for(KORTH, "single"))
+    """sbh(34 + 5as/h) bytes per layer (the spec's attention drops out its probabilities)."""
+    plan = plan_for(KORTH, "single")
     assert per_layer(plan) == s * b * h * 34 + 5 * a * s * s * b
     assert per_layer(plan) == s * b * h * (34 + 5 * a * s / h)
 
 
 def test_activations_without_attention_dropout():
     """No dropout on the attention probabilities: the softmax output (2as^2b) is all the scores keep."""
-    assert per_layer(plan_for(KORTH, "single")) == s * b * h * 34 + 2 * a * s * s * b
+    assert per_layer(without_attention_dropout(KORTH, "single")) == s * b * h * (34 + 2 * a * s / h)
+    assert per_layer(without_attention_dropout(KORTH, "tp")) == s * b * h * (10 + 24 / t + 2 * a * s / (h * t))
 
 
 def test_activations_with_tensor_parallelism():
     """sbh(10 + 24/t + 5as/(ht))."""
-    plan = with_attention_dropout(plan_for(KORTH, "tp"))
+    plan = plan_for(KORTH, "tp")
     assert per_layer(plan) == s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
 
 
 def test_activations_with_tensor_and_sequence_parallelism():
     """sbh(34/t + 5as/(ht)); selective recompute drops the attention scores: sbh(34/t)."""
-    plan = with_attention_dropout(plan_for(KORTH_SP, "tp"))
+    plan = plan_for(KORTH_SP, "tp")
     assert per_layer(plan) == s * b * h * (34 / t + 5 * a * s / (h * t))
     assert per_layer(plan, "selective") == s * b * h * 34 / t
 
 
 def test_activations_selective_and_full_recompute_totals():
-    plan = with_attention_dropout(plan_for(KORTH_SP, "tp"))
+    plan = plan_for(KORTH_SP, "tp")
     by = estimate_remats(plan)
     none, sel, full = (by[r].worst.activations for r in ("none", "selective", "full"))
     scores = 5 * a * s * s * b // t

@@ -82,8 +82,9 @@ def test_export_is_canonical_and_counts_the_plans_parameters():
 def test_memory_held_stage_copies_and_replicated_rest():
     """Device 0 holds its stages' copies of the repeated block (stacked, split over `pipe`) and every other
     parameter whole (replicated over `pipe`: the layers before and after the block run outside the
-    pipeline). The plan counts only the first stage's layers on pipe rank 0, so the program holds the
-    parameters of the layers after the block (ln_f, lm_head) in addition."""
+    pipeline). The plan's stage split puts those layers on one stage each (as the torch target runs them);
+    for the jax target (`Plan.memory_for`, the program's planned bytes, and the note `plan` prints) it
+    counts them on every pipe rank: what the program holds."""
     plan = compile_file(GPT_PIPE).plan
     pp = plan.pipeline
     (rep,) = pp.repeat_split
@@ -96,7 +97,10 @@ def test_memory_held_stage_copies_and_replicated_rest():
            replicated_last_stage_params=extra)
     assert held["device0"]["params"] == want == plan.memory.params + extra
     assert held["device0"]["optimizer"] == 2 * want  # adamw: mu and nu
-    assert held["planned"]["params"] == plan.memory.params
+    mine = plan.memory_for("jax")
+    assert held["planned"] == {"params": mine.params, "optimizer": mine.optimizer, "buffers": mine.buffers}
+    assert held["device0"]["params"] == mine.params and held["device0"]["optimizer"] == mine.optimizer
+    assert plan.memory_for("torch") == plan.memory  # torch runs each layer on its own stage
 
 
 @pytest.mark.slow

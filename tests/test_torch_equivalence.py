@@ -17,6 +17,7 @@ import pytest
 from torch_runs import (
     EQUIVALENCE,
     SPECS,
+    build,
     equivalence_jobs,
     max_diff,
     max_param_diff,
@@ -25,6 +26,7 @@ from torch_runs import (
     report,
     run,
     run_many,
+    spec_variant,
     steps,
 )
 
@@ -85,3 +87,42 @@ def _check_truth(spec, mesh, memory, what):
     for rank, held in enumerate(memory["ranks"]):
         assert held == predicted, f"{spec} on {what}, rank {rank}: holds {held}, plan says {predicted}"
     report(f"torch planner truth {spec} {what}", ranks=len(memory["ranks"]), **predicted)
+
+
+# Variants of gpt-tiny, each against its own one-process build:
+# - parameters no dimension of which the fsdp axis divides: the plan keeps them whole (FSDP2 would pad them
+#   onto every rank). An odd width (layer norms, attention projections, the mlp's output bias) on fsdp=2;
+#   ff 390 on fsdp=2 x tensor=2 (the mlp's input bias, split over tensor, is not split further: 195 is odd);
+# - vocab-parallel: the embedding table split on its rows over `tensor` and the logits on the vocabulary
+#   into loss_parallel's cross-entropy, tied (fsdp=2 x tensor=2) and untied (tensor=2 alone, no FSDP2).
+VOCAB = ("    mlp: tensor\n", "    mlp: tensor\n    vocab: tensor\n")
+VARIANTS = [
+    ((("d: 128, heads: 4, ff: 512", "d: 99, heads: 3, ff: 396"), ("    embed: fsdp\n", "")), "fsdp=2",
+     "blocks.0.attn.q.weight", "odd-width-fsdp2"),
+    ((("ff: 512", "ff: 390"),), "fsdp_tp", "blocks.0.mlp.fc.bias", "ff390-fsdp2-tensor2"),
+    ((VOCAB,), "fsdp_tp", "wte.weight", "vocab-parallel-tied-fsdp2-tensor2"),
+    ((VOCAB, ("bias: false, tie: wte}", "bias: false}")), "tensor=2", "lm_head.weight", "vocab-parallel-untied-tensor2"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("edits, mesh, example, what", VARIANTS, ids=[v[-1] for v in VARIANTS])
+def test_variants(edits, mesh, example, what):
+    """The run equals one process, and every rank holds the planned bytes."""
+    spec = spec_variant(SPECS / "gpt-tiny.yaml", edits)
+    plan = compile_file(spec, mesh).plan
+    layout = plan.param(example).spec
+    if what.startswith("vocab"):  # the case this test is about
+        assert ("tensor",) in layout, layout
+    else:
+        assert not any("fsdp" in d for d in layout), layout
+    n = 6
+    ref, par = run_many([(build(spec, "data=1"), "--steps", str(n), {}), (build(spec, mesh), "--steps", str(n), {})])
+    dl = max_diff(par.losses, ref.losses)
+    dp = max_param_diff(par.params, ref.params)
+    report(f"torch equivalence gpt-tiny {what}", max_dloss=dl, max_dparam=dp, steps=n)
+    assert len(par.losses) == n and dl < 1e-5 and dp < 1e-4, (dl, dp)
+    m = plan.memory
+    predicted = {"params": m.params, "grads": m.grads, "optimizer": m.optimizer, "buffers": m.buffers}
+    for rank, held in enumerate(par.memory["ranks"]):
+        assert held == predicted, f"rank {rank}: holds {held}, plan says {predicted}"

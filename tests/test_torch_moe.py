@@ -117,5 +117,8 @@ def test_unsupported_expert_layouts_are_e049_with_their_position():
     assert (line, col) == (19, 25)  # the moe layer's name
     # the experts' hidden dimension split over `data`
     rules = (("meshes:", "sharding:\n  rules: {batch: [data, expert], experts: expert, mlp: data}\nmeshes:"),)
-    ((msg, line, col),) = e049(None, rules)
-    assert "[expert, -, data]" in msg and (line, col) == (19, 25)
+    found = e049(None, rules)
+    assert any("splits a moe layer's experts" in msg and "[expert, -, data]" in msg and (line, col) == (19, 25)
+               for msg, line, col in found), found
+    assert any("parameters split over the `data` axis" in msg for msg, _, _ in found)  # (it replicates over data)
+    assert len(found) == 2

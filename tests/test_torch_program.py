@@ -34,8 +34,6 @@ from mithril_spec.frontend import compile_file
 
 MLP = SPECS / "mlp-dp.yaml"
 ALL_OPS = TESTS / "specs" / "all-ops.yaml"
-# all-ops without its batch_norm layers, which the torch target allows only on a single data shard
-NO_BN = (("      - {op: batch_norm, name: bn_seq}\n", ""), ("    - {op: batch_norm, name: bn}\n", ""))
 ARRAYS = WORK / "arrays-mlp"
 REMAT_FULL = (("  seed: 0\n", "  seed: 0\n  remat: full\n"),)
 ACCUM = (("  batch_size: 16\n", "  batch_size: 16\n  grad_accum: 2\n"),)
@@ -97,8 +95,7 @@ def jobs():
         (arrays, "--steps", "5"),
         (build(ALL_OPS, "single"), "--steps", "3"),
         (build(ALL_OPS, "single", REMAT_FULL), "--steps", "3"),
-        (build(ALL_OPS, "single", NO_BN), "--steps", "3"),
-        (build(ALL_OPS, "two", NO_BN), "--steps", "3"),
+        (build(ALL_OPS, "two"), "--steps", "3"),
         (build(GPT, "fsdp_tp"), "--dry-run", {"export": False, "metrics": False}),
         (build(MLP, "data=1", DROPOUT), "--steps", "5"),
         (build(MLP, "four", DROPOUT), "--steps", "5"),
@@ -318,14 +315,16 @@ def test_dropout_masks_do_not_depend_on_the_mesh():
 
 @pytest.mark.slow
 def test_all_ops():
-    """Every operator trains (3 steps, finite losses); without batch_norm, data=2 matches one process."""
+    """Every operator trains (3 steps, finite losses), and data=2 matches one process: batch_norm's
+    statistics are those of the whole batch, over both ranks (SyncBatchNorm's semantics)."""
     r = run(build(ALL_OPS, "single"), "--steps", "3")
     assert np.all(np.isfinite(r.losses)) and len(r.losses) == 3
-    one = run(build(ALL_OPS, "single", NO_BN), "--steps", "3")
-    two = run(build(ALL_OPS, "two", NO_BN), "--steps", "3")
-    d = max_diff(two.losses, one.losses)
-    report("torch all-ops (no batch_norm) data=2 vs 1 process", max_dloss=d)
-    assert d < 1e-5
+    two = run(build(ALL_OPS, "two"), "--steps", "3")
+    d = max_diff(two.losses, r.losses)
+    # (conv.bias feeds a batch_norm, which removes it: its gradient is rounding noise that Adam scales up)
+    dp = max_param_diff(two.params, r.params)
+    report("torch all-ops data=2 vs 1 process (batch_norm over both ranks)", max_dloss=d, max_dparam=dp)
+    assert d < 1e-5 and dp < 1e-4, (d, dp)
     # full remat recomputes every block, batch_norm inside one too: same losses, statistics updated once
     remat = run(build(ALL_OPS, "single", REMAT_FULL), "--steps", "3")
     assert max_diff(remat.losses, r.losses) < 1e-6

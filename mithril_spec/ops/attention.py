@@ -1,5 +1,6 @@
 """attention: multi-head self-attention over [batch, seq, dim], optionally causal, grouped-query
-(kv_heads < heads) and rotary. Separate q/k/v/o projections so that tensor parallelism splits heads."""
+(kv_heads < heads), rotary, and with dropout on the attention probabilities. Separate q/k/v/o projections so
+that tensor parallelism splits heads."""
 
 from __future__ import annotations
 
@@ -21,6 +22,9 @@ class AttentionArgs(LayerArgs):
     rotary_base: float = Field(10000.0, gt=1)
     bias: Union[bool, Literal["qkv"]] = Field(
         False, description="biases on the q, k, v and o projections (true), on q, k and v only (qkv, as Qwen2), or none")
+    dropout: float = Field(
+        0.0, ge=0, lt=1, description="dropout rate on the attention probabilities (softmax output) in training; "
+        "none in evaluation and sampling")
 
 
 class Attention(Op):
@@ -29,6 +33,7 @@ class Attention(Op):
     has_params = True
     tensor_parallel = "pair"
     kv_cache = True
+    random_tensor_parallel = True  # the programs draw the dropout mask of every head and keep their own
     handled_dims = {"q.weight": (1,), "k.weight": (1,), "v.weight": (1,), "o.weight": (0,),
                     "q.bias": (0,), "k.bias": (0,), "v.bias": (0,)}  # fmt: skip
     torch_transposed = frozenset({"q.weight", "k.weight", "v.weight", "o.weight"})
@@ -72,11 +77,21 @@ class Attention(Op):
         attrs = {
             "dim": d, "seq": seq, "heads": heads, "kv_heads": kv, "head_dim": hd, "causal": args.causal,
             "rotary": args.rotary, "rotary_base": args.rotary_base, "bias": bool(args.bias), "o_bias": args.bias is True,
+            "dropout": args.dropout,
         }
         return OpResult(TensorType(x.shape, x.axes, x.dtype), tuple(params), attrs, flops=proj + scores)
 
     def decodes(self, attrs):
         return attrs["causal"]  # a position reads only the keys and values of the positions before it
+
+    def is_random(self, attrs):
+        return attrs.get("dropout", 0) > 0
+
+    def pipeline_limit(self, attrs):
+        return "attention with dropout above rate 0 (masks per micro-batch and stage)" if self.is_random(attrs) else None
+
+    def fused_kernel(self, attrs):
+        return not self.is_random(attrs)  # with dropout every target computes the probabilities itself
 
     def input_projections(self, attrs):
         return ("q.weight", "k.weight", "v.weight")
@@ -85,6 +100,11 @@ class Attention(Op):
         return 2 * 2 * attrs["seq"] * attrs["seq"] * attrs["heads"] * attrs["head_dim"]  # q @ k^T and p @ v
 
     def costs(self, c):
+        """Korthikanti et al.: the input, q, k, v, the softmax output [b, heads, s, s] (with dropout also its
+        mask and the dropped-out probabilities), the output projection's input. A fused kernel (the target's
+        `fused_attention` capability: torch's F.scaled_dot_product_attention, used at rate 0) stores no
+        probabilities, only the softmax's log-sum-exp (fp32, one per query and head) besides q, k, v and its
+        output, which is the output projection's input (measured: docs/cost-model.md)."""
         a = c.attrs
         T = c.tp.get("q.weight", frozenset())  # heads split over these axes (tensor parallel)
         c.div_axes |= T
@@ -98,10 +118,14 @@ class Attention(Op):
         c.save("q", q * cb)
         c.save("k", kv * cb)
         c.save("v", kv * cb)
-        c.save("probs", probs * cb, scores=True)
         if a.get("dropout", 0):
+            c.save("probs", probs * cb, scores=True)
             c.save("dropout_mask", probs * MASK_BYTES, scores=True)
             c.save("dropout_out", probs * cb, scores=True)
+        elif c.fused_attention:
+            c.save("logsumexp", c.b * a["heads"] * seq // t * 4, scores=True)
+        else:
+            c.save("probs", probs * cb, scores=True)
         c.save("o_in", q * cb)
         c.add_score_flops(self.score_flops(a) * c.b / t)
         if T:

@@ -107,6 +107,9 @@ class Op:
     batch_statistics: ClassVar[bool] = False
     # Adds an auxiliary (load-balancing) loss to the model's loss.
     has_aux_loss: ClassVar[bool] = False
+    # Its random numbers (is_random) are drawn for the whole layer and each tensor-parallel rank keeps its share
+    # (attention: the dropout mask of its heads), so a split over `tensor` does not change them.
+    random_tensor_parallel: ClassVar[bool] = False
     # Decoding one position at a time (generate.py), it keeps the keys and values of the earlier positions.
     kv_cache: ClassVar[bool] = False
     # Tensor parallelism: None (cannot split), "matmul" (column or row parallel by its weight's layout) or
@@ -147,6 +150,11 @@ class Op:
 
     def is_random(self, attrs: dict[str, Any]) -> bool:
         """Does the layer draw random numbers (a mask per step, micro-batch and rank)?"""
+        return False
+
+    def fused_kernel(self, attrs: dict[str, Any]) -> bool:
+        """Does a target whose kernel for this layer is fused (the `fused_attention` capability, the cost
+        model's CostOptions.fused_attention) save less for the backward pass than the operator's own count?"""
         return False
 
     def score_flops(self, attrs: dict[str, Any]) -> float:

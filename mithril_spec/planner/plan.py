@@ -149,6 +149,18 @@ class Plan:
     def param(self, name: str) -> ParamPlan:
         return self._by_name[name]
 
+    def memory_for(self, target: str) -> Memory:
+        """The bytes per device `target`'s program holds: `memory`, except in a pipelined build of a target
+        that runs the layers outside the pipelined block on every pipe rank (its capability
+        `pipeline_outside_everywhere`), which holds those layers' parameters on every rank."""
+        from ..targets import TARGETS
+        from .states import state_memory
+
+        if self.pipeline is None or not TARGETS[target].capabilities.pipeline_outside_everywhere:
+            return self.memory
+        st = state_memory(self, outside_everywhere=True)
+        return Memory(params=st.params, grads=st.grads, optimizer=st.optimizer, buffers=st.buffers)
+
     def activation_layout(self, t: TensorType) -> tuple[tuple[str, ...], ...]:
         """Mesh axes per dimension of an activation (without its batch dimension, which takes `batch_axes`).
         The one policy every consumer uses (cost model, render adapters): a dimension takes the mesh axes of

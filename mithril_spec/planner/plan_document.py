@@ -337,6 +337,8 @@ class Costs(_Doc):
     """The cost model's prediction for one optimizer step, per device (docs/cost-model.md)."""
 
     remat: str = _f("the remat setting costed: `none`, `selective` or `full`")
+    target: str | None = _f("the target whose kernels the activations follow (`plan --target`); null: the largest "
+                            "over the spec's `targets` (a note says which target stores less)")
     zero: int = _f("the ZeRO stage: 0, 1 or 2")
     micro_batches: int = _f("micro-batches per optimizer step per device (grad_accum x pipeline micro-batches)")
     local_batch: int = _f("samples per device per micro-batch")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 from .sizes import DTYPE_BYTES, OPTIMIZER_SLOTS
 
@@ -43,26 +43,41 @@ def precision_setup(spec) -> tuple[int, bool, int, int]:
     return getattr(tr, "zero", 0), master, slots, (4 if master else pb)
 
 
+def zero_dim(local_shape: tuple[int, ...], zero_degree: int) -> Optional[int]:
+    """ZeRO's split of one parameter's optimizer state (ZeRO-2: its gradient too) over the `zero_degree`
+    devices of the batch axes its layout does not use: on the first dimension of its local shard that
+    `zero_degree` divides evenly; None (the state stays whole on every device) when none does or there is
+    nothing to split over. Every program splits the same way (JAX `zero_layout`, torch `ZERO_DIMS`)."""
+    if zero_degree <= 1:
+        return None
+    return next((i for i, n in enumerate(local_shape) if n % zero_degree == 0), None)
+
+
 def param_state_bytes(pp: ParamPlan, zero_degree: int, zero: int, master: bool, slots: int, slot_bytes: int
                       ) -> tuple[int, int, int, int, int]:
     """Bytes per device of one parameter's (params, grads, master copy, moments), and its optimizer-state
     elements per device. ZeRO-1 shards the optimizer state (master copy and moments) over the data axes the
-    parameter is replicated on (`zero_degree` devices), ZeRO-2 the gradients too; the fsdp axis already
-    shards everything through the layout."""
+    parameter is replicated on (`zero_degree` devices), ZeRO-2 the gradients too, along `zero_dim` (whole when
+    no dimension divides); the fsdp axis already shards everything through the layout."""
     n_local = math.prod(pp.local_shape)
     pb = DTYPE_BYTES[pp.dtype]
-    opt_n = math.ceil(n_local / zero_degree) if zero >= 1 else n_local
-    grads = (math.ceil(n_local / zero_degree) if zero >= 2 else n_local) * pb
+    split = n_local // zero_degree if zero >= 1 and zero_dim(pp.local_shape, zero_degree) is not None else n_local
+    opt_n = split if zero >= 1 else n_local
+    grads = (split if zero >= 2 else n_local) * pb
     return n_local * pb, grads, (opt_n * 4 if master else 0), slots * opt_n * slot_bytes, opt_n
 
 
-def state_memory(plan: Plan) -> StateMemory:
+def state_memory(plan: Plan, outside_everywhere: bool = False) -> StateMemory:
     """Bytes per device of parameters, gradients, optimizer state and buffers, on the fullest pipe rank
-    (no graph walk: fast)."""
+    (no graph walk: fast). With `outside_everywhere`, the parameters outside the pipelined repeated blocks are
+    on every pipe rank (a target that runs those layers outside the pipeline: Plan.memory_for)."""
     zero, master, slots, slot_bytes = precision_setup(plan.spec)
     batch = set(plan.batch_axes)
     pipe = plan.mesh.sizes.get("pipe", 1)
     ranks = [[0, 0, 0, 0, 0] for _ in range(pipe)]
+    everywhere = ranks
+    split = plan.pipeline.repeat_split if outside_everywhere and plan.pipeline is not None else {}
+    outside = {p.name for p in plan.params + plan.buffers if split and p.name.split(".")[0] not in split}
     cache: dict[tuple, tuple] = {}
     for pp in plan.params:
         key = (pp.spec, pp.local_shape, pp.dtype)
@@ -71,11 +86,12 @@ def state_memory(plan: Plan) -> StateMemory:
             layout = {a for d in pp.spec for a in d}
             deg = math.prod(plan.mesh.sizes[a] for a in batch - layout)
             vals = cache[key] = param_state_bytes(pp, deg, zero, master, slots, slot_bytes)[:4]
-        acc = ranks[getattr(pp, "stage", 0) % pipe]
-        acc[0] += vals[0]
-        acc[1] += vals[1]
-        acc[2] += vals[2]
-        acc[3] += vals[3]
+        for acc in everywhere if pp.name in outside else (ranks[getattr(pp, "stage", 0) % pipe],):
+            acc[0] += vals[0]
+            acc[1] += vals[1]
+            acc[2] += vals[2]
+            acc[3] += vals[3]
     for bp in plan.buffers:
-        ranks[getattr(bp, "stage", 0) % pipe][4] += bp.local_bytes
+        for acc in everywhere if bp.name in outside else (ranks[getattr(bp, "stage", 0) % pipe],):
+            acc[4] += bp.local_bytes
     return StateMemory(*max(ranks, key=sum))

@@ -204,8 +204,13 @@ def render_plan(plan: Plan, costs=None) -> str:
         f"optimizer ({tr.optimizer.name}) {human_bytes(m.optimizer)}"
         + (f", buffers {human_bytes(m.buffers)}" if m.buffers else "")
         + f"; total {human_bytes(m.total)}",
-        f"forward FLOPs per sample: {plan.graph.flops_per_sample:,}",
     ]
+    for t in plan.spec.targets or ():
+        more = plan.memory_for(t).total - m.total
+        if more:  # the layers outside the pipelined block run on every pipe rank in that target's program
+            lines.append(f"  the {t} program holds {human_bytes(more)} more per device: it runs the layers outside the "
+                         "pipelined block on every pipe rank")
+    lines.append(f"forward FLOPs per sample: {plan.graph.flops_per_sample:,}")
     if costs is None:
         from .costs import estimate
 

@@ -51,9 +51,12 @@ def render_files(compiled: Compiled, target: str, spec_path: str) -> dict[str, s
 
 
 def _plan_json(compiled: Compiled) -> Any:
+    from ..planner.costs import estimate_targets
     from ..planner.plan_json import plan_to_json
+    from ..targets import attention_kernels
 
-    return plan_to_json(compiled.plan)
+    plan = compiled.plan  # costed as `plan --format json` costs it: the largest over the spec's targets
+    return plan_to_json(plan, estimate_targets(plan, attention_kernels(plan.spec.targets)))
 
 
 # The post-step's fixed configuration. Every setting is on the command line and ruff runs --isolated, from an

@@ -310,6 +310,8 @@ def make_context(plan: Plan, target: str, spec_file: str) -> dict[str, Any]:
             "schedule": tr.schedule.model_dump(),
             "clip_grad_norm": tr.clip_grad_norm,
             "precision": tr.precision.model_dump(),
+            # float16 compute's loss scaling (None: none): `dynamic` and the scaler's settings
+            "loss_scaling": tr.precision.loss_scaling(),
             "remat": tr.remat,
             "seed": tr.seed,
             "checkpoint": tr.checkpoint.model_dump() if tr.checkpoint else None,

@@ -199,6 +199,7 @@ def model_context(plan: Plan, ctx: dict[str, Any], model_names: set[str]) -> dic
 HASH_OMITS = {"extends", "description", "targets", "mesh", "meshes", "devices", "sharding", "pipeline", "data",
               "eval", "hardware"}
 HASH_OMITS_TRAINING = {"steps", "checkpoint", "remat", "zero", "grad_accum"}
+ADDED_LAYER_FIELDS = dict(dropout=0.0)  # layer field -> its default (attention's dropout)
 
 
 def spec_hash(plan: Plan) -> str:
@@ -207,6 +208,14 @@ def spec_hash(plan: Plan) -> str:
     spec = plan.spec.model_dump(mode="json")
     kept = {k: v for k, v in spec.items() if k not in HASH_OMITS}
     kept["training"] = {k: v for k, v in spec["training"].items() if k not in HASH_OMITS_TRAINING}
+    # precision settings left out (None: loss_scale, scaler) hash as before they existed: a spec that does not
+    # use them keeps its hash, and its checkpoints stay resumable
+    kept["training"]["precision"] = {k: v for k, v in spec["training"]["precision"].items() if v is not None}
+    # layer fields added later, left at their defaults, hash as before they existed (the same reason)
+    model = kept["model"]
+    for layers in [model["layers"], *model.get("blocks", {}).values()]:
+        for i, layer in enumerate(layers):
+            layers[i] = {k: v for k, v in layer.items() if ADDED_LAYER_FIELDS.get(k, object()) != v}
     return hashlib.sha256(json.dumps(kept, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
@@ -221,6 +230,7 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
     layers = model["layers"]
     pipeline = _pipeline(plan, layers)
     tr = plan.spec.training
+    memory = plan.memory_for("jax")
     # micro-batch iterations of the train step's loop: pipeline runs, else micro-batches, else a one-stage
     # pipeline's chunks (docs/program.md "Pipeline stages")
     accum = tr.grad_accum * (plan.pipeline.microbatches if plan.pipeline and not pipeline else 1)
@@ -237,8 +247,8 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
             # a float32 master copy of 16-bit parameters in the optimizer state
             "master_weights": bool(tr.precision.master_weights and tr.precision.params != "float32"),
             "accum": accum,
-            # per-device bytes the planner predicts (`mithril-spec plan`); the program reports what it holds
-            "planned": {"params": plan.memory.params, "optimizer": plan.memory.optimizer,
-                        "buffers": plan.memory.buffers},
+            # per-device bytes the planner predicts for this target (`mithril-spec plan`); the program reports
+            # what it holds
+            "planned": {"params": memory.params, "optimizer": memory.optimizer, "buffers": memory.buffers},
         },
     }

@@ -66,8 +66,8 @@ def sampling_context(plan: Plan, ctx: dict[str, Any], target: str) -> dict[str, 
         """torch: how a layer's weights stay split over `tensor` while decoding: colwise / rowwise (a linear
         layer), pair (attention, mlp), or None (gathered whole)."""
         kind = OPS[layer["op"]].tensor_parallel if layer["op"] in OPS else None  # matmul (linear) or pair
-        if tensor <= 1 or not kind or layer["attrs"].get("tie"):
-            return None
+        if tensor <= 1 or not kind or layer["attrs"].get("tie") or layer["name"] == ctx["loss"]["prediction"]:
+            return None  # (a vocab-parallel output layer is gathered whole: the decode samples from all logits)
         mine = {k: v for k, v in styles.items() if k == layer["name"] or k.startswith(layer["name"] + ".")}
         if not mine:
             return None

@@ -12,7 +12,13 @@
 - How the mesh is used, decided here once for the mesh the program is built for:
   `dp`: "ddp" (DistributedDataParallel over data), "fsdp" (FSDP2 fully_shard over fsdp), "hsdp" (FSDP2
   on the 2-D (data, fsdp) mesh; also data x tensor, as HSDP with an fsdp axis of size 1, so that the
-  tensor-parallel DTensor parameters stay DTensors for DCP and export) or "none".
+  tensor-parallel DTensor parameters stay DTensors for DCP and export), "zero2" (replicated over data
+  without DDP: ZeRO-2 reduce-scatters the gradients itself, templates/torch/optimizer.py.j2 Shards) or
+  "none".
+- `zero`, `master`, `shards`: ZeRO-1/2 over `data` and float32 master weights, which make the optimizer
+  step on Shards (per-parameter slices or float32 copies) instead of the parameters; per table row
+  `torch_zero_dim`, the torch dimension a parameter's optimizer state is split on (planner/states.py
+  zero_dim on its canonical local shape, moved by the nn.Linear transpose; None: whole).
 - The tensor-parallel plan for parallelize_module, flat, by module FQN (`blocks.*.attn.q` for every copy
   of a block): colwise / rowwise, and under sequence parallelism (the plan splits the residual stream's
   sequence axis over `tensor`) the sequence-parallel variants and the boundaries of the repeated blocks.
@@ -31,7 +37,8 @@ from ..graph import Node, RepeatNode
 from ..ops import OPS
 from ..planner.plan import Plan
 from ..planner.sizes import DTYPE_BYTES
-from ..planner.states import precision_setup
+from ..planner.states import precision_setup, zero_dim
+from ..targets.base import vocab_parallel_layers
 from ..targets.torch import pipeline_flow
 from ..targets.torch import sequence_parallel as torch_sequence_parallel
 from .context import RESERVED, rename_vars
@@ -189,6 +196,8 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
     P, X = sizes.get("pipe", 1), sizes.get("expert", 1)
     if Fs > 1 or (T > 1 and D > 1) or (P > 1 and D > 1):
         dp = "hsdp" if D > 1 else "fsdp"
+    elif D > 1 and X == 1 and plan.spec.training.zero >= 2:
+        dp = "zero2"  # no DDP: the gradients are reduce-scattered onto the ranks that update them (Shards)
     elif D * X > 1:
         dp = "ddp"
     else:
@@ -197,8 +206,17 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
     # ---- tensor (and sequence) parallelism
     tp_plan: dict[str, str] = {}
     sp_repeats: list[dict[str, Any]] = []
+    vocab_tables: set[str] = set()
     if T > 1:
         tp_plan.update(_styles(ctx["tp"], "", plan.graph.layers, False))
+        # vocab-parallel: the table's rows split (each rank looks up its rows, the lookups all-reduced), the
+        # output layer's logits left split for loss_parallel's cross-entropy
+        vocab_tables, heads = vocab_parallel_layers(plan)
+        for name in vocab_tables:
+            tp_plan[name] = "embedding"
+        for name in heads:
+            if name in tp_plan:
+                tp_plan[name] = "colwise_logits"
         block_tp = {b["name"]: b["tp"] for b in ctx["blocks"]}
         for node in plan.graph.layers:
             if isinstance(node, RepeatNode):
@@ -213,10 +231,18 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
 
     # ---- parameters: the torch-side fields of the table rows (one per parameter outside the repeats and per
     # block parameter, render/context.py), which the config tables (common/tables.py.j2) render
+    # ZeRO (over `data` alone: the torch target refuses it with other axes): the degree each parameter's
+    # optimizer state is split over, on the dimension the planner counts (planner/states.py zero_dim)
+    tr = plan.spec.training
+    zero_degree = D if tr.zero and D > 1 else 1
+
+    def torch_dim(d: int | None, p: dict[str, Any]) -> int | None:
+        # nn.Linear weights are [out, in] in torch: a canonical dimension moves with the transpose
+        return None if d is None else (1 - d if p["transpose"] else d)
+
     def torch_row(p: dict[str, Any]) -> dict[str, Any]:
-        d = p["fsdp_dim"]
-        # nn.Linear weights are [out, in] in torch: the fsdp dimension moves with the transpose
-        return {**p, "torch_fsdp_dim": None if d is None else (1 - d if p["transpose"] else d),
+        zd = zero_dim(tuple(p["local_shape"]), zero_degree)
+        return {**p, "torch_fsdp_dim": torch_dim(p["fsdp_dim"], p), "torch_zero_dim": torch_dim(zd, p),
                 "expert": any(a and "expert" in a for a in p["layout"])}
 
     top_params = [torch_row(p) for p in ctx["top_params"]]
@@ -229,7 +255,8 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
     mixed = precision.compute != precision.params
     random = any(o.endswith("_rng") for o in ops)
     expert_params = any(p["expert"] for p in rows)
-    _, _, slots, _ = precision_setup(plan.spec)  # optimizer state tensors per parameter, as the plan counts
+    _, master, slots, slot_bytes = precision_setup(plan.spec)  # optimizer state per parameter, as the plan counts
+    zero = tr.zero if zero_degree > 1 else 0  # (one data rank: nothing to split)
     devices = plan.mesh.devices
     per_node = min(devices, 8)
     while devices % per_node:
@@ -255,6 +282,18 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
             "dp": dp,
             "fsdp": fsdp,  # FSDP2 fully_shard (dp fsdp or hsdp)
             "sharded": Fs > 1,  # FSDP2 shards over an fsdp axis larger than 1
+            # embedding tables split on their vocabulary (tensor parallel); the logits then come out split
+            # and the loss runs under loss_parallel
+            "vocab_tables": sorted(vocab_tables),
+            "vocab_tied": any(not n.is_repeat and (n.attrs.get("tie") or "").rsplit(".", 1)[0] in vocab_tables
+                              for n in plan.graph.layers),
+            "vocab_parallel": bool(vocab_tables) or "colwise_logits" in tp_plan.values(),
+            # batch_norm under data parallelism: statistics over the ranks of these batch axes (SyncBatchNorm)
+            "sync_bn": [a for a in plan.batch_axes if plan.mesh.sizes.get(a, 1) > 1]
+            if any(OPS[o].batch_statistics for o in ops if o in OPS) else [],
+            # parameters the plan keeps whole under fsdp (no dimension divides): FSDP2 ignores them (its
+            # dimension-0 padding would hold other bytes than the plan), reduce_whole_grads averages theirs
+            "whole": Fs > 1 and any(p["fsdp_dim"] is None for p in rows),
             "mixed": mixed,  # compute dtype differs from the parameters' dtype
             "autocast": mixed and not fsdp,  # torch.autocast (FSDP2 casts with its MixedPrecisionPolicy)
             "tp_plan": tp_plan,
@@ -271,6 +310,11 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
             # a pipeline spec built for one stage runs its micro-batches one after the other
             "chunks": plan.pipeline.microbatches if plan.pipeline and len(plan.pipeline.stages) == 1 else 1,
             "optimizer_slots": slots,
+            "slot_bytes": slot_bytes,  # bytes per optimizer-state element (4 with master weights)
+            "zero": zero,  # ZeRO stage over `data` (0: the optimizer steps on the parameters themselves)
+            "master": master,  # a float32 master copy of the 16-bit parameters
+            # the optimizer steps on Shards (ZeRO slices or master copies) rather than on the parameters
+            "shards": bool(zero or master),
             "param_bytes": DTYPE_BYTES[pdtype],
             "planned": {"params": plan.memory.params, "grads": plan.memory.grads,
                         "optimizer": plan.memory.optimizer, "buffers": plan.memory.buffers},

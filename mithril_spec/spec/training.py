@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Union
 
-from pydantic import Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import (
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+    ValidationInfo,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_validator,
+)
 
 from .common import Strict
 
@@ -48,6 +57,28 @@ class Schedule(Strict):
         return self
 
 
+# A loss scale must be a float32 number (the programs keep it as one): at most 2^127.
+MAX_LOSS_SCALE = 2.0**127
+
+
+class Scaler(Strict):
+    """The dynamic loss scaler's settings (torch.amp.GradScaler's rule and defaults)."""
+
+    init_scale: Annotated[float, Field(gt=0, le=MAX_LOSS_SCALE)] = Field(
+        2.0**16, description="the loss scale of the first step"
+    )
+    growth_factor: Annotated[float, Field(gt=1, le=MAX_LOSS_SCALE)] = Field(
+        2.0, description="the scale is multiplied by it after `growth_interval` steps in a row with finite gradients"
+    )
+    backoff_factor: Annotated[float, Field(gt=0, lt=1)] = Field(
+        0.5, description="the scale is multiplied by it after a step with non-finite gradients (which is skipped)"
+    )
+    growth_interval: PositiveInt = Field(2000, description="finite steps in a row before the scale grows")
+
+
+LossScale = Literal["dynamic", "none"] | Annotated[float, Field(gt=0, le=MAX_LOSS_SCALE)]
+
+
 class Precision(Strict):
     params: Dtype = "float32"
     compute: Dtype = "float32"
@@ -56,6 +87,49 @@ class Precision(Strict):
         description="keep a float32 master copy of 16-bit parameters in the optimizer state (mixed-precision "
         "training); the optimizer moments are then float32 too",
     )
+    loss_scale: LossScale | None = Field(
+        None,
+        description="float16 compute only: `dynamic` (the default there: the scale adapts, steps with non-finite "
+        "gradients are skipped), a fixed positive number (such steps are skipped too), or `none` (no scaling)",
+    )
+    scaler: Scaler | None = Field(
+        None, description="the dynamic loss scale's settings (`loss_scale: dynamic`, float16 compute only)"
+    )
+
+    @field_validator("loss_scale", mode="wrap")
+    @classmethod
+    def _loss_scale(cls, value, handler: ValidatorFunctionWrapHandler, info: ValidationInfo):
+        try:
+            value = handler(value)
+        except ValidationError:  # one message for the union (not one per member)
+            raise ValueError("expected `dynamic`, `none` or a number > 0 and <= 2^127") from None
+        compute = info.data.get("compute")
+        if value not in (None, "none") and compute not in (None, "float16"):
+            raise ValueError(f"loss scaling is for float16 compute, and `precision.compute` is {compute}: "
+                             "leave `loss_scale` out (or write `none`)")
+        return value
+
+    @field_validator("scaler")
+    @classmethod
+    def _scaler_needs_dynamic(cls, value, info: ValidationInfo):
+        if value is None or "compute" not in info.data or "loss_scale" not in info.data:
+            return value  # (or an error in one of those already)
+        if info.data["compute"] != "float16":
+            raise ValueError(f"the loss scaler is for float16 compute, and `precision.compute` is "
+                             f"{info.data['compute']}: leave `scaler` out")
+        if info.data["loss_scale"] not in (None, "dynamic"):
+            raise ValueError(f"`scaler` sets a dynamic loss scale, and `loss_scale` is "
+                             f"{info.data['loss_scale']!r}: write `loss_scale: dynamic` or leave `scaler` out")
+        return value
+
+    def loss_scaling(self) -> dict | None:
+        """What the generated programs run: None (no loss scaling), or `dynamic` (bool) and the scaler's
+        settings (a fixed scale: `init_scale` only matters, it never changes)."""
+        if self.compute != "float16" or self.loss_scale == "none":
+            return None
+        if self.loss_scale in (None, "dynamic"):
+            return {"dynamic": True, **(self.scaler or Scaler()).model_dump()}
+        return {"dynamic": False, **Scaler(init_scale=float(self.loss_scale)).model_dump()}
 
 
 class Checkpoint(Strict):

@@ -22,9 +22,16 @@ TARGET_NAMES: tuple[str, ...] = tuple(TARGETS)
 DEFAULT_TARGETS: tuple[str, ...] = tuple(n for n, t in TARGETS.items() if t.capabilities.default)
 
 
+def attention_kernels(targets) -> dict[str, bool]:
+    """Per target: does its attention (at dropout 0) run a fused kernel that stores no probabilities (what
+    the cost model's `estimate_targets` takes)?"""
+    return {t: TARGETS[t].capabilities.fused_attention for t in targets}
+
+
 def check_target(plan: Plan, doc: Document, target: str) -> list[Diagnostic]:
     """E049 for everything in `plan` that `target` cannot run."""
     return TARGETS[target].check(plan, doc)
 
 
-__all__ = ["DEFAULT_TARGETS", "TARGETS", "TARGET_NAMES", "Capabilities", "Target", "check_target"]
+__all__ = ["DEFAULT_TARGETS", "TARGETS", "TARGET_NAMES", "Capabilities", "Target", "attention_kernels",
+           "check_target"]

@@ -8,10 +8,12 @@ the spec language (`spec/root.py`) can take its `targets` values from the regist
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
 from ..diagnostics import Diagnostic
 from ..ops import OPS
+from ..ops.loss import LOSSES
 
 if TYPE_CHECKING:
     from ..planner.plan import Plan
@@ -37,6 +39,11 @@ class Capabilities:
     dtype_limits: tuple[tuple[str, str, str], ...] = ()
     # batch statistics (batch_norm) reduced over the data-parallel ranks
     global_batch_statistics: bool = True
+    # parameters split over the `data` axis (a `sharding.params` layout or a rule naming `data`)
+    data_param_layouts: bool = True
+    # `sharding.inputs` layouts other than the batch over the batch axes (a non-batch dimension split, or
+    # the batch over other axes)
+    input_layouts: bool = True
     ops: Optional[frozenset[str]] = None  # operators it renders; None: every registered operator
     launchers: tuple[str, ...] = ()
     # why a capability is missing, by what E049 names: a mesh axis ("tensor"), "zero", "master_weights",
@@ -48,6 +55,12 @@ class Capabilities:
     default: bool = True
     # the `eval` section in a build with more than one pipeline stage
     eval_with_pipeline: bool = False
+    # a pipelined build runs the layers outside the pipelined block on every pipe rank (so each holds their
+    # parameters: Plan.memory_for), rather than on the stage the planner gives them
+    pipeline_outside_everywhere: bool = False
+    # attention without dropout runs as a fused kernel that stores no [b, heads, s, s] probabilities for the
+    # backward pass (the plan's activations follow it: planner/costs CostOptions.fused_attention)
+    fused_attention: bool = False
 
     def reason(self, what: str, help: str) -> str:
         why = dict(self.reasons).get(what)
@@ -94,12 +107,34 @@ def _neighbour(plan: Plan, prefix: str, nodes: list, i: int, step: int) -> str |
     return None
 
 
-def tensor_parallel_errors(plan: Plan, doc: Document, name: str, title: str) -> list[Diagnostic]:
+def vocab_parallel_layers(plan: Plan) -> tuple[set[str], set[str]]:
+    """Top-level (embedding tables split on their vocabulary over `tensor`, column-parallel output layers
+    whose logits go straight to a cross_entropy loss): the layers Megatron's vocab-parallel embedding and
+    parallel cross-entropy run."""
+    tables: set[str] = set()
+    heads: set[str] = set()
+    for node in plan.graph.layers:
+        if node.is_repeat:
+            continue
+        if OPS[node.op].tieable and node.params and tensor_dims(plan, f"{node.name}.weight") == (0,):
+            tables.add(node.name)
+        elif (OPS[node.op].tensor_parallel == "matmul" and LOSSES[plan.graph.loss.op].class_targets
+              and node.name == plan.graph.loss.prediction
+              and (node.attrs.get("tie") or linear_style(plan, f"{node.name}.weight") == "colwise")):
+            heads.add(node.name)
+    return tables, heads
+
+
+def tensor_parallel_errors(plan: Plan, doc: Document, name: str, title: str, vocab_parallel: bool = False
+                           ) -> list[Diagnostic]:
     """E049 for the layouts over `tensor` that Megatron-style tensor parallelism (the torch and mlx
     targets) cannot run: a column-parallel linear followed by a row-parallel one with only element-wise
     layers between, attention and mlp with every input projection split on its outputs and the output
-    projection on its inputs; no other operator split."""
+    projection on its inputs; no other operator split. With `vocab_parallel`, also an embedding table split
+    on its vocabulary and a column-parallel (or tied to such a table) output layer whose logits a
+    cross_entropy loss reads (vocab_parallel_layers)."""
     out: list[Diagnostic] = []
+    tables, heads = vocab_parallel_layers(plan) if vocab_parallel else (set(), set())
     tp_ops = ", ".join(k for k, op in OPS.items() if op.tensor_parallel)
 
     def err(node, msg, help=None):
@@ -112,6 +147,8 @@ def tensor_parallel_errors(plan: Plan, doc: Document, name: str, title: str) -> 
             full = prefix + node.name
             styles = {p.name: tensor_dims(plan, f"{full}.{p.name}") for p in node.params}
             kind = OPS[node.op].tensor_parallel
+            if prefix == "" and (node.name in tables or node.name in heads):
+                continue  # vocab-parallel
             if kind == "matmul" and not node.attrs.get("tie"):
                 style = linear_style(plan, f"{full}.weight")
                 if style == "both":
@@ -204,6 +241,25 @@ class Target:
                     if not node.is_repeat and node.op not in cap.ops:
                         refuse(node.path + ("op",), f"the `{node.op}` operator",
                                cap.reason(node.op, f"operators it renders: {', '.join(sorted(cap.ops))}"))
+        if not cap.data_param_layouts and plan.mesh.sizes.get("data", 1) > 1:
+            split = next((pp for pp in plan.params if any("data" in d for d in pp.spec)), None)
+            if split is not None:
+                glob = next((g for g in plan.spec.sharding.params if fnmatch.fnmatchcase(split.name, g)), None)
+                refuse(split.param.path if glob is None else ("sharding", "params", glob), f"parameters split over the `data` axis (`{split.name}` is laid out as "
+                       f"{layout_text(split.spec)})", cap.reason(
+                           "data_param_layouts", "split parameters over `fsdp` (ZeRO-3) instead, and keep `data` "
+                           "for the batch"))
+        if not cap.input_layouts:
+            explicit = plan.spec.sharding.inputs
+            for ip in plan.inputs:
+                if ip.input.name not in explicit:
+                    continue
+                usual = (tuple(plan.batch_axes),) + ((),) * (len(ip.spec) - 1)
+                if tuple(map(tuple, ip.spec)) != usual:
+                    refuse(("sharding", "inputs", ip.input.name), f"the layout {layout_text(ip.spec)} of input "
+                           f"`{ip.input.name}`", cap.reason(
+                               "input_layouts", f"leave `{ip.input.name}` out of `sharding.inputs`: its batch is "
+                               f"then split over the batch axes ({layout_text(usual)}), the other dimensions whole"))
         if not cap.global_batch_statistics and plan.dp_degree > 1:
             for _, nodes in scopes(plan):
                 for node in nodes:

@@ -6,7 +6,7 @@ when the committed file is stale)."""
 from __future__ import annotations
 
 from ..ops import OPS
-from . import DEFAULT_TARGETS, TARGETS
+from . import DEFAULT_TARGETS, TARGETS, matrix
 
 
 def _yes(v: bool) -> str:
@@ -31,14 +31,19 @@ def capability_markdown() -> str:
     row("explicit `stage:` fields", lambda c: _yes(c.explicit_stages))
     row("`training.zero` with a pipeline", lambda c: _yes(c.zero_with_pipeline))
     row("compute dtypes", lambda c: _list(c.compute_dtypes))
+    # every target that computes in float16 scales its loss (docs/program.md "Loss scaling")
+    row("float16 loss scaling (`precision.loss_scale`)", lambda c: _yes("float16" in c.compute_dtypes))
     row("parameter dtypes", lambda c: _list(c.param_dtypes))
     row("refused dtype pairs (params / compute)",
         lambda c: "; ".join(f"{p} / {k}" for p, k, _ in c.dtype_limits) or "none")
     row("batch statistics over data-parallel ranks", lambda c: _yes(c.global_batch_statistics))
+    row("parameters split over `data`", lambda c: _yes(c.data_param_layouts))
+    row("`sharding.inputs` layouts beyond the batch split", lambda c: _yes(c.input_layouts))
     row("remat policies", lambda c: _list(c.remat))
     row("operators", lambda c: "all" if c.ops is None else "all but " + _list(sorted(set(OPS) - c.ops)))
     row("launchers", lambda c: "; ".join(c.launchers))
     row("evaluation (`eval`) in a pipelined build", lambda c: _yes(c.eval_with_pipeline))
+    row("fused attention (no probabilities stored; attention `dropout` 0)", lambda c: _yes(c.fused_attention))
     row("checked for a spec without `targets:`", lambda c: _yes(c.default))
     rows.append(("program imports", [t.imports for t in targets]))
 
@@ -57,9 +62,15 @@ def capability_markdown() -> str:
         "|---|" + "---|" * len(targets),
     ]
     out += [f"| {label} | " + " | ".join(cells) + " |" for label, cells in rows]
+    out += ["", "## Parallelism x features", "",
+            "Each kind of parallelism combined with each training feature on one tiny transformer "
+            "(mithril_spec/targets/matrix.py), as each target's checks answer it. "
+            "tests/test_capability_matrix.py runs every cell marked `runs`: 3 steps equal to the one-device "
+            "build of the same model, holding the planned bytes.", "",
+            matrix.table([t.name for t in targets]).rstrip("\n")]
     out += ["", "Operators that cannot run inside a pipeline in any target yet:", ""]
     for kind, op in OPS.items():
-        sample = {"rate": 0.1}  # dropout's limit depends on its rate
+        sample = dict(rate=0.1, dropout=0.1)  # the limits of dropout and attention depend on their rates
         why = op.pipeline_limit(sample)
         if why:
             out.append(f"- `{kind}`: {why}")

@@ -26,6 +26,7 @@ class JaxTarget(Target):
         compute_dtypes=("float32", "bfloat16", "float16"),
         param_dtypes=("float32", "bfloat16", "float16"),
         launchers=("launch.sh (jax.distributed, one process per host)",),
+        pipeline_outside_everywhere=True,
     )
     files = (("jax/train.py.j2", "train.py"), ("jax/launch.sh.j2", "launch.sh"), ("jax/README.md.j2", "README.md"),
              ("jax/generate.py.j2", "generate.py"))

@@ -30,6 +30,8 @@ _REASONS = (
     ("float16", "the mlx target computes in float32 or bfloat16 (no loss scaling for float16)"),
     ("bfloat16", "the mlx target stores parameters in float32"),
     ("moe", "the mixture-of-experts operator is not in the mlx target yet"),
+    ("data_param_layouts", "over `data` every mlx process holds the whole model"),
+    ("input_layouts", "the mlx target gives each process whole samples: its rows of the batch"),
 )
 
 
@@ -46,6 +48,8 @@ class MlxTarget(Target):
         compute_dtypes=("float32", "bfloat16"),
         param_dtypes=("float32",),
         global_batch_statistics=False,
+        data_param_layouts=False,
+        input_layouts=False,
         ops=frozenset(k for k in OPS if not OPS[k].expert_dims),
         launchers=("launch.sh (mlx.launch: processes on one machine, or --hosts for several)",),
         reasons=_REASONS,
@@ -58,8 +62,8 @@ class MlxTarget(Target):
     limits = (
         "Tensor parallelism (Megatron's: a column-parallel linear, element-wise layers, a row-parallel linear; "
         "attention and mlp with their heads or hidden features split) on a mesh of `tensor` alone: "
-        + _ONE_GROUP + ", so `tensor` does not combine with `data`; no dropout above rate 0 and no sequence "
-        "split over `tensor` in such a build.",
+        + _ONE_GROUP + ", so `tensor` does not combine with `data`; no dropout layers above rate 0 (attention "
+        "dropout is fine: each process keeps its heads' mask) and no sequence split over `tensor` in such a build.",
         "Opt-in: a spec without `targets:` is checked for the default targets (jax, torch) only; list `mlx` "
         "to have `validate` check it too (`build --target mlx` always does).",
         "One process per device; over `data` every process holds the whole model and optimizer state.",
@@ -76,7 +80,8 @@ class MlxTarget(Target):
         out = tensor_parallel_errors(plan, doc, "mlx", "MLX")
         for prefix, nodes in scopes(plan):
             for node in nodes:
-                if not node.is_repeat and OPS[node.op].is_random(node.attrs):
+                op = None if node.is_repeat else OPS[node.op]
+                if op is not None and op.is_random(node.attrs) and not op.random_tensor_parallel:
                     out.append(Diagnostic(
                         "E049", f"`{node.name}`: the mlx target runs no dropout above rate 0 in a tensor-parallel "
                         "build (its masks on split features would differ from the one-device run)",

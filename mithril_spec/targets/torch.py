@@ -8,7 +8,16 @@ from typing import TYPE_CHECKING
 
 from ..diagnostics import Diagnostic
 from ..ops import OPS
-from .base import MESH_AXES, Capabilities, Target, layout_text, scopes, tensor_dims, tensor_parallel_errors
+from .base import (
+    MESH_AXES,
+    Capabilities,
+    Target,
+    layout_text,
+    scopes,
+    tensor_dims,
+    tensor_parallel_errors,
+    vocab_parallel_layers,
+)
 
 if TYPE_CHECKING:
     from ..graph import RepeatNode
@@ -20,13 +29,26 @@ SP_OPS = tuple(k for k, op in OPS.items() if op.per_position or op.tensor_parall
 TP_OPS = tuple(k for k, op in OPS.items() if op.tensor_parallel)
 
 
+# ZeRO-1/2 in the torch target: the model replicated over `data` (ZeRO-1: DDP's all-reduce; ZeRO-2: a
+# reduce-scatter), the optimizer stepping on each rank's slices (DTensors over `data`), the updated slices
+# all-gathered. What it does not combine with, and why (an E049 each, listed in docs/targets.md):
+ZERO_LIMITS = (
+    ("an `fsdp` axis", "FSDP2 already shards the optimizer state over `fsdp` (ZeRO-3), and the torch program "
+     "does not split it further over `data`"),
+    ("a `tensor` axis and `data` above 1", "the tensor-parallel parameters are DTensors over (data, fsdp, "
+     "tensor) kept by FSDP2, whose optimizer state the torch program does not split over `data`"),
+    ("an `expert` axis", "the experts' gradients are reduced apart from DDP's, and the torch program does not "
+     "split their optimizer state"),
+)
+
+
 class TorchTarget(Target):
     name = "torch"
     title = "PyTorch"
     capabilities = Capabilities(
         mesh_axes=MESH_AXES,
-        zero_stages=(0,),
-        master_weights=False,
+        zero_stages=(0, 1, 2),  # over `data` alone (ZERO_LIMITS)
+        master_weights=True,
         pipeline_schedules=("gpipe", "1f1b", "interleaved"),
         explicit_stages=True,
         zero_with_pipeline=False,
@@ -35,8 +57,15 @@ class TorchTarget(Target):
         dtype_limits=tuple(
             (p, "float32", "store parameters in float32 and compute in bfloat16 (FSDP2 MixedPrecisionPolicy or "
              "autocast)") for p in ("bfloat16", "float16")),
-        global_batch_statistics=False,
+        global_batch_statistics=True,
+        data_param_layouts=False,
+        input_layouts=False,
+        reasons=(
+            ("data_param_layouts", "the torch target replicates parameters over `data` (DDP, or HSDP's replicas)"),
+            ("input_layouts", "the torch target gives each rank whole samples: its rows of the batch"),
+        ),
         launchers=("launch.sh (torchrun, one machine or several)", "launch.sbatch (SLURM)"),
+        fused_attention=True,  # F.scaled_dot_product_attention (at attention dropout 0)
     )
     files = (
         ("torch/train.py.j2", "train.py"),
@@ -58,13 +87,17 @@ class TorchTarget(Target):
         "combined with a pipeline.",
         "Expert parallelism: the `expert` axis combines with `data` only, and splits exactly the experts of moe "
         "layers (dimension 0).",
+        "Under fsdp, a parameter none of whose dimensions the fsdp axis divides stays whole on every rank (as "
+        "planned: FSDP2 ignores it and the program averages its gradient); with a compute dtype other than the "
+        "parameters' such a parameter is refused (FSDP2's MixedPrecisionPolicy casts only what it shards).",
         "A pipeline passes exactly one tensor from stage to stage; the model inputs go to the first stage, the "
         "loss targets (a model input) to the last; a tied linear layer sits on its embedding's stage; remat in "
         "a pipeline needs a repeated block.",
+        *(f"`training.zero` with {what}: {why}." for what, why in ZERO_LIMITS),
     )
 
     def check_more(self, plan: Plan, doc: Document) -> list[Diagnostic]:
-        return _checks(plan, doc)
+        return _checks(plan, doc) + _zero(plan, doc)
 
 
 # Attribute and method names of torch.nn.Module: a layer with one of these names would be shadowed.
@@ -114,6 +147,7 @@ def _checks(plan: Plan, doc: Document) -> list[Diagnostic]:
                         "split over `tensor`", help="rule `heads`/`kv_heads` (attention) or `mlp` to `tensor`")
 
     out += _experts(plan, doc)
+    out += _whole_under_fsdp(plan, doc)
     if plan.pipeline is not None and len(plan.pipeline.stages) > 1:
         out += _pipeline(plan, doc)
 
@@ -127,9 +161,27 @@ def _checks(plan: Plan, doc: Document) -> list[Diagnostic]:
                 err(node, f"layer name `{node.name}` clashes with {what} in the torch target",
                     help="rename the layer (names are shared by every target)")
     if tp:
-        out += tensor_parallel_errors(plan, doc, "torch", "PyTorch")
+        out += tensor_parallel_errors(plan, doc, "torch", "PyTorch", vocab_parallel=True)
+        out += _vocab_parallel(plan, doc)
     return out
 
+
+
+def _zero(plan: Plan, doc: Document) -> list[Diagnostic]:
+    """E049 for `training.zero` on a mesh axis the torch program's ZeRO does not combine with (ZERO_LIMITS)."""
+    out: list[Diagnostic] = []
+    sizes = plan.mesh.sizes
+    tr = plan.spec.training
+    if tr.zero:
+        for axis, (what, why) in zip(("fsdp", "tensor", "expert"), ZERO_LIMITS):
+            # (tensor alone splits no batch: ZeRO has nothing to split over, and the program is the plain one)
+            if sizes.get(axis, 1) > 1 and (axis != "tensor" or sizes.get("data", 1) > 1):
+                out.append(Diagnostic(
+                    "E049", f"the torch target does not support `training.zero: {tr.zero}` with {what}",
+                    doc.pos(("training", "zero")),
+                    help=f"{why}; use `training.zero: 0` on this mesh (the fsdp axis is ZeRO-3), or a mesh of "
+                    "`data` alone"))
+    return out
 
 
 def _experts(plan: Plan, doc: Document) -> list[Diagnostic]:
@@ -175,6 +227,48 @@ def _experts(plan: Plan, doc: Document) -> list[Diagnostic]:
             break
     return out
 
+
+
+def _vocab_parallel(plan: Plan, doc: Document) -> list[Diagnostic]:
+    """Vocab-parallel layers (an embedding table split on its vocabulary, the output layer's logits split
+    over `tensor` into a parallel cross-entropy) outside a pipeline, and a tied linear layer reading a split
+    table only as that output layer."""
+    tables, heads = vocab_parallel_layers(plan)
+    out: list[Diagnostic] = []
+    def table(node) -> str:  # the embedding layer a tied linear reads (its attrs name the table parameter)
+        return (node.attrs.get("tie") or "").rsplit(".", 1)[0]
+
+    split_heads = {n.name for n in plan.graph.layers if n.name in heads and (table(n) in tables or not table(n))}
+    if (tables or split_heads) and plan.pipeline is not None and len(plan.pipeline.stages) > 1:
+        node = next(n for n in plan.graph.layers if n.name in tables | split_heads)
+        out.append(Diagnostic(
+            "E049", f"`{node.name}`: the torch target runs vocab-parallel layers (split over `tensor` on the "
+            "vocabulary) outside pipelines only", doc.pos(node.path + ("name",)),
+            help="leave the vocabulary whole (no rule for its axis) in a pipelined build"))
+    for node in plan.graph.layers:
+        if not node.is_repeat and table(node) in tables and node.name not in heads:
+            out.append(Diagnostic(
+                "E049", f"`{node.name}` is tied to `{table(node)}`, whose table is split on its vocabulary "
+                "over `tensor`: the torch target runs that only for the output layer of a cross_entropy loss",
+                doc.pos(node.path + ("name",)), help="leave the vocabulary whole, or untie the layer"))
+    return out
+
+
+def _whole_under_fsdp(plan: Plan, doc: Document) -> list[Diagnostic]:
+    """FSDP2 leaves the parameters the plan keeps whole (no dimension divides over fsdp) to the program,
+    which averages their gradients itself; its MixedPrecisionPolicy casts only the parameters it shards, so
+    a whole one would meet 16-bit activations in float32."""
+    pr = plan.spec.training.precision
+    if plan.mesh.sizes.get("fsdp", 1) <= 1 or pr.compute == pr.params:
+        return []
+    whole = next((pp for pp in plan.params if pp.param.trainable and not any("fsdp" in d for d in pp.spec)), None)
+    if whole is None:
+        return []
+    return [Diagnostic(
+        "E049", f"`{whole.name}` {list(whole.param.shape)} stays whole over fsdp={plan.mesh.sizes['fsdp']} (no "
+        f"dimension divides), and the torch target's FSDP2 casts only the parameters it shards to "
+        f"{pr.compute}", doc.pos(whole.param.path),
+        help="choose sizes that the fsdp axis divides, or compute in the parameters' dtype")]
 
 
 def _first_copy(plan: Plan, name: str) -> str:

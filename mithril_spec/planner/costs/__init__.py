@@ -21,6 +21,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
+from ...graph import RepeatNode
+from ...ops import OPS
 from ..hardware import Hardware
 from ..plan import Plan
 from ..states import StateMemory, param_state_bytes, precision_setup, state_memory
@@ -44,7 +46,8 @@ from .walk import Walk
 __all__ = [
     "KINDS", "REMAT_MODES", "Activations", "BlockActivations", "Collective", "CostOptions", "Costs", "Flops",
     "StageCosts", "StateMemory", "StepTime", "Temporaries", "costs_to_json", "estimate", "estimate_remats",
-    "param_state_bytes", "pipeline_bubble", "precision_setup", "ring_time", "state_memory", "step_time",
+    "estimate_targets", "param_state_bytes", "pipeline_bubble", "precision_setup", "ring_time", "state_memory",
+    "step_time",
 ]  # fmt: skip
 
 
@@ -71,3 +74,31 @@ def estimate_remats(plan: Plan, hardware: Optional[Hardware] = None, remats: tup
             costs = dataclasses.replace(costs, hardware=hardware, time=step_time(costs, plan, hardware, opts))
         out[r] = costs
     return out
+
+
+def estimate_targets(plan: Plan, fused: dict[str, bool], hardware: Optional[Hardware] = None,
+                     options: Optional[CostOptions] = None, target: Optional[str] = None) -> Costs:
+    """`estimate` for the programs `plan` is built into, whose kernels may store different activations: `fused`
+    maps each target to its `fused_attention` capability (mithril_spec/targets; attention at dropout 0 stores
+    no probabilities). With `target`, that target's figures (`Costs.target`); otherwise the largest over the
+    targets (what every build must fit), with a note on each target that stores less."""
+    options = options or CostOptions()
+    if target is not None:
+        costs = estimate(plan, hardware, dataclasses.replace(options, fused_attention=fused[target]))
+        return dataclasses.replace(costs, target=target)
+    costs = estimate(plan, hardware, dataclasses.replace(options, fused_attention=all(fused.values())))
+    lighter = [t for t, f in fused.items() if f]
+    if not lighter or len(lighter) == len(fused):
+        return costs
+    nodes = [n for top in plan.graph.layers for n in (top.layers if isinstance(top, RepeatNode) else (top,))]
+    if not any(OPS[n.op].fused_kernel(n.attrs) for n in nodes):
+        return costs  # nothing a fused kernel would store less of
+    less = costs.peak - estimate(plan, hardware, dataclasses.replace(options, fused_attention=True)).peak
+    if less <= 0:
+        return costs
+    heavy = [t for t, f in fused.items() if not f]
+    which = f"{', '.join(heavy)} target" + (" stores" if len(heavy) == 1 else "s store")
+    note = (f"activations as the {which} them, with the attention probabilities [b, heads, s, s]; the fused "
+            f"attention of {', '.join(lighter)} keeps none: a peak {less:,} bytes lower per device "
+            f"(`plan --target {lighter[0]}`)")
+    return dataclasses.replace(costs, notes=costs.notes + (note,))

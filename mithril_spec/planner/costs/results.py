@@ -21,6 +21,10 @@ class CostOptions:
     regather: bool = True
     overlap: bool = True  # data-parallel collectives overlap with compute
     efficiency: Optional[float] = None  # override the hardware profile's
+    # The target runs attention (at dropout rate 0) with a fused kernel that stores no [b, heads, s, s]
+    # probabilities (its `fused_attention` capability; mithril_spec/targets). False: they are stored, the
+    # largest of the targets (`plan` costs the spec's targets together unless given `--target`).
+    fused_attention: bool = False
 
 
 
@@ -136,6 +140,8 @@ class Costs:
     hardware: Optional[Hardware]
     time: Optional[StepTime]
     notes: tuple[str, ...]
+    # the target whose kernels the activations follow (`plan --target`); None: the largest of the spec's targets
+    target: Optional[str] = None
 
     @property
     def worst(self) -> StageCosts:

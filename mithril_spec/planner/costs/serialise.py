@@ -42,6 +42,7 @@ def costs_document(costs: Costs) -> doc.Costs:
     f, t, hw = costs.flops, costs.time, costs.hardware
     return doc.Costs(
         remat=costs.remat,
+        target=costs.target,
         zero=costs.zero,
         micro_batches=costs.micro_batches,
         local_batch=costs.local_batch,

@@ -159,7 +159,7 @@ class Walk:
         u.moments += moments
         u.largest_shard = max(u.largest_shard, opt_n)
         grad_bytes = n_local * pb
-        if zero_axes and self.zero:
+        if zero_axes and self.zero and opt_n < n_local:  # (a state no dimension splits stays whole: all-reduce)
             key = ("reduce-scatter", zero_axes, self.zero >= 2)
             u.sync[key] = u.sync.get(key, 0) + grad_bytes
             key = ("all-gather", zero_axes, False)
@@ -489,6 +489,7 @@ class LayerCosts:
         self.div_axes = set(self.in_axes) | set(self.out_axes)  # axes that divide the layer's FLOPs
         self.needs_dx, self.in_remat = needs_dx, in_remat
         self.b, self.compute_bytes, self.batch = walk.b, walk.c, walk.batch
+        self.fused_attention = walk.opt.fused_attention  # the target's attention kernel stores no probabilities
         self.phases = ["forward"] + (["recompute"] if in_remat else [])
 
     # -- layouts and sizes

@@ -172,7 +172,7 @@ CHECKPOINT_EVERY = 0
 DATA_KIND = "synthetic"
 DATA_PATH = None
 # Bytes per device the planner predicts (`mithril-spec plan`); the program prints what it really holds.
-PLANNED_BYTES = {"params": 273920, "optimizer": 547840, "buffers": 0}
+PLANNED_BYTES = {"params": 339968, "optimizer": 679936, "buffers": 0}
 
 
 # ----------------------------------------------------------------------------

@@ -1,0 +1,127 @@
+"""The capability matrix (mithril_spec/targets/matrix.py): every kind of parallelism x every training
+feature on one tiny transformer, for every target.
+
+For each cell a target accepts (its `validate` checks pass), the program built for the cell's mesh runs 3
+steps and equals the program built for one device from the same model and training settings (float32:
+losses within 1e-5; bfloat16 compute: within the rounding of 16-bit activations), and holds the bytes of
+parameters, gradients, optimizer state and buffers the plan predicts. For each cell it refuses, the refusal
+is an E049 with a reason, and docs/targets.md's matrix (generated from the same registry) shows it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import jax_runs as jr
+import mlx_runs as mr
+import numpy as np
+import pytest
+import torch_runs as tr
+
+from mithril_spec.frontend import compile_file
+from mithril_spec.targets import TARGETS
+from mithril_spec.targets import matrix as mx
+
+STEPS = "3"
+CELLS = mx.cells(list(TARGETS))
+ACCEPTED = [(c, t) for c in CELLS for t in TARGETS if t not in c.refusals]
+
+
+def spec_file(spec: dict) -> Path:
+    """The spec written once as a file (JSON is YAML), named by its content."""
+    text = json.dumps(spec, indent=1)
+    path = jr.WORK / "matrix" / f"matrix-{hashlib.sha1(text.encode()).hexdigest()[:12]}.yaml"
+    path.parent.mkdir(exist_ok=True)
+    if not path.exists():
+        path.write_text(text)
+    return path
+
+
+def reference_spec(cell: mx.Cell) -> dict:
+    """The cell's model and training settings without its parallelism (no rules, zero, pipeline)."""
+    spec = mx.cell_spec("data", cell.feature)
+    if cell.parallelism == "expert":
+        mx.PARALLELISMS["expert"][1](spec)  # the moe layers
+    return spec
+
+
+def ranks(mesh: str) -> int:
+    return int(np.prod([int(kv.split("=")[1]) for kv in mesh.split(",")]))
+
+
+def job(target: str, spec: dict, mesh: str) -> tuple:
+    path = spec_file(spec)
+    if target == "torch":
+        return ("torch", tr.build(path, mesh), "--steps", STEPS)
+    if target == "jax":
+        return ("jax", jr.build(path, mesh), "--steps", STEPS)
+    return ("mlx", mr.build(path, mesh), "--steps", STEPS, ranks(mesh))
+
+
+def execute(j: tuple):
+    kind, program, *args = j
+    if kind == "torch":
+        return tr.run(program, *args)
+    if kind == "jax":
+        return jr.run(program, *args)
+    *args, processes = args
+    return mr.run(program, *args, processes=processes)
+
+
+def jobs_of(cell: mx.Cell, target: str) -> tuple[tuple, tuple]:
+    return job(target, reference_spec(cell), "data=1"), job(target, cell.spec, cell.mesh)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def all_runs():
+    """Every run, two at a time (memoised: each test then reads its two runs)."""
+    import concurrent.futures
+
+    only = os.environ.get("MATRIX_TARGETS")  # (a subset, for debugging)
+    todo = list(dict.fromkeys(j for c, t in ACCEPTED if not only or t in only.split(",") for j in jobs_of(c, t)))
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        list(pool.map(execute, todo))
+
+
+def cell_id(ct):
+    c, t = ct
+    return f"{t}-{c.parallelism}-{c.feature.replace(' ', '_')}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ct", ACCEPTED, ids=cell_id)
+def test_accepted_cell_runs_equal_and_holds_the_plan(ct):
+    cell, target = ct
+    ref_job, par_job = jobs_of(cell, target)
+    ref, par = execute(ref_job), execute(par_job)
+    assert len(par.losses) == len(ref.losses) == int(STEPS)
+    dl = float(np.abs(par.losses - ref.losses).max())
+    tol = 2e-2 if cell.feature.startswith("bfloat16") else 1e-5  # 16-bit activations: reduction order shows
+    jr.report(f"matrix {target} {cell.parallelism} x {cell.feature}", max_dloss=dl, mesh=cell.mesh)
+    assert dl < tol, f"{target} {cell.parallelism} x {cell.feature} on {cell.mesh}: losses differ by {dl:.2e}"
+
+    plan = compile_file(spec_file(cell.spec), cell.mesh).plan.memory_for(target)
+    planned = {"params": plan.params, "grads": plan.grads, "optimizer": plan.optimizer, "buffers": plan.buffers}
+    held = par.memory
+    if target == "torch":
+        every = held["ranks"]
+        if cell.parallelism == "pipe":  # the plan's figure is the fullest rank's
+            every = [max(every, key=lambda r: sum(r.values()))]
+        for rank, h in enumerate(every):
+            assert h == planned, f"rank {rank} holds {h}, the plan says {planned}"
+    else:  # jax and mlx report device 0 (without gradients, which live inside the step)
+        h = held["device0"]
+        assert {k: h[k] for k in ("params", "optimizer", "buffers")} == {
+            k: planned[k] for k in ("params", "optimizer", "buffers")}, (h, planned)
+
+
+def test_every_refusal_is_an_e049_with_a_reason_and_in_the_docs():
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "targets.md").read_text()
+    refused = [(c, t, why) for c in CELLS for t, why in c.refusals.items()]
+    assert refused, "nothing refused: the matrix would not show a refusal"
+    for c, t, why in refused:
+        assert "(" in why, f"{t} refuses {c.parallelism} x {c.feature} without a reason: {why}"
+    assert mx.table(list(TARGETS)) in docs, "docs/targets.md's matrix is stale: python -m mithril_spec.targets.docs"
