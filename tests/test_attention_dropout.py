@@ -98,7 +98,7 @@ def test_what_the_targets_refuse(tmp_path, capsys):
     assert "attention with dropout above rate 0" in err and "E049" in err
     path.write_text(text.replace("    mlp: tensor\n", "    mlp: tensor\n    seq: tensor\n"))
     assert cli.main(["validate", str(path), "--mesh", "tensor=2"]) == 1
-    assert "cannot run a attention layer on a sequence split" in capsys.readouterr().err
+    assert "cannot run an attention layer on a sequence split" in capsys.readouterr().err
     path.write_text(text.replace("name: attention-dropout", "name: attention-dropout\ntargets: [jax, torch, mlx]"))
     assert cli.main(["validate", str(path), "--mesh", "tensor=2"]) == 0, capsys.readouterr().err
 

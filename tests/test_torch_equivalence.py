@@ -101,7 +101,8 @@ VARIANTS = [
      "blocks.0.attn.q.weight", "odd-width-fsdp2"),
     ((("ff: 512", "ff: 390"),), "fsdp_tp", "blocks.0.mlp.fc.bias", "ff390-fsdp2-tensor2"),
     ((VOCAB,), "fsdp_tp", "wte.weight", "vocab-parallel-tied-fsdp2-tensor2"),
-    ((VOCAB, ("bias: false, tie: wte}", "bias: false}")), "tensor=2", "lm_head.weight", "vocab-parallel-untied-tensor2"),
+    ((VOCAB, ("bias: false, tie: wte}", "bias: false, axis: vocab}")), "tensor=2", "lm_head.weight",
+     "vocab-parallel-untied-tensor2"),
 ]
 
 

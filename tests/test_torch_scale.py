@@ -25,8 +25,8 @@ from mithril_spec.render.build import render_files
 
 GPT_PIPE = SPECS / "gpt-pipe.yaml"
 MOE = SPECS / "moe-dp.yaml"
-# gpt-tiny with an mlp width 4 does not divide: on fsdp=4 the plan leaves mlp.fc.bias [514] whole, and
-# FSDP2 shards its dimension 0 anyway, unevenly (129, 129, 129, 127 with padding)
+# gpt-tiny with an mlp width 4 does not divide: on fsdp=4 the plan leaves mlp.fc.bias [514] whole, and so
+# does the program (FSDP2 ignores it; before, FSDP2 sharded it unevenly: 129, 129, 129, 127 with padding)
 UNEVEN = (("ff: 512", "ff: 514"),)
 LLAMA_7B = """version: 1
 name: llama-7b
@@ -106,7 +106,7 @@ def planned_line(plan) -> str:
                          ids=["fsdp2-tensor2", "data2-fsdp2", "fsdp4-uneven", "moe-data-expert", "mlp-tp-four"])
 def test_dry_run_in_one_plain_process(spec, mesh, edits):
     """`python train.py --dry-run`, no torchrun: every rank's bytes, computed from the layouts on the meta
-    device, equal the plan's (an uneven FSDP2 shard holds a few bytes less on some ranks, never more)."""
+    device, equal the plan's on every rank (also where no dimension of a parameter divides over fsdp)."""
     program = build(spec, mesh, edits)
     out = run(program, "--dry-run", ranks=1, export=False, metrics=False).output
     plan = compile_file(spec_variant(spec, edits), mesh).plan
@@ -114,10 +114,7 @@ def test_dry_run_in_one_plain_process(spec, mesh, edits):
     assert len(ranks) == plan.mesh.devices > 1
     want = json.loads(planned_line(plan))
     assert f"planned per rank: {planned_line(plan)}" in out
-    if edits == UNEVEN:  # FSDP2 shards what the plan counts whole
-        assert all(r[k] <= want[k] for r in ranks for k in want) and ranks[0] != ranks[3]
-    else:
-        assert all(r == want for r in ranks), (ranks, want)
+    assert all(r == want for r in ranks), (ranks, want)
     assert "Traceback" not in out
 
 

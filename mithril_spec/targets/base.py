@@ -67,6 +67,11 @@ class Capabilities:
         return f"{why}; {help}" if why else help
 
 
+def _a(word: str) -> str:
+    """`word` with its indefinite article (an attention layer, a linear layer)."""
+    return f"{'an' if word[:1] in 'aeiou' else 'a'} {word}"
+
+
 def layout_text(spec) -> str:
     return "[" + ", ".join(",".join(d) if d else "-" for d in spec) + "]"
 
@@ -173,7 +178,7 @@ def tensor_parallel_errors(plan: Plan, doc: Document, name: str, title: str, voc
                         "its output features and the output projection on its input features (or none split)",
                         help="shard `heads`/`kv_heads` (attention) or `mlp` (mlp) over `tensor` together")
             elif any(styles.values()):
-                err(node, f"`{node.name}`: the {name} target cannot split a {node.op} layer over `tensor`",
+                err(node, f"`{node.name}`: the {name} target cannot split {_a(node.op)} layer over `tensor`",
                     help=f"tensor parallelism applies to {tp_ops} layers in the {name} target")
     return out
 

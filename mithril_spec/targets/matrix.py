@@ -74,7 +74,8 @@ def _insert(spec: dict, layer: dict, after: str, where: str = "block") -> None:
 
 
 def _dropout(spec: dict) -> None:
-    """Dropout 0.1 on the attention's output, before the residual add."""
+    """Dropout 0.1 on the attention probabilities and on the attention's output, before the residual add."""
+    next(x for x in spec["model"]["blocks"]["decoder"] if x["name"] == "attn")["dropout"] = 0.1
     _insert(spec, {"op": "dropout", "name": "drop", "rate": 0.1}, "attn")
     res = next(x for x in spec["model"]["blocks"]["decoder"] if x["name"] == "res1")
     res["inputs"] = ["block_input", "drop"]
@@ -116,9 +117,11 @@ class Cell:
         return json.dumps(self.spec, indent=1)
 
 
-def cell_spec(parallelism: str, feature: str, targets: Optional[list[str]] = None) -> dict:
+def cell_spec(parallelism: str, feature: str | tuple[str, ...], targets: Optional[list[str]] = None) -> dict:
+    """The tiny transformer with the feature (or several, together) and the parallelism's changes."""
     spec = json.loads(json.dumps(BASE))
-    FEATURES[feature](spec)
+    for f in (feature,) if isinstance(feature, str) else feature:
+        FEATURES[f](spec)
     PARALLELISMS[parallelism][1](spec)
     if targets is not None:
         spec["targets"] = list(targets)

@@ -10,6 +10,7 @@ from ..diagnostics import Diagnostic
 from ..ops import OPS
 from .base import (
     MESH_AXES,
+    _a,
     Capabilities,
     Target,
     layout_text,
@@ -81,7 +82,9 @@ class TorchTarget(Target):
         "Layer names may not shadow `torch.nn.Module` or FSDP2 `FSDPModule` attributes, nor start with `_`.",
         "Tensor parallelism over `tensor` applies to " + ", ".join(f"`{k}`" for k in TP_OPS) + " layers: a "
         "column-parallel linear is followed by a row-parallel one with only element-wise layers between; "
-        "attention and mlp split every input projection on its outputs and the output projection on its inputs.",
+        "attention and mlp split every input projection on its outputs and the output projection on its inputs; "
+        "an embedding table may be split on its vocabulary, and the output layer of a cross_entropy loss on its "
+        "output features (vocab-parallel, with a parallel cross-entropy; not in a pipeline).",
         "Sequence parallelism (the sequence axis ruled to `tensor` in a repeated block) needs the block's layers "
         "to be per-position operators or tensor-parallel attention / mlp (dropout only with rate 0), and is not "
         "combined with a pipeline.",
@@ -137,7 +140,7 @@ def _checks(plan: Plan, doc: Document) -> list[Diagnostic]:
             for node in n.layers:
                 op = OPS[node.op]
                 if not (op.per_position or op.tensor_parallel == "pair") or op.is_random(node.attrs):
-                    err(node, f"`{node.name}`: the torch target cannot run a {node.op} layer on a sequence split "
+                    err(node, f"`{node.name}`: the torch target cannot run {_a(node.op)} layer on a sequence split "
                         "over `tensor` (sequence parallelism)",
                         help=f"sequence-parallel blocks hold {', '.join(SP_OPS)} (dropout only with "
                         "rate 0); or do not rule the sequence axis to `tensor`")
