@@ -10,6 +10,7 @@ is an E049 with a reason, and docs/targets.md's matrix (generated from the same 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -63,6 +64,13 @@ def bundle(cell: mx.Cell, target: str) -> tuple:
 
 
 def cell_run_spec(cell: mx.Cell, target: str) -> dict:
+    return _run_spec(cell.parallelism, cell.feature, target)
+
+
+@functools.cache
+def _run_spec(parallelism: str, feature: str, target: str) -> dict:
+    """(Memoised: the fixture and each test ask, and a bundle's refusal check compiles the spec.)"""
+    cell = next(c for c in CELLS if (c.parallelism, c.feature) == (parallelism, feature))
     features = bundle(cell, target)
     spec = mx.cell_spec(cell.parallelism, features)
     if len(features) > 1 and mx.refusal(spec, cell.mesh, target) is not None:

@@ -75,7 +75,6 @@ def state_memory(plan: Plan, outside_everywhere: bool = False) -> StateMemory:
     batch = set(plan.batch_axes)
     pipe = plan.mesh.sizes.get("pipe", 1)
     ranks = [[0, 0, 0, 0, 0] for _ in range(pipe)]
-    everywhere = ranks
     split = plan.pipeline.repeat_split if outside_everywhere and plan.pipeline is not None else {}
     outside = {p.name for p in plan.params + plan.buffers if split and p.name.split(".")[0] not in split}
     cache: dict[tuple, tuple] = {}
@@ -86,12 +85,12 @@ def state_memory(plan: Plan, outside_everywhere: bool = False) -> StateMemory:
             layout = {a for d in pp.spec for a in d}
             deg = math.prod(plan.mesh.sizes[a] for a in batch - layout)
             vals = cache[key] = param_state_bytes(pp, deg, zero, master, slots, slot_bytes)[:4]
-        for acc in everywhere if pp.name in outside else (ranks[getattr(pp, "stage", 0) % pipe],):
+        for acc in ranks if pp.name in outside else (ranks[getattr(pp, "stage", 0) % pipe],):
             acc[0] += vals[0]
             acc[1] += vals[1]
             acc[2] += vals[2]
             acc[3] += vals[3]
     for bp in plan.buffers:
-        for acc in everywhere if bp.name in outside else (ranks[getattr(bp, "stage", 0) % pipe],):
+        for acc in ranks if bp.name in outside else (ranks[getattr(bp, "stage", 0) % pipe],):
             acc[4] += bp.local_bytes
     return StateMemory(*max(ranks, key=sum))
