@@ -1,5 +1,6 @@
 """How fast `mithril-spec plan` answers: a 1000-layer GPT (`plan`, text and JSON, with the cost model) and
-`plan --auto` over 512 devices for a GPT-3-sized model (96 layers, d=12288) and for the 1000-layer one.
+`plan --auto` over 512 and 1,024 devices for a GPT-3-sized model (96 layers, d=12288) and over 512 for the
+1000-layer one.
 
     .venv/bin/python benchmarks/plan_speed.py [--repeat N]
 
@@ -71,6 +72,7 @@ CASES = [  # (label, spec, extra arguments, target seconds)
     ("plan, 1000 layers (--format json)", "gpt-1000-layers", ["--format", "json"], 1.0),
     ("plan, 1000 layers (--hardware h100)", "gpt-1000-layers", ["--hardware", "h100"], 1.0),
     ("plan --auto, GPT-3 175B, 512 x h100", "gpt3-175b", ["--auto", "--devices", "512", "--hardware", "h100"], 5.0),
+    ("plan --auto, GPT-3 175B, 1024 x a100", "gpt3-175b", ["--auto", "--devices", "1024", "--hardware", "a100"], 5.0),
     ("plan --auto, 1000 layers, 512 x h100", "gpt-1000-layers", ["--auto", "--devices", "512", "--hardware", "h100"],
      5.0),
 ]

@@ -1,4 +1,4 @@
-"""The `mithril-spec` command line: validate, plan, build, schema, explain.
+"""The `mithril-spec` command line: validate, plan, build, schema, explain, import, data, calibrate.
 
 Exit codes: 0 success, 1 invalid spec (or warnings under --strict), 2 usage error, 3 internal error; 141 when
 the reader of the output goes away (`| head`), quietly, like a Unix tool ended by SIGPIPE.
@@ -63,8 +63,8 @@ def _parser() -> argparse.ArgumentParser:
     def hardware(sp):
         sp.add_argument("--hardware", metavar="NAME",
                         help="a device profile (built in: h100-sxm-80gb, h200-141gb, a100-80gb, tpu-v5e, cpu; or "
-                        "one from the spec's `hardware` section): predict step time and check that every device's "
-                        "peak memory fits (E050)")
+                        "one from the spec's `hardware` section; or a profile file FILE.yaml, as `calibrate` writes): "
+                        "predict step time and check that every device's peak memory fits (E050)")
 
     v = sub.add_parser("validate", help="check spec files or directories (for CI)")
     v.add_argument("paths", nargs="+", metavar="PATH")
@@ -76,9 +76,13 @@ def _parser() -> argparse.ArgumentParser:
     common(pl, ("text", "json"))
     hardware(pl)
     pl.add_argument("--auto", action="store_true",
-                    help="search meshes (data, fsdp, tensor) and remat settings for --devices N on --hardware NAME "
-                    "and list the best that fit, ranked by predicted step time")
+                    help="search meshes (every axis the spec's targets run) and settings (pipeline, gradient "
+                    "accumulation, ZeRO, sequence parallelism, remat) for --devices N on --hardware NAME and list "
+                    "the best that fit, ranked by predicted step time, then memory, then communication")
     pl.add_argument("--top", type=int, default=5, metavar="K", help="with --auto: how many candidates to list")
+    pl.add_argument("--write", metavar="NEW.yaml",
+                    help="with --auto: write the best candidate as a spec that `extends` SPEC (in SPEC's directory "
+                    "or one above it)")
     pl.add_argument("--report", metavar="FILE.html",
                     help="also write a self-contained HTML report (partition map, memory, communication)")
     pl.add_argument("--target", choices=TARGET_NAMES,
@@ -124,6 +128,18 @@ def _parser() -> argparse.ArgumentParser:
     im.add_argument("--name", help="the spec's name (default: the model directory's name)")
     im.add_argument("--format", choices=("text", "json", "github"), default="text", help="diagnostics format")
     im.add_argument("--color", choices=("auto", "always", "never"), default="auto")
+
+    ca = sub.add_parser("calibrate", help="measure this machine (matmul FLOP/s per dtype, memory bandwidth, "
+                        "all-reduce bandwidth and latency, kernel overhead) and write a hardware profile for "
+                        "`plan --hardware FILE.yaml`")
+    ca.add_argument("--target", required=True, metavar="{torch,jax}",
+                    help="measure the devices as this target's programs start them")
+    ca.add_argument("-o", "--output", required=True, metavar="FILE.yaml", help="the profile to write")
+    ca.add_argument("--name", help="the profile's name (default: TARGET-PLATFORM-xN)")
+    ca.add_argument("--processes", type=int, default=1, metavar="N",
+                    help="devices working at once, as a program on an N-device mesh runs them on this machine "
+                    "(default: %(default)s)")
+    ca.add_argument("--quick", action="store_true", help="the smallest sizes: a few seconds, rougher figures")
     return p
 
 
@@ -159,7 +175,7 @@ def _check_numbers(args) -> None:
     """Numbers on the command line obey the spec's limits (E015): below 2^53, a mesh's product too."""
     from .limits import MAX_INT
 
-    for flag in ("devices", "top", "seq"):
+    for flag in ("devices", "top", "seq", "processes"):
         n = getattr(args, flag, None)
         if n is not None and abs(n) >= MAX_INT:
             raise UsageError(f"--{flag} {n if n < 10**30 else 'of ' + str(len(str(n))) + ' digits'}: out of range "
@@ -460,6 +476,8 @@ def cmd_plan(args) -> int:
         _check_report(Path(args.report))  # (a usage error before any work)
     if args.auto:
         return _plan_auto(args)
+    if args.write:
+        raise UsageError("--write needs --auto (it writes the best candidate the search finds)")
     c, diags, sources = _compile(Path(args.spec), args.mesh, args.devices, args.settings)
     diags = _strict(diags, args.strict)
     if c is None or any(d.severity == "error" for d in diags):
@@ -513,6 +531,8 @@ def _plan_auto(args) -> int:
     from .planner.table import human_bytes, human_seconds
     from .targets import attention_kernels
 
+    if args.write:
+        _check_write(Path(args.write), Path(args.spec), args)
     c, diags, sources = _compile(Path(args.spec), args.mesh, None, args.settings)
     if c is None:
         _emit(diags, sources, args)
@@ -535,48 +555,87 @@ def _plan_auto(args) -> int:
                  options=CostOptions(fused_attention=all(attention_kernels(c.spec.targets).values())))
     best = res.fitting[: max(args.top, 1)]
     if args.report and best:
+        from .planner.auto import candidate_spec
         from .planner.plan import make_plan
 
-        plan = make_plan(c.spec, c.doc, c.graph, best[0].mesh, devices)
-        import dataclasses
-
-        spec = c.spec.model_copy(update={"training": c.spec.training.model_copy(update={"remat": best[0].remat})})
-        _write_report(Path(args.report), dataclasses.replace(c, plan=dataclasses.replace(plan, spec=spec)),
-                      best[0].costs)
+        spec = candidate_spec(c.spec, c.graph, best[0])
+        plan = make_plan(spec, c.doc, c.graph, best[0].mesh, devices)
+        _write_report(Path(args.report), dataclasses.replace(c, spec=spec, plan=plan), best[0].costs)
+    if args.write and best:
+        _write_auto(Path(args.write), Path(args.spec), c, best[0], args, devices, args.hardware or hw.name)
     if args.format == "json":
         sys.stdout.write(json.dumps(res.to_json(max(args.top, 1)), indent=2) + "\n")
         return EXIT_OK if best else EXIT_INVALID
-    out = [(f"auto plan for {c.spec.name} on {devices} x {hw.name}: {res.meshes} mesh(es) x 3 remat settings; "
-           f"{len(res.candidates)} valid, {len(res.fitting)} fit in {human_bytes(int(hw.usable_bytes))} usable "
-           f"per device")]
+    out = [(f"auto plan for {c.spec.name} on {devices} x {hw.name}: {res.meshes} mesh(es) over "
+            f"{', '.join(res.axes)}, {res.evaluations} setting(s) costed; the best {len(res.fitting)} that fit in "
+            f"{human_bytes(int(hw.usable_bytes))} usable per device kept")]
     if best:
-        rows = [("rank", "mesh", "remat", "peak/device", "step time", "MFU")]
+        rows = [("rank", "mesh", "settings", "peak/device", "step time", "MFU")]
         for i, cand in enumerate(best, 1):
             t = cand.costs.time
-            rows.append((str(i), cand.argument, cand.remat, human_bytes(cand.costs.peak), human_seconds(t.step_s),
-                         f"{t.mfu:.1%}"))
+            rows.append((str(i), cand.argument, cand.describe(), human_bytes(cand.costs.peak),
+                         human_seconds(t.step_s), f"{t.mfu:.1%}"))
         widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
         out.append("")
         out += ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
         out.append("")
-        out.append(f"best: mithril-spec plan {args.spec} {best[0].argument}" +
-                   (f"   (with `training.remat: {best[0].remat}`)" if best[0].remat != c.spec.training.remat else ""))
+        out.append("ranked by predicted step time, then peak memory, then bytes communicated")
+        if args.write:
+            out.append(f"best: written to {args.write} (`mithril-spec plan {args.write}` plans it)")
+        else:
+            out.append(f"best: mithril-spec plan {args.spec} {best[0].argument}   (settings: {best[0].describe()}; "
+                       "`--write NEW.yaml` writes them as a spec)")
     else:
         closest = res.candidates[0] if res.candidates else None
-        out.append("nothing fits" + (f"; the smallest peak is {human_bytes(closest.costs.peak)} with "
-                                     f"{closest.argument}, remat {closest.remat}" if closest else "") +
+        out.append("nothing fits" + (f"; the smallest peak found is {human_bytes(closest.costs.peak)} with "
+                                     f"{closest.argument}, {closest.describe()}" if closest else "") +
                    ": use more devices, a larger device, or a smaller micro-batch (training.grad_accum)")
-    from .planner.auto import NOT_SEARCHED
-
-    out.append("not searched: " + "; ".join(f"{a} ({why})" for a, why in NOT_SEARCHED.items()))
-    if res.rejected:
-        by_code: dict[str, int] = {}
-        for r in res.rejected:
-            by_code[r.code] = by_code.get(r.code, 0) + 1
-        out.append(f"rejected by the planner: {len(res.rejected)} mesh(es) (" + ", ".join(
-            f"{code} {codes.title(code)}: {n}" for code, n in sorted(by_code.items())) + ")")
+    if res.warning:
+        out.append(f"warning: {res.warning}")
+    if res.pruned:
+        out.append("not costed: " + ", ".join(f"{why}: {n}" for why, n in res.pruned.items()))
+    for what, items in (("rejected by the planner", res.rejected), ("refused by a target (E049)", res.refused)):
+        if items:
+            by_code: dict[str, int] = {}
+            for r in items:
+                by_code[r.code] = by_code.get(r.code, 0) + 1
+            out.append(f"{what}: {len(items)} mesh(es) (" + ", ".join(
+                f"{code} {codes.title(code)}: {n}" for code, n in sorted(by_code.items())) + ")")
     sys.stdout.write(_escape_lines("\n".join(out) + "\n"))
     return EXIT_OK if best else EXIT_INVALID
+
+
+def _check_write(path: Path, spec: Path, args) -> None:
+    """`--write NEW.yaml`: refused (a usage error, before the search) where the written spec could not
+    `extends` SPEC or would lose something: another directory tree, not YAML, SPEC itself, `--set` values
+    (they are not in SPEC), or JSON output (the search's, not the written spec's)."""
+    from .extends import relative_base
+
+    if args.format == "json":
+        raise UsageError("--write writes a spec; use it without --format json")
+    if args.settings:
+        raise UsageError("--write extends SPEC as it is on disk: put the --set values into SPEC (or a spec that "
+                         "extends it) first")
+    if path.suffix.lower() not in (".yaml", ".yml"):
+        raise UsageError(f"--write {path}: the written spec is YAML (.yaml or .yml)")
+    if path.is_dir():
+        raise UsageError(f"--write {path}: is a directory")
+    if path.resolve() == spec.resolve():
+        raise UsageError(f"--write {path}: would replace SPEC itself; write a new file beside it")
+    if not path.parent.is_dir():
+        raise UsageError(f"--write {path}: no such directory: {path.parent}")
+    if relative_base(path, spec) is None:
+        raise UsageError(f"--write {path}: a spec can only extend a spec in its own directory or below it, and "
+                         f"{spec} is not; write the new spec in {spec.parent} or a directory above it")
+
+
+def _write_auto(path: Path, spec_path: Path, c: Compiled, cand, args, devices: int, hw: str) -> None:
+    from .atomic import write_atomic
+    from .planner.auto import written_spec
+
+    command = f"mithril-spec plan {spec_path} --auto --devices {devices} --hardware {hw}"
+    write_atomic(path, written_spec(c.spec, c.graph, cand, path, spec_path, command), create_parents=False)
+    print(f"wrote {escape(str(path))}", file=sys.stderr)
 
 
 def cmd_build(args) -> int:
@@ -734,8 +793,23 @@ def cmd_data(args) -> int:
     return EXIT_OK
 
 
+def cmd_calibrate(args) -> int:
+    """`calibrate --target T -o FILE`: measure in a subprocess (mithril_spec/calibrate.py), write the profile."""
+    from .calibrate import calibrate
+
+    command = " ".join(["mithril-spec calibrate", "--target", args.target, "--processes", str(args.processes),
+                        *(["--quick"] if args.quick else [])])
+    fields = calibrate(args.target, Path(args.output), args.name, args.processes, args.quick, command)
+    flops = ", ".join(f"{k} {v * 1e3:.3g}" for k, v in fields["flops"].items())
+    print(f"wrote {escape(args.output)}: profile `{escape(fields['name'])}`: GFLOP/s {flops}; memory "
+          f"{fields['hbm_gb_per_s']:.3g} GB/s; all-reduce {fields['intra_node_gb_per_s']:.3g} GB/s, "
+          f"{fields['intra_node_latency_us']:.3g} us per step; kernel {fields['kernel_overhead_us']:.3g} us "
+          f"(use: mithril-spec plan SPEC --hardware {escape(args.output)})", file=sys.stderr)
+    return EXIT_OK
+
+
 _COMMANDS = {"validate": cmd_validate, "plan": cmd_plan, "build": cmd_build, "schema": cmd_schema,
-             "explain": cmd_explain, "import": cmd_import, "data": cmd_data}
+             "explain": cmd_explain, "import": cmd_import, "data": cmd_data, "calibrate": cmd_calibrate}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -21,6 +21,14 @@ def load_spec_file(path: str | Path) -> Document:
     return _load(Path(path), ())
 
 
+def relative_base(spec: str | Path, base: str | Path) -> str | None:
+    """What `spec` writes as `extends:` to extend `base` (a relative POSIX path), or None where the rule above
+    does not allow it (`base` outside `spec`'s directory tree)."""
+    root = Path(spec).parent.resolve()
+    target = Path(base).resolve()
+    return target.relative_to(root).as_posix() if target.is_relative_to(root) else None
+
+
 def _load(path: Path, chain: tuple[Path, ...]) -> Document:
     doc = load_file(path)
     if not isinstance(doc.data, dict) or "extends" not in doc.data:

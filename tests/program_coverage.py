@@ -2,7 +2,7 @@
 can execute (docs/program.md; the templates gate every optional feature on the plan).
 
 `coverage_of(target, spec)` builds the spec's program for `target`, runs 2 steps measured by coverage.py with
---metrics, --checkpoint-dir, --tensorboard and --export-params (.safetensors), then `--steps 0 --init-params` of that file
+--metrics, --checkpoint-dir, --tensorboard, --profile and --export-params (.safetensors), then `--steps 0 --init-params` of that file
 (so both parameter-file paths run as well as the initialisation), then `--resume auto` of its checkpoint directory
 for one more step (checkpoint verification and restore), and returns the statements of its
 train.py and those that never ran in either run. A target is one entry of RUNNERS: a function (spec) -> (train.py, coverage data file) that builds and
@@ -54,7 +54,7 @@ def _jax(spec: Path) -> tuple[Path, list[Path]]:
     program = build(spec)
     exported = program.parent / f"{program.name}-params.safetensors"
     got = run(program, "--steps", STEPS, "--checkpoint-dir", "ckpt", "--export-params", str(exported),
-              "--tensorboard", "tb", coverage=True, export=False)
+              "--tensorboard", "tb", "--profile", "prof", coverage=True, export=False)
     assert len(got.metrics) == int(STEPS) and (got.cwd / "ckpt").is_dir() and exported.is_file(), got.output[-3000:]
     again = run(program, "--steps", "0", "--init-params", str(exported), coverage=True, export=False)
     resumed = run(program, "--steps", str(int(STEPS) + 1), "--resume", "auto", "--checkpoint-dir",

@@ -11,8 +11,8 @@ argv, and runs train.py as __main__ exactly as `python train.py` would (a fresh 
 program changes leaks into the next one). For several ranks the child forks one process per rank with
 the environment torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
 and returns the first failing rank's exit code, stopping the others. Options: `coverage` (measure
-train.py with coverage.py into DATA_FILE.*), `count` (count FSDP2's gradient collectives into
-PREFIX.<rank>.json). Launchers (torchrun, launch.sh) are tested with real subprocesses elsewhere.
+train.py with coverage.py into DATA_FILE.*), `count` (count FSDP2's gradient collectives, and the bytes
+sent point to point, into PREFIX.<rank>.json). Launchers (torchrun, launch.sh) are tested with real subprocesses elsewhere.
 """
 
 from __future__ import annotations
@@ -187,6 +187,14 @@ def _count_collectives(prefix: str, rank: int) -> None:
             return _orig(*a, **k)
 
         setattr(dist, name, counted)
+    counts["sent_bytes"] = 0  # point-to-point (ring attention's batch_isend_irecv): the bytes this rank sends
+    batch = dist.batch_isend_irecv
+
+    def counted_batch(ops, _orig=batch):
+        counts["sent_bytes"] += sum(op.tensor.numel() * op.tensor.element_size() for op in ops if op.op is dist.isend)
+        return _orig(ops)
+
+    dist.batch_isend_irecv = counted_batch
     destroy = dist.destroy_process_group
 
     def destroy_and_report(*a, **k):

@@ -33,6 +33,8 @@ def coverage_of(spec: Path) -> Coverage:
         exported = cwd / "params.safetensors"
         first = ["--steps", STEPS, "--metrics", "metrics.jsonl", "--checkpoint-dir", "ckpt", "--export-params",
                  str(exported), "--tensorboard", "tb"]
+        if "class StepProfiler" in train.read_text():  # (not in a pipelined program)
+            first += ["--profile", "prof"]  # the last step traced and summarised
         runs = [(cwd, first), (again, ["--steps", "0", "--init-params", str(exported)]),
                 (resumed, ["--steps", str(int(STEPS) + 1), "--resume", "auto", "--checkpoint-dir", str(cwd / "ckpt")])]
         for where, args in runs:

@@ -1,5 +1,5 @@
 """The generated PyTorch program's interface and features (docs/program.md), with gloo ranks on CPU:
-resume (10 steps == 5 + resume + 5), resharding a checkpoint from 4 ranks to 2, gradient accumulation
+resume (6 steps == 3 + resume + 3), resharding a checkpoint from 4 ranks to 2, gradient accumulation
 without needless gradient syncs, --steps 0 export and --init-params, the world-size check, the real
 torchrun path through the generated launch.sh, --dry-run, remat, bf16, --compile, data on disk, and every
 operator (tests/specs/all-ops.yaml)."""
@@ -15,6 +15,7 @@ import reference_init
 from torch_runs import (
     GPT,
     GPT_STEPS,
+    HALF,
     SPECS,
     TESTS,
     WORK,
@@ -82,7 +83,7 @@ def jobs():
     write_arrays()
     arrays = build(MLP, "data=1", (("data: {kind: synthetic}", f"data: {{kind: arrays, path: {ARRAYS}}}"),))
     return equivalence_jobs() + [
-        reference("gpt-tiny.yaml", 5) + ("--checkpoint-dir", str(ckpt_dir("single")), {}),
+        reference("gpt-tiny.yaml", HALF) + ("--checkpoint-dir", str(ckpt_dir("single")), {}),
         (build(GPT, "data=1"), "--steps", "0"),
         reference("gpt-tiny.yaml", 5),
         (build(GPT, "data=2,fsdp=2", ACCUM), "--steps", str(GPT_STEPS), {"count": True}),
@@ -111,30 +112,30 @@ def all_runs():
 
 
 @pytest.mark.slow
-def test_resume_one_process_10_equals_5_plus_5():
+def test_resume_one_process_equals_the_run_without_a_break():
     full = gpt_single()
-    first = _run(reference("gpt-tiny.yaml", 5) + ("--checkpoint-dir", str(ckpt_dir("single")), {}))
-    assert sorted(os.listdir(ckpt_dir("single"))) == ["step_00000005"]  # no temporary directory left
+    first = _run(reference("gpt-tiny.yaml", HALF) + ("--checkpoint-dir", str(ckpt_dir("single")), {}))
+    assert sorted(os.listdir(ckpt_dir("single"))) == [f"step_{HALF:08d}"]  # no temporary directory left
     second = run(build(GPT, "data=1"), "--steps", str(GPT_STEPS), "--resume", str(ckpt_dir("single")))
     assert "resumed from" in second.output
     both = np.concatenate([first.losses, second.losses])
     d = max_diff(both, full.losses)
     dp = max_param_diff(second.params, full.params)
-    report("torch resume 1 process: 5 + 5 vs 10", max_dloss=d, max_dparam=dp)
-    assert [r["step"] for r in second.metrics] == list(range(6, 11))
+    report(f"torch resume 1 process: {HALF} + {GPT_STEPS - HALF} vs {GPT_STEPS}", max_dloss=d, max_dparam=dp)
+    assert [r["step"] for r in second.metrics] == list(range(HALF + 1, GPT_STEPS + 1))
     assert d < 1e-6 and dp < 1e-6
 
 
 @pytest.mark.slow
 def test_resume_sharded_fsdp_tp():
-    """fsdp=2 x tensor=2: the equivalence run saved step 5; resuming there retraces steps 6-10."""
+    """fsdp=2 x tensor=2: the equivalence run saved step HALF; resuming there retraces the steps after it."""
     full = _run(parallel("gpt-tiny.yaml", "fsdp_tp"))
-    assert sorted(os.listdir(ckpt_dir("fsdp_tp"))) == ["step_00000005", "step_00000010"]
+    assert sorted(os.listdir(ckpt_dir("fsdp_tp"))) == [f"step_{HALF:08d}", f"step_{GPT_STEPS:08d}"]
     resumed = run(build(GPT, "fsdp_tp"), "--steps", str(GPT_STEPS), "--resume",
-                  str(ckpt_dir("fsdp_tp") / "step_00000005"))
-    d = max_diff(resumed.losses, full.losses[5:])
+                  str(ckpt_dir("fsdp_tp") / f"step_{HALF:08d}"))
+    d = max_diff(resumed.losses, full.losses[HALF:])
     dp = max_param_diff(resumed.params, full.params)
-    report("torch resume fsdp=2 x tensor=2 at step 5", max_dloss=d, max_dparam=dp)
+    report(f"torch resume fsdp=2 x tensor=2 at step {HALF}", max_dloss=d, max_dparam=dp)
     assert d < 1e-6 and dp < 1e-6
 
 
@@ -143,12 +144,13 @@ def test_reshard_4_ranks_to_2():
     """A checkpoint saved on fsdp=4 (4 ranks) resumes on a build for fsdp=2 (2 ranks): DCP reshards."""
     saved = _run(parallel("gpt-tiny.yaml", "fsdp=4"))
     resumed = run(build(GPT, "fsdp=2"), "--steps", str(GPT_STEPS), "--resume",
-                  str(ckpt_dir("fsdp=4") / "step_00000005"))
-    d_self = max_diff(resumed.losses, saved.losses[5:])
-    d_ref = max_diff(resumed.losses, gpt_single().losses[5:])
-    report("torch reshard fsdp=4 -> fsdp=2 at step 5", max_dloss_vs_fsdp4=d_self, max_dloss_vs_1_process=d_ref)
+                  str(ckpt_dir("fsdp=4") / f"step_{HALF:08d}"))
+    d_self = max_diff(resumed.losses, saved.losses[HALF:])
+    d_ref = max_diff(resumed.losses, gpt_single().losses[HALF:])
+    report(f"torch reshard fsdp=4 -> fsdp=2 at step {HALF}", max_dloss_vs_fsdp4=d_self,
+           max_dloss_vs_1_process=d_ref)
     assert d_self < 1e-5 and d_ref < 1e-5
-    assert [r["step"] for r in resumed.metrics] == list(range(6, 11))
+    assert [r["step"] for r in resumed.metrics] == list(range(HALF + 1, GPT_STEPS + 1))
 
 
 # ---------------------------------------------------------------- gradient accumulation

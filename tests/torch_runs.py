@@ -202,7 +202,8 @@ def report(name: str, **figures) -> None:
 # ---------------------------------------------------------------- runs shared by several test modules
 
 GPT = SPECS / "gpt-tiny.yaml"
-GPT_STEPS = 10  # the equivalence runs double as the uninterrupted run of the resume tests
+GPT_STEPS = 6  # the equivalence runs double as the uninterrupted run of the resume tests
+HALF = GPT_STEPS // 2  # where they checkpoint and the resume tests resume
 STEPS = 5
 SP_EDITS = (("    mlp: tensor\n", "    mlp: tensor\n    seq: tensor\n"),)  # sequence parallel
 
@@ -235,12 +236,12 @@ def reference(spec: str, n: int | None = None) -> tuple:
 
 
 def parallel(spec: str, mesh, edits=()) -> tuple:
-    """A parallel build and its run arguments; gpt-tiny fsdp_tp and fsdp=4 also checkpoint at step 5
+    """A parallel build and its run arguments; gpt-tiny fsdp_tp and fsdp=4 also checkpoint at step HALF
     (for the resume and reshard tests); the HSDP run counts its gradient collectives (accumulation test)."""
     args: tuple = ("--steps", str(steps(spec)))
     kw: dict = {}
     if spec.startswith("gpt") and not edits and mesh in ("fsdp_tp", "fsdp=4"):
-        args += ("--checkpoint-dir", str(ckpt_dir(mesh)), "--checkpoint-every", "5")
+        args += ("--checkpoint-dir", str(ckpt_dir(mesh)), "--checkpoint-every", str(HALF))
     if spec.startswith("gpt") and mesh == "data=2,fsdp=2":
         kw["count"] = True
     return (build(SPECS / spec, mesh, tuple(edits)), *args, kw)

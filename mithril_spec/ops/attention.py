@@ -33,6 +33,7 @@ class Attention(Op):
     has_params = True
     tensor_parallel = "pair"
     kv_cache = True
+    context_parallel = "ring"  # key/value blocks passed around the context axis (ring attention)
     random_tensor_parallel = True  # the programs draw the dropout mask of every head and keep their own
     handled_dims = {"q.weight": (1,), "k.weight": (1,), "v.weight": (1,), "o.weight": (0,),
                     "q.bias": (0,), "k.bias": (0,), "v.bias": (0,)}  # fmt: skip
@@ -104,21 +105,30 @@ class Attention(Op):
         mask and the dropped-out probabilities), the output projection's input. A fused kernel (the target's
         `fused_attention` capability: torch's F.scaled_dot_product_attention, used at rate 0) stores no
         probabilities, only the softmax's log-sum-exp (fp32, one per query and head) besides q, k, v and its
-        output, which is the output projection's input (measured: docs/cost-model.md)."""
+        output, which is the output projection's input (measured: docs/cost-model.md).
+
+        Over `context` (degree n, ring attention) a rank holds seq / n queries, keys and values; it receives
+        the n - 1 other ranks' key and value blocks one after the other (c.ring) and keeps them for the backward
+        pass, and computes the probabilities of its queries against all seq keys itself (no fused kernel)."""
         a = c.attrs
         T = c.tp.get("q.weight", frozenset())  # heads split over these axes (tensor parallel)
         c.div_axes |= T
         t = c.deg(T)
         c.save_input()
+        n = c.context
         seq = c.x.shape[0]
-        q = c.b * seq * a["heads"] * a["head_dim"] // t
-        kv = c.b * seq * a["kv_heads"] * a["head_dim"] // c.deg(c.tp.get("k.weight", frozenset()))
-        probs = c.b * a["heads"] * seq * seq // t
+        q = c.b * (seq // n) * a["heads"] * a["head_dim"] // t
+        kv = c.b * (seq // n) * a["kv_heads"] * a["head_dim"] // c.deg(c.tp.get("k.weight", frozenset()))
+        probs = c.b * a["heads"] * (seq // n) * seq // t
         cb = c.compute_bytes
         c.save("q", q * cb)
         c.save("k", kv * cb)
         c.save("v", kv * cb)
-        if a.get("dropout", 0):
+        if n > 1:
+            c.ring(2 * kv * cb, "key/value")
+            c.save("ring_kv", (n - 1) * 2 * kv * cb)  # the blocks received from the other ranks
+            c.save("probs", probs * cb, scores=True)
+        elif a.get("dropout", 0):
             c.save("probs", probs * cb, scores=True)
             c.save("dropout_mask", probs * MASK_BYTES, scores=True)
             c.save("dropout_out", probs * cb, scores=True)
@@ -127,6 +137,6 @@ class Attention(Op):
         else:
             c.save("probs", probs * cb, scores=True)
         c.save("o_in", q * cb)
-        c.add_score_flops(self.score_flops(a) * c.b / t)
+        c.add_score_flops(self.score_flops(a) * c.b / t / n)
         if T:
             c.tp_pair(T, c.input_gradients(self.input_projections(a)))

@@ -101,6 +101,10 @@ class Op:
     elementwise: ClassVar[bool] = False
     # Acts on each sequence position alone: runs unchanged on a sequence split over `tensor`.
     per_position: ClassVar[bool] = False
+    # Context parallelism (the `context` mesh axis splits the sequence, docs/program.md "Context
+    # parallelism"): "position" (acts on each position alone, or reads the global positions: runs on its
+    # chunks of the sequence), "ring" (attends over the sequence: ring attention), None (per_position decides).
+    context_parallel: ClassVar[Optional[str]] = None
     # Normalises over the features: a feature axis split over the mesh needs its statistics reduced.
     normalizes: ClassVar[bool] = False
     # Normalises with statistics over the batch: data parallelism must reduce them over the ranks.
@@ -147,6 +151,13 @@ class Op:
         """Can the layer run one sequence position at a time, the earlier positions' state cached (the
         sampling program's decode, docs/program.md "Sampling")? Per-position operators can."""
         return self.per_position
+
+    def context_role(self, attrs: dict[str, Any]) -> Optional[str]:
+        """How the layer runs on a sequence split over `context`: "position", "ring", or None (it cannot: it
+        mixes positions, or draws random numbers, whose masks would follow the split)."""
+        if self.is_random(attrs):
+            return None
+        return self.context_parallel or ("position" if self.per_position else None)
 
     def is_random(self, attrs: dict[str, Any]) -> bool:
         """Does the layer draw random numbers (a mask per step, micro-batch and rank)?"""

@@ -19,6 +19,7 @@ class EmbeddingArgs(LayerArgs):
 class Embedding(Op):
     kind = "embedding"
     tieable = True
+    context_parallel = "position"  # a lookup per position
     handled_dims = {"weight": (0, 1)}
     Args = EmbeddingArgs
     has_params = True
@@ -60,6 +61,7 @@ class PosEmbedding(Op):
     kind = "pos_embedding"
     Args = PosEmbeddingArgs
     has_params = True
+    context_parallel = "position"  # the programs add the rows of the global positions a rank holds
 
     def infer(self, args, inputs, size, ctx):
         (x,) = inputs

@@ -21,6 +21,7 @@ class Mlp(Op):
     kind = "mlp"
     Args = MlpArgs
     has_params = True
+    context_parallel = "position"  # acts on each position alone
     tensor_parallel = "pair"
     handled_dims = {"fc.weight": (1,), "gate.weight": (1,), "up.weight": (1,), "proj.weight": (0,),
                     "down.weight": (0,), "fc.bias": (0,), "gate.bias": (0,), "up.bias": (0,)}  # fmt: skip
@@ -59,7 +60,8 @@ class Mlp(Op):
         T = c.tp.get("gate.weight" if swiglu else "fc.weight", frozenset())  # hidden split (tensor parallel)
         c.div_axes |= T
         c.save_input()
-        hid = c.b * (c.x.numel // c.x.shape[-1]) * c.attrs["hidden"] // c.deg(T)
+        # (the positions split over `context` too: context parallelism)
+        hid = c.b * (c.x.numel // c.x.shape[-1]) // c.context * c.attrs["hidden"] // c.deg(T)
         for j in range(3 if swiglu else 2):  # the hidden pre- and post-activation (and swiglu's product)
             c.save(f"hidden{j}", hid * c.compute_bytes)
         if T:

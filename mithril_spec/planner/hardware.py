@@ -5,13 +5,14 @@ profiles, each optionally starting from a built-in `base`). Figures are per devi
 (FLOP/s, bytes, bytes/s, seconds); the spec section uses TFLOP/s, GB, GB/s and microseconds.
 
 Mesh axes map onto the machine innermost first: the mesh is laid out in canonical axis order (pipe, data,
-fsdp, expert, tensor; tensor innermost), so the innermost axes whose devices lie within one node of
+fsdp, expert, context, tensor; tensor innermost), so the innermost axes whose devices lie within one node of
 `devices_per_node` devices use the intra-node link and the rest the inter-node network.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Optional
 
 from ..diagnostics import Diagnostic, DiagnosticError, did_you_mean
@@ -37,6 +38,11 @@ class Hardware:
     intra_node_latency_s: float  # per ring step
     inter_node_latency_s: float
     efficiency: float = 0.5  # assumed fraction of peak FLOP/s reached by the model's compute
+    # per device, one direction, between device and host memory (PCIe): activation offload's transfers
+    host_bytes_per_s: float = 25 * G
+    kernel_overhead_s: float = 0.0  # fixed time of one kernel (dispatch, launch); measured by `calibrate`
+    # element-wise (memory-bound) activation traffic, charged on its own (0: folded into `efficiency`)
+    elementwise_bytes_per_s: float = 0.0
 
     @property
     def usable_bytes(self) -> float:
@@ -53,7 +59,8 @@ class Hardware:
             "intra_node_bytes_per_s": self.intra_node_bytes_per_s,
             "inter_node_bytes_per_s": self.inter_node_bytes_per_s,
             "intra_node_latency_s": self.intra_node_latency_s, "inter_node_latency_s": self.inter_node_latency_s,
-            "efficiency": self.efficiency,
+            "efficiency": self.efficiency, "host_bytes_per_s": self.host_bytes_per_s,
+            "kernel_overhead_s": self.kernel_overhead_s, "elementwise_bytes_per_s": self.elementwise_bytes_per_s,
         }
 
 
@@ -64,31 +71,32 @@ BUILTIN: dict[str, Hardware] = {
             "h100-sxm-80gb", "NVIDIA H100 SXM 80GB, 8 per node on NVLink 4 (450 GB/s per direction), "
             "400 Gb/s InfiniBand NDR per GPU between nodes",
             {"bfloat16": 989.4 * T, "float16": 989.4 * T, "float32": 66.9 * T},
-            80 * G, 2 * G, 3350 * G, 8, 450 * G, 50 * G, 3e-6, 8e-6,
+            80 * G, 2 * G, 3350 * G, 8, 450 * G, 50 * G, 3e-6, 8e-6, host_bytes_per_s=55 * G,  # PCIe Gen5 x16
         ),
         Hardware(
             "h200-141gb", "NVIDIA H200 SXM 141GB, 8 per node on NVLink 4 (450 GB/s per direction), "
             "400 Gb/s InfiniBand NDR per GPU between nodes",
             {"bfloat16": 989.4 * T, "float16": 989.4 * T, "float32": 66.9 * T},
-            141 * G, 2 * G, 4800 * G, 8, 450 * G, 50 * G, 3e-6, 8e-6,
+            141 * G, 2 * G, 4800 * G, 8, 450 * G, 50 * G, 3e-6, 8e-6, host_bytes_per_s=55 * G,  # PCIe Gen5 x16
         ),
         Hardware(
             "a100-80gb", "NVIDIA A100 SXM 80GB, 8 per node on NVLink 3 (300 GB/s per direction), "
             "200 Gb/s InfiniBand HDR per GPU between nodes",
             {"bfloat16": 312 * T, "float16": 312 * T, "float32": 19.5 * T},
-            80 * G, 2 * G, 2039 * G, 8, 300 * G, 25 * G, 3e-6, 8e-6,
+            80 * G, 2 * G, 2039 * G, 8, 300 * G, 25 * G, 3e-6, 8e-6, host_bytes_per_s=25 * G,  # PCIe Gen4 x16
         ),
         Hardware(
             "tpu-v5e", "Google TPU v5e chip (16 GB HBM), slices of up to 256 chips on ICI (~100 GB/s per "
             "axis ring), data-center network between slices; float32 matmuls as 3 bf16 passes",
             {"bfloat16": 197 * T, "float16": 197 * T, "float32": 197 / 3 * T},
-            16 * G, 0.5 * G, 819 * G, 256, 100 * G, 3.1 * G, 1e-6, 10e-6,
+            16 * G, 0.5 * G, 819 * G, 256, 100 * G, 3.1 * G, 1e-6, 10e-6, host_bytes_per_s=16 * G,  # PCIe Gen4 x8
         ),
         Hardware(
             "cpu", "a generic host CPU as one device (e.g. a simulated JAX CPU device): 8 per host sharing "
             "memory, 25 Gb/s Ethernet between hosts",
             {"float32": 0.5 * T, "bfloat16": 0.25 * T, "float16": 0.1 * T},
             64 * G, 1 * G, 100 * G, 8, 20 * G, 3 * G, 10e-6, 50e-6, efficiency=0.3,
+            host_bytes_per_s=20 * G,  # "host" memory is the same RAM: a copy
         ),
     )
 }
@@ -106,8 +114,12 @@ def names(spec: Optional[Spec] = None) -> list[str]:
 
 
 def lookup(name: str, spec: Optional[Spec] = None, doc: Optional[Document] = None) -> Hardware:
-    """The profile `name`: the spec's own `hardware` entries first, then the built-in ones (and aliases).
-    Raises UsageError for an unknown name, DiagnosticError for an incomplete spec profile."""
+    """The profile `name`: a profile file (FILE.yaml, or FILE.yaml#NAME for one of several entries; what
+    `mithril-spec calibrate` writes), else the spec's own `hardware` entries, then the built-in ones (and
+    aliases). Raises UsageError for an unknown name or an unreadable file, DiagnosticError for an incomplete
+    or invalid profile."""
+    if is_profile_file(name):
+        return load_profile_file(name)
     if spec is not None and spec.hardware:
         for i, h in enumerate(spec.hardware):
             if h.name == name:
@@ -131,9 +143,13 @@ _FIELDS = {  # spec field -> (Hardware field, scale)
     "intra_node_latency_us": ("intra_node_latency_s", 1e-6),
     "inter_node_latency_us": ("inter_node_latency_s", 1e-6),
     "efficiency": ("efficiency", 1),
+    "host_gb_per_s": ("host_bytes_per_s", G),
+    "kernel_overhead_us": ("kernel_overhead_s", 1e-6),
+    "elementwise_gb_per_s": ("elementwise_bytes_per_s", G),
 }
 _OPTIONAL = {"reserved_gb": 0.0, "intra_node_latency_us": 5.0, "inter_node_latency_us": 10.0, "efficiency": 0.5,
-             "hbm_gb_per_s": 1000.0}
+             "hbm_gb_per_s": 1000.0, "host_gb_per_s": 25.0,
+             "kernel_overhead_us": 0.0, "elementwise_gb_per_s": 0.0}
 
 
 def from_spec(h, path: tuple, doc: Optional[Document]) -> Hardware:
@@ -173,6 +189,47 @@ def from_spec(h, path: tuple, doc: Optional[Document]) -> Hardware:
         raise DiagnosticError([Diagnostic("E013", f"hardware `{h.name}`: reserved memory is not less than memory",
                                           pos(path + ("reserved_gb",)))])
     return hw
+
+
+# ---------------------------------------------------------------- profile files (`mithril-spec calibrate`)
+
+PROFILE_SUFFIXES = (".yaml", ".yml", ".toml")
+
+
+def is_profile_file(name: str) -> bool:
+    """`--hardware` names a file rather than a profile: it ends in a spec suffix (before any `#NAME`)."""
+    return name.partition("#")[0].lower().endswith(PROFILE_SUFFIXES)
+
+
+def load_profile_file(name: str) -> Hardware:
+    """The profile of a file holding a `hardware:` list (the format of the spec's section): its only entry,
+    or the one named after `#`."""
+    import pydantic
+
+    from ..source import load_file
+    from ..spec.hardware import ProfileFile
+    from ..validate import _convert
+
+    path, _, wanted = name.partition("#")
+    if not Path(path).is_file():
+        raise UsageError(f"--hardware {name}: no such file")
+    try:
+        pdoc = load_file(path)
+    except OSError as e:
+        raise UsageError(f"--hardware {name}: cannot read: {e.strerror or e}") from None
+    if not isinstance(pdoc.data, dict) or "hardware" not in pdoc.data:
+        raise UsageError(f"--hardware {name}: not a profile file (a `hardware:` list, as `mithril-spec "
+                         "calibrate` writes)")
+    try:
+        entries = ProfileFile.model_validate(pdoc.data).hardware
+    except pydantic.ValidationError as e:
+        raise DiagnosticError(_convert(e, pdoc)) from None
+    found = [i for i, h in enumerate(entries) if not wanted or h.name == wanted]
+    if len(found) != 1:
+        listed = ", ".join(h.name for h in entries)
+        why = f"no profile `{wanted}` there" if wanted else f"{len(entries)} profiles there"
+        raise UsageError(f"--hardware {name}: {why} (give FILE#NAME, one of: {listed})")
+    return from_spec(entries[found[0]], ("hardware", found[0]), pdoc)
 
 
 # ---------------------------------------------------------------- mesh axes onto the machine

@@ -9,7 +9,8 @@ A plan qualifies when
 - no layer reads another model input, and every layer can run one position at a time with the earlier
   positions' keys and values cached (Op.decodes: per-position operators, embeddings, the mlp, causal
   attention; not moe, batch_norm, convolutions, reshapes);
-- it has no pipeline of more than one stage.
+- it has no pipeline of more than one stage, and no sequence split over `context` (a checkpoint of such a
+  build resumes on any mesh: sample from a build without the axis).
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ def language_model(plan: Plan) -> LanguageModel | None:
     if not LOSSES[loss.op].class_targets:  # cross_entropy: the logits of the next token's classes
         return None
     if plan.pipeline is not None and len(plan.pipeline.stages) > 1:
+        return None
+    if plan.sequence_axis is not None:  # context parallelism: the programs hold a sequence in a balanced order
         return None
     ints = [i for i in graph.inputs if i.type.is_int]
     if not ints or len(ints[0].type.shape) != 1:

@@ -87,7 +87,7 @@ def select_mesh(spec: Spec, doc: Document, choice: str | None) -> Mesh:
                         f"unknown mesh axis `{axis}`",
                         doc.pos(path + (axis,), key=True),
                         help=did_you_mean(axis, MESH_AXES),
-                        notes=("mesh axes have fixed roles: pipe, data, fsdp, expert, tensor",),
+                        notes=(f"mesh axes have fixed roles: {', '.join(MESH_AXES)}",),
                     )
                 )
     if diags:

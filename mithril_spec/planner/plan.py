@@ -13,6 +13,7 @@ from ..ops import TensorType
 from ..ops import OPS
 from ..source import Document
 from ..spec.root import Spec
+from . import context
 from .data_check import check_data, data_files
 from .layouts import DEFAULT_RULES, Layout, Rules, batch_axes, check_layout, local_shape, param_layouts, read_rules
 from ..spec.sharding import MESH_AXES
@@ -174,7 +175,10 @@ class Plan:
             used = set(self.batch_axes)
             dims: list[tuple[str, ...]] = [()] * len(t.shape)
             for i in reversed(range(len(t.shape))):
-                axes = tuple(a for a in self.rule(t.axes[i]) if self.mesh.sizes.get(a, 1) > 1 and a not in used)
+                ruled = self.rule(t.axes[i])
+                if t.axes[i] is not None and t.axes[i] == self.sequence_axis:
+                    ruled = (context.AXIS,) + tuple(ruled)  # context parallelism splits the sequence
+                axes = tuple(a for a in ruled if self.mesh.sizes.get(a, 1) > 1 and a not in used)
                 if axes and t.shape[i] % self.mesh.degree(axes) == 0:
                     used.update(axes)
                     dims[i] = axes
@@ -184,6 +188,11 @@ class Plan:
     @functools.cached_property
     def _layouts(self) -> dict:
         return {}
+
+    @functools.cached_property
+    def sequence_axis(self) -> Optional[str]:
+        """The logical axis the `context` mesh axis splits (planner/context.py), None without that axis."""
+        return context.sequence_axis(self.graph) if context.degree(self.mesh) > 1 else None
 
     def rule(self, logical: Optional[str]) -> tuple[str, ...]:
         """The mesh axes the rules assign to a logical axis (as written; the built-in defaults apply)."""
@@ -361,7 +370,9 @@ def _input_plans(graph, spec, doc, mesh, rules, baxes, micro, dp, diags, seen) -
             spec_ = _explicit(layout, mesh)
             lay = Layout(spec_, path, (path,) * len(shape))
         else:
-            dims = (baxes,) + tuple(rules.mesh_axes(a, mesh) for a in inp.type.axes)
+            seq = context.sequence_axis(graph) if context.degree(mesh) > 1 else None
+            dims = (baxes,) + tuple((context.AXIS,) * (a is not None and a == seq) + rules.mesh_axes(a, mesh)
+                                    for a in inp.type.axes)
             origins = (rules.paths.get("batch", ("training", "batch_size")),) + tuple(
                 rules.paths.get(a, ()) if a else () for a in inp.type.axes)
             lay = Layout(dims, origins[0], origins)

@@ -226,7 +226,9 @@ class Activations(_Doc):
     remat: str = _f("the remat setting: `none`, `selective` or `full`")
     saved: int = _f("bytes saved, for all micro-batches in flight")
     recompute: int = _f("full remat: bytes of one block's activations rebuilt during the backward pass")
-    total: int = _f("`saved + recompute`")
+    total: int = _f("on the device: `saved - offloaded + recompute`")
+    offloaded: int = _f("of `saved`, bytes in host memory (`training.offload`; docs/cost-model.md#activation-offload)")
+    offload_per_step: int = _f("bytes moved to host memory per step, and the same back (`training.offload`)")
     by_op: dict[str, int] = _f("saved bytes per operator kind, before remat (one micro-batch), sorted by kind")
     blocks: list[ActivationBlock] = _f("one per repeated block on this pipe rank")
 
@@ -257,6 +259,8 @@ class Collective(_Doc):
                          "reduce-scatter and all-to-all `(n-1)/n`, send/recv `1` times `total_bytes`")
     blocking: bool = _f("on the critical path (tensor, sequence, expert parallel, pipeline, loss) rather than "
                         "overlapped with compute (data parallel, ZeRO, fsdp)")
+    compression: str = _f("`none`, or the gradient compression of this data-parallel reduction "
+                          "(`communication.compression`: `fp16`, `bf16`, `powersgd`); `bytes` is what it sends")
 
 
 class StageCosts(_Doc):
@@ -309,6 +313,10 @@ class Hardware(_Doc):
     intra_node_latency_s: Number = _f("intra-node latency per ring step, seconds")
     inter_node_latency_s: Number = _f("inter-node latency per ring step, seconds")
     efficiency: Number = _f("assumed fraction of peak FLOP/s the model's compute reaches")
+    kernel_overhead_s: Number = _f("fixed time of one kernel (dispatch, launch), seconds; 0: not modelled")
+    elementwise_bytes_per_s: Number = _f("bandwidth of element-wise activation traffic, bytes/s; 0: folded "
+                                         "into `efficiency`")
+    host_bytes_per_s: Number = _f("device-host bandwidth per device, one direction, bytes/s (activation offload)")
 
 
 class StepTime(_Doc):
@@ -324,13 +332,21 @@ class StepTime(_Doc):
                                 "`max(0, overlapped - compute)`")
     optimizer_s: Number = _f("seconds of the memory-bound optimizer update")
     bubble: Number = _f("pipeline bubble fraction")
-    step_s: Number = _f("seconds per step: `(compute + blocking + exposed) / (1 - bubble) + optimizer`")
+    step_s: Number = _f("seconds per step: `(compute + blocking + exposed + offload + elementwise + "
+                      "overhead) / (1 - bubble) + optimizer`")
     mfu: Number = _f("model FLOPs utilisation: forward + backward FLOPs / (step x devices x peak)")
     hfu: Number = _f("hardware FLOPs utilisation: as `mfu`, recompute included")
     samples_per_s: Number = _f("samples per second")
     tokens_per_s: Number | None = _f("tokens per second; null when the inputs are not token sequences")
     collective_s: list[Number] = _f("seconds per step of each entry of `costs.collectives`")
     links: list[str] = _f("`intra-node` or `inter-node`, per entry of `costs.collectives`")
+    algorithms: list[str] = _f("`ring` or `tree`, per entry of `costs.collectives`: the algorithm costed "
+                               "(`communication.algorithm`; `auto`: the cheaper)")
+    offload_s: Number = _f("seconds of activation offload's transfers, out and back (in `step_s`)")
+    elementwise_s: Number = _f("seconds of element-wise activation traffic (in `step_s`; 0 unless the profile "
+                               "has `elementwise_bytes_per_s`)")
+    kernels: int = _f("kernels one device launches per step (counted for `overhead_s`)")
+    overhead_s: Number = _f("kernels x the profile's `kernel_overhead_s` (in `step_s`)")
 
 
 class Costs(_Doc):
@@ -343,6 +359,8 @@ class Costs(_Doc):
     micro_batches: int = _f("micro-batches per optimizer step per device (grad_accum x pipeline micro-batches)")
     local_batch: int = _f("samples per device per micro-batch")
     peak_bytes: int = _f("predicted peak bytes per device: the largest `stages[].peak`")
+    offload_threshold: int | None = _f("activation offload (`training.offload`): saved tensors of at least this "
+                                       "many elements go to host memory; null: no offload")
     stages: list[StageCosts] = _f("one per pipe rank (one without a pipeline)")
     collectives: list[Collective] = _f("the busiest pipe rank's collectives")
     comm_bytes: int = _f("sum of `collectives[].total_bytes`")

@@ -104,6 +104,11 @@ def render_costs(costs) -> str:
             + (f", buffers {human_bytes(s.buffers)}" if s.buffers else "")
             + f") + activations {human_bytes(a.total)} + temporaries {human_bytes(t.total)} = peak "
             f"{human_bytes(st.peak)}")
+        if a.offloaded or a.offload_per_step:
+            lines.append(f"activation offload (tensors of at least {costs.offload_threshold:,} elements): "
+                         f"{human_bytes(a.offloaded)} of the saved activations in host memory, "
+                         f"{human_bytes(a.saved - a.offloaded)} on the device; {human_bytes(a.offload_per_step)} "
+                         f"moved out and back per step")
     f = costs.flops
     lines.append(f"FLOPs per step: forward {human_flops(f.forward)}, backward {human_flops(f.backward)}, recompute "
                  f"{human_flops(f.recompute)}; per device {human_flops(f.per_device_total)}")
@@ -132,8 +137,15 @@ def render_costs(costs) -> str:
             f"predicted step time {human_seconds(tm.step_s)}: compute {human_seconds(tm.compute_s)} (at "
             f"{tm.efficiency:.0%} of peak), critical-path communication {human_seconds(tm.blocking_comm_s)}, "
             f"data-parallel communication {human_seconds(tm.overlapped_comm_s)} "
-            f"({human_seconds(tm.exposed_comm_s)} not hidden by compute), optimizer {human_seconds(tm.optimizer_s)}; "
-            f"MFU {tm.mfu:.1%}")
+            f"({human_seconds(tm.exposed_comm_s)} not hidden by compute), optimizer {human_seconds(tm.optimizer_s)}"
+            + (f", activation offload {human_seconds(tm.offload_s)} at {human_bytes(int(hw.host_bytes_per_s))}/s"
+               if tm.offload_s else "")
+            + (f", element-wise traffic {human_seconds(tm.elementwise_s)}" if tm.elementwise_s else "")
+            + (f", {tm.kernels:,} kernels {human_seconds(tm.overhead_s)}" if tm.overhead_s else "")
+            + f"; MFU {tm.mfu:.1%}")
+        if "tree" in tm.algorithms:  # (ring everywhere else: the cost model's default)
+            tree = [c.what for c, a in zip(costs.collectives, tm.algorithms) if a == "tree"]
+            lines.append(f"costed as double binary trees (communication.algorithm): {'; '.join(tree)}")
     for n in costs.notes:
         lines.append(f"note: {n}")
     return "\n".join(lines) + "\n"
@@ -170,9 +182,10 @@ def render_plan(plan: Plan, costs=None) -> str:
                      _pspec(p.spec), _shape(p.local_shape), human_bytes(p.local_bytes))
                     + ((stage,) if pp is not None else ()))
     for i in plan.inputs:
+        local = [n // plan.mesh.degree(d) for n, d in zip(i.input.type.shape, i.spec[1:])]  # (a split sequence)
         rows.append((f"input {i.input.name}", _shape(["batch", *i.input.type.shape]),
                      "[" + ", ".join(["batch", *(a or "-" for a in i.input.type.axes)]) + "]", _pspec(i.spec),
-                     _shape([i.local_batch, *i.input.type.shape]), i.input.type.dtype)
+                     _shape([i.local_batch, *local]), i.input.type.dtype)
                     + (("",) if pp is not None else ()))
     widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
     for j, r in enumerate(rows):

@@ -21,6 +21,7 @@ from ..ops.loss import LOSSES
 from ..planner.plan import Plan
 from ..targets.base import linear_style, tensor_dims
 from .environment import template_dirs
+from .predicted import predicted
 
 # Local variable names the templates use themselves; tensor variables that would shadow them get a `_`.
 LOCAL_NAMES = {
@@ -325,4 +326,6 @@ def make_context(plan: Plan, target: str, spec_file: str) -> dict[str, Any]:
         # model FLOPs of one optimizer step: forward and backward (twice the forward) over the batch
         "flops_per_step": 3 * int(graph.flops_per_sample) * tr.batch_size,
         "hf": hf_context(plan),  # a spec imported from Hugging Face: its checkpoints' names (hf_import.py)
+        # the plan's figures for one step (--profile prints them next to its measurements; activation offload)
+        "predicted": predicted(plan, target),
     }

@@ -34,6 +34,7 @@ from typing import Any
 from ..graph import RepeatNode
 from ..ops import OPS, TensorType
 from ..planner.plan import Plan
+from .communication import jax_comm
 from .context import RESERVED, rename_vars
 
 # Names the generated model code uses inside the functions that hold tensor variables.
@@ -42,6 +43,7 @@ MODEL_NAMES = {
     "embedding", "attention", "rope", "mlp", "conv2d", "max_pool2d", "avg_pool2d", "dropout", "layer_key",
     "cross_entropy", "mse", "train", "remat", "forward", "loss_fn", "pre", "p", "batch", "buffers", "key", "x", "i",
     "block", "REMAT", "COMPUTE_DTYPE", "moe", "aux", "aux_loss", "pre_forward", "post_loss",
+    "positions", "ring_attention", "CONTEXT",  # context parallelism (jax/context.py.j2)
 }  # fmt: skip
 
 
@@ -244,9 +246,12 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
             "stack_axis": {r["name"]: ["pipe"] if pipeline and pipeline["repeat"]["name"] == r["name"] else None
                            for r in ctx["repeats"]},
             "zero": tr.zero,  # not in the shared context (yet)
+            # context parallelism: the ranks of the `context` axis (None without it; planner/context.py)
+            "context": plan.mesh.sizes["context"] if plan.sequence_axis else None,
             # a float32 master copy of 16-bit parameters in the optimizer state
             "master_weights": bool(tr.precision.master_weights and tr.precision.params != "float32"),
             "accum": accum,
+            "comm": jax_comm(plan),  # communication: XLA flags and NCCL_ALGO (render/communication.py)
             # per-device bytes the planner predicts for this target (`mithril-spec plan`); the program reports
             # what it holds
             "planned": {"params": memory.params, "optimizer": memory.optimizer, "buffers": memory.buffers},

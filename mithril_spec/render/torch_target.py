@@ -39,8 +39,10 @@ from ..planner.plan import Plan
 from ..planner.sizes import DTYPE_BYTES
 from ..planner.states import precision_setup, zero_dim
 from ..targets.base import vocab_parallel_layers
+from ..targets.torch import data_parallel as torch_data_parallel
 from ..targets.torch import pipeline_flow
 from ..targets.torch import sequence_parallel as torch_sequence_parallel
+from .communication import torch_comm
 from .context import RESERVED, rename_vars
 from .jax_target import spec_hash
 
@@ -50,7 +52,7 @@ MODEL_NAMES = {"F", "torch", "nn", "np", "math", "self", "block", "rope", "zlib"
 
 # Classes and names the program defines at module level: a block class must not take one of them.
 PROGRAM_NAMES = {"Model", "Attention", "MLP", "LayerNorm", "RMSNorm", "BatchNorm", "Dropout", "PosEmbedding", "Data",
-                 "Metrics", "F", "DDP", "MoE", "Weights", "Holder"}
+                 "Metrics", "F", "DDP", "MoE", "Weights", "Holder", "RingPass", "CONTEXT", "RING"}
 
 
 
@@ -193,15 +195,8 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
 
     # ---- data parallelism (the expert axis splits the batch too: DDP over data x expert). Pipeline stages
     # replicate over data with FSDP2 (fsdp = 1), not DDP: DDP's reducer fails under the interleaved schedule.
-    P, X = sizes.get("pipe", 1), sizes.get("expert", 1)
-    if Fs > 1 or (T > 1 and D > 1) or (P > 1 and D > 1):
-        dp = "hsdp" if D > 1 else "fsdp"
-    elif D > 1 and X == 1 and plan.spec.training.zero >= 2:
-        dp = "zero2"  # no DDP: the gradients are reduce-scattered onto the ranks that update them (Shards)
-    elif D * X > 1:
-        dp = "ddp"
-    else:
-        dp = "none"
+    P, X, C = sizes.get("pipe", 1), sizes.get("expert", 1), sizes.get("context", 1)
+    dp = torch_data_parallel(plan)
 
     # ---- tensor (and sequence) parallelism
     tp_plan: dict[str, str] = {}
@@ -303,7 +298,9 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
             # every mesh axis the program builds its device mesh with, in canonical order (pipe and
             # expert only when split)
             "mesh_axes": ({"pipe": P} if P > 1 else {}) | {"data": D, "fsdp": Fs} | (
-                {"expert": X} if X > 1 else {}) | {"tensor": T},
+                {"expert": X} if X > 1 else {}) | ({"context": C} if C > 1 else {}) | {"tensor": T},
+            # context parallelism: the ranks of the `context` axis (None without it; planner/context.py)
+            "context": C if plan.sequence_axis else None,
             "expert": X,
             "ep": X > 1 and expert_params,  # experts split over `expert` (all-to-all)
             "pipeline": _pipeline(plan, layers, top_vars),
@@ -320,6 +317,7 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
                         "optimizer": plan.memory.optimizer, "buffers": plan.memory.buffers},
             "nodes": devices // per_node,
             "gpus_per_node": per_node,
+            "comm": torch_comm(plan),  # communication: DDP hook, FSDP2 reduce dtype and prefetch, NCCL_ALGO
             "job_name": "".join(c if c.isalnum() or c in "_.-" else "-" for c in plan.spec.name),
         },
     }

@@ -41,6 +41,25 @@ class Hardware(Strict):
     )
     intra_node_latency_us: Optional[NonNegative] = None
     inter_node_latency_us: Optional[NonNegative] = None
+    host_gb_per_s: Optional[Figure] = Field(
+        None, description="per-device, one-direction bandwidth between device and host memory (PCIe), GB/s: "
+        "activation offload's transfers"
+    )
     efficiency: Optional[Annotated[float, Field(gt=0, le=1)]] = Field(
         None, description="fraction of peak FLOP/s the model's compute is assumed to reach"
     )
+    kernel_overhead_us: Optional[NonNegative] = Field(
+        None, description="fixed time of one kernel (dispatch and launch) on top of its FLOPs and bytes, "
+        "microseconds; 0 by default (`mithril-spec calibrate` measures it)"
+    )
+    elementwise_gb_per_s: Optional[NonNegative] = Field(
+        None, description="bandwidth of element-wise (memory-bound) activation traffic, charged on its own, "
+        "GB/s; 0 by default: folded into `efficiency` (`mithril-spec calibrate` measures it)"
+    )
+
+
+class ProfileFile(Strict):
+    """A profile file (`plan --hardware FILE.yaml`; what `mithril-spec calibrate` writes): a `hardware` list
+    in the format of the spec's section."""
+
+    hardware: list[Hardware] = Field(min_length=1, description="device profiles")

@@ -8,6 +8,7 @@ from pydantic import Field, PositiveInt, StrictInt
 
 from ..targets import DEFAULT_TARGETS, TARGET_NAMES
 from .common import Ident, Strict
+from .communication import Communication
 from .data import Data, Eval, Synthetic
 from .hardware import Hardware
 from .hf import HfSource
@@ -28,12 +29,15 @@ class Spec(Strict):
     )
     dims: dict[Ident, Annotated[StrictInt, Field(ge=1)]] = Field(default_factory=dict, description="named sizes")
     model: Model
-    mesh: Optional[Mesh] = Field(None, description="axis -> size; axes: pipe, data, fsdp, expert, tensor")
+    mesh: Optional[Mesh] = Field(None, description="axis -> size; axes: pipe, data, fsdp, expert, context, tensor")
     meshes: Optional[dict[Ident, Mesh]] = Field(None, description="named meshes; the first is the default")
     devices: Optional[PositiveInt] = Field(None, description="device count the mesh must use")
     sharding: Sharding = Sharding()
     pipeline: Optional[Pipeline] = Field(None, description="pipeline parallelism over the `pipe` mesh axis")
     training: Training
+    communication: Communication = Field(
+        Communication(), description="gradient compression, collective algorithm, bucket size, overlap, prefetch"
+    )
     data: Data = Synthetic(kind="synthetic")
     eval: Optional[Eval] = Field(None, description="held-out evaluation: its data, how often, how many batches")
     hf: Optional[HfSource] = Field(None, description="the Hugging Face model this spec was imported from")

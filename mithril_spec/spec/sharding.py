@@ -8,7 +8,7 @@ from pydantic import Field, StrictStr
 
 from .common import IDENT_PATTERN, Strict
 
-MESH_AXES = ("pipe", "data", "fsdp", "expert", "tensor")  # canonical order, outermost first
+MESH_AXES = ("pipe", "data", "fsdp", "expert", "context", "tensor")  # canonical order, outermost first
 
 AxisName = StrictStr
 MeshAxes = Union[AxisName, list[AxisName]]

@@ -1,4 +1,4 @@
-"""The `training` section: batch, steps, optimizer, schedule, precision, remat, checkpoints."""
+"""The `training` section: batch, steps, optimizer, schedule, precision, remat, checkpoints, offload."""
 
 from __future__ import annotations
 
@@ -137,6 +137,20 @@ class Checkpoint(Strict):
     every: PositiveInt = 100
 
 
+class Offload(Strict):
+    """Activations moved to host memory between the forward and the backward pass (Mithril's
+    `activation_offload` / `offload_threshold`)."""
+
+    activations: bool = Field(
+        False, description="move the tensors the forward pass saves for the backward pass to host memory, and back "
+        "for the backward pass"
+    )
+    threshold: Annotated[int, Field(ge=0, le=2**62)] = Field(
+        1_000_000, description="only saved tensors of at least this many elements (per device) move; smaller "
+        "ones stay on the device"
+    )
+
+
 class Training(Strict):
     batch_size: PositiveInt = Field(description="global batch size (samples per optimizer step)")
     grad_accum: PositiveInt = 1
@@ -153,3 +167,10 @@ class Training(Strict):
     )
     seed: Annotated[int, Field(ge=0, lt=2**31)] = 0
     checkpoint: Checkpoint | None = None
+    offload: Offload | None = Field(
+        None, description="activation offload: `{activations: true, threshold: N}` (docs/spec.md \"Activation offload\")"
+    )
+
+    def offload_threshold(self) -> int | None:
+        """Saved tensors of at least this many elements go to host memory; None: no activation offload."""
+        return self.offload.threshold if self.offload is not None and self.offload.activations else None

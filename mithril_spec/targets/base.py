@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from ..planner.plan import Plan
     from ..source import Document
 
-MESH_AXES = ("pipe", "data", "fsdp", "expert", "tensor")  # canonical order (spec/sharding.py)
+MESH_AXES = ("pipe", "data", "fsdp", "expert", "context", "tensor")  # canonical order (spec/sharding.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +61,17 @@ class Capabilities:
     # attention without dropout runs as a fused kernel that stores no [b, heads, s, s] probabilities for the
     # backward pass (the plan's activations follow it: planner/costs CostOptions.fused_attention)
     fused_attention: bool = False
+    # activation offload (training.offload): the remat settings it offloads under (empty: none), and the mesh
+    # axes it does not offload on (targets/offload.py checks them)
+    offload_remat: tuple[str, ...] = ()
+    offload_without: tuple[str, ...] = ()
+    # the `communication` settings it realises (targets/communication.py checks them): gradient compressions,
+    # collective algorithms, `bucket_mb`, the `overlap` values it can honour, fsdp `prefetch` depth
+    compression: tuple[str, ...] = ("none",)
+    collective_algorithms: tuple[str, ...] = ("auto",)
+    bucket_size: bool = False
+    overlap: tuple[bool, ...] = ()
+    fsdp_prefetch: bool = False
 
     def reason(self, what: str, help: str) -> str:
         why = dict(self.reasons).get(what)
@@ -217,6 +228,10 @@ class Target:
             if axis not in cap.mesh_axes and plan.mesh.sizes.get(axis, 1) > 1:
                 refuse(None, f"the `{axis}` mesh axis", cap.reason(axis, f"supported axes: {', '.join(cap.mesh_axes)}"),
                        pos=doc.pos(plan.mesh.source))
+        if "context" in cap.mesh_axes:
+            from .context import context_errors
+
+            out += context_errors(plan, doc, self.name)
         tr = plan.spec.training
         if tr.zero not in cap.zero_stages:
             way = (f"supported: {', '.join(map(str, cap.zero_stages))}" if cap.zero_stages != (0,)
@@ -300,6 +315,12 @@ class Target:
                             "E049", f"`{node.name}`: the {self.name} target does not support {why} in a "
                             "pipelined model yet", doc.pos(node.path + self.pipeline_limit_field),
                             help="drop the `pipe` mesh axis, or change the layer"))
+        from .communication import communication_errors
+
+        out += communication_errors(self, plan, doc)
+        from .offload import offload_errors
+
+        out += offload_errors(self, plan, doc)
         out += self.check_more(plan, doc)
         return out
 

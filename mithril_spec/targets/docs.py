@@ -44,6 +44,14 @@ def capability_markdown() -> str:
     row("launchers", lambda c: "; ".join(c.launchers))
     row("evaluation (`eval`) in a pipelined build", lambda c: _yes(c.eval_with_pipeline))
     row("fused attention (no probabilities stored; attention `dropout` 0)", lambda c: _yes(c.fused_attention))
+    row("gradient compression (`communication.compression`)", lambda c: _list(c.compression))
+    row("collective algorithms (`communication.algorithm`)", lambda c: _list(c.collective_algorithms))
+    row("`communication.bucket_mb`", lambda c: _yes(c.bucket_size))
+    row("`communication.overlap` values", lambda c: ", ".join(str(v).lower() for v in c.overlap) or "none")
+    row("`communication.prefetch` (fsdp)", lambda c: _yes(c.fsdp_prefetch))
+    row("activation offload (`training.offload`): with remat",
+        lambda c: _list(c.offload_remat) if c.offload_remat else "no")
+    row("activation offload: not on the mesh axes", lambda c: _list(c.offload_without) if c.offload_remat else "-")
     row("checked for a spec without `targets:`", lambda c: _yes(c.default))
     rows.append(("program imports", [t.imports for t in targets]))
 

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from ..diagnostics import Diagnostic
 from .base import MESH_AXES, Capabilities, Target
+from .context import LIMIT as CONTEXT_LIMIT
 
 if TYPE_CHECKING:
     from ..planner.plan import Plan
@@ -27,6 +28,19 @@ class JaxTarget(Target):
         param_dtypes=("float32", "bfloat16", "float16"),
         launchers=("launch.sh (jax.distributed, one process per host)",),
         pipeline_outside_everywhere=True,
+        # NCCL_ALGO and XLA's combine thresholds and latency-hiding scheduler, set by the program
+        collective_algorithms=("auto", "ring", "tree"),
+        bucket_size=True,
+        overlap=(True, False),
+        reasons=(
+            ("compression", "the jax program's gradient reductions are XLA's, inserted by the SPMD partitioner "
+             "in the gradients' dtype: it has no data-parallel reduction of its own to compress"),
+            ("prefetch", "XLA's scheduler decides how far ahead the fsdp all-gathers run"),
+            ("offload_remat", "the jax program's remat policies recompute rather than offload"),
+            ("offload_pipe", "the jax pipeline runs its stages without the offload policy"),
+        ),
+        offload_remat=("none",),  # a jax.checkpoint policy that offloads (remat policies of their own otherwise)
+        offload_without=("pipe",),
     )
     files = (("jax/train.py.j2", "train.py"), ("jax/launch.sh.j2", "launch.sh"), ("jax/README.md.j2", "README.md"),
              ("jax/generate.py.j2", "generate.py"))
@@ -38,6 +52,7 @@ class JaxTarget(Target):
         "A pipeline splits one repeated block evenly over the `pipe` axis (the planner's split).",
         "The pipelined block takes one input; the layers after it (and the loss) read only its output, later "
         "layers and the model inputs, never the layers before it (those run apart, on every pipe rank).",
+        CONTEXT_LIMIT,
     )
 
     def check_more(self, plan: Plan, doc: Document) -> list[Diagnostic]:

@@ -90,6 +90,7 @@ PARALLELISMS: dict[str, tuple[str, Any]] = {
     "pipe": ("pipe=2", lambda s: s.update(pipeline={"microbatches": 2, "schedule": "1f1b"})),
     "expert": ("data=1,expert=2", _moe),  # expert parallelism needs experts
     "zero": ("data=2", lambda s: s["training"].update(zero=1)),
+    "context": ("context=2", lambda s: None),  # the sequence split, ring attention
 }
 
 # training feature -> what it changes in the spec ("none": the spec as it is)

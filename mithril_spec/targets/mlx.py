@@ -20,6 +20,11 @@ if TYPE_CHECKING:
 _ONE_GROUP = "MLX's distributed backends give a program one process group (the ring backend cannot split it)"
 
 _REASONS = (
+    ("compression", "mlx.nn.average_gradients reduces the gradients in their own dtype"),
+    ("algorithm", "MLX's distributed backends (ring, MPI) choose their own algorithms"),
+    ("bucket_mb", "mlx.nn.average_gradients groups the gradients itself"),
+    ("overlap", "the mlx program averages the gradients after the backward pass (no overlap switch)"),
+    ("prefetch", "MLX has no fully sharded data parallelism"),
     ("fsdp", "MLX has no fully sharded data parallelism that keeps parameters sharded between steps"),
     ("pipe", "MLX has no pipeline schedules (no point-to-point autograd between processes)"),
     ("expert", _ONE_GROUP + ", and expert parallelism needs an all-to-all MLX does not have"),
@@ -32,6 +37,9 @@ _REASONS = (
     ("moe", "the mixture-of-experts operator is not in the mlx target yet"),
     ("data_param_layouts", "over `data` every mlx process holds the whole model"),
     ("input_layouts", "the mlx target gives each process whole samples: its rows of the batch"),
+    ("context", _ONE_GROUP + ", and ring attention needs point-to-point autograd between processes"),
+    ("offload", "MLX has no hooks on the tensors saved for the backward pass (and Apple silicon's memory is "
+     "one, shared by host and device)"),
 )
 
 

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 
 from ..diagnostics import Diagnostic
 from ..ops import OPS
+from .communication import torch_communication_errors
+from .context import LIMIT as CONTEXT_LIMIT
 from .base import (
     MESH_AXES,
     _a,
@@ -64,9 +66,23 @@ class TorchTarget(Target):
         reasons=(
             ("data_param_layouts", "the torch target replicates parameters over `data` (DDP, or HSDP's replicas)"),
             ("input_layouts", "the torch target gives each rank whole samples: its rows of the batch"),
+            ("offload_remat", "torch's selective activation checkpointing keeps what it saves outside the "
+             "saved-tensor hooks that move tensors to the host"),
+            ("offload_tensor", "the torch program's offload hooks copy plain tensors, and tensor parallelism saves "
+             "DTensors"),
+            ("offload_pipe", "the pipelined torch program runs its stages without the offload hooks"),
         ),
         launchers=("launch.sh (torchrun, one machine or several)", "launch.sbatch (SLURM)"),
         fused_attention=True,  # F.scaled_dot_product_attention (at attention dropout 0)
+        # DDP communication hooks (FSDP2: its reduce dtype), NCCL_ALGO in launch.sh, DDP's bucket_cap_mb,
+        # FSDP2's explicit prefetch; DDP and FSDP2 always overlap the gradient reduction with the backward pass
+        compression=("none", "fp16", "bf16", "powersgd"),
+        collective_algorithms=("auto", "ring", "tree"),
+        bucket_size=True,
+        overlap=(True,),
+        fsdp_prefetch=True,
+        offload_remat=("none", "full"),  # torch.autograd.graph.saved_tensors_hooks
+        offload_without=("pipe", "tensor"),
     )
     files = (
         ("torch/train.py.j2", "train.py"),
@@ -97,10 +113,11 @@ class TorchTarget(Target):
         "loss targets (a model input) to the last; a tied linear layer sits on its embedding's stage; remat in "
         "a pipeline needs a repeated block.",
         *(f"`training.zero` with {what}: {why}." for what, why in ZERO_LIMITS),
+        CONTEXT_LIMIT,
     )
 
     def check_more(self, plan: Plan, doc: Document) -> list[Diagnostic]:
-        return _checks(plan, doc) + _zero(plan, doc)
+        return _checks(plan, doc) + _zero(plan, doc) + torch_communication_errors(plan, doc, data_parallel(plan))
 
 
 # Attribute and method names of torch.nn.Module: a layer with one of these names would be shadowed.
@@ -401,4 +418,17 @@ def sequence_parallel(plan: Plan, rep: RepeatNode) -> bool:
     return "tensor" in plan.rule(rep.out.axes[0]) and rep.out.shape[0] % t == 0
 
 
-
+def data_parallel(plan: Plan) -> str:
+    """How the torch program replicates over the batch axes: "hsdp" / "fsdp" (FSDP2 fully_shard on the (data,
+    fsdp) mesh / over fsdp; also data x tensor and data x pipe, with an fsdp axis of size 1, which keeps the
+    tensor-parallel DTensors DTensors and survives the interleaved schedules), "zero2" (replicated over data,
+    gradients reduce-scattered onto the ranks that update them), "ddp" (DistributedDataParallel over data x
+    expert) or "none"."""
+    sizes = plan.mesh.sizes
+    D, Fs, T = sizes.get("data", 1), sizes.get("fsdp", 1), sizes.get("tensor", 1)
+    P, X = sizes.get("pipe", 1), sizes.get("expert", 1)
+    if Fs > 1 or (T > 1 and D > 1) or (P > 1 and D > 1):
+        return "hsdp" if D > 1 else "fsdp"
+    if D > 1 and X == 1 and plan.spec.training.zero >= 2:
+        return "zero2"
+    return "ddp" if D * X > 1 else "none"

@@ -6,7 +6,8 @@ layout of its copies) and returns `Costs`:
 - memory per device, for each pipe rank (the pipeline stages a device holds): parameters, gradients and
   optimizer state (`planner/states.py`), activations saved for the backward pass per operator under remat
   none | selective | full (each operator states its own in `ops/`, through `walk.LayerCosts`), and
-  temporaries; their sum is the predicted peak;
+  temporaries; their sum is the predicted peak; with activation offload (`training.offload`), the saved
+  tensors at or above the threshold are counted in host memory instead (`offload.py`);
 - every collective the plan implies, with its mesh axes, payload bytes per device and calls per step
   (`collectives.py`);
 - FLOPs per step (forward, backward = 2 x forward, recompute separately), globally and per device;
@@ -26,7 +27,7 @@ from ...ops import OPS
 from ..hardware import Hardware
 from ..plan import Plan
 from ..states import StateMemory, param_state_bytes, precision_setup, state_memory
-from .collectives import Collective, pipeline_bubble, ring_time
+from .collectives import Collective, collective_time, pipeline_bubble, ring_time, tree_time
 from .results import (
     KINDS,
     REMAT_MODES,
@@ -45,6 +46,7 @@ from .walk import Walk
 
 __all__ = [
     "KINDS", "REMAT_MODES", "Activations", "BlockActivations", "Collective", "CostOptions", "Costs", "Flops",
+    "collective_time", "tree_time",
     "StageCosts", "StateMemory", "StepTime", "Temporaries", "costs_to_json", "estimate", "estimate_remats",
     "estimate_targets", "param_state_bytes", "pipeline_bubble", "precision_setup", "ring_time", "state_memory",
     "step_time",

@@ -1,8 +1,9 @@
-"""Collectives: what one costs on the wire (ring algorithms) and in time."""
+"""Collectives: what one costs on the wire (ring algorithms) and in time (ring, tree or the cheaper)."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 
 @dataclasses.dataclass(frozen=True)
@@ -15,6 +16,7 @@ class Collective:
     bytes: int  # payload per call per device: the full (reduced or gathered) buffer
     count: int  # calls per optimizer step
     blocking: bool  # on the critical path (tensor parallel) rather than overlapped (data parallel)
+    compression: str = "none"  # none | fp16 | bf16 | powersgd: a data-parallel reduction's (`bytes`: what it sends)
 
     @property
     def total_bytes(self) -> int:
@@ -56,3 +58,25 @@ def ring_time(kind: str, payload: float, group: int, bandwidth: float, latency: 
     if kind == "all-reduce":
         return 2 * (group - 1) / group * payload / bandwidth + 2 * (group - 1) * latency
     return (group - 1) / group * payload / bandwidth + (group - 1) * latency
+
+
+def tree_time(payload: float, group: int, bandwidth: float, latency: float) -> float:
+    """Seconds for one all-reduce of `payload` bytes as a double binary tree (NCCL's tree): the payload,
+    split over two trees and pipelined, goes up (reduce) and down (broadcast) once: 2 payload / bandwidth,
+    and 2 ceil(log2 n) latency steps."""
+    if group <= 1:
+        return 0.0
+    return 2 * payload / bandwidth + 2 * math.ceil(math.log2(group)) * latency
+
+
+def collective_time(kind: str, payload: float, group: int, bandwidth: float, latency: float,
+                    algorithm: str = "ring") -> tuple[float, str]:
+    """(seconds, algorithm run) for one collective under `communication.algorithm`: ring, tree (all-reduce
+    only: NCCL runs the other collectives as rings), or auto (the cheaper of the two)."""
+    ring = ring_time(kind, payload, group, bandwidth, latency)
+    if algorithm == "ring" or kind != "all-reduce" or group <= 1:
+        return ring, "ring"
+    tree = tree_time(payload, group, bandwidth, latency)
+    if algorithm == "tree" or tree < ring:
+        return tree, "tree"
+    return ring, "ring"

@@ -47,10 +47,13 @@ class Activations:
     recompute: int  # full remat: one block's activations rebuilt during the backward pass
     by_op: dict[str, int]  # saved bytes by operator kind (before remat)
     blocks: tuple[BlockActivations, ...]
+    offloaded: int = 0  # of `saved`, the bytes in host memory (activation offload, all micro-batches in flight)
+    offload_per_step: int = 0  # bytes moved to host memory per step (and the same back), activation offload
 
     @property
     def total(self) -> int:
-        return self.saved + self.recompute
+        """On the device: what is saved and not offloaded, and the recomputation."""
+        return self.saved - self.offloaded + self.recompute
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +129,11 @@ class StepTime:
     tokens_per_s: Optional[float]
     collective_s: tuple[float, ...]  # per entry of Costs.collectives
     links: tuple[str, ...]  # intra-node | inter-node, per entry of Costs.collectives
+    algorithms: tuple[str, ...] = ()  # ring | tree, per entry of Costs.collectives (communication.algorithm)
+    offload_s: float = 0.0  # activation offload's transfers to host memory and back (in step_s)
+    elementwise_s: float = 0.0  # element-wise activation traffic (costs/overheads.py; in step_s)
+    kernels: int = 0  # kernels per step on one device of the slowest pipe rank
+    overhead_s: float = 0.0  # kernels x the profile's fixed cost per kernel (in step_s)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,6 +150,7 @@ class Costs:
     notes: tuple[str, ...]
     # the target whose kernels the activations follow (`plan --target`); None: the largest of the spec's targets
     target: Optional[str] = None
+    offload_threshold: Optional[int] = None  # activation offload: saved tensors of this many elements or more
 
     @property
     def worst(self) -> StageCosts:

@@ -11,7 +11,7 @@ from .results import Collective, Costs, StageCosts
 def _collective(c: Collective) -> doc.Collective:
     return doc.Collective(kind=c.kind, axes=list(c.axes), group=c.group, phase=c.phase, what=c.what,
                           bytes=c.bytes, count=c.count, total_bytes=c.total_bytes, wire_bytes=round(c.wire_bytes),
-                          blocking=c.blocking)
+                          blocking=c.blocking, compression=c.compression)
 
 
 def _stage(s: StageCosts) -> doc.StageCosts:
@@ -23,7 +23,8 @@ def _stage(s: StageCosts) -> doc.StageCosts:
         states=doc.TrainingState(params=st.params, grads=st.grads, optimizer=st.optimizer, master=st.master,
                                  moments=st.moments, buffers=st.buffers, total=st.total),
         activations=doc.Activations(
-            remat=a.remat, saved=a.saved, recompute=a.recompute, total=a.total,
+            remat=a.remat, saved=a.saved, recompute=a.recompute, total=a.total, offloaded=a.offloaded,
+            offload_per_step=a.offload_per_step,
             by_op=dict(sorted(a.by_op.items())),
             blocks=[doc.ActivationBlock(name=bl.name, count=bl.count, per_copy=bl.per_copy, scores=bl.scores,
                                         checkpoint=bl.checkpoint) for bl in a.blocks],
@@ -47,6 +48,7 @@ def costs_document(costs: Costs) -> doc.Costs:
         micro_batches=costs.micro_batches,
         local_batch=costs.local_batch,
         peak_bytes=costs.peak,
+        offload_threshold=costs.offload_threshold,
         stages=[_stage(s) for s in costs.stages],
         collectives=[_collective(c) for c in costs.collectives],
         comm_bytes=sum(c.total_bytes for c in costs.collectives),
@@ -64,6 +66,8 @@ def costs_document(costs: Costs) -> doc.Costs:
             exposed_comm_s=t.exposed_comm_s, optimizer_s=t.optimizer_s, bubble=t.bubble, step_s=t.step_s,
             mfu=t.mfu, hfu=t.hfu, samples_per_s=t.samples_per_s, tokens_per_s=t.tokens_per_s,
             collective_s=list(t.collective_s), links=list(t.links),
+            algorithms=list(t.algorithms), offload_s=t.offload_s, elementwise_s=t.elementwise_s, kernels=t.kernels,
+            overhead_s=t.overhead_s,
         ),
         notes=list(costs.notes),
     )

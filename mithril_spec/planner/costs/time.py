@@ -5,23 +5,28 @@ from __future__ import annotations
 
 from ..hardware import Hardware, link
 from ..plan import Plan
-from .collectives import ring_time, pipeline_bubble
+from .collectives import collective_time, pipeline_bubble
+from .offload import transfer_seconds
+from .overheads import elementwise_seconds, overhead_seconds
 from .results import CostOptions, Costs, StepTime
 
 
-def _comm(colls, plan: Plan, hw: Hardware) -> tuple[list[float], list[str], float, float]:
-    times, links = [], []
+def _comm(colls, plan: Plan, hw: Hardware) -> tuple[list[float], list[str], float, float, list[str]]:
+    times, links, algorithms = [], [], []
     blocking = overlapped = 0.0
+    algorithm = plan.spec.communication.algorithm
     for c in colls:
         bw, lat, name = link(plan.mesh, c.axes, hw)
-        t = c.count * ring_time(c.kind, c.bytes, c.group, bw, lat)
+        one, run = collective_time(c.kind, c.bytes, c.group, bw, lat, algorithm)
+        t = c.count * one
         times.append(t)
         links.append(name)
+        algorithms.append(run)
         if c.blocking:
             blocking += t
         else:
             overlapped += t
-    return times, links, blocking, overlapped
+    return times, links, blocking, overlapped, algorithms
 
 
 def step_time(costs: Costs, plan: Plan, hw: Hardware, options: CostOptions) -> StepTime:
@@ -33,14 +38,21 @@ def step_time(costs: Costs, plan: Plan, hw: Hardware, options: CostOptions) -> S
     worst = None
     for st in costs.stages:
         compute = st.flops_per_device / (peak * eff)
-        _, _, blocking, overlapped = _comm(st.collectives, plan, hw)
-        exposed = max(0.0, overlapped - compute) if options.overlap else overlapped
-        busy = compute + blocking + exposed
+        _, _, blocking, overlapped, _ = _comm(st.collectives, plan, hw)
+        # (`communication.overlap: false`: the data-parallel collectives wait for the compute)
+        hidden = options.overlap and plan.spec.communication.overlap is not False
+        exposed = max(0.0, overlapped - compute) if hidden else overlapped
+        # activation offload: its copies run on the compute stream, out after the forward pass, back before the backward
+        offload = transfer_seconds(st.activations.offload_per_step, hw.host_bytes_per_s)
+        # profiles that measure them (calibrate): element-wise traffic and the kernels' fixed cost
+        elementwise = elementwise_seconds(st, costs, hw)
+        kernels, overhead = overhead_seconds(st, costs, plan, hw)
+        busy = compute + blocking + exposed + offload + elementwise + overhead
         if worst is None or busy > worst[0]:
-            worst = (busy, compute, blocking, overlapped, exposed)
+            worst = (busy, compute, blocking, overlapped, exposed, offload, elementwise, kernels, overhead)
     assert worst is not None
-    busy, compute, blocking, overlapped, exposed = worst
-    times, links, _, _ = _comm(costs.collectives, plan, hw)
+    busy, compute, blocking, overlapped, exposed, offload, elementwise, kernels, overhead = worst
+    times, links, _, _, algorithms = _comm(costs.collectives, plan, hw)
     st = costs.worst.states
     optimizer = (st.params + st.grads + 2 * st.optimizer + st.params) / hw.hbm_bytes_per_s
     pl = plan.pipeline
@@ -55,4 +67,5 @@ def step_time(costs: Costs, plan: Plan, hw: Hardware, options: CostOptions) -> S
             tokens = tr.batch_size * i.type.shape[0] / step
             break
     return StepTime(hw.name, peak, eff, compute, blocking, overlapped, exposed, optimizer, bubble, step, mfu, hfu,
-                    tr.batch_size / step, tokens, tuple(times), tuple(links))
+                    tr.batch_size / step, tokens, tuple(times), tuple(links), tuple(algorithms), offload,
+                    elementwise, kernels, overhead)

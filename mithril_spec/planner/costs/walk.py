@@ -13,7 +13,10 @@ from ...ops import LOSSES, OPS, TensorType
 from ..plan import ParamPlan, Plan
 from ..sizes import DTYPE_BYTES
 from ..states import param_state_bytes, precision_setup
+from ..context import AXIS as CONTEXT
 from .collectives import Collective
+from .compression import gradient_bytes, label
+from .offload import offloadable
 from .results import Activations, BlockActivations, CostOptions, Costs, Flops, StageCosts, StateMemory, Temporaries
 
 MASK_BYTES = 1  # a dropout mask element (bool)
@@ -24,6 +27,7 @@ class _Unit:
     """Costs of one top-level layer or one copy of a repeated block, per device, per micro-batch."""
 
     saved: dict  # key -> (op, bytes, is attention score); a tensor saved by two operators counts once
+    elems: dict = dataclasses.field(default_factory=dict)  # key of `saved` -> elements (the offload threshold)
     flops: float = 0.0  # forward
     score_flops: float = 0.0  # what selective remat recomputes
     colls: dict = dataclasses.field(default_factory=dict)  # (kind, axes, phase, what, bytes, blocking) -> count
@@ -39,17 +43,20 @@ class _Unit:
     largest_shard: int = 0  # elements
     sync: dict = dataclasses.field(default_factory=dict)  # (kind, axes, per_micro) -> bytes, gradient sync
     gathers: dict = dataclasses.field(default_factory=dict)  # fsdp axes -> bytes gathered per use
+    scatters: dict = dataclasses.field(default_factory=dict)  # fsdp axes -> compressed gradient bytes per use
     regather: int = 2  # parameter all-gathers per micro-batch (forward, and again for the backward)
 
-    def flush_gathers(self) -> "_Unit":
-        """One all-gather (and reduce-scatter) per layer or block copy and mesh axes, as FSDP wraps them."""
+    def flush_gathers(self, compression: str = "") -> "_Unit":
+        """One all-gather (and reduce-scatter) per layer or block copy and mesh axes, as FSDP wraps them; the
+        reduce-scatters of compressed gradients (`scatters`) send their compressed bytes."""
         for axes, nbytes in self.gathers.items():
             self.add_coll("all-gather", axes, "forward", "parameter all-gather (fsdp)", nbytes, False)
             if self.regather > 1:
                 self.add_coll("all-gather", axes, "backward", "parameter all-gather (fsdp)", nbytes, False,
                               self.regather - 1)
-            self.add_coll("reduce-scatter", axes, "backward", "gradient reduce-scatter (fsdp)", nbytes, False)
-        self.gathers = {}
+            what = "gradient reduce-scatter (fsdp)" + (f", {compression}" if axes in self.scatters else "")
+            self.add_coll("reduce-scatter", axes, "backward", what, self.scatters.get(axes, nbytes), False)
+        self.gathers, self.scatters = {}, {}
         return self
 
     def add_coll(self, kind, axes, phase, what, nbytes, blocking, count=1):
@@ -75,12 +82,16 @@ class _Unit:
         if saved:
             for key, v in other.saved.items():
                 self.saved.setdefault(key, v)
+            for key, v in other.elems.items():
+                self.elems.setdefault(key, v)
         for key, v in other.colls.items():
             self.colls[key] = self.colls.get(key, 0) + v * k
         for key, v in other.sync.items():
             self.sync[key] = self.sync.get(key, 0) + v * k
         for key, v in other.gathers.items():
             self.gathers[key] = self.gathers.get(key, 0) + v * k
+        for key, v in other.scatters.items():
+            self.scatters[key] = self.scatters.get(key, 0) + v * k
         self.flops += other.flops * k
         self.score_flops += other.score_flops * k
         self.grad_flow = max(self.grad_flow, other.grad_flow)
@@ -103,6 +114,8 @@ class Walk:
         tr = spec.training
         self.mesh = plan.mesh
         self.batch = frozenset(plan.batch_axes)
+        # context parallelism: parameters whole over `context`, their gradients reduced over it like a batch's
+        self.context = frozenset({CONTEXT}) if plan.mesh.sizes.get(CONTEXT, 1) > 1 else frozenset()
         pl = plan.pipeline
         self.pipe = plan.mesh.sizes.get("pipe", 1)
         self.n_micro = pl.microbatches if pl is not None else 1  # pipeline micro-batches per grad_accum step
@@ -112,6 +125,8 @@ class Walk:
         self.pb = DTYPE_BYTES[tr.precision.params]
         self.gather_bytes = min(self.pb, self.c)  # parameters travel in the compute dtype
         self.zero, self.master_weights, self.slots, self.slot_bytes = precision_setup(spec)
+        self.comm = spec.communication  # gradient compression: the batch axes' gradient reductions send less
+        self.compression = "" if self.comm.compression_name == "none" else label(self.comm)
         self.by_name: dict[str, ParamPlan] = {p.name: p for p in plan.params}
         self.buffers: dict[str, ParamPlan] = {p.name: p for p in plan.buffers}
         self._axes_cache: dict[tuple, tuple] = {}
@@ -149,7 +164,8 @@ class Walk:
         n_local = math.prod(pp.local_shape)
         layout = set(a for d in pp.spec for a in d)
         zero_axes = self.sorted_axes(self.batch - layout)
-        other_sync = self.sorted_axes(extra_sync - layout - self.batch)  # e.g. norm weights under sequence parallel
+        # e.g. norm weights under sequence parallel; every parameter's gradient over `context`
+        other_sync = self.sorted_axes((extra_sync | self.context) - layout - self.batch)
         params, grads, master, moments, opt_n = param_state_bytes(
             pp, self.mesh.degree(zero_axes), self.zero, self.master_weights, self.slots, self.slot_bytes)
         pb = DTYPE_BYTES[pp.dtype]
@@ -159,15 +175,16 @@ class Walk:
         u.moments += moments
         u.largest_shard = max(u.largest_shard, opt_n)
         grad_bytes = n_local * pb
+        sent = gradient_bytes(self.comm, tuple(pp.local_shape), pb)  # (compressed) over the batch axes alone
         if zero_axes and self.zero and opt_n < n_local:  # (a state no dimension splits stays whole: all-reduce)
             key = ("reduce-scatter", zero_axes, self.zero >= 2)
-            u.sync[key] = u.sync.get(key, 0) + grad_bytes
+            u.sync[key] = u.sync.get(key, 0) + sent
             key = ("all-gather", zero_axes, False)
             u.sync[key] = u.sync.get(key, 0) + n_local * pb
         elif zero_axes or other_sync:
             axes = self.sorted_axes(set(zero_axes) | set(other_sync))
             key = ("all-reduce", axes, False)
-            u.sync[key] = u.sync.get(key, 0) + grad_bytes
+            u.sync[key] = u.sync.get(key, 0) + (grad_bytes if other_sync else sent)
             other_sync = ()
         if other_sync:
             key = ("all-reduce", other_sync, False)
@@ -188,6 +205,10 @@ class Walk:
             u.gathered += full * self.gather_bytes
             u.unsharded_grads += full * self.gather_bytes
             u.gathers[gather_axes] = u.gathers.get(gather_axes, 0) + full * self.gather_bytes
+            if self.compression and set(gather_axes) <= self.batch:  # FSDP2 reduces in the compression dtype
+                full_shape = (full // max(math.prod(pp.local_shape[1:]), 1),) + tuple(pp.local_shape[1:])
+                u.scatters[gather_axes] = u.scatters.get(gather_axes, 0) + gradient_bytes(
+                    self.comm, full_shape, self.gather_bytes)
         elif self.pb != self.c:
             u.gathered += n_local * self.c  # the compute-dtype copy
         return frozenset(tp)
@@ -231,7 +252,7 @@ class Walk:
             req[n.name] = bool(n.params) or any(req.get(i, False) for i in n.inputs) or bool(n.attrs.get("tie"))
             u.merge(nu)
         u.regather = 2 if self.opt.regather or in_remat else 1
-        return u.flush_gathers()
+        return u.flush_gathers(self.compression)
 
     # -- pipeline stages
     def stage_of(self, name: str, copy: Optional[int] = None) -> int:
@@ -273,6 +294,7 @@ class Walk:
     def run(self, remat: Optional[str] = None) -> Costs:
         plan, tr = self.plan, self.plan.spec.training
         remat = remat or self.opt.remat or tr.remat
+        threshold = self.threshold = tr.offload_threshold()  # None: no activation offload
         self._forward = {}
         steps = tr.grad_accum * self.n_micro  # micro-batches per optimizer step, on every device
         graph = plan.graph
@@ -287,6 +309,7 @@ class Walk:
                 sigs = self.sigs(node, in_req)
                 x = node.in_types[0]
                 ckpt = self.nbytes(x, self.act_axes(x))
+                x_size = DTYPE_BYTES[x.dtype] if x.is_int else self.c  # (the checkpoint's elements: ckpt // x_size)
                 per_rank: dict[int, list] = {}
                 groups: dict[tuple, int] = {}  # (stage, signature index) -> copies
                 first: dict[tuple, int] = {}
@@ -312,6 +335,10 @@ class Walk:
                     rk.block_saved += saved_b * k
                     rk.block_scores += bu.score_bytes * k
                     rk.checkpoints += ckpt * k
+                    if in_remat:  # full remat keeps the block input only: it moves when it reaches the threshold
+                        rk.block_offload += k * ckpt if threshold is not None and ckpt // x_size >= threshold else 0
+                    else:
+                        rk.block_offload += k * offloadable(bu.saved, bu.elems, threshold, remat == "selective")
                     rk.working = max(rk.working, saved_b)
                     rk.recompute += k * (bu.flops if remat == "full" else bu.score_flops if remat == "selective"
                                          else 0.0)
@@ -326,7 +353,7 @@ class Walk:
             else:
                 stage = self.stage_of(node.name)
                 rk = ranks[stage % pipe]
-                nu = self.node(node, "", req, False).flush_gathers()
+                nu = self.node(node, "", req, False).flush_gathers(self.compression)
                 req[node.name] = bool(node.params) or any(req.get(i, False) for i in node.inputs) or bool(
                     node.attrs.get("tie"))
                 rk.top.merge(nu)
@@ -350,7 +377,7 @@ class Walk:
             stages.append(self.stage(r, rk, remat, steps))
         busiest = max(stages, key=lambda st: st.flops_per_device)
         return Costs(remat, self.zero, steps, self.b, tuple(stages), busiest.collectives,
-                     self.flops(busiest, remat), None, None, tuple(notes))
+                     self.flops(busiest, remat), None, None, tuple(notes), offload_threshold=threshold)
 
     def stage(self, r: int, rk: "_Rank", remat: str, steps: int) -> StageCosts:
         top, total = rk.top, rk.total
@@ -364,9 +391,13 @@ class Walk:
             saved, rec = top_saved - top_scores + rk.checkpoints, rk.working
         flight = self.in_flight(r)
         by_op = {k: math.ceil(v * flight) for k, v in rk.by_op.items()}
-        acts = Activations(remat, math.ceil(saved * flight), rec, by_op, tuple(rk.blocks))
+        # activation offload: per micro-batch, the saved tensors at or above the threshold (remat's survivors)
+        moved = offloadable(top.saved, top.elems, self.threshold, remat != "none") + rk.block_offload
+        acts = Activations(remat, math.ceil(saved * flight), rec, by_op, tuple(rk.blocks),
+                           offloaded=math.ceil(moved * flight), offload_per_step=moved * steps)
         if self.opt.regather:
-            gathered = min(total.gathered, 2 * rk.unit_gather)  # this layer's and the next one's (prefetch)
+            # this layer's and the next `communication.prefetch` ones' (all-gathered ahead; FSDP2's default 1)
+            gathered = min(total.gathered, (1 + (self.comm.prefetch or 1)) * rk.unit_gather)
             unsharded = min(total.unsharded_grads, 2 * rk.unit_gather * self.pb // self.gather_bytes)
         else:
             gathered, unsharded = total.gathered, total.unsharded_grads
@@ -401,8 +432,9 @@ class Walk:
             env[n.name] = n.out
         u = _Unit(saved={})
         LOSSES[loss.op].costs(LossCosts(self, u, env[loss.prediction]))
-        if self.batch:
-            u.add_coll("all-reduce", self.sorted_axes(self.batch), "forward", "loss mean over the batch", 4, True)
+        if self.batch | self.context:
+            u.add_coll("all-reduce", self.sorted_axes(self.batch | self.context), "forward", "loss mean over the batch",
+                       4, True)
         top.merge(u)
         total.merge(u, saved=False)
 
@@ -410,7 +442,9 @@ class Walk:
         out = []
         for (kind, axes, phase, what, nbytes, blocking), count in total.colls.items():
             group = 2 if kind == "send/recv" else self.deg(axes)
-            out.append(Collective(kind, axes, group, phase, what, nbytes, count * steps, blocking))
+            packed = bool(self.compression) and what.endswith(", " + self.compression)
+            out.append(Collective(kind, axes, group, phase, what, nbytes, count * steps, blocking,
+                                  self.comm.compression_name if packed else "none"))
         for (kind, axes, per_micro), nbytes in total.sync.items():
             if kind == "all-gather":
                 what, phase = "updated-parameter all-gather (ZeRO)", "step"
@@ -418,7 +452,9 @@ class Walk:
                 what, phase = "gradient reduce-scatter (ZeRO)", "backward" if per_micro else "step"
             else:
                 what, phase = "gradient all-reduce (data parallel)", "step"
-            out.append(Collective(kind, axes, self.deg(axes), phase, what, nbytes, steps if per_micro else 1, False))
+            packed = self.compression if self.compression and kind != "all-gather" and set(axes) <= self.batch else ""
+            out.append(Collective(kind, axes, self.deg(axes), phase, what + (f", {packed}" if packed else ""), nbytes,
+                                  steps if per_micro else 1, False, self.comm.compression_name if packed else "none"))
         tr = self.plan.spec.training
         if tr.clip_grad_norm:
             shard_axes = self.sorted_axes({a for p in self.plan.params for d in p.spec for a in d} |
@@ -466,6 +502,7 @@ class _Rank:
     checkpoints: int = 0
     block_saved: int = 0
     block_scores: int = 0
+    block_offload: int = 0  # bytes of the blocks' saved tensors that go to host memory (activation offload)
     unit_gather: int = 0
 
 
@@ -490,6 +527,7 @@ class LayerCosts:
         self.needs_dx, self.in_remat = needs_dx, in_remat
         self.b, self.compute_bytes, self.batch = walk.b, walk.c, walk.batch
         self.fused_attention = walk.opt.fused_attention  # the target's attention kernel stores no probabilities
+        self.context = walk.deg(walk.context)  # context-parallel degree (the sequence split over `context`)
         self.phases = ["forward"] + (["recompute"] if in_remat else [])
 
     # -- layouts and sizes
@@ -514,14 +552,19 @@ class LayerCosts:
 
     # -- saved tensors
     def save(self, what: str, nbytes: int, scores: bool = False) -> None:
-        """A tensor of this layer's own, saved for the backward pass (`scores`: dropped by selective remat)."""
-        self.u.saved.setdefault((self.node.name, self.prefix, what), (self.node.op, nbytes, scores))
+        """A tensor of this layer's own, saved for the backward pass (`scores`: dropped by selective remat);
+        its elements for the offload threshold: bytes / the compute dtype's size."""
+        key = (self.node.name, self.prefix, what)
+        self.u.saved.setdefault(key, (self.node.op, nbytes, scores))
+        self.u.elems.setdefault(key, nbytes // self.compute_bytes)
 
     def save_input(self, i: int = 0, div_axes=None) -> None:
         """Input `i`, saved once however many layers keep it."""
         t = self.ins[i]
-        nbytes = self.nbytes(t, self.act_axes(t) if div_axes is None else div_axes)
-        self.u.saved.setdefault(("t", self.prefix, self.node.inputs[i]), (self.node.op, nbytes, False))
+        axes = self.act_axes(t) if div_axes is None else div_axes
+        key = ("t", self.prefix, self.node.inputs[i])
+        self.u.saved.setdefault(key, (self.node.op, self.nbytes(t, axes), False))
+        self.u.elems.setdefault(key, math.ceil(self.b * t.numel / self.deg(axes)))
 
     def save_inputs(self) -> None:
         for i in range(len(self.ins)):
@@ -533,6 +576,16 @@ class LayerCosts:
     # -- collectives
     def add_coll(self, kind, axes, phase, what, nbytes, blocking, count=1) -> None:
         self.u.add_coll(kind, axes, phase, what, nbytes, blocking, count)
+
+    def ring(self, nbytes: int, what: str) -> None:
+        """Ring attention over `context` (degree n): n - 1 point-to-point steps that pass each rank's `what`
+        (`nbytes` per device) on to the next rank, in the forward pass (and its recomputation), and n - 1 that
+        pass their gradients back in the backward pass."""
+        n = self.context
+        for ph in self.phases:
+            self.add_coll("send/recv", (CONTEXT,), ph, f"ring attention {what} blocks (context)", nbytes, True, n - 1)
+        self.add_coll("send/recv", (CONTEXT,), "backward", f"ring attention {what} gradients (context)", nbytes,
+                      True, n - 1)
 
     def input_gradients(self, projections: tuple[str, ...]) -> int:
         """Input-gradient reductions of a layer's input projections: one when their output features are split
@@ -611,7 +664,9 @@ class LossCosts:
         self.b, self.compute_bytes = walk.b, walk.c
 
     def save(self, what: str, nbytes: int, loss: str) -> None:
+        """A float32 tensor the loss saves for the backward pass."""
         self.u.saved[("loss", "", what)] = (loss, nbytes, False)
+        self.u.elems[("loss", "", what)] = nbytes // 4
 
     def set_temporaries(self, nbytes: int) -> None:
         self.u.loss = nbytes

@@ -448,7 +448,7 @@ MANIFEST = "train_state.json"  # the manifest (below), the last file of a checkp
 # written its files: the spec's name and hash, the mesh, the step, every array of the train state (name:
 # whole shape, dtype) and every other file's size and sha256. --resume takes the newest checkpoint whose
 # manifest agrees with its files and with this program, and whose values are finite.
-SPEC_HASH = "0a3ec1989f6ea785"  # the spec less where and how it runs (mesh, sharding, pipeline, data, steps)
+SPEC_HASH = "99da9411074f3196"  # the spec less where and how it runs (mesh, sharding, pipeline, data, steps)
 KEEP_CHECKPOINTS = 2  # the newest ones are kept; older ones are deleted after each save
 
 
@@ -757,6 +757,17 @@ def parse_args(argv=None):
     ap.add_argument(
         "--dry-run", action="store_true", help="print the mesh and layouts, run no step"
     )
+    ap.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="not supported by this program (build for torch or jax, without a torch pipeline)",
+    )
+    ap.add_argument(
+        "--profile-steps",
+        metavar="A:B",
+        help="the first and last step --profile traces, numbered "
+        "from 1 (default: 2:3, the first step compiles)",
+    )
 
     args = ap.parse_args(argv)
     require(args.steps >= 0, "--steps must be >= 0")
@@ -797,8 +808,15 @@ def check_paths(args):
     for flag, path in {
         "--checkpoint-dir": args.checkpoint_dir,
         "--tensorboard": args.tensorboard,
+        "--profile": args.profile,
     }.items():
         require(not path or not os.path.isfile(path), f"{flag} {path}: is a file, not a directory")
+    require(
+        not args.profile,
+        "--profile: not supported by the mlx program (MLX has no trace of its collectives); "
+        "build the spec with --target torch or --target jax to profile it",
+    )
+    require(args.profile or args.profile_steps is None, "--profile-steps needs --profile DIR")
 
 
 class Metrics:

@@ -163,6 +163,55 @@ DATA_KIND = "synthetic"
 DATA_PATH = None
 # Bytes per rank the planner predicts (`mithril-spec plan`); the program prints what it really holds.
 PLANNED_BYTES = {"params": 273920, "grads": 273920, "optimizer": 547840, "buffers": 0}
+# What the plan predicts for one step (`mithril-spec plan --target torch`): per device, the peak bytes,
+# the bytes and calls of each collective kind, and per hardware profile the step time, its compute and each
+# kind's seconds. --profile prints them next to what it measures, on the profile of this device's name
+# (PREDICTED["device_profiles"]).
+PREDICTED = {
+    "peak_bytes": 1933824,
+    "comm_bytes": {"all-reduce": 790548, "send/recv": 65536},
+    "comm_calls": {"all-reduce": 38, "send/recv": 4},
+    "profiles": {
+        "h100-sxm-80gb": {
+            "step_s": 0.000310450392371476,
+            "compute_s": 3.309127174887892e-06,
+            "offload_s": 0.0,
+            "comm_s": {"all-reduce": 0.00023575678222222221, "send/recv": 1.2145635555555556e-05},
+        },
+        "h200-141gb": {
+            "step_s": 0.0003102774888888889,
+            "compute_s": 3.309127174887892e-06,
+            "offload_s": 0.0,
+            "comm_s": {"all-reduce": 0.00023575678222222221, "send/recv": 1.2145635555555556e-05},
+        },
+        "a100-80gb": {
+            "step_s": 0.0003175891471558456,
+            "compute_s": 1.1352851692307692e-05,
+            "offload_s": 0.0,
+            "comm_s": {"all-reduce": 0.00023663517333333335, "send/recv": 1.2218453333333333e-05},
+        },
+        "tpu-v5e": {
+            "step_s": 0.00011554229658119656,
+            "compute_s": 3.3712782944162435e-06,
+            "offload_s": 0.0,
+            "comm_s": {"all-reduce": 8.590552e-05, "send/recv": 4.65536e-06},
+        },
+        "cpu": {
+            "step_s": 0.0019784591,
+            "compute_s": 0.00073793536,
+            "offload_s": 0.0,
+            "comm_s": {"all-reduce": 0.0008195276000000001, "send/recv": 4.3276800000000006e-05},
+        },
+    },
+    "device_profiles": [
+        ["H200", "h200-141gb"],
+        ["H100", "h100-sxm-80gb"],
+        ["A100", "a100-80gb"],
+        ["TPU v5", "tpu-v5e"],
+        ["cpu", "cpu"],
+    ],
+    "offload": None,
+}
 OPTIMIZER_SLOTS = 2  # state tensors per parameter (adamw)
 
 # Pipeline: 2 stages on pipe=2, torch.distributed.pipelining.
@@ -845,7 +894,7 @@ MANIFEST = "manifest.json"
 # written its files: the spec's name and hash, the mesh, the step, every array of the train state (name:
 # whole shape, dtype) and every other file's size and sha256. --resume takes the newest checkpoint whose
 # manifest agrees with its files and with this program, and whose values are finite.
-SPEC_HASH = "b3bd37f0894f2d1e"  # the spec less where and how it runs (mesh, sharding, pipeline, data, steps)
+SPEC_HASH = "d8a676412d4b201f"  # the spec less where and how it runs (mesh, sharding, pipeline, data, steps)
 KEEP_CHECKPOINTS = 2  # the newest ones are kept; older ones are deleted after each save
 
 
@@ -1187,6 +1236,17 @@ def parse_args(argv=None):
         "--dry-run", action="store_true", help="print the mesh and layouts, run no step"
     )
     ap.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="not supported by this program (build for torch or jax, without a torch pipeline)",
+    )
+    ap.add_argument(
+        "--profile-steps",
+        metavar="A:B",
+        help="the first and last step --profile traces, numbered "
+        "from 1 (default: 2:3, the first step compiles)",
+    )
+    ap.add_argument(
         "--compile", action="store_true", help="torch.compile every block (the whole model if none)"
     )
 
@@ -1229,8 +1289,15 @@ def check_paths(args):
     for flag, path in {
         "--checkpoint-dir": args.checkpoint_dir,
         "--tensorboard": args.tensorboard,
+        "--profile": args.profile,
     }.items():
         require(not path or not os.path.isfile(path), f"{flag} {path}: is a file, not a directory")
+    require(
+        not args.profile,
+        "--profile: not in a pipelined torch program yet; the jax build of the spec profiles "
+        "its pipeline",
+    )
+    require(args.profile or args.profile_steps is None, "--profile-steps needs --profile DIR")
 
 
 class Metrics:

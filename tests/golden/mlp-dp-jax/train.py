@@ -29,6 +29,7 @@ import os
 import sys
 import time
 import zlib
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -114,6 +115,55 @@ DATA_KIND = "synthetic"
 DATA_PATH = None
 # Bytes per device the planner predicts (`mithril-spec plan`); the program prints what it really holds.
 PLANNED_BYTES = {"params": 340008, "optimizer": 680016, "buffers": 0}
+# What the plan predicts for one step (`mithril-spec plan --target jax`): per device, the peak bytes,
+# the bytes and calls of each collective kind, and per hardware profile the step time, its compute and each
+# kind's seconds. --profile prints them next to what it measures, on the profile of this device's name
+# (PREDICTED["device_profiles"]).
+PREDICTED = {
+    "peak_bytes": 1936480,
+    "comm_bytes": {"all-reduce": 340012},
+    "comm_calls": {"all-reduce": 2},
+    "profiles": {
+        "h100-sxm-80gb": {
+            "step_s": 3.822162892205639e-05,
+            "compute_s": 1.2159426008968609e-07,
+            "offload_s": 0.0,
+            "comm_s": {"all-reduce": 3.7511164444444444e-05},
+        },
+        "h200-141gb": {
+            "step_s": 3.8007009444444444e-05,
+            "compute_s": 1.2159426008968609e-07,
+            "offload_s": 0.0,
+            "comm_s": {"all-reduce": 3.7511164444444444e-05},
+        },
+        "a100-80gb": {
+            "step_s": 3.943401297367991e-05,
+            "compute_s": 4.1716184615384615e-07,
+            "offload_s": 0.0,
+            "comm_s": {"all-reduce": 3.826674666666667e-05},
+        },
+        "tpu-v5e": {
+            "step_s": 2.170629128205128e-05,
+            "compute_s": 1.2387801015228424e-07,
+            "offload_s": 0.0,
+            "comm_s": {"all-reduce": 1.880024e-05},
+        },
+        "cpu": {
+            "step_s": 0.00017780176000000003,
+            "compute_s": 2.711552e-05,
+            "offload_s": 0.0,
+            "comm_s": {"all-reduce": 0.00015400120000000003},
+        },
+    },
+    "device_profiles": [
+        ["H200", "h200-141gb"],
+        ["H100", "h100-sxm-80gb"],
+        ["A100", "a100-80gb"],
+        ["TPU v5", "tpu-v5e"],
+        ["cpu", "cpu"],
+    ],
+    "offload": None,
+}
 
 # ----------------------------------------------------------------------------
 # Model: pure functions over a flat dict of parameters keyed by canonical name.
@@ -550,7 +600,7 @@ MANIFEST = "manifest.json"
 # written its files: the spec's name and hash, the mesh, the step, every array of the train state (name:
 # whole shape, dtype) and every other file's size and sha256. --resume takes the newest checkpoint whose
 # manifest agrees with its files and with this program, and whose values are finite.
-SPEC_HASH = "67870eefcd53c423"  # the spec less where and how it runs (mesh, sharding, pipeline, data, steps)
+SPEC_HASH = "1d22f3071ca1be72"  # the spec less where and how it runs (mesh, sharding, pipeline, data, steps)
 KEEP_CHECKPOINTS = 2  # the newest ones are kept; older ones are deleted after each save
 
 
@@ -826,6 +876,186 @@ def restore_checkpoint(directory, target):
 
 
 # ----------------------------------------------------------------------------
+# Profiling: the summary (measured next to planned)
+# ----------------------------------------------------------------------------
+# the words a traced event's name holds (lower case, without `-` and `_`) for each collective kind
+COLLECTIVE_WORDS = (
+    ("all-reduce", ("allreduce",)),
+    ("all-gather", ("allgather",)),
+    ("reduce-scatter", ("reducescatter",)),
+    ("all-to-all", ("alltoall",)),
+    ("send/recv", ("collectivepermute", "sendrecv", "send", "recv")),
+)
+
+
+def collective_kind(name):
+    """The collective kind (all-reduce, all-gather, reduce-scatter, all-to-all, send/recv) of a traced event
+    named `name` (nccl and gloo operations, NCCL kernels, XLA's collective instructions), or None."""
+    word = name.lower().replace("-", "").replace("_", "")
+    for kind, words in COLLECTIVE_WORDS:
+        if any(w in word for w in words):
+            return kind
+    return None
+
+
+def profile_window(text, steps):
+    """--profile-steps A:B: the first and the last step profiled (numbered from 1, as the console numbers
+    them). Default: the second step (the first compiles and warms up) and the next, within the run."""
+    if text is None:
+        first = min(2, steps)
+        return first, min(first + 1, steps)
+    parts = text.split(":")
+    ok = len(parts) == 2 and all(p.strip().isdigit() for p in parts)
+    require(
+        ok, f"--profile-steps {text}: expected A:B, the first and last step to profile (e.g. 2:4)"
+    )
+    first, last = int(parts[0]), int(parts[1])
+    require(
+        1 <= first <= last <= steps,
+        f"--profile-steps {text}: needs 1 <= A <= B <= {steps} (the steps of "
+        "this run, numbered from 1)",
+    )
+    return first, last
+
+
+def planned_profile(device_name):
+    """The hardware profile whose predictions apply to a device named `device_name` (PREDICTED), or None."""
+    for key, name in PREDICTED["device_profiles"]:
+        if key.lower() in (device_name or "").lower() and name in PREDICTED["profiles"]:
+            return name
+    return None
+
+
+def ms(seconds):
+    return f"{seconds * 1e3:10.3f} ms"
+
+
+def report_profile(directory, window, device_name, step_s, comm_s, calls, peaks):
+    """Prints the summary of the profiled steps and writes it to `directory`/summary.json: measured seconds
+    per step (`step_s`), per collective kind (`comm_s`, `calls`: per step and device), the rest of the step
+    (compute, and whatever else the device did), and each device's peak bytes (`peaks`), next to what the
+    plan predicts on this device's hardware profile."""
+    name = planned_profile(device_name)
+    plan = PREDICTED["profiles"].get(name) if name else None
+    kinds = sorted(set(PREDICTED["comm_bytes"]) | set(comm_s))
+    compute = max(0.0, step_s - sum(comm_s.values()))
+    rows = [
+        ("step", ms(step_s), ms(plan["step_s"]) if plan else "", ""),
+        ("compute (rest of the step)", ms(compute), ms(plan["compute_s"]) if plan else "", ""),
+    ]
+    for k in kinds:
+        planned_calls = PREDICTED["comm_calls"].get(k, 0)
+        rows.append(
+            (
+                k,
+                ms(comm_s.get(k, 0.0)) + f" {calls.get(k, 0):6.1f} calls",
+                (ms(plan["comm_s"].get(k, 0.0)) if plan else "") + f" {planned_calls:6d} calls",
+                f"{PREDICTED['comm_bytes'].get(k, 0):,} B planned",
+            )
+        )
+    first, last = window
+    print(
+        f"profile of steps {first}..{last} (trace in {directory}), per step and device: measured | planned "
+        f"({name or 'no hardware profile for ' + repr(device_name)})",
+        flush=True,
+    )
+    for r in rows:
+        print(f"  {r[0]:28s} {r[1]:>28s} | {r[2]:>28s} {r[3]}", flush=True)
+    for d, peak in enumerate(peaks):
+        print(
+            f"  peak memory, device {d}: {peak:,} B measured | {PREDICTED['peak_bytes']:,} B planned",
+            flush=True,
+        )
+    summary = {
+        "steps": [first, last],
+        "device": device_name,
+        "profile": name,
+        "step_s": step_s,
+        "compute_s": compute,
+        "comm_s": comm_s,
+        "comm_calls": calls,
+        "peak_bytes": peaks,
+        "planned": {
+            "profile": plan,
+            "comm_bytes": PREDICTED["comm_bytes"],
+            "comm_calls": PREDICTED["comm_calls"],
+            "peak_bytes": PREDICTED["peak_bytes"],
+        },
+    }
+    with open(os.path.join(directory, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+
+
+class StepProfiler:
+    """--profile DIR: jax.profiler traces the steps of --profile-steps; then the first process reads its trace
+    back and prints the summary. A collective's time is that of XLA's collective instructions: on a GPU or
+    TPU their device events ("XLA Ops"), on the CPU backend the host threads running them."""
+
+    def __init__(self, args, start):
+        self.dir, self.window = args.profile, args.profile_window
+        self.tick = None
+        require(
+            not self.dir or self.window[0] > start,
+            f"--profile-steps: the run starts after step {start} "
+            f"(resumed), and step {self.window[0] if self.dir else 0} is done already",
+        )
+
+    def begin(self, step, state):
+        """Before step `step` (counted from 0) is queued: the trace starts at the window's first step, once
+        the steps before it are done."""
+        if self.dir and step + 1 == self.window[0]:
+            jax.block_until_ready(state)
+            jax.profiler.start_trace(self.dir)
+            self.tick = time.perf_counter()
+
+    def end(self, step, state):
+        """After step `step` is queued: at the window's last step, waits for it, stops the trace and sums it up."""
+        if self.tick is None or step + 1 != self.window[1]:
+            return
+        jax.block_until_ready(state)
+        seconds = time.perf_counter() - self.tick
+        jax.profiler.stop_trace()
+        self.tick = None
+        steps = self.window[1] - self.window[0] + 1
+        comm, calls = collective_times(self.dir)
+        devices = jax.local_devices()
+        per = steps * len(devices)  # per step and device
+        peaks = [
+            (d.memory_stats() or {}).get("peak_bytes_in_use") or process_peak_rss() for d in devices
+        ]
+        if jax.process_index() == 0:
+            report_profile(
+                self.dir,
+                self.window,
+                devices[0].device_kind,
+                seconds / steps,
+                {k: v / per for k, v in comm.items()},
+                {k: v / per for k, v in calls.items()},
+                peaks,
+            )
+
+
+def collective_times(directory):
+    """Seconds and calls of each collective kind in the newest trace under `directory`, summed over this
+    process's devices."""
+    traces = sorted(Path(directory).glob("plugins/profile/*/*.xplane.pb"), key=os.path.getmtime)
+    trace = jax.profiler.ProfileData.from_file(str(traces[-1]))  # (kept: its planes read from it)
+    planes = list(trace.planes)
+    devices = [p for p in planes if p.name.startswith("/device:")]
+    comm, calls = {}, {}
+    for plane in devices or [p for p in planes if p.name.startswith("/host:CPU")]:
+        for line in plane.lines:
+            if devices and line.name != "XLA Ops":
+                continue  # (the kernels' lines repeat the ops)
+            for event in line.events:
+                kind = None if event.name.startswith("end: ") else collective_kind(event.name)
+                if kind:
+                    comm[kind] = comm.get(kind, 0.0) + event.duration_ns / 1e9
+                    calls[kind] = calls.get(kind, 0) + 1
+    return comm, calls
+
+
+# ----------------------------------------------------------------------------
 # Command line, processes and devices.
 # ----------------------------------------------------------------------------
 def parse_args(argv=None):
@@ -874,6 +1104,19 @@ def parse_args(argv=None):
     ap.add_argument("--seed", type=int, default=SEED)
     ap.add_argument(
         "--dry-run", action="store_true", help="print the mesh and layouts, run no step"
+    )
+    ap.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="trace the steps of --profile-steps (jax.profiler) into "
+        "DIR, and print the time per step, per collective kind and the peak memory per device next to "
+        "the plan's",
+    )
+    ap.add_argument(
+        "--profile-steps",
+        metavar="A:B",
+        help="the first and last step --profile traces, numbered "
+        "from 1 (default: 2:3, the first step compiles)",
     )
     ap.add_argument(
         "--coordinator",
@@ -926,8 +1169,11 @@ def check_paths(args):
     for flag, path in {
         "--checkpoint-dir": args.checkpoint_dir,
         "--tensorboard": args.tensorboard,
+        "--profile": args.profile,
     }.items():
         require(not path or not os.path.isfile(path), f"{flag} {path}: is a file, not a directory")
+    require(args.profile or args.profile_steps is None, "--profile-steps needs --profile DIR")
+    args.profile_window = profile_window(args.profile_steps, args.steps) if args.profile else None
 
 
 class Metrics:
@@ -1316,12 +1562,15 @@ def train(args, mesh):
     data = Data(args.data, seed=args.seed + 1)
     metrics = Metrics(args.metrics, is_first, append=bool(args.resume))
     batch = global_batch(data, start, batch_shardings) if start < args.steps else None
+    profiler = StepProfiler(args, start)  # --profile
     console.compiling()
     # A step's figures are read one iteration late, once the next step is queued behind it: the devices
     # never wait while the host logs. `since`: when the previous step's figures were read.
     queued, since = None, time.perf_counter()
     for step in range(start, args.steps):
+        profiler.begin(step, state)
         state, m = step_fn(state, batch)  # returns at once; the devices work in the background
+        profiler.end(step, state)
         if step + 1 < args.steps:
             batch = global_batch(data, step + 1, batch_shardings)  # meanwhile, read the next batch
         if queued:  # the previous step's figures: waits for that step only

@@ -104,6 +104,55 @@ DATA_KIND = "synthetic"
 DATA_PATH = None
 # Bytes per rank the planner predicts (`mithril-spec plan`); the program prints what it really holds.
 PLANNED_BYTES = {"params": 340008, "grads": 340008, "optimizer": 680016, "buffers": 0}
+# What the plan predicts for one step (`mithril-spec plan --target torch`): per device, the peak bytes,
+# the bytes and calls of each collective kind, and per hardware profile the step time, its compute and each
+# kind's seconds. --profile prints them next to what it measures, on the profile of this device's name
+# (PREDICTED["device_profiles"]).
+PREDICTED = {
+    "peak_bytes": 1936480,
+    "comm_bytes": {"all-reduce": 340012},
+    "comm_calls": {"all-reduce": 2},
+    "profiles": {
+        "h100-sxm-80gb": {
+            "step_s": 3.822162892205639e-05,
+            "compute_s": 1.2159426008968609e-07,
+            "offload_s": 0.0,
+            "comm_s": {"all-reduce": 3.7511164444444444e-05},
+        },
+        "h200-141gb": {
+            "step_s": 3.8007009444444444e-05,
+            "compute_s": 1.2159426008968609e-07,
+            "offload_s": 0.0,
+            "comm_s": {"all-reduce": 3.7511164444444444e-05},
+        },
+        "a100-80gb": {
+            "step_s": 3.943401297367991e-05,
+            "compute_s": 4.1716184615384615e-07,
+            "offload_s": 0.0,
+            "comm_s": {"all-reduce": 3.826674666666667e-05},
+        },
+        "tpu-v5e": {
+            "step_s": 2.170629128205128e-05,
+            "compute_s": 1.2387801015228424e-07,
+            "offload_s": 0.0,
+            "comm_s": {"all-reduce": 1.880024e-05},
+        },
+        "cpu": {
+            "step_s": 0.00017780176000000003,
+            "compute_s": 2.711552e-05,
+            "offload_s": 0.0,
+            "comm_s": {"all-reduce": 0.00015400120000000003},
+        },
+    },
+    "device_profiles": [
+        ["H200", "h200-141gb"],
+        ["H100", "h100-sxm-80gb"],
+        ["A100", "a100-80gb"],
+        ["TPU v5", "tpu-v5e"],
+        ["cpu", "cpu"],
+    ],
+    "offload": None,
+}
 OPTIMIZER_SLOTS = 2  # state tensors per parameter (adamw)
 
 # ----------------------------------------------------------------------------
@@ -597,7 +646,7 @@ MANIFEST = "manifest.json"
 # written its files: the spec's name and hash, the mesh, the step, every array of the train state (name:
 # whole shape, dtype) and every other file's size and sha256. --resume takes the newest checkpoint whose
 # manifest agrees with its files and with this program, and whose values are finite.
-SPEC_HASH = "67870eefcd53c423"  # the spec less where and how it runs (mesh, sharding, pipeline, data, steps)
+SPEC_HASH = "1d22f3071ca1be72"  # the spec less where and how it runs (mesh, sharding, pipeline, data, steps)
 KEEP_CHECKPOINTS = 2  # the newest ones are kept; older ones are deleted after each save
 
 
@@ -889,6 +938,181 @@ def load_checkpoint(path, model, optimizer, scheduler):
 
 
 # ----------------------------------------------------------------------------
+# Profiling: the summary (measured next to planned)
+# ----------------------------------------------------------------------------
+# the words a traced event's name holds (lower case, without `-` and `_`) for each collective kind
+COLLECTIVE_WORDS = (
+    ("all-reduce", ("allreduce",)),
+    ("all-gather", ("allgather",)),
+    ("reduce-scatter", ("reducescatter",)),
+    ("all-to-all", ("alltoall",)),
+    ("send/recv", ("collectivepermute", "sendrecv", "send", "recv")),
+)
+
+
+def collective_kind(name):
+    """The collective kind (all-reduce, all-gather, reduce-scatter, all-to-all, send/recv) of a traced event
+    named `name` (nccl and gloo operations, NCCL kernels, XLA's collective instructions), or None."""
+    word = name.lower().replace("-", "").replace("_", "")
+    for kind, words in COLLECTIVE_WORDS:
+        if any(w in word for w in words):
+            return kind
+    return None
+
+
+def profile_window(text, steps):
+    """--profile-steps A:B: the first and the last step profiled (numbered from 1, as the console numbers
+    them). Default: the second step (the first compiles and warms up) and the next, within the run."""
+    if text is None:
+        first = min(2, steps)
+        return first, min(first + 1, steps)
+    parts = text.split(":")
+    ok = len(parts) == 2 and all(p.strip().isdigit() for p in parts)
+    require(
+        ok, f"--profile-steps {text}: expected A:B, the first and last step to profile (e.g. 2:4)"
+    )
+    first, last = int(parts[0]), int(parts[1])
+    require(
+        1 <= first <= last <= steps,
+        f"--profile-steps {text}: needs 1 <= A <= B <= {steps} (the steps of "
+        "this run, numbered from 1)",
+    )
+    return first, last
+
+
+def planned_profile(device_name):
+    """The hardware profile whose predictions apply to a device named `device_name` (PREDICTED), or None."""
+    for key, name in PREDICTED["device_profiles"]:
+        if key.lower() in (device_name or "").lower() and name in PREDICTED["profiles"]:
+            return name
+    return None
+
+
+def ms(seconds):
+    return f"{seconds * 1e3:10.3f} ms"
+
+
+def report_profile(directory, window, device_name, step_s, comm_s, calls, peaks):
+    """Prints the summary of the profiled steps and writes it to `directory`/summary.json: measured seconds
+    per step (`step_s`), per collective kind (`comm_s`, `calls`: per step and device), the rest of the step
+    (compute, and whatever else the device did), and each device's peak bytes (`peaks`), next to what the
+    plan predicts on this device's hardware profile."""
+    name = planned_profile(device_name)
+    plan = PREDICTED["profiles"].get(name) if name else None
+    kinds = sorted(set(PREDICTED["comm_bytes"]) | set(comm_s))
+    compute = max(0.0, step_s - sum(comm_s.values()))
+    rows = [
+        ("step", ms(step_s), ms(plan["step_s"]) if plan else "", ""),
+        ("compute (rest of the step)", ms(compute), ms(plan["compute_s"]) if plan else "", ""),
+    ]
+    for k in kinds:
+        planned_calls = PREDICTED["comm_calls"].get(k, 0)
+        rows.append(
+            (
+                k,
+                ms(comm_s.get(k, 0.0)) + f" {calls.get(k, 0):6.1f} calls",
+                (ms(plan["comm_s"].get(k, 0.0)) if plan else "") + f" {planned_calls:6d} calls",
+                f"{PREDICTED['comm_bytes'].get(k, 0):,} B planned",
+            )
+        )
+    first, last = window
+    print(
+        f"profile of steps {first}..{last} (trace in {directory}), per step and device: measured | planned "
+        f"({name or 'no hardware profile for ' + repr(device_name)})",
+        flush=True,
+    )
+    for r in rows:
+        print(f"  {r[0]:28s} {r[1]:>28s} | {r[2]:>28s} {r[3]}", flush=True)
+    for d, peak in enumerate(peaks):
+        print(
+            f"  peak memory, device {d}: {peak:,} B measured | {PREDICTED['peak_bytes']:,} B planned",
+            flush=True,
+        )
+    summary = {
+        "steps": [first, last],
+        "device": device_name,
+        "profile": name,
+        "step_s": step_s,
+        "compute_s": compute,
+        "comm_s": comm_s,
+        "comm_calls": calls,
+        "peak_bytes": peaks,
+        "planned": {
+            "profile": plan,
+            "comm_bytes": PREDICTED["comm_bytes"],
+            "comm_calls": PREDICTED["comm_calls"],
+            "peak_bytes": PREDICTED["peak_bytes"],
+        },
+    }
+    with open(os.path.join(directory, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+
+
+class StepProfiler:
+    """--profile DIR: torch.profiler traces the steps of --profile-steps on every rank (CPU, and the GPU's
+    kernels on CUDA) into DIR/trace-rank<R>.json (chrome://tracing, Perfetto); then rank 0 prints the
+    summary. A collective's time is its operation's (gloo, on the CPU) or its NCCL kernels' (CUDA)."""
+
+    def __init__(self, args, device, start):
+        self.dir, self.window, self.device = args.profile, args.profile_window, device
+        self.cuda = device.type == "cuda"
+        self.prof = None
+        require(
+            not self.dir or self.window[0] > start,
+            f"--profile-steps: the run starts after step {start} "
+            f"(resumed), and step {self.window[0] if self.dir else 0} is done already",
+        )
+
+    def begin(self, step):
+        """Before step `step` (counted from 0): the trace starts at the window's first step."""
+        if not self.dir or step + 1 != self.window[0]:
+            return
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        self.prof = torch.profiler.profile(activities=activities)
+        self.prof.start()
+        self.tick = time.perf_counter()
+
+    def end(self, step):
+        """After step `step` is done (its loss read): at the window's last step the trace stops, is written,
+        and summarised."""
+        if self.prof is None or step + 1 != self.window[1]:
+            return
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+        seconds = time.perf_counter() - self.tick
+        self.prof.stop()
+        steps = self.window[1] - self.window[0] + 1
+        os.makedirs(self.dir, exist_ok=True)
+        self.prof.export_chrome_trace(
+            os.path.join(self.dir, f"trace-rank{os.environ.get('RANK', '0')}.json")
+        )
+        comm, calls = {}, {}
+        for e in self.prof.key_averages():
+            if self.cuda:  # the NCCL kernels, on the GPU's clock
+                if e.device_type != torch.autograd.DeviceType.CUDA or not e.key.startswith("nccl"):
+                    continue
+                spent = e.self_device_time_total / 1e6
+            else:  # gloo's operations (the work, on its threads)
+                if not e.key.startswith("gloo:"):
+                    continue
+                spent = e.cpu_time_total / 1e6
+            kind = collective_kind(e.key)
+            if kind:
+                comm[kind] = comm.get(kind, 0.0) + spent / steps
+                calls[kind] = calls.get(kind, 0) + e.count / steps
+        peaks = all_ranks(
+            torch.cuda.max_memory_allocated(self.device) if self.cuda else process_peak_rss()
+        )
+        if is_first():
+            name = torch.cuda.get_device_name(self.device) if self.cuda else "cpu"
+            report_profile(self.dir, self.window, name, seconds / steps, comm, calls, peaks)
+        self.prof = None
+
+
+# ----------------------------------------------------------------------------
 # Command line, processes and devices.
 # ----------------------------------------------------------------------------
 def parse_args(argv=None):
@@ -939,6 +1163,19 @@ def parse_args(argv=None):
         "--dry-run", action="store_true", help="print the mesh and layouts, run no step"
     )
     ap.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="trace the steps of --profile-steps (torch.profiler) into "
+        "DIR, and print the time per step, per collective kind and the peak memory per device next to "
+        "the plan's",
+    )
+    ap.add_argument(
+        "--profile-steps",
+        metavar="A:B",
+        help="the first and last step --profile traces, numbered "
+        "from 1 (default: 2:3, the first step compiles)",
+    )
+    ap.add_argument(
         "--compile", action="store_true", help="torch.compile every block (the whole model if none)"
     )
 
@@ -981,8 +1218,11 @@ def check_paths(args):
     for flag, path in {
         "--checkpoint-dir": args.checkpoint_dir,
         "--tensorboard": args.tensorboard,
+        "--profile": args.profile,
     }.items():
         require(not path or not os.path.isfile(path), f"{flag} {path}: is a file, not a directory")
+    require(args.profile or args.profile_steps is None, "--profile-steps needs --profile DIR")
+    args.profile_window = profile_window(args.profile_steps, args.steps) if args.profile else None
 
 
 class Metrics:
@@ -1265,6 +1505,7 @@ def main(args):
     check_start(args, start, saved_steps(args.checkpoint_dir or ""))
     data = Data(args.data, seed=args.seed + 1)
     per_rank = MICRO_BATCH // 8  # samples of each micro-batch this rank reads
+    profiler = StepProfiler(args, device, start)  # --profile
     metrics = Metrics(args.metrics, is_first(), append=bool(args.resume))
     cuda = device.type == "cuda"
     console = Console(
@@ -1289,6 +1530,7 @@ def main(args):
     # evaluations and checkpoint saves are not steps, and are left out
     tick = time.perf_counter()
     for step in range(start, args.steps):
+        profiler.begin(step)
         loss_sum = torch.zeros((), device=device)
         for k in range(GRAD_ACCUM):
             last = k == GRAD_ACCUM - 1
@@ -1314,6 +1556,7 @@ def main(args):
         summed.wait()
         loss_sum /= WORLD
         mean_loss = loss_sum.item()  # also waits for the step to finish
+        profiler.end(step)
         now = time.perf_counter()
         dt, tick = now - tick, now
         norm = grad_norm.item()

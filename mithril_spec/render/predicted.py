@@ -1,0 +1,44 @@
+"""What the plan predicts for one step of the program being built, as plain data for its config: the figures
+`--profile` prints next to what it measures (docs/program.md "Profiling"), and the activation offload the
+program counts. Costed as `plan --target TARGET` costs it; step times for every profile the program may find
+itself on (the spec's `hardware` profiles and the built-in ones), picked by device name at run time."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..planner import hardware as hw
+from ..planner.costs import KINDS, CostOptions, estimate_targets, step_time
+from ..planner.plan import Plan
+from ..targets import attention_kernels
+
+# A device name the program reads (torch.cuda.get_device_name, jax's device_kind) -> the built-in profile.
+DEVICE_PROFILES = (("H200", "h200-141gb"), ("H100", "h100-sxm-80gb"), ("A100", "a100-80gb"), ("TPU v5", "tpu-v5e"),
+                   ("cpu", "cpu"))
+
+
+def predicted(plan: Plan, target: str) -> dict[str, Any]:
+    kernels = attention_kernels(tuple(dict.fromkeys((*plan.spec.targets, target))))
+    costs = estimate_targets(plan, kernels, target=target)
+    acts = costs.worst.activations
+    comm = {k: sum(c.total_bytes for c in costs.collectives if c.kind == k) for k in KINDS}
+    calls = {k: sum(c.count for c in costs.collectives if c.kind == k) for k in KINDS}
+    profiles = {}
+    for name in hw.names(plan.spec):
+        t = step_time(costs, plan, hw.lookup(name, plan.spec), CostOptions())
+        per_kind = {k: 0.0 for k in KINDS}
+        for c, s in zip(costs.collectives, t.collective_s):
+            per_kind[c.kind] += s
+        profiles[name] = {"step_s": t.step_s, "compute_s": t.compute_s, "offload_s": t.offload_s,
+                          "comm_s": {k: v for k, v in per_kind.items() if comm[k]}}
+    return {
+        "peak_bytes": costs.peak,
+        # bytes per device per step, and calls, of each collective kind the plan counts
+        "comm_bytes": {k: v for k, v in comm.items() if v},
+        "comm_calls": {k: v for k, v in calls.items() if comm[k]},
+        "profiles": profiles,
+        "device_profiles": [list(p) for p in DEVICE_PROFILES],
+        # activation offload (training.offload): the threshold, bytes moved out per step, held on the host
+        "offload": None if costs.offload_threshold is None else {
+            "threshold": costs.offload_threshold, "per_step": acts.offload_per_step, "host_bytes": acts.offloaded},
+    }

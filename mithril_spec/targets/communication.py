@@ -1,0 +1,80 @@
+"""E049 for the `communication` settings (spec/communication.py) a target, or one build of it, cannot
+realise: each setting either runs as the plan costs it, or validate says why not. A setting with nothing
+to act on in a build (compression or a bucket size without data-parallel ranks, prefetch without an fsdp
+axis, an algorithm on one device) changes nothing there, and is accepted."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..diagnostics import Diagnostic
+
+if TYPE_CHECKING:
+    from ..planner.plan import Plan
+    from ..source import Document
+    from .base import Target
+
+SECTION = "communication"
+
+
+def communication_errors(target: Target, plan: Plan, doc: Document) -> list[Diagnostic]:
+    """What the target's capabilities (compression, collective_algorithms, bucket_size, overlap,
+    fsdp_prefetch) do not cover."""
+    comm, cap = plan.spec.communication, target.capabilities
+    out: list[Diagnostic] = []
+
+    def refuse(field: str, what: str, help: str) -> None:
+        out.append(Diagnostic("E049", f"the {target.name} target does not support {what}",
+                              doc.pos((SECTION, field)), help=cap.reason(field, help)))
+
+    kind = comm.compression_name
+    replicas = plan.dp_degree > 1  # data-parallel ranks: gradients to reduce
+    if replicas and kind not in cap.compression:
+        refuse("compression", f"`{kind}` gradient compression", f"supported: {', '.join(cap.compression)}")
+    if plan.mesh.devices > 1 and comm.algorithm not in cap.collective_algorithms:
+        refuse("algorithm", f"choosing the collective algorithm (`{comm.algorithm}`)", "leave `algorithm` out")
+    if replicas and comm.bucket_mb is not None and not cap.bucket_size:
+        refuse("bucket_mb", "`bucket_mb`", "leave `bucket_mb` out")
+    if replicas and comm.overlap is not None and comm.overlap not in cap.overlap:
+        refuse("overlap", f"`overlap: {str(comm.overlap).lower()}`", "leave `overlap` out")
+    if plan.mesh.sizes.get("fsdp", 1) > 1 and comm.prefetch is not None and not cap.fsdp_prefetch:
+        refuse("prefetch", "`prefetch`", "leave `prefetch` out")
+    return out
+
+
+def torch_communication_errors(plan: Plan, doc: Document, dp: str) -> list[Diagnostic]:
+    """The settings one torch build cannot realise, by how it replicates over the batch axes (`dp`:
+    targets/torch.py data_parallel): compression is a DDP communication hook or FSDP2's reduce dtype,
+    `bucket_mb` DDP's bucket_cap_mb, `prefetch` FSDP2's explicit prefetching of the repeated blocks."""
+    comm = plan.spec.communication
+    out: list[Diagnostic] = []
+
+    def refuse(field: str, msg: str, help: str) -> None:
+        out.append(Diagnostic("E049", f"the torch target cannot run {msg}", doc.pos((SECTION, field)), help=help))
+
+    kind = comm.compression_name
+    fsdp = dp in ("fsdp", "hsdp")
+    if kind != "none":
+        if dp == "zero2":
+            refuse("compression", f"`{kind}` compression with `training.zero: 2`",
+                   "ZeRO-2 reduce-scatters the gradients itself, with no communication hook to compress them; use "
+                   "`training.zero: 0` or 1 (DDP)")
+        elif plan.mesh.sizes.get("expert", 1) > 1:
+            refuse("compression", f"`{kind}` compression with an `expert` axis",
+                   "the experts' gradients are reduced apart from DDP's (reduce_expert_grads), uncompressed; "
+                   "leave `compression` out")
+        elif fsdp and comm.powersgd is not None:
+            refuse("compression", "PowerSGD compression in an FSDP2 build",
+                   "PowerSGD is a DDP communication hook; FSDP2 reduce-scatters whole gradients (it can only "
+                   "change their dtype): use `fp16` or `bf16`, or a mesh of `data` alone (DDP)")
+        elif fsdp and plan.mesh.sizes.get("fsdp", 1) > 1 and any(
+                pp.param.trainable and not any("fsdp" in d for d in pp.spec) for pp in plan.params):
+            whole = next(pp.name for pp in plan.params if pp.param.trainable and not any("fsdp" in d for d in pp.spec))
+            refuse("compression", f"`{kind}` compression with `{whole}` whole over fsdp",
+                   "the parameters no dimension of which the fsdp axis divides are reduced apart from FSDP2 "
+                   "(reduce_whole_grads), uncompressed; make every parameter divisible over fsdp")
+    if comm.bucket_mb is not None and dp not in ("ddp", "none"):
+        refuse("bucket_mb", f"`bucket_mb` in a{'n FSDP2' if fsdp else ' ZeRO-2' if dp == 'zero2' else ' one-replica'} "
+               "build", "`bucket_mb` sets DDP's bucket_cap_mb, and this build does not reduce with DDP (FSDP2 "
+               "reduces each block's gradients together); leave it out")
+    return out

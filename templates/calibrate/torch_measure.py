@@ -1,0 +1,137 @@
+"""Measures this machine for `mithril-spec calibrate --target torch` (run as a script, never imported).
+
+Launches `--processes` ranks as the generated PyTorch programs run (one process per device, gloo on CPU,
+NCCL on GPUs; on CPU each rank takes cores / ranks threads) and, with every rank working at once, times:
+matrix multiplications per dtype, a large copy (memory bandwidth), a chain of tiny operations (the fixed
+cost of one kernel: dispatch and launch) and all-reduces over all ranks at several sizes (the ring's
+bandwidth and per-step latency). Rank 0 prints one JSON object: the raw timings (seconds)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, budget: float, device, world: int) -> float:
+    """Seconds per call of `fn` with every rank calling it at once: the slowest rank's pace (barriers
+    around the window), the median of three windows of about `budget` seconds each (on a shared machine,
+    the load of the moment, as a program's median step sees it)."""
+    fn()
+    sync(device)
+    t0 = time.perf_counter()
+    fn()
+    sync(device)
+    once = torch.tensor([time.perf_counter() - t0])
+    if world > 1:  # every rank repeats as often as rank 0, or the collectives would not pair up
+        dist.broadcast(once, 0)
+    repeats = max(1, int(budget / max(float(once), 1e-9)))
+    windows = []
+    for _ in range(3):
+        if world > 1:
+            dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            fn()
+        sync(device)
+        if world > 1:
+            dist.barrier()
+        windows.append((time.perf_counter() - t0) / repeats)
+    return sorted(windows)[1]
+
+
+def measure(rank: int, world: int, port: int, cfg: dict, out: str) -> None:
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    else:  # as the generated programs do: ranks on one host share its cores
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    if world > 1:
+        dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world, device_id=device if cuda else None)
+    res: dict = {"device": torch.cuda.get_device_name(device) if cuda else "cpu", "platform": device.type,
+                 "processes": world, "threads": torch.get_num_threads(), "matmul": {}, "allreduce": [],
+                 # bytes one device holds: the GPU's memory, or the host's shared by the ranks
+                 "memory_bytes": torch.cuda.get_device_properties(device).total_memory if cuda else
+                 os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // world}
+    # matmuls: [m, k] x [k, n] per dtype, at each shape given
+    # an accelerator also gets large products (its small ones are bound by the launch, not the FLOPs)
+    shapes = cfg["matmul_shapes"] + (cfg["accelerator_shapes"] if cuda else [])
+    for dtype in cfg["dtypes"]:
+        rows = []
+        for m, k, n in sorted(shapes, key=lambda s: s[0] * s[1] * s[2]):
+            a = torch.randn(m, k, device=device).to(getattr(torch, dtype))
+            b = torch.randn(k, n, device=device).to(getattr(torch, dtype))
+            rows.append([m, k, n, timed(lambda a=a, b=b: torch.mm(a, b), cfg["budget_s"], device, world)])
+            if rows[-1][-1] > 10 * cfg["budget_s"]:
+                break  # a dtype this device runs slowly (emulated): larger shapes would take minutes
+        res["matmul"][dtype] = rows
+    # memory bandwidth: a copy reads and writes every byte
+    n = cfg["copy_bytes"] // 4
+    src, dst = torch.randn(n, device=device), torch.empty(n, device=device)
+    res["copy"] = [cfg["copy_bytes"], timed(lambda: dst.copy_(src), cfg["budget_s"], device, world)]
+    # the fixed cost of a layer's kernel: a chain of tiny layers (8 features), forward and backward as
+    # autograd runs them; a layer is 3 kernels (forward; backward: input and weight gradients)
+    chain = cfg["tiny_ops"]
+    weights = [torch.randn(8, 8, device=device, requires_grad=True) for _ in range(chain)]
+    x = torch.randn(8, 8, device=device)
+
+    def tiny():
+        y = x
+        for w in weights:
+            y = torch.tanh(y @ w)
+        y.sum().backward()
+
+    res["tiny_op"] = timed(tiny, cfg["budget_s"], device, world) / (3 * chain)
+    if world > 1:
+        for size in cfg["allreduce_bytes"]:
+            buf = torch.zeros(max(1, size // 4), device=device)
+            res["allreduce"].append([size, timed(lambda buf=buf: dist.all_reduce(buf), cfg["budget_s"], device,
+                                                 world)])
+        dist.barrier()
+    if rank == 0:
+        with open(out, "w", encoding="utf-8") as f:
+            json.dump(res, f)
+    if world > 1:
+        dist.destroy_process_group()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--processes", type=int, default=1)
+    ap.add_argument("--config", required=True, help="JSON: what to measure (mithril_spec/calibrate.py)")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    cfg = json.loads(args.config)
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    world = args.processes
+    if torch.cuda.is_available() and torch.cuda.device_count() < world:
+        print(f"error: {world} processes but {torch.cuda.device_count()} GPU(s)", file=sys.stderr)
+        sys.exit(2)
+    if world == 1:
+        measure(0, 1, 0, cfg, args.out)
+    else:
+        mp.spawn(measure, args=(world, free_port(), cfg, args.out), nprocs=world, join=True)
+
+
+if __name__ == "__main__":
+    main()

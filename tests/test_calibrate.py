@@ -1,0 +1,168 @@
+"""`mithril-spec calibrate` and the profiles it writes: the command measures (in a subprocess, with the
+smallest sizes) and writes a profile that `plan --hardware FILE.yaml` and a spec's `hardware:` list accept;
+its error paths; the fit of its timings; and the step-time terms a calibrated profile turns on
+(planner/costs/overheads.py). No timing is asserted: measured figures only have to be positive."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from mithril_spec import calibrate as cal
+from mithril_spec import cli
+from mithril_spec.frontend import compile_file
+from mithril_spec.planner.costs import estimate
+from mithril_spec.planner.costs.overheads import ACTIVATION_PASSES, KERNELS_PER_LAYER, layer_count
+from mithril_spec.planner.hardware import BUILTIN, lookup
+
+ROOT = Path(__file__).resolve().parent.parent
+GPT = ROOT / "specs" / "gpt-tiny.yaml"
+
+
+def run(*argv) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = cli.main([str(a) for a in argv])
+    return rc, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def profile(tmp_path_factory) -> Path:
+    """One real calibration (jax: the cheaper start-up), the smallest sizes, 2 simulated devices."""
+    path = tmp_path_factory.mktemp("calibrate") / "hw.yaml"
+    rc, _, err = run("calibrate", "--target", "jax", "--quick", "--processes", "2", "--name", "here", "-o", path)
+    assert rc == 0, err
+    return path
+
+
+def test_calibrate_writes_a_profile_plan_accepts(profile):
+    hw = lookup(str(profile))
+    assert hw.name == "here" and hw.devices_per_node == 2
+    assert hw.flops["float32"] > 0 and hw.hbm_bytes_per_s > 0 and hw.intra_node_bytes_per_s > 0
+    assert 0 < hw.efficiency <= 1 and hw.kernel_overhead_s >= 0 and hw.elementwise_bytes_per_s == hw.hbm_bytes_per_s
+    rc, out, err = run("plan", GPT, "--mesh", "data=2", "--hardware", profile, "--format", "json")
+    assert rc == 0, err
+    costs = json.loads(out)["costs"]
+    assert costs["hardware"]["name"] == "here" and costs["time"]["step_s"] > 0
+    t = costs["time"]
+    assert t["elementwise_s"] > 0 and t["kernels"] > 0
+    parts = t["compute_s"] + t["blocking_comm_s"] + t["exposed_comm_s"] + t["elementwise_s"] + t["overhead_s"]
+    assert t["step_s"] == pytest.approx(parts + t["optimizer_s"] + t["offload_s"])
+    # `FILE#NAME` picks the entry by name; a wrong name is a usage error
+    assert run("plan", GPT, "--mesh", "data=2", "--hardware", f"{profile}#here")[0] == 0
+    rc, _, err = run("plan", GPT, "--hardware", f"{profile}#there")
+    assert rc == 2 and "no profile `there`" in err
+
+
+def test_profile_pastes_into_a_spec(profile, tmp_path):
+    """The file's `hardware:` list is the spec's section: appended to a spec, `--hardware here` finds it."""
+    spec = tmp_path / "gpt.yaml"
+    spec.write_text(GPT.read_text() + "\n" + profile.read_text())
+    rc, out, err = run("plan", spec, "--mesh", "data=2", "--hardware", "here", "--format", "json")
+    assert rc == 0, err
+    assert json.loads(out)["costs"]["hardware"] == json.loads(
+        run("plan", GPT, "--mesh", "data=2", "--hardware", profile, "--format", "json")[1])["costs"]["hardware"]
+
+
+def test_calibrate_errors(tmp_path, monkeypatch):
+    rc, _, err = run("calibrate", "--target", "mlx", "-o", tmp_path / "hw.yaml")
+    assert rc == 2 and "unknown target `mlx`" in err
+    rc, _, err = run("calibrate", "--target", "jax", "-o", tmp_path / "missing" / "hw.yaml")
+    assert rc == 2 and "no such directory" in err
+    rc, _, err = run("calibrate", "--target", "jax", "-o", tmp_path)
+    assert rc == 2 and "is a directory" in err
+    rc, _, err = run("calibrate", "--target", "jax", "--name", "a b", "-o", tmp_path / "hw.yaml")
+    assert rc == 2 and "--name" in err
+    rc, _, err = run("calibrate", "--target", "jax", "--processes", "0", "-o", tmp_path / "hw.yaml")
+    assert rc == 2 and "--processes" in err
+    # the framework is missing: said before anything runs
+    monkeypatch.setattr(cal.importlib.util, "find_spec", lambda name: None)
+    rc, _, err = run("calibrate", "--target", "torch", "-o", tmp_path / "hw.yaml")
+    assert rc == 2 and "`torch` is not installed" in err
+    monkeypatch.undo()
+    # the measurement fails: its last line of output says why
+    broken = tmp_path / "broken.py"
+    broken.write_text("import sys\nprint('error: no devices here', file=sys.stderr)\nsys.exit(1)\n")
+    monkeypatch.setattr(cal, "script", lambda target: broken)
+    rc, _, err = run("calibrate", "--target", "jax", "-o", tmp_path / "hw.yaml")
+    assert rc == 2 and "the measurement failed: error: no devices here" in err
+    assert not (tmp_path / "hw.yaml").exists()
+
+
+def test_hardware_file_errors(tmp_path):
+    rc, _, err = run("plan", GPT, "--hardware", tmp_path / "none.yaml")
+    assert rc == 2 and "no such file" in err
+    other = tmp_path / "other.yaml"
+    other.write_text("name: x\n")
+    rc, _, err = run("plan", GPT, "--hardware", other)
+    assert rc == 2 and "not a profile file" in err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("hardware:\n  - {name: b, base: cpu, efficiency: 2}\n")
+    rc, _, err = run("plan", GPT, "--hardware", bad, "--color", "never")
+    assert rc == 1 and "bad.yaml:2" in err
+    two = tmp_path / "two.yaml"
+    two.write_text("hardware:\n  - {name: a, base: cpu}\n  - {name: b, base: h100}\n")
+    rc, _, err = run("plan", GPT, "--hardware", two)
+    assert rc == 2 and "2 profiles there" in err and "a, b" in err
+    assert lookup(f"{two}#b").flops == BUILTIN["h100-sxm-80gb"].flops
+
+
+def test_ring_fit_recovers_bandwidth_and_latency():
+    bw, lat, n = 2e9, 50e-6, 4
+    points = [(b, 2 * (n - 1) / n * b / bw + 2 * (n - 1) * lat) for b in (4, 1 << 16, 1 << 20, 4 << 20)]
+    got_bw, got_lat = cal.ring_fit(points, n)
+    assert got_bw == pytest.approx(bw) and got_lat == pytest.approx(lat)
+    # noise that makes the slope negative: bandwidth from the largest payload, no latency below zero
+    bw2, lat2 = cal.ring_fit([(4, 1e-3), (1 << 20, 0.5e-3)], 2)
+    assert bw2 > 0 and lat2 >= 0
+
+
+def test_profile_fields_from_timings():
+    raw = {"device": "cpu", "platform": "cpu", "processes": 2, "memory_bytes": 8e9,
+           "matmul": {"float32": [[100, 100, 100, 2e-3], [200, 200, 200, 8e-3]], "bfloat16": [[100, 100, 100, 1e-3]]},
+           "copy": [1e8, 0.1], "tiny_op": 20e-6, "allreduce": [[4, 1e-4], [1e6, 1e-4 + 1e6 / 1e9]]}
+    f = cal.profile_fields(raw, "p")
+    assert f["flops"] == {"float32": pytest.approx(2e-3), "bfloat16": pytest.approx(2e-3)}  # TFLOP/s, the best shape
+    assert f["efficiency"] == pytest.approx((1e9 + 2e9) / 2 / 2e9)  # the mean shape against the best
+    assert f["hbm_gb_per_s"] == pytest.approx(2.0) and f["elementwise_gb_per_s"] == f["hbm_gb_per_s"]
+    assert f["intra_node_gb_per_s"] == pytest.approx(1.0) and f["intra_node_latency_us"] == pytest.approx(50)
+    assert f["kernel_overhead_us"] == pytest.approx(20) and f["memory_gb"] == 8 and f["devices_per_node"] == 2
+    # a product that takes no longer than a few kernel launches (a GPU's small shapes) is left out of the
+    # efficiency: the kernel overhead accounts for it
+    gpu = dict(raw, matmul={"float32": [[8, 8, 8, 19e-6], [100, 100, 100, 2e-3], [200, 200, 200, 8e-3]]})
+    assert cal.profile_fields(gpu, "g")["efficiency"] == f["efficiency"]
+    text = cal.render(f, "mithril-spec calibrate --target jax", raw)
+    assert text.startswith("# ") and "\nhardware:\n  - name: \"p\"\n" in text
+
+
+def test_overhead_terms(tmp_path):
+    """Element-wise traffic and the kernels' fixed cost: off for the built-in profiles (their efficiency covers
+    them), and for a profile that sets them, the documented counts."""
+    plan = compile_file(GPT, "data=2").plan
+    base = estimate(plan, BUILTIN["cpu"])
+    assert base.time.elementwise_s == 0 and base.time.overhead_s == 0
+    prof = tmp_path / "p.yaml"
+    prof.write_text("hardware:\n  - {name: p, base: cpu, kernel_overhead_us: 10, elementwise_gb_per_s: 1}\n")
+    hw = lookup(str(prof))
+    c = estimate(plan, hw)
+    t, st = c.time, c.stages[0]
+    acts = sum(st.activations.by_op.values())
+    assert t.elementwise_s == pytest.approx(ACTIVATION_PASSES * acts * c.micro_batches / 1e9)
+    layers = layer_count(plan)
+    assert layers == 2 + 4 * 6 + 2 and len(plan.params) > 0
+    calls = sum(x.count for x in st.collectives)
+    assert t.kernels == KERNELS_PER_LAYER * layers * c.micro_batches + calls + len(plan.params)
+    assert t.overhead_s == pytest.approx(t.kernels * 10e-6)
+    assert t.step_s == pytest.approx(base.time.step_s + t.elementwise_s + t.overhead_s)
+    full = estimate(plan, hw, dataclasses_replace_remat("full"))
+    assert full.time.kernels == t.kernels + 4 * 6 * c.micro_batches  # the repeated blocks
+
+
+def dataclasses_replace_remat(remat):
+    from mithril_spec.planner.costs import CostOptions
+
+    return CostOptions(remat=remat)

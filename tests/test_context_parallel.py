@@ -1,0 +1,205 @@
+"""Context parallelism (the `context` mesh axis, docs/program.md "Context parallelism").
+
+Equivalence: a tiny causal GPT (learned positions and rotary grouped-query attention, so both kinds of global
+positions) built for context=2, data=2 x context=2, context=2 x tensor=2 (and in torch fsdp=2 x context=2)
+gives the loss trajectory of its one-device build within 1e-5 (float32), in the jax and torch targets; every
+rank holds the parameter, gradient and optimizer bytes `plan` predicts.
+
+Traffic: the ring attention the programs run moves the bytes the plan's send/recv collectives count: in JAX
+the collective-permutes of the compiled train step, in torch the bytes each rank sends point to point.
+
+Plan: activations shrink with the context degree, parameters and optimizer state do not; the ring's figures
+follow docs/cost-model.md. Refusals: what the targets cannot run on a sequence split over `context` is E049.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import re
+
+import jax_runs
+import pytest
+import torch_runs
+
+from mithril_spec.frontend import compile_document, compile_file
+from mithril_spec.planner.costs import estimate
+from mithril_spec.source import load_text
+from mithril_spec.targets import TARGETS
+
+SPEC = jax_runs.ROOT / "tests" / "specs" / "gpt-context.yaml"
+STEPS = 3
+MESHES = ("context", "data_context", "context_tensor", "fsdp_context")
+# program runs (each compiles its program: a few of them): fsdp x context in torch only (FSDP2 with the
+# program's own mean over `context`; in JAX, XLA reduces over every axis alike)
+RUNS = {"jax": ("data=1", "context", "data_context", "context_tensor"), "torch": ("data=1", *MESHES)}
+# XLA's cheapest backend optimisation (a tiny step compiles faster; tests/test_capability_matrix.py); the JAX
+# build on context=2 also dumps its compiled HLO (the ring's collective-permutes)
+FAST = "--xla_backend_optimization_level=0"
+DUMP = f"{FAST} --xla_dump_to=hlo --xla_dump_hlo_as_text"
+
+
+def jax_run(mesh):
+    env = {"XLA_FLAGS": DUMP if mesh == "context" else FAST}
+    return jax_runs.run(jax_runs.build(SPEC, mesh), "--steps", str(STEPS), env=env)
+
+
+def torch_run(mesh):
+    return torch_runs.run(torch_runs.build(SPEC, mesh), "--steps", str(STEPS), count=mesh == "context")
+
+
+@pytest.fixture(scope="module")
+def all_runs():
+    """Every program run of this module, two at a time: the references first, then the parallel builds."""
+    jobs = [lambda m=m: jax_run(m) for m in RUNS["jax"]] + [lambda m=m: torch_run(m) for m in RUNS["torch"]]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda job: job(), jobs))
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("all_runs")
+@pytest.mark.parametrize("target,mesh", [(t, m) for t, ms in RUNS.items() for m in ms[1:]])
+def test_equivalence_and_held_bytes(target, mesh):
+    one = jax_run if target == "jax" else torch_run
+    ref, par = one("data=1"), one(mesh)
+    dl = jax_runs.max_diff(par.losses, ref.losses)
+    dg = jax_runs.max_diff([r["grad_norm"] for r in par.metrics], [r["grad_norm"] for r in ref.metrics])
+    plan = compile_file(SPEC, mesh).plan
+    held = par.memory
+    jax_runs.report(f"context parallel {target} {mesh}", max_dloss=dl, max_dgrad_norm=dg,
+                    held=held["device0"], planned=held["planned"])
+    assert len(par.losses) == len(ref.losses) == STEPS
+    assert dl < 1e-5, f"{target} on {mesh}: losses differ from one device by {dl:.2e}"
+    assert dg < 1e-5, f"{target} on {mesh}: gradient norms differ from one device by {dg:.2e}"
+    ranks = held.get("ranks", [held["device0"]])  # torch: every rank's; jax: the first device's
+    for got in ranks:
+        assert got["params"] == plan.memory.params
+        assert got["optimizer"] == plan.memory.optimizer
+        if "grads" in got:
+            assert got["grads"] == plan.memory.grads
+
+
+def _ring(plan):
+    """The plan's ring-attention traffic: bytes per device per step, forward and backward."""
+    colls = [c for c in estimate(plan).collectives if c.kind == "send/recv" and c.axes == ("context",)]
+    return {ph: sum(c.total_bytes for c in colls if c.phase == ph) for ph in ("forward", "backward")}
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("all_runs")
+def test_jax_ring_traffic_is_planned():
+    """The compiled JAX step passes the key/value blocks with collective-permutes (inside the lax.scan over the
+    block's copies: once per copy), forward and backward: their bytes are the plan's; nothing gathers the
+    sequence."""
+    plan = compile_file(SPEC, "context").plan
+    run = jax_run("context")
+    (hlo,) = [p for p in (run.cwd / "hlo").glob("*jit_train_step*after_optimizations.txt")]
+    text = hlo.read_text()
+    sizes = {"f32": 4, "bf16": 2, "f16": 2}
+    permutes = re.findall(r"= (\w+)\[([\d,]*)\]\{[^}]*\} collective-permute\(", text)
+    per_copy = sum(sizes[t] * eval("*".join(d.split(",")) or "1") for t, d in permutes)
+    copies = dict(plan.spec.dims)["layers"]
+    planned = _ring(plan)
+    jax_runs.report("context parallel jax ring traffic", measured_bytes_per_step=per_copy * copies,
+                    planned_bytes_per_step=planned["forward"] + planned["backward"])
+    assert per_copy * copies == planned["forward"] + planned["backward"] > 0
+    assert "all-gather" not in text
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("all_runs")
+def test_torch_ring_traffic_is_planned():
+    """Each torch rank sends its key/value block CONTEXT - 1 times per attention layer and the blocks'
+    gradients as often back: the bytes the plan counts."""
+    plan = compile_file(SPEC, "context").plan
+    run = torch_run("context")
+    sent = [c["sent_bytes"] for c in run.collectives()]
+    planned = _ring(plan)
+    torch_runs.report("context parallel torch ring traffic", measured_bytes_per_step=[s / STEPS for s in sent],
+                      planned_bytes_per_step=planned["forward"] + planned["backward"])
+    assert sent == [STEPS * (planned["forward"] + planned["backward"])] * 2
+
+
+# ---------------------------------------------------------------- the plan
+
+
+def _plan(mesh, edits=()):
+    text = SPEC.read_text()
+    for old, new in edits:
+        assert old in text, old
+        text = text.replace(old, new)
+    return compile_document(load_text(text, str(SPEC)), mesh).plan
+
+
+def test_plan_ring_and_activation_savings():
+    """The ring's send/recv per attention layer: (n - 1) steps of the key and value blocks, b * seq / n *
+    kv_heads * head_dim elements each, forward and (their gradients) backward. Every activation but the
+    attention probabilities halves with the context degree; parameters and optimizer state stay."""
+    single = _plan("data=1")
+    b, seq, kv, hd, layers = 4, 16, 2, 8, 2
+    for n in (2, 4):
+        plan = _plan(f"context={n}")
+        ring = _ring(plan)
+        block = 2 * b * (seq // n) * kv * hd * 4
+        assert ring == {"forward": layers * (n - 1) * block, "backward": layers * (n - 1) * block}
+        assert plan.memory == single.memory
+        acts, ref = estimate(plan).worst.activations.by_op, estimate(single).worst.activations.by_op
+        for op, nbytes in ref.items():
+            if op != "attention":
+                assert acts[op] * n == nbytes, (op, n)
+        assert estimate(plan).worst.activations.saved < estimate(single).worst.activations.saved
+    # over context x tensor the blocks hold the rank's key/value heads
+    assert _ring(_plan("context_tensor"))["forward"] == layers * 2 * b * (seq // 2) * (kv // 2) * hd * 4
+
+
+# ---------------------------------------------------------------- refusals
+
+
+def _refusals(mesh, edits=(), target="jax"):
+    text = SPEC.read_text()
+    for old, new in edits:
+        assert old in text, old
+        text = text.replace(old, new)
+    c = compile_document(load_text(text, str(SPEC)), mesh)
+    return [d.message + " | " + (d.help or "") for d in TARGETS[target].check(c.plan, c.doc) if d.code == "E049"]
+
+
+DROPOUT = ("causal: true, rotary: true}", "causal: true, rotary: true, dropout: 0.1}")
+REFUSED = [
+    ("pipe=2,context=2", (("\nsharding:", "\npipeline: {microbatches: 2, schedule: gpipe}\nsharding:"),), "`pipe`"),
+    ("context=2", (("  seed: 0\n", "  seed: 0\n  remat: selective\n"),), "remat: selective"),
+    ("data=2,context=2", (("  seed: 0\n", "  seed: 0\n  zero: 1\n"),), "training.zero: 1"),
+    ("context=2", (DROPOUT,), "draws random numbers"),
+    ("context=2", (("seq: 16,", "seq: 14,"),), "divisible by 4"),
+    ("context=2", (("mlp: tensor}", "mlp: tensor, seq: tensor}"),), "sequence `seq`"),
+    ("context=2", (("mlp: tensor}", "mlp: tensor, vocab: context}"),), "rule naming `context`"),
+]
+
+
+@pytest.mark.parametrize("target", ["jax", "torch"])
+@pytest.mark.parametrize("mesh,edits,text", REFUSED, ids=[r[2] for r in REFUSED])
+def test_refused(target, mesh, edits, text):
+    got = _refusals(mesh, edits, target)
+    assert any(text in m for m in got), got
+
+
+def test_accepted_meshes_have_no_refusal():
+    for mesh in MESHES:
+        for target in ("jax", "torch"):
+            assert _refusals(mesh, target=target) == [], (mesh, target)
+
+
+def test_mlx_refuses_the_axis():
+    got = _refusals("context=2", target="mlx")
+    assert any("`context` mesh axis" in m and "ring attention" in m for m in got), got
+
+
+@pytest.mark.slow
+def test_torch_non_causal():
+    """Attention without a mask: every block whole, in the torch program (cheap to run; the JAX program's
+    unmasked ring is the same fold without the choice of half blocks)."""
+    edits = (("causal: true", "causal: false"),)
+    ref, par = (torch_runs.run(torch_runs.build(SPEC, mesh, edits), "--steps", str(STEPS))
+                for mesh in ("data=1", "context"))
+    dl = torch_runs.max_diff(par.losses, ref.losses)
+    torch_runs.report("context parallel torch non-causal context=2", max_dloss=dl)
+    assert dl < 1e-5

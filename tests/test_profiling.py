@@ -1,0 +1,69 @@
+"""`train.py --profile DIR [--profile-steps A:B]`: a framework trace in DIR and a summary of the measured
+step, collective kinds and peak memory next to the plan's; one tiny data=2 run per target. A bad window is a
+usage error (exit 2), and the mlx program says it does not profile."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jax_runs as jr
+import mlx_runs as mr
+import pytest
+import torch_runs as tr
+
+MLP = Path(__file__).resolve().parent.parent / "specs" / "mlp-dp.yaml"
+
+
+def summary(run) -> dict:
+    return json.loads((run.cwd / "prof" / "summary.json").read_text())
+
+
+def check(run, program: Path) -> dict:
+    s = summary(run)
+    planned = json.loads((program / "plan.json").read_text())["costs"]
+    kinds = {c["kind"] for c in planned["collectives"]}
+    assert kinds == {"all-reduce"}  # data parallelism: the gradients' and the loss's all-reduce
+    assert set(s["planned"]["comm_bytes"]) == kinds
+    assert kinds <= set(s["comm_s"]) and all(s["comm_calls"][k] >= 1 for k in kinds)  # measured, each kind
+    assert s["steps"] == [2, 3] and s["step_s"] > 0 and len(s["peak_bytes"]) == 2 and min(s["peak_bytes"]) > 0
+    assert s["planned"]["peak_bytes"] == planned["peak_bytes"]
+    assert "profile of steps 2..3" in run.output and "all-reduce" in run.output
+    return s
+
+
+def test_torch_profile_writes_a_trace_per_rank_and_the_summary():
+    program = tr.build(MLP, "data=2")
+    run = tr.run(program, "--steps", "3", "--profile", "prof")
+    assert sorted(p.name for p in (run.cwd / "prof").glob("trace-rank*.json")) == ["trace-rank0.json",
+                                                                                 "trace-rank1.json"]
+    s = check(run, program)
+    tr.report("profile (torch data=2, cpu)", step_s=s["step_s"], comm_s=s["comm_s"], calls=s["comm_calls"],
+              planned_calls=s["planned"]["comm_calls"])
+
+
+def test_jax_profile_writes_a_trace_and_the_summary():
+    program = jr.build(MLP, "data=2")
+    run = jr.run(program, "--steps", "3", "--profile", "prof")
+    assert list((run.cwd / "prof").glob("plugins/profile/*/*.xplane.pb"))
+    s = check(run, program)
+    jr.report("profile (jax data=2, cpu)", step_s=s["step_s"], comm_s=s["comm_s"], calls=s["comm_calls"],
+              planned_calls=s["planned"]["comm_calls"])
+
+
+@pytest.mark.parametrize("flags, message", [
+    (("--profile", "p", "--profile-steps", "3:1"), "needs 1 <= A <= B <= 3"),
+    (("--profile", "p", "--profile-steps", "2"), "expected A:B"),
+    (("--profile", "p", "--profile-steps", "0:2"), "needs 1 <= A <= B <= 3"),
+    (("--profile-steps", "1:2"), "--profile-steps needs --profile DIR"),
+])
+def test_bad_profile_windows_are_usage_errors(flags, message):
+    torch_run = tr.run(tr.build(MLP, "single"), "--steps", "3", *flags, expect_rc=2, metrics=False, export=False)
+    jax_run = jr.run(jr.build(MLP, "single"), "--steps", "3", *flags, expect_rc=2, metrics=False, export=False)
+    for run in (torch_run, jax_run):
+        assert message in run.output and "Traceback" not in run.output
+
+
+def test_mlx_program_says_it_does_not_profile():
+    run = mr.run(mr.build(MLP, "single"), "--steps", "1", "--profile", "p", expect_rc=2, metrics=False, export=False)
+    assert "--profile: not supported by the mlx program" in run.output and "Traceback" not in run.output
