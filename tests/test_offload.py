@@ -1,6 +1,6 @@
 """Activation offload (`training.offload`): the plan's device and host bytes and transfer time, the targets'
 E049s, and the programs: torch's saved-tensor hooks train exactly as without them and move the bytes the plan
-predicts; jax's offload policy trains as without it (on the CPU backend it says that nothing moves there)."""
+predicts; jax and mlx refuse it (E049: XLA's host offload raised the device's peak on a GPU)."""
 
 from __future__ import annotations
 
@@ -62,9 +62,11 @@ def test_plan_counts_host_and_device_bytes_and_the_transfer_time():
 
 def test_targets_refuse_what_they_cannot_offload():
     c = compiled(offload(100))
-    assert not check_target(c.plan, c.doc, "torch") and not check_target(c.plan, c.doc, "jax")
+    assert not check_target(c.plan, c.doc, "torch")
     (mlx,) = check_target(c.plan, c.doc, "mlx")
     assert mlx.code == "E049" and "activation offload" in mlx.message and "hooks" in mlx.help
+    (jax,) = check_target(c.plan, c.doc, "jax")  # measured on a GPU: XLA's host offload raised the peak
+    assert jax.code == "E049" and "activation offload" in jax.message and "raised the peak" in jax.help
     sel = compiled(offload(100, ("  seed: 0\n", "  seed: 0\n  remat: selective\n")))
     (why,) = check_target(sel.plan, sel.doc, "torch")
     assert "remat: selective" in why.message and "selective activation checkpointing" in why.help
@@ -100,18 +102,3 @@ def test_torch_offload_trains_exactly_as_without_and_moves_the_planned_bytes(tor
     assert [r["offloaded_bytes"] for r in moved.metrics] == [planned["offload_per_step"]] * 3
     tr.report("offload bytes (torch, mlp gelu, threshold 100)", measured=moved.metrics[0]["offloaded_bytes"],
               planned=planned["offload_per_step"])
-
-
-def test_jax_offload_trains_as_without_and_says_what_the_cpu_backend_does():
-    plain = jr.build(MLP, "single", GELU)
-    moved = jr.build(MLP, "single", offload(100))
-    a, b = jr.run_many([(plain, "--steps", "3"), (moved, "--steps", "3")])
-    assert jr.max_diff(a.losses, b.losses) <= 1e-6
-    assert jr.max_param_diff(a.params, b.params) <= 1e-6
-    assert "XLA compiles the transfers away" in b.output
-    line = next(ln for ln in b.output.splitlines() if ln.startswith("offload "))
-    figures = json.loads(line[len("offload "):])
-    # XLA's autodiff keeps more than the plan's per-layer count (gelu's intermediates too): at least as much
-    assert figures["device0"] >= figures["planned"] > 0
-    jr.report("offload bytes (jax, mlp gelu, threshold 100; traced)", measured=figures["device0"],
-              planned=figures["planned"])
