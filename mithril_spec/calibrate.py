@@ -4,7 +4,8 @@ The measuring runs in a subprocess, a script of `templates/calibrate/` run with 
 (mithril_spec itself never imports a framework), which starts the devices as the generated programs of the
 target do (torch: one process per device, gloo on CPU, NCCL on GPUs; jax: the accelerators, or simulated CPU
 devices in one process) and times, with every device working at once: matrix multiplications per dtype,
-a large copy, a chain of tiny kernels and all-reduces over all devices at several sizes. `profile_fields`
+a large copy, a chain of tiny kernels and all-reduces at several sizes (torch: over groups of each size a
+mesh axis can have, each after a compute burst; jax: in a loop inside one program). `profile_fields`
 turns those timings into the figures of a `hardware:` entry (docs/cost-model.md#calibration); the file
 written is a YAML document with one such entry, which `plan --hardware FILE.yaml` reads and which can be
 pasted into a spec's `hardware:` list.
@@ -34,19 +35,24 @@ FRAMEWORK = {"torch": "torch", "jax": "jax"}  # the module each target's measuri
 @dataclasses.dataclass(frozen=True)
 class Sizes:
     """What the measuring script times: matmul shapes [m, k, n] (m: tokens of a micro-batch, k and n: a
-    layer's features), the bytes of the copy and of each all-reduce, the length of the tiny-kernel chain
-    and the time spent on each figure (the best of three windows of `budget_s`)."""
+    layer's features), the bytes of the copy and of each all-reduce, the length of the tiny-kernel chain,
+    the time spent on each figure (the median of three windows of `budget_s`) and the matmul run before
+    each all-reduce."""
 
     matmul_shapes: tuple[tuple[int, int, int], ...]
     copy_bytes: int
     allreduce_bytes: tuple[int, ...]
     tiny_ops: int
     budget_s: float
+    # the compute before each timed all-reduce: on this 2-core CPU some 20 ms, longer than the scheduler's
+    # time slice, as a layer's compute between two tensor-parallel collectives is, so that ranks sharing the
+    # cores reach the collective as out of step as a program's do
+    burst_shape: tuple[int, int, int] = (1024, 512, 512)
 
     def to_config(self, dtypes: tuple[str, ...]) -> dict:
         return {"dtypes": list(dtypes), "matmul_shapes": [list(s) for s in self.matmul_shapes],
                 "copy_bytes": self.copy_bytes, "allreduce_bytes": list(self.allreduce_bytes),
-                "tiny_ops": self.tiny_ops, "budget_s": self.budget_s,
+                "tiny_ops": self.tiny_ops, "budget_s": self.budget_s, "burst_shape": list(self.burst_shape),
                 "accelerator_shapes": [list(s) for s in ACCELERATOR_SHAPES]}
 
 
@@ -114,6 +120,18 @@ def ring_fit(points: list[tuple[float, float]], group: int) -> tuple[float, floa
     return 1.0 / slope, intercept / (2 * (group - 1))
 
 
+def collective_fit(points: list[tuple[float, int, float]]) -> tuple[float, float]:
+    """(bandwidth bytes/s, latency s per ring step) of all-reduce timings [(payload bytes, group size,
+    seconds)] over groups of several sizes: each size fitted on its own (`ring_fit`), the bandwidth that of
+    the largest group (all devices: a data-parallel gradient all-reduce's, large payloads) and the latency that
+    of the smallest (a mesh's innermost axis: the tensor-parallel all-reduces, small and blocking the step).
+    One latency per ring step cannot describe both: where ranks time-share cores, a collective's cost is
+    mostly the wait for its out-of-step members, which grows less than the ring's 2 (n-1) steps with n."""
+    sizes = sorted({g for _, g, _ in points})
+    fits = {g: ring_fit([(b, t) for b, gg, t in points if gg == g], g) for g in sizes}
+    return fits[sizes[-1]][0], fits[sizes[0]][1]
+
+
 def profile_fields(raw: dict, name: str) -> dict:
     """The `hardware:` entry (spec units: TFLOP/s, GB, GB/s, microseconds) of the raw timings."""
     flops, efficiency = {}, None
@@ -134,13 +152,16 @@ def profile_fields(raw: dict, name: str) -> dict:
     fields: dict = {"name": name}
     fields["description"] = (f"{raw['device']} ({raw['platform']}), {n} device(s) measured at once by "
                              f"`mithril-spec calibrate` on {platform.node() or 'this machine'}")
+    if "matmul_precision" in raw:  # jax: float32 products at the precision the programs use (a GPU's: TF32)
+        fields["description"] += f"; float32 matmuls at jax's `{raw['matmul_precision']}` matmul precision"
     fields["flops"] = {k: _round(v) for k, v in flops.items()}
     fields["efficiency"] = _round(min(1.0, efficiency or 1.0))
     fields["memory_gb"] = _round(raw["memory_bytes"] / 1e9)
     fields["hbm_gb_per_s"] = _round(bandwidth / 1e9)
     fields["devices_per_node"] = n
     if n > 1 and raw["allreduce"]:
-        bw, lat = ring_fit([(b, s) for b, s in raw["allreduce"]], n)
+        # rows [payload bytes, seconds, group size] (a group of all devices when the size is left out)
+        bw, lat = collective_fit([(r[0], r[2] if len(r) > 2 else n, r[1]) for r in raw["allreduce"]])
     else:  # one device: nothing to measure between devices; the copy's bandwidth, no latency
         bw, lat = bandwidth, 0.0
     fields["intra_node_gb_per_s"] = _round(bw / 1e9)

@@ -121,6 +121,23 @@ def test_ring_fit_recovers_bandwidth_and_latency():
     assert bw2 > 0 and lat2 >= 0
 
 
+def test_collective_fit_over_group_sizes():
+    """Pairs and all devices (the torch script's groups): the bandwidth of all devices, the latency of the
+    pairs."""
+    pairs = [[b, 2 * 0.5 * b / 2e9 + 2 * 1 * 4e-3, 2] for b in (4, 1 << 20, 4 << 20)]
+    alls = [[b, 2 * 0.75 * b / 1e9 + 2 * 3 * 1e-3, 4] for b in (4, 1 << 20, 4 << 20)]
+    bw, lat = cal.collective_fit([(b, g, t) for b, t, g in pairs + alls])
+    assert bw == pytest.approx(1e9) and lat == pytest.approx(4e-3)
+    raw = {"device": "cpu", "platform": "cpu", "processes": 4, "memory_bytes": 8e9, "copy": [1e8, 0.1],
+           "matmul": {"float32": [[100, 100, 100, 2e-3]]}, "tiny_op": 20e-6, "allreduce": pairs + alls}
+    f = cal.profile_fields(raw, "p")
+    assert f["intra_node_gb_per_s"] == pytest.approx(1.0) and f["intra_node_latency_us"] == pytest.approx(4000)
+    # one group size is the ring fit (rows without a group size: all devices)
+    one = [(b, 2, 2 * 1e-4 + b / 1e9) for b in (4, 1 << 20)]
+    assert cal.collective_fit(one) == pytest.approx(cal.ring_fit([(b, t) for b, _, t in one], 2))
+    assert cal.profile_fields(dict(raw, allreduce=[r[:2] for r in alls]), "q")["intra_node_latency_us"] == pytest.approx(1000)
+
+
 def test_profile_fields_from_timings():
     raw = {"device": "cpu", "platform": "cpu", "processes": 2, "memory_bytes": 8e9,
            "matmul": {"float32": [[100, 100, 100, 2e-3], [200, 200, 200, 8e-3]], "bfloat16": [[100, 100, 100, 1e-3]]},

@@ -2,14 +2,17 @@
 
 Sets up devices as the generated JAX programs do: the accelerators present, or without one `--processes`
 simulated CPU devices in this process (`jax_num_cpu_devices`), which share the host's cores. Every figure
-is taken with all devices working at once on their own shard of a jitted computation: matrix
-multiplications per dtype, a large element-wise pass (memory bandwidth), a chain of tiny dependent
-operations (the fixed cost of one kernel) and `psum` all-reduces over all devices at several sizes (the
-ring's bandwidth and per-step latency). Prints one JSON object of raw timings (seconds) to `--out`."""
+is taken with all devices working at once on their own shard, in a `fori_loop` inside one jitted program
+synchronised once per call (no Python dispatch or host sync per operation): matrix multiplications per
+dtype, a large element-wise pass (memory bandwidth) and `psum` all-reduces over all devices at several
+sizes, each after a compute burst (the ring's bandwidth and per-step latency); and one jitted chain of tiny
+dependent operations (the fixed cost of one kernel inside a program). Prints one JSON object of raw
+timings (seconds) to `--out`."""
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import time
@@ -41,7 +44,7 @@ def main() -> None:
     n = len(devices)
     mesh = jax.sharding.Mesh(np.array(devices), ("d",))
     split = NamedSharding(mesh, P("d"))
-    keys = iter(jax.random.split(jax.random.key(0), 64))
+    keys = (jax.random.fold_in(jax.random.key(0), i) for i in itertools.count())
 
     def put(shape, dtype, random=False):
         """A [n, *shape] array, one slice per device (random values: a GPU's power, hence its clock, depends on
@@ -49,38 +52,40 @@ def main() -> None:
         x = jax.random.normal(next(keys), (n, *shape), jnp.float32) if random else jnp.zeros((n, *shape))
         return jax.device_put(x.astype(dtype), split)
 
-    def poke(x, i):
-        """`x` with one element set from the loop index (i mod 2), in place: what the loop body computes from
-        it then depends on the iteration, so that XLA cannot hoist it out of the loop as invariant."""
-        return x.at[(0,) * x.ndim].set((i % 2).astype(x.dtype))
-
     def looped(body):
-        """`body(i, carry) -> carry` run `iters` times inside one jitted program on every device at once
-        (`fori_loop` with the trip count an argument: one compilation for every count)."""
+        """`body(carry) -> carry` run `iters` times inside one jitted program on every device at once
+        (`fori_loop`). The trip count is static: XLA then knows it, and a GPU runs the loop without reading its
+        condition back to the host each iteration. Each iteration's result is the next one's input, so that XLA
+        can neither hoist the work out of the loop nor drop an iteration's work (were the loop unrolled)."""
         def run(carry, iters):
-            return jax.lax.fori_loop(0, iters[0], body, carry)
+            return jax.shard_map(lambda c: jax.lax.fori_loop(0, iters, lambda _, x: body(x), c), mesh=mesh,
+                                 in_specs=P("d"), out_specs=P("d"))(carry)
 
-        return jax.jit(jax.shard_map(run, mesh=mesh, in_specs=(P("d"), P("d")), out_specs=P("d")))
+        return jax.jit(run, static_argnums=1, donate_argnums=0)
 
-    def timed(fn, carry):
+    def timed(fn, carry, budget=cfg["budget_s"]):
         """Seconds per loop iteration, all devices at once: one call runs as many iterations as fill the time
         budget and is synchronised once (`block_until_ready`), so that neither the Python dispatch nor the host
         sync of a call is in the figure; the median of three such calls (on a shared machine: the load of the
-        moment, as a program's median step sees it), after calls that compile it and size the count."""
+        moment, as a program's median step sees it). The count, a power of 2 (few compilations), is sized by a
+        call of 1 iteration, then by one of the count that gives."""
+
         def call(iters):
-            count = jax.device_put(jnp.full((n,), iters, jnp.int32), split)
-            jax.block_until_ready(count)
+            nonlocal carry
             t0 = time.perf_counter()
-            jax.block_until_ready(fn(carry, count))
+            carry = jax.block_until_ready(fn(carry, iters))  # (the carry's buffers are donated: reused)
             return time.perf_counter() - t0
 
-        call(1)  # compiles
-        once = max(call(1), 1e-9)
-        iters = 1
-        while iters * once < cfg["budget_s"] / 4 and iters < 1 << 20:  # grow until the call dwarfs its dispatch
-            iters *= 4
-            once = call(iters) / iters
-        iters = max(1, min(1 << 22, int(cfg["budget_s"] / once)))
+        def count(per_iteration):
+            return 1 << max(0, min(22, int(budget / max(per_iteration, 1e-9)).bit_length() - 1))
+
+        iters, sized = 1, []
+        while iters not in sized and len(sized) < 2:
+            sized.append(iters)
+            call(iters)  # compiles
+            iters = count(call(iters) / iters)
+        if iters not in sized:
+            call(iters)  # compiles
         return sorted(call(iters) / iters for _ in range(3))[1]
 
     stats = devices[0].memory_stats() or {}
@@ -90,13 +95,17 @@ def main() -> None:
            # bytes one device holds: the accelerator's memory, or the host's shared by the simulated devices
            "memory_bytes": stats.get("bytes_limit") or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // n}
 
-    # matmuls: each device multiplies its own [m, k] x [k, n] (a 2-D dot, as the programs' layers lower to) at
-    # the default precision, as the programs do (float32 on an NVIDIA GPU: TF32 tensor-core passes); the
-    # product replaces the carry, so that it is computed every iteration
-    def matmul(i, carry):
-        a, b, c = carry
-        a = poke(a, i)
-        return a, b, (a[0] @ b[0])[None]
+    # matmuls: each device multiplies its own [m, k] x [k, k] (a 2-D dot, as the programs' layers lower to) at
+    # the default precision, as the programs do (float32 on an NVIDIA GPU: TF32 tensor-core passes). The
+    # product is the next iteration's input: the second factor is orthogonal, so that the values stay of the
+    # same size from iteration to iteration, random, as a training step's are
+    def matmul(carry):
+        x, q = carry
+        return (x[0] @ q[0])[None], q
+
+    def orthogonal(k, dtype):
+        q = jnp.linalg.qr(jax.random.normal(next(keys), (n, k, k), jnp.float32))[0]
+        return jax.device_put(q.astype(dtype), split)
 
     mm = looped(matmul)
     # an accelerator also gets large products (its small ones are bound by the launch, not the FLOPs)
@@ -104,14 +113,15 @@ def main() -> None:
     for dtype in cfg["dtypes"]:
         rows = []
         for m, k, nn in sorted(shapes, key=lambda s: s[0] * s[1] * s[2]):
-            carry = (put((m, k), dtype, True), put((k, nn), dtype, True), put((m, nn), dtype))
-            rows.append([m, k, nn, timed(mm, carry)])
+            if k != nn:
+                raise SystemExit(f"error: matmul shape {[m, k, nn]}: the jax script chains square products")
+            rows.append([m, k, nn, timed(mm, (put((m, k), dtype, True), orthogonal(k, dtype)))])
             if rows[-1][-1] > 10 * cfg["budget_s"]:
                 break  # a dtype this device runs slowly (emulated): larger shapes would take minutes
         res["matmul"][dtype] = rows
-    # memory bandwidth: `x + i` reads and writes every byte (the loop index keeps it from being folded into one
-    # pass), in place in the loop's buffer, as XLA reuses a program's buffers from step to step
-    copy = looped(lambda i, x: x + i.astype(x.dtype))
+    # memory bandwidth: `x + 1` reads and writes every byte, in place in the loop's buffer, as XLA reuses a
+    # program's buffers from step to step (each pass the next one's input: none can be folded away)
+    copy = looped(lambda x: x + 1.0)
     res["copy"] = [cfg["copy_bytes"], timed(copy, put((cfg["copy_bytes"] // 4,), jnp.float32))]
     chain = cfg["tiny_ops"]
 
@@ -121,15 +131,22 @@ def main() -> None:
             v = jnp.tanh(jnp.einsum("dij,djk->dik", v, w))
         return v.sum()
 
-    def layers(i, carry):
-        ws, v, _ = carry
-        v = poke(v, i)
-        return ws, v, jax.grad(tiny)(ws, v)  # the gradients replace the carry: every kernel runs
-
+    t = jax.jit(jax.grad(tiny))
     ws, v = [put((8, 8), jnp.float32, True) for _ in range(chain)], put((8, 8), jnp.float32, True)
-    # a layer is 3 kernels: forward; backward: the input's and the weight's gradients. Inside one compiled
-    # program, as a training step runs them: the per-dispatch cost of a call (`dispatch`) is paid once a step
-    res["tiny_op"] = timed(looped(layers), (ws, v, ws)) / (3 * chain)
+    jax.block_until_ready(t(ws, v))  # compiles
+    t0 = time.perf_counter()
+    jax.block_until_ready(t(ws, v))
+    repeats = max(1, int(cfg["budget_s"] / max(time.perf_counter() - t0, 1e-9)))
+    # a layer is 3 kernels: forward; backward: the input's and the weight's gradients. All of them inside one
+    # compiled program, as a training step runs them: what the model charges is a kernel's cost within a step;
+    # a call's own dispatch and host sync (`dispatch`, below) is spread over its 3 x chain kernels
+    windows = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            jax.block_until_ready(t(ws, v))
+        windows.append((time.perf_counter() - t0) / repeats / (3 * chain))
+    res["tiny_op"] = sorted(windows)[1]
     noop = jax.jit(lambda x: x + 1)
     x = put((1,), jnp.float32)
     jax.block_until_ready(noop(x))
@@ -138,11 +155,30 @@ def main() -> None:
         jax.block_until_ready(noop(x))
     res["dispatch"] = (time.perf_counter() - t0) / 100  # one call and its host sync (reported, not in the profile)
     if n > 1:
-        # all-reduces back to back inside one program, as a step's collectives run (the sum of zeros stays
-        # zeros and feeds the next one)
-        reduce = looped(lambda i, v: jax.lax.psum(v, "d"))
+        # all-reduces as a step meets them: each after a burst of compute on every device (a matmul of
+        # `burst_shape`, the all-reduce's input depending on it), so that devices reach it out of step, as
+        # between a program's layers (simulated CPU devices share the cores). Each row: the time per iteration
+        # of burst and all-reduce, less that of the burst alone (the sum of zeros stays zeros, `pcast` only
+        # retypes the sum as per-device again)
+        m, k, _ = cfg["burst_shape"]
+
+        def burst(carry):
+            x, q, v = carry
+            return (x[0] @ q[0])[None], q, v
+
+        def burst_reduce(carry):
+            x, q, v = burst(carry)
+            v = v.at[0, 0].add(x[0, 0, 0] * 0)  # (in place: after the burst, not beside it)
+            return x, q, jax.lax.pcast(jax.lax.psum(v, "d"), "d", to="varying")
+
+        def carry(size):  # (a loop's carry is donated: fresh arrays for each)
+            return put((m, k), jnp.float32, True), orthogonal(k, jnp.float32), put((max(1, size // 4),), jnp.float32)
+
+        alone, both = looped(burst), looped(burst_reduce)
+        budget = max(cfg["budget_s"], 10 * timed(alone, carry(4)))  # some 10 bursts a call at least
         for size in cfg["allreduce_bytes"]:
-            res["allreduce"].append([size, timed(reduce, put((max(1, size // 4),), jnp.float32)), n])
+            net = timed(both, carry(size), budget) - timed(alone, carry(size), budget)
+            res["allreduce"].append([size, max(0.0, net), n])
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(res, f)
 

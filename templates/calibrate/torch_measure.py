@@ -3,8 +3,9 @@
 Launches `--processes` ranks as the generated PyTorch programs run (one process per device, gloo on CPU,
 NCCL on GPUs; on CPU each rank takes cores / ranks threads) and, with every rank working at once, times:
 matrix multiplications per dtype, a large copy (memory bandwidth), a chain of tiny operations (the fixed
-cost of one kernel: dispatch and launch) and all-reduces over all ranks at several sizes (the ring's
-bandwidth and per-step latency). Rank 0 prints one JSON object: the raw timings (seconds)."""
+cost of one kernel: dispatch and launch) and all-reduces at several sizes over groups of every size a
+mesh axis can have, each after a burst of compute (the ring's bandwidth and per-step latency). Rank 0
+prints one JSON object: the raw timings (seconds)."""
 
 from __future__ import annotations
 
@@ -40,10 +41,10 @@ def timed(fn, budget: float, device, world: int) -> float:
     t0 = time.perf_counter()
     fn()
     sync(device)
-    once = torch.tensor([time.perf_counter() - t0])
-    if world > 1:  # every rank repeats as often as rank 0, or the collectives would not pair up
-        dist.broadcast(once, 0)
-    repeats = max(1, int(budget / max(float(once), 1e-9)))
+    repeats = torch.tensor([max(1, int(budget / max(time.perf_counter() - t0, 1e-9)))], device=device)  # (NCCL)
+    if world > 1:  # every rank repeats as often as rank 0 (its time, its budget), or the collectives would not pair up
+        dist.broadcast(repeats, 0)
+    repeats = int(repeats)
     windows = []
     for _ in range(3):
         if world > 1:
@@ -68,6 +69,10 @@ def measure(rank: int, world: int, port: int, cfg: dict, out: str) -> None:
     if world > 1:
         dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world, device_id=device if cuda else None)
+        # the groups a mesh axis can form: consecutive ranks in groups of every size that divides the ranks,
+        # created by every rank in the same order before any other traffic (torch.distributed requires it)
+        groups = {size: dist.new_subgroups(size)[0] for size in range(2, world) if world % size == 0}
+        groups[world] = dist.group.WORLD
     res: dict = {"device": torch.cuda.get_device_name(device) if cuda else "cpu", "platform": device.type,
                  "processes": world, "threads": torch.get_num_threads(), "matmul": {}, "allreduce": [],
                  # bytes one device holds: the GPU's memory, or the host's shared by the ranks
@@ -103,10 +108,34 @@ def measure(rank: int, world: int, port: int, cfg: dict, out: str) -> None:
 
     res["tiny_op"] = timed(tiny, cfg["budget_s"], device, world) / (3 * chain)
     if world > 1:
-        for size in cfg["allreduce_bytes"]:
-            buf = torch.zeros(max(1, size // 4), device=device)
-            res["allreduce"].append([size, timed(lambda buf=buf: dist.all_reduce(buf), cfg["budget_s"], device,
-                                                 world)])
+        # all-reduces as a training step meets them: each after a burst of compute on every rank (a matmul of
+        # `burst_shape`), so that ranks arrive at it out of step, as they do between a program's layers
+        # (on CPU, ranks time-share the cores: a rank waits for a partner that is descheduled), over each
+        # group size (pairs ... all). What is timed is the time each rank spends inside the all-reduce (its
+        # wait for the group, then the transfer), the mean over ranks and calls, the median of three windows
+        m, k, n = cfg["burst_shape"]
+        a, b = torch.randn(m, k, device=device), torch.randn(k, n, device=device)
+        burst = timed(lambda: torch.mm(a, b), cfg["budget_s"], device, world)
+        repeats = torch.tensor([max(10, int(cfg["budget_s"] / max(burst, 1e-9)))], device=device)
+        dist.broadcast(repeats, 0)  # every rank calls as often as rank 0
+        for size, group in groups.items():
+            for nbytes in cfg["allreduce_bytes"]:
+                buf = torch.zeros(max(1, nbytes // 4), device=device)
+                windows = []
+                for _ in range(3):
+                    inside = 0.0
+                    dist.barrier()
+                    for _ in range(int(repeats)):
+                        torch.mm(a, b)
+                        sync(device)
+                        t0 = time.perf_counter()
+                        dist.all_reduce(buf, group=group)
+                        sync(device)
+                        inside += time.perf_counter() - t0
+                    total = torch.tensor([inside], dtype=torch.float64, device=device)
+                    dist.all_reduce(total)
+                    windows.append(float(total) / world / int(repeats))
+                res["allreduce"].append([nbytes, sorted(windows)[1], size])
         dist.barrier()
     if rank == 0:
         with open(out, "w", encoding="utf-8") as f:
