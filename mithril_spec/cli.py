@@ -579,7 +579,8 @@ def _plan_auto(args) -> int:
         out.append("")
         out += ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
         out.append("")
-        out.append("ranked by predicted step time, then peak memory, then bytes communicated")
+        out.append("ranked by predicted step time, then peak memory, then uncompressed before compressed, then bytes "
+                   "communicated")
         if args.write:
             out.append(f"best: written to {args.write} (`mithril-spec plan {args.write}` plans it)")
         else:

@@ -293,7 +293,7 @@ def test_plan_auto_cli(capsys):
     assert rc == 0
     assert "auto plan for gpt-tiny on 8 x h100-sxm-80gb" in out
     assert "1     --mesh " in out and "best: mithril-spec plan" in out and "--write NEW.yaml" in out
-    assert "ranked by predicted step time, then peak memory, then bytes communicated" in out
+    assert "ranked by predicted step time, then peak memory, then uncompressed before compressed, then bytes" in out
     assert "warning: " in out
     rc, out, _err = run(capsys, "plan", GPT, "--auto", "--devices", "8", "--hardware", "h100", "--format", "json")
     j = json.loads(out)

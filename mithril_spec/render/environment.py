@@ -36,6 +36,17 @@ def py(value: Any) -> str:
     raise TypeError(f"cannot render {type(value).__name__} as a Python literal")
 
 
+def py_block(value: Any, level: int = 0) -> str:
+    """`py`, with every non-empty mapping one item a line and a trailing comma (the formatter keeps such a
+    literal exploded): a literal whose line count does not depend on its values (a program's length must not
+    depend on how large its figures are)."""
+    if isinstance(value, dict) and value:
+        pad = "    " * (level + 1)
+        items = "".join(f"{pad}{py(k)}: {py_block(v, level + 1)},\n" for k, v in value.items())
+        return "{\n" + items + "    " * level + "}"
+    return py(value)
+
+
 def ident(value: Any) -> str:
     """Asserts an identifier (names are validated upstream; this is the last line of defence)."""
     if not isinstance(value, str) or not value.isidentifier():
@@ -66,6 +77,7 @@ def environment() -> jinja2.Environment:
     """The environment that renders programs, with the filters that keep spec text escaped."""
     env = make_environment(autoescape=False)
     env.filters["py"] = py
+    env.filters["py_block"] = py_block
     env.filters["ident"] = ident
     env.filters["shell"] = shell
     env.filters["json"] = lambda v: json.dumps(v, sort_keys=True)

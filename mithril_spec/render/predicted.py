@@ -17,6 +17,11 @@ DEVICE_PROFILES = (("H200", "h200-141gb"), ("H100", "h100-sxm-80gb"), ("A100", "
                    ("cpu", "cpu"))
 
 
+def _seconds(x: float) -> float:
+    """A predicted time to 4 significant digits (the model's figures carry no more)."""
+    return float(f"{x:.4g}")
+
+
 def predicted(plan: Plan, target: str) -> dict[str, Any]:
     kernels = attention_kernels(tuple(dict.fromkeys((*plan.spec.targets, target))))
     costs = estimate_targets(plan, kernels, target=target)
@@ -29,8 +34,9 @@ def predicted(plan: Plan, target: str) -> dict[str, Any]:
         per_kind = {k: 0.0 for k in KINDS}
         for c, s in zip(costs.collectives, t.collective_s):
             per_kind[c.kind] += s
-        profiles[name] = {"step_s": t.step_s, "compute_s": t.compute_s, "offload_s": t.offload_s,
-                          "comm_s": {k: v for k, v in per_kind.items() if comm[k]}}
+        profiles[name] = {"step_s": _seconds(t.step_s), "compute_s": _seconds(t.compute_s),
+                          "offload_s": _seconds(t.offload_s),
+                          "comm_s": {k: _seconds(v) for k, v in per_kind.items() if comm[k]}}
     return {
         "peak_bytes": costs.peak,
         # bytes per device per step, and calls, of each collective kind the plan counts

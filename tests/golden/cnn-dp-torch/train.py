@@ -108,38 +108,52 @@ PLANNED_BYTES = {"params": 3695656, "grads": 3695656, "optimizer": 3695656, "buf
 # (PREDICTED["device_profiles"]).
 PREDICTED = {
     "peak_bytes": 22484024,
-    "comm_bytes": {"all-reduce": 3695660},
-    "comm_calls": {"all-reduce": 2},
+    "comm_bytes": {
+        "all-reduce": 3695660,
+    },
+    "comm_calls": {
+        "all-reduce": 2,
+    },
     "profiles": {
         "h100-sxm-80gb": {
-            "step_s": 4.5941060033167496e-05,
-            "compute_s": 2.4815698654708516e-06,
+            "step_s": 4.594e-05,
+            "compute_s": 2.482e-06,
             "offload_s": 0.0,
-            "comm_s": {"all-reduce": 4.042515555555556e-05},
+            "comm_s": {
+                "all-reduce": 4.043e-05,
+            },
         },
         "h200-141gb": {
-            "step_s": 4.427479722222223e-05,
-            "compute_s": 2.4815698654708516e-06,
+            "step_s": 4.427e-05,
+            "compute_s": 2.482e-06,
             "offload_s": 0.0,
-            "comm_s": {"all-reduce": 4.042515555555556e-05},
+            "comm_s": {
+                "all-reduce": 4.043e-05,
+            },
         },
         "a100-80gb": {
-            "step_s": 5.754072942291974e-05,
-            "compute_s": 8.513693538461538e-06,
+            "step_s": 5.754e-05,
+            "compute_s": 8.514e-06,
             "offload_s": 0.0,
-            "comm_s": {"all-reduce": 4.8478306666666676e-05},
+            "comm_s": {
+                "all-reduce": 4.848e-05,
+            },
         },
         "tpu-v5e": {
-            "step_s": 8.799692244200244e-05,
-            "compute_s": 2.5281780304568526e-06,
+            "step_s": 8.8e-05,
+            "compute_s": 2.528e-06,
             "offload_s": 0.0,
-            "comm_s": {"all-reduce": 6.543492e-05},
+            "comm_s": {
+                "all-reduce": 6.543e-05,
+            },
         },
         "cpu": {
-            "step_s": 0.00077817328,
-            "compute_s": 0.00055339008,
+            "step_s": 0.0007782,
+            "compute_s": 0.0005534,
             "offload_s": 0.0,
-            "comm_s": {"all-reduce": 0.0003771746},
+            "comm_s": {
+                "all-reduce": 0.0003772,
+            },
         },
     },
     "device_profiles": [

@@ -180,38 +180,59 @@ PLANNED_BYTES = {"params": 339968, "optimizer": 679936, "buffers": 0}
 # (PREDICTED["device_profiles"]).
 PREDICTED = {
     "peak_bytes": 1997312,
-    "comm_bytes": {"all-reduce": 790548, "send/recv": 65536},
-    "comm_calls": {"all-reduce": 38, "send/recv": 4},
+    "comm_bytes": {
+        "all-reduce": 790548,
+        "send/recv": 65536,
+    },
+    "comm_calls": {
+        "all-reduce": 38,
+        "send/recv": 4,
+    },
     "profiles": {
         "h100-sxm-80gb": {
-            "step_s": 0.000310450392371476,
-            "compute_s": 3.309127174887892e-06,
+            "step_s": 0.0003105,
+            "compute_s": 3.309e-06,
             "offload_s": 0.0,
-            "comm_s": {"all-reduce": 0.00023575678222222221, "send/recv": 1.2145635555555556e-05},
+            "comm_s": {
+                "all-reduce": 0.0002358,
+                "send/recv": 1.215e-05,
+            },
         },
         "h200-141gb": {
-            "step_s": 0.0003102774888888889,
-            "compute_s": 3.309127174887892e-06,
+            "step_s": 0.0003103,
+            "compute_s": 3.309e-06,
             "offload_s": 0.0,
-            "comm_s": {"all-reduce": 0.00023575678222222221, "send/recv": 1.2145635555555556e-05},
+            "comm_s": {
+                "all-reduce": 0.0002358,
+                "send/recv": 1.215e-05,
+            },
         },
         "a100-80gb": {
-            "step_s": 0.0003175891471558456,
-            "compute_s": 1.1352851692307692e-05,
+            "step_s": 0.0003176,
+            "compute_s": 1.135e-05,
             "offload_s": 0.0,
-            "comm_s": {"all-reduce": 0.00023663517333333335, "send/recv": 1.2218453333333333e-05},
+            "comm_s": {
+                "all-reduce": 0.0002366,
+                "send/recv": 1.222e-05,
+            },
         },
         "tpu-v5e": {
-            "step_s": 0.00011554229658119656,
-            "compute_s": 3.3712782944162435e-06,
+            "step_s": 0.0001155,
+            "compute_s": 3.371e-06,
             "offload_s": 0.0,
-            "comm_s": {"all-reduce": 8.590552e-05, "send/recv": 4.65536e-06},
+            "comm_s": {
+                "all-reduce": 8.591e-05,
+                "send/recv": 4.655e-06,
+            },
         },
         "cpu": {
-            "step_s": 0.0019784591,
-            "compute_s": 0.00073793536,
+            "step_s": 0.001978,
+            "compute_s": 0.0007379,
             "offload_s": 0.0,
-            "comm_s": {"all-reduce": 0.0008195276000000001, "send/recv": 4.3276800000000006e-05},
+            "comm_s": {
+                "all-reduce": 0.0008195,
+                "send/recv": 4.328e-05,
+            },
         },
     },
     "device_profiles": [

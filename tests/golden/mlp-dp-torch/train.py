@@ -110,38 +110,52 @@ PLANNED_BYTES = {"params": 340008, "grads": 340008, "optimizer": 680016, "buffer
 # (PREDICTED["device_profiles"]).
 PREDICTED = {
     "peak_bytes": 1936480,
-    "comm_bytes": {"all-reduce": 340012},
-    "comm_calls": {"all-reduce": 2},
+    "comm_bytes": {
+        "all-reduce": 340012,
+    },
+    "comm_calls": {
+        "all-reduce": 2,
+    },
     "profiles": {
         "h100-sxm-80gb": {
-            "step_s": 3.822162892205639e-05,
-            "compute_s": 1.2159426008968609e-07,
+            "step_s": 3.822e-05,
+            "compute_s": 1.216e-07,
             "offload_s": 0.0,
-            "comm_s": {"all-reduce": 3.7511164444444444e-05},
+            "comm_s": {
+                "all-reduce": 3.751e-05,
+            },
         },
         "h200-141gb": {
-            "step_s": 3.8007009444444444e-05,
-            "compute_s": 1.2159426008968609e-07,
+            "step_s": 3.801e-05,
+            "compute_s": 1.216e-07,
             "offload_s": 0.0,
-            "comm_s": {"all-reduce": 3.7511164444444444e-05},
+            "comm_s": {
+                "all-reduce": 3.751e-05,
+            },
         },
         "a100-80gb": {
-            "step_s": 3.943401297367991e-05,
-            "compute_s": 4.1716184615384615e-07,
+            "step_s": 3.943e-05,
+            "compute_s": 4.172e-07,
             "offload_s": 0.0,
-            "comm_s": {"all-reduce": 3.826674666666667e-05},
+            "comm_s": {
+                "all-reduce": 3.827e-05,
+            },
         },
         "tpu-v5e": {
-            "step_s": 2.170629128205128e-05,
-            "compute_s": 1.2387801015228424e-07,
+            "step_s": 2.171e-05,
+            "compute_s": 1.239e-07,
             "offload_s": 0.0,
-            "comm_s": {"all-reduce": 1.880024e-05},
+            "comm_s": {
+                "all-reduce": 1.88e-05,
+            },
         },
         "cpu": {
-            "step_s": 0.00017780176000000003,
-            "compute_s": 2.711552e-05,
+            "step_s": 0.0001778,
+            "compute_s": 2.712e-05,
             "offload_s": 0.0,
-            "comm_s": {"all-reduce": 0.00015400120000000003},
+            "comm_s": {
+                "all-reduce": 0.000154,
+            },
         },
     },
     "device_profiles": [

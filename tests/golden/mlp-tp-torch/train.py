@@ -111,38 +111,52 @@ PLANNED_BYTES = {"params": 148544, "grads": 148544, "optimizer": 297088, "buffer
 # (PREDICTED["device_profiles"]).
 PREDICTED = {
     "peak_bytes": 933120,
-    "comm_bytes": {"all-reduce": 149572},
-    "comm_calls": {"all-reduce": 3},
+    "comm_bytes": {
+        "all-reduce": 149572,
+    },
+    "comm_calls": {
+        "all-reduce": 3,
+    },
     "profiles": {
         "h100-sxm-80gb": {
-            "step_s": 2.4645048225538975e-05,
-            "compute_s": 1.0873686098654707e-07,
+            "step_s": 2.465e-05,
+            "compute_s": 1.087e-07,
             "offload_s": 0.0,
-            "comm_s": {"all-reduce": 2.433465777777778e-05},
+            "comm_s": {
+                "all-reduce": 2.433e-05,
+            },
         },
         "h200-141gb": {
-            "step_s": 2.4551284444444448e-05,
-            "compute_s": 1.0873686098654707e-07,
+            "step_s": 2.455e-05,
+            "compute_s": 1.087e-07,
             "offload_s": 0.0,
-            "comm_s": {"all-reduce": 2.433465777777778e-05},
+            "comm_s": {
+                "all-reduce": 2.433e-05,
+            },
         },
         "a100-80gb": {
-            "step_s": 2.5011946450874614e-05,
-            "compute_s": 3.730510769230769e-07,
+            "step_s": 2.501e-05,
+            "compute_s": 3.731e-07,
             "offload_s": 0.0,
-            "comm_s": {"all-reduce": 2.4501986666666668e-05},
+            "comm_s": {
+                "all-reduce": 2.45e-05,
+            },
         },
         "tpu-v5e": {
-            "step_s": 1.0775566837606839e-05,
-            "compute_s": 1.107791269035533e-07,
+            "step_s": 1.078e-05,
+            "compute_s": 1.108e-07,
             "offload_s": 0.0,
-            "comm_s": {"all-reduce": 9.50596e-06},
+            "comm_s": {
+                "all-reduce": 9.506e-06,
+            },
         },
         "cpu": {
-            "step_s": 9.792787999999999e-05,
-            "compute_s": 2.424832e-05,
+            "step_s": 9.793e-05,
+            "compute_s": 2.425e-05,
             "offload_s": 0.0,
-            "comm_s": {"all-reduce": 8.752980000000001e-05},
+            "comm_s": {
+                "all-reduce": 8.753e-05,
+            },
         },
     },
     "device_profiles": [

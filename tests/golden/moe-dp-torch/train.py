@@ -156,38 +156,59 @@ PLANNED_BYTES = {"params": 305152, "grads": 305152, "optimizer": 610304, "buffer
 # (PREDICTED["device_profiles"]).
 PREDICTED = {
     "peak_bytes": 1755264,
-    "comm_bytes": {"all-reduce": 305156, "all-to-all": 163840},
-    "comm_calls": {"all-reduce": 3, "all-to-all": 8},
+    "comm_bytes": {
+        "all-reduce": 305156,
+        "all-to-all": 163840,
+    },
+    "comm_calls": {
+        "all-reduce": 3,
+        "all-to-all": 8,
+    },
     "profiles": {
         "h100-sxm-80gb": {
-            "step_s": 0.00011597226215588723,
-            "compute_s": 6.577478026905829e-07,
+            "step_s": 0.000116,
+            "compute_s": 6.577e-07,
             "offload_s": 0.0,
-            "comm_s": {"all-reduce": 4.3061564444444445e-05, "all-to-all": 7.227306666666667e-05},
+            "comm_s": {
+                "all-reduce": 4.306e-05,
+                "all-to-all": 7.227e-05,
+            },
         },
         "h200-141gb": {
-            "step_s": 0.00011577964444444445,
-            "compute_s": 6.577478026905829e-07,
+            "step_s": 0.0001158,
+            "compute_s": 6.577e-07,
             "offload_s": 0.0,
-            "comm_s": {"all-reduce": 4.3061564444444445e-05, "all-to-all": 7.227306666666667e-05},
+            "comm_s": {
+                "all-reduce": 4.306e-05,
+                "all-to-all": 7.227e-05,
+            },
         },
         "a100-80gb": {
-            "step_s": 0.000117049550393984,
-            "compute_s": 2.256580923076923e-06,
+            "step_s": 0.000117,
+            "compute_s": 2.257e-06,
             "offload_s": 0.0,
-            "comm_s": {"all-reduce": 4.359234666666667e-05, "all-to-all": 7.24096e-05},
+            "comm_s": {
+                "all-reduce": 4.359e-05,
+                "all-to-all": 7.241e-05,
+            },
         },
         "tpu-v5e": {
-            "step_s": 4.6613976752136755e-05,
-            "compute_s": 6.701014416243654e-07,
+            "step_s": 4.661e-05,
+            "compute_s": 6.701e-07,
             "offload_s": 0.0,
-            "comm_s": {"all-reduce": 1.877704e-05, "all-to-all": 2.52288e-05},
+            "comm_s": {
+                "all-reduce": 1.878e-05,
+                "all-to-all": 2.523e-05,
+            },
         },
         "cpu": {
-            "step_s": 0.0004741828,
-            "compute_s": 0.00014667776,
+            "step_s": 0.0004742,
+            "compute_s": 0.0001467,
             "offload_s": 0.0,
-            "comm_s": {"all-reduce": 0.00016388520000000002, "all-to-all": 0.000246144},
+            "comm_s": {
+                "all-reduce": 0.0001639,
+                "all-to-all": 0.0002461,
+            },
         },
     },
     "device_profiles": [
