@@ -427,8 +427,13 @@ def test_compression_in_the_compute_dtype_is_chosen_when_the_gradient_reduction_
     assert all(dict(x.settings)["compression"] in ("none", "bf16") for x in res.candidates)
     _c, _hw, fp32 = searched(compression_spec(tmp_path, compute="float32"), 4)
     assert all(dict(x.settings)["compression"] == "none" for x in fp32.candidates)
-    # jax has no data-parallel reduction of its own to compress: with jax among the targets, none
+    # jax compresses over a `data` axis alone (not fsdp, pipe, context or expert): with jax among the
+    # targets, only such candidates compress; mlx compresses nothing
     _c, _hw, res = searched(compression_spec(tmp_path, ("jax", "torch")), 4)
+    compressed = [dict(x.sizes) for x in res.candidates if dict(x.settings)["compression"] != "none"]
+    assert compressed and all(s["data"] > 1 and all(s.get(a, 1) == 1 for a in ("fsdp", "pipe", "context", "expert"))
+                              for s in compressed)
+    _c, _hw, res = searched(compression_spec(tmp_path, ("mlx", "torch")), 4)
     assert res.candidates and all(dict(x.settings)["compression"] == "none" for x in res.candidates)
 
 

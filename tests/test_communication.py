@@ -177,14 +177,20 @@ def test_overlap_and_prefetch_in_the_plan():
 def test_e049_for_what_a_build_cannot_realise():
     fp16 = toy_spec("communication: {compression: fp16}")
     assert e049(fp16, "two", "torch") == [] and e049(fp16, "sharded", "torch") == []
-    (jax,) = e049(fp16, "two", "jax")
-    assert "SPMD partitioner" in jax
-    assert e049(fp16, "one", "jax") == []  # no data-parallel reduction: nothing to compress
+    assert e049(fp16, "two", "jax") == [] and e049(fp16, "one", "jax") == []
+    (jax,) = e049(fp16, "sharded", "jax")
+    assert "`fsdp` axis" in jax and "reduce-scatter" in jax
+    dropout = spec_variant(fp16, (("    - {op: relu, name: act1}\n",
+                                   "    - {op: relu, name: act1}\n    - {op: dropout, name: drop, rate: 0.1}\n"),))
+    (jax,) = e049(dropout, "two", "jax")
+    assert "dropout layer `drop`" in jax and "masks" in jax
     (mlx,) = e049(fp16, "two", "mlx")
     assert "average_gradients" in mlx
     powersgd = toy_spec("communication: {compression: {name: powersgd, rank: 2}}")
     (msg,) = e049(powersgd, "sharded", "torch")
     assert "PowerSGD" in msg and "FSDP2" in msg
+    (msg,) = e049(powersgd, "two", "jax")
+    assert "error feedback" in msg
     zero2 = spec_variant(fp16, (("  steps: 60\n", "  steps: 60\n  zero: 2\n"),))
     assert any("zero: 2" in m for m in e049(zero2, "two", "torch"))
     moe = spec_variant(MOE, (("data: {kind: synthetic}",
@@ -260,9 +266,42 @@ def test_compressed_training_reaches_the_uncompressed_loss_band(toy_runs):
         assert abs(loss - final["plain"]) < 0.1, (name, loss)
 
 
-def test_jax_program_runs_with_its_communication_flags():
-    """XLA:CPU ignores the GPU flags and NCCL: the settings change nothing in the numerics on CPU."""
+def test_jax_program_runs_with_its_communication_flags_and_compression():
+    """XLA:CPU ignores the GPU flags and NCCL: the settings change nothing in the numerics on CPU. bf16
+    compression changes the gradients (not the first loss) and trains to the uncompressed loss band."""
     flagged = jax_runs.build(toy_spec("communication: {algorithm: tree, bucket_mb: 2, overlap: false}"), "two")
     plain = jax_runs.build(toy_spec(), "two")
-    a, b = jax_runs.run_many([(flagged, "--steps", "3"), (plain, "--steps", "3")])
-    assert np.array_equal(a.losses, b.losses)
+    bf16 = jax_runs.build(toy_spec("communication: {compression: bf16}"), "two")
+    a, b, c = jax_runs.run_many([(flagged, "--steps", "3"), (plain,), (bf16,)])
+    assert np.array_equal(a.losses, b.losses[:3])
+    final = {"plain": float(b.losses[-5:].mean()), "bf16": float(c.losses[-5:].mean())}
+    report("jax compressed training", first=float(b.losses[0]), **final)
+    assert c.losses[0] == b.losses[0] and not np.array_equal(b.losses, c.losses)
+    assert final["bf16"] < 0.35 * b.losses[0] and abs(final["bf16"] - final["plain"]) < 0.1
+
+
+def test_jax_compression_matches_the_cast_reference_and_sends_the_planned_bytes():
+    """The program's own train step (tests/jax_communication_check.py): its reduced gradients equal the
+    explicit cast reference bit for bit, and its gradient collectives carry 16-bit values, the planned bytes
+    through each half of the ring (all-to-all, all-gather); no float gradient all-reduce is left."""
+    specs = {kind: toy_spec(f"communication: {{compression: {kind}}}") for kind in ("fp16", "bf16")}
+    # ZeRO-1: each replica keeps its slice of the sum (the optimizer updates that slice): no gather
+    specs["bf16 zero1"] = spec_variant(specs["bf16"], (("  steps: 60\n", "  steps: 60\n  zero: 1\n"),))
+    builds = {kind: jax_runs.build(spec, "two") for kind, spec in specs.items()}
+    out = WORK / "jax-communication-check.json"
+    proc = subprocess.run([sys.executable, str(TESTS / "jax_communication_check.py"), str(out),
+                           *map(str, builds.values())], capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    got = json.loads(out.read_text())
+    for kind, spec in specs.items():
+        r = got[str(builds[kind])]
+        (sync,) = [c for c in plan_of(spec, "two")[1].collectives if c.what.startswith("gradient")]
+        by_kind = {k: sum(c["bytes"] for c in r["collectives"] if c["kind"] == k) for k in ("all-to-all", "all-gather")}
+        report(f"jax {kind} compression", planned=f"{sync.what}: {sync.bytes}", uncompressed_bytes=4 * r["numel"],
+               **by_kind, max_diff_from_float32=r["diff_from_float32"])
+        assert r["equal"] and r["diff_from_float32"] > 0
+        assert sync.bytes == 2 * r["numel"] and by_kind["all-to-all"] == sync.bytes
+        assert by_kind["all-gather"] == (0 if "zero" in kind else sync.bytes)
+        assert all(c["types"] == ["u16"] for c in r["collectives"] if c["kind"] != "all-reduce")
+        # what is left: the loss's mean (and with ZeRO the norm of the split gradients' partial sums)
+        assert all(c["types"] == ["f32"] and c["bytes"] <= 4 * 5 for c in r["collectives"] if c["kind"] == "all-reduce")

@@ -31,7 +31,9 @@ def torch_comm(plan: Plan) -> dict[str, Any]:
 def jax_comm(plan: Plan) -> dict[str, Any]:
     """xla_flags: the XLA flags the program adds before the backend starts (collective combining up to
     `bucket_mb`, the latency-hiding scheduler for `overlap`); nccl_algo: NCCL_ALGO for XLA's NCCL
-    collectives. XLA:CPU ignores both (they steer XLA's GPU compiler and NCCL)."""
+    collectives. XLA:CPU ignores both (they steer XLA's GPU compiler and NCCL). compress: the dtype the
+    replicas' gradients are reduced in (fp16 / bf16 compression over data-parallel ranks; None: XLA's own
+    reduction, uncompressed)."""
     comm = plan.spec.communication
     flags = []
     if comm.bucket_mb is not None:
@@ -40,4 +42,5 @@ def jax_comm(plan: Plan) -> dict[str, Any]:
                   for kind in ("all_reduce", "all_gather", "reduce_scatter")]
     if comm.overlap is not None:
         flags.append(f"--xla_gpu_enable_latency_hiding_scheduler={str(comm.overlap).lower()}")
-    return {"xla_flags": flags, "nccl_algo": NCCL_ALGO.get(comm.algorithm)}
+    compress = comm.cast_dtype if plan.dp_degree > 1 else None
+    return {"xla_flags": flags, "nccl_algo": NCCL_ALGO.get(comm.algorithm), "compress": compress}

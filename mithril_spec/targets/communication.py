@@ -78,3 +78,56 @@ def torch_communication_errors(plan: Plan, doc: Document, dp: str) -> list[Diagn
                "build", "`bucket_mb` sets DDP's bucket_cap_mb, and this build does not reduce with DDP (FSDP2 "
                "reduces each block's gradients together); leave it out")
     return out
+
+
+# the mesh axes besides `data` under which the jax program cannot compress, and why
+JAX_AXES_UNCOMPRESSED = {
+    "fsdp": "the fsdp axis's reduce-scatter of the gradients is XLA's, in their own dtype; use a `data` axis "
+            "for the replicas",
+    "pipe": "the pipeline's shard_map over `pipe` computes the gradients; leave `compression` out",
+    "context": "ring attention's shard_map over `context` cannot nest in the replicas' shard_map here; leave "
+               "`compression` out",
+    "expert": "the experts' all-to-all splits the batch over `expert`; leave `compression` out",
+}
+
+
+def jax_communication_errors(plan: Plan, doc: Document) -> list[Diagnostic]:
+    """The builds in which the jax program cannot compress its gradients. It computes each data-parallel
+    replica's gradients under a jax.shard_map manual over `data` and reduces them itself, in the compression
+    dtype (templates/jax/train_step.py.j2); everything else about the step stays XLA's, so the replicas must
+    compute exactly what the whole batch computes, split by samples, with `data` the only batch axis."""
+    from ..ops import OPS
+
+    comm = plan.spec.communication
+    kind = comm.compression_name
+    if kind == "none" or plan.dp_degree <= 1:
+        return []
+    out: list[Diagnostic] = []
+    where = doc.pos((SECTION, "compression"))
+
+    def refuse(what: str, help: str) -> None:
+        out.append(Diagnostic("E049", f"the jax target cannot run `{kind}` compression with {what}", where,
+                              help=help))
+
+    sizes = plan.mesh.sizes
+    for axis, why in JAX_AXES_UNCOMPRESSED.items():
+        if sizes.get(axis, 1) > 1:
+            refuse(f"an `{axis}` axis", why)
+    if any(a == "data" for pp in plan.params for d in pp.spec for a in d):
+        name = next(pp.name for pp in plan.params if any(a == "data" for d in pp.spec for a in d))
+        refuse(f"`{name}` split over `data`", "each replica holds every parameter whole; split parameters over "
+               "`fsdp` or `tensor` instead")
+    for ip in plan.inputs if sizes.get("data", 1) > 1 else ():
+        if "data" not in ip.spec[0] or any("data" in d for d in ip.spec[1:]):
+            refuse(f"input `{ip.input.name}` not split over `data` by its samples",
+                   "each replica reads whole samples: leave the input's batch dimension to the `data` axis")
+    seen = set()
+    for n_ in (x for top in plan.graph.layers for x in (top.layers if top.is_repeat else (top,))):
+        op = OPS[n_.op]
+        why = ("draws random numbers (a replica would draw its own samples' masks, not the whole batch's)"
+               if op.is_random(n_.attrs) else "keeps batch statistics (a replica's would cover its samples only)"
+               if n_.buffers else "balances its experts over the whole batch" if op.has_aux_loss else None)
+        if why and n_.op not in seen:
+            seen.add(n_.op)
+            refuse(f"{n_.op} layer `{n_.name}`", f"it {why}; leave `compression` out")
+    return out
