@@ -2,7 +2,9 @@
 
     python tests/jax_communication_check.py OUT.json BUILD_DIR [BUILD_DIR...]
 
-Each build is the same model over `data` (2 simulated CPU devices) with a cast compression (fp16 or bf16).
+Each build is the same model over `data` (2 simulated CPU devices) with a cast compression (fp16 or bf16)
+or PowerSGD (for which only the collectives of its compiled step are written, per branch of its start-step
+switch).
 Its train.py is imported and its own train step is jitted twice, on one batch of random samples, with the
 optimizer update replaced by "return the gradients" (so the step's new parameters are its gradients):
 
@@ -17,6 +19,7 @@ did something), and the collectives of the compiled step 1 (kind, element type, 
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import os
@@ -51,14 +54,33 @@ def _collectives(hlo: str) -> list[dict]:
         if not m or "-done" in line:
             continue
         shapes = re.findall(r"([a-z0-9]+)\[([0-9,]*)\]", m.group(1))
+        branch = re.search(r"/branch_(\d+)_fun/", line)  # inside a lax.cond: which branch
         out.append({"kind": m.group(2), "types": sorted({t for t, _ in shapes}),
+                    "branch": int(branch.group(1)) if branch else None,
                     "bytes": sum(BYTES[t] * int(np.prod([int(d) for d in dims.split(",") if d] or [1]))
                                  for t, dims in shapes)})
     return out
 
 
+def _powersgd(mod) -> dict:
+    """A PowerSGD build: the collectives of its compiled train step (in the lax.cond's branches: 0 before the
+    start step, 1 from it on), as main() builds its state."""
+    mesh = mod.make_mesh()
+    with jax.set_mesh(mesh):
+        optimizer = mod.make_optimizer()
+        shardings, batch_shardings, abstract = mod.layouts(mesh, optimizer)
+        args = argparse.Namespace(resume=None, init_params=None, seed=0)
+        state = mod.init_state(args, optimizer, shardings, abstract)
+        batch = mod.global_batch(mod.Data(None, seed=1), 0, batch_shardings)
+        hlo = jax.jit(mod.make_train_step(optimizer, 0)).lower(state, batch).compile().as_text()
+    numel = sum(int(np.prod(a.shape)) for a in abstract["params"].values())
+    return {"numel": numel, "collectives": _collectives(hlo)}
+
+
 def _check(build: str) -> dict:
     mod = _load(build)
+    if hasattr(mod, "POWERSGD_RANK"):
+        return _powersgd(mod)
     mesh = mod.make_mesh()
     rng = np.random.default_rng(0)
     with jax.set_mesh(mesh):

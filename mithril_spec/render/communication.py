@@ -33,7 +33,7 @@ def jax_comm(plan: Plan) -> dict[str, Any]:
     `bucket_mb`, the latency-hiding scheduler for `overlap`); nccl_algo: NCCL_ALGO for XLA's NCCL
     collectives. XLA:CPU ignores both (they steer XLA's GPU compiler and NCCL). compress: the dtype the
     replicas' gradients are reduced in (fp16 / bf16 compression over data-parallel ranks; None: XLA's own
-    reduction, uncompressed)."""
+    reduction, uncompressed); powersgd: its rank and start step (None: not PowerSGD)."""
     comm = plan.spec.communication
     flags = []
     if comm.bucket_mb is not None:
@@ -42,5 +42,10 @@ def jax_comm(plan: Plan) -> dict[str, Any]:
                   for kind in ("all_reduce", "all_gather", "reduce_scatter")]
     if comm.overlap is not None:
         flags.append(f"--xla_gpu_enable_latency_hiding_scheduler={str(comm.overlap).lower()}")
-    compress = comm.cast_dtype if plan.dp_degree > 1 else None
-    return {"xla_flags": flags, "nccl_algo": NCCL_ALGO.get(comm.algorithm), "compress": compress}
+    replicas = plan.dp_degree > 1
+    compress = comm.cast_dtype if replicas else None
+    ps = comm.powersgd if replicas else None
+    return {"xla_flags": flags, "nccl_algo": NCCL_ALGO.get(comm.algorithm), "compress": compress,
+            "powersgd": {"rank": ps.rank, "start_step": ps.start_step} if ps else None,
+            # the replicas' gradients computed under a shard_map over `data` and reduced by the program
+            "replicas": bool(compress or ps)}

@@ -121,6 +121,14 @@ def jax_communication_errors(plan: Plan, doc: Document) -> list[Diagnostic]:
         if "data" not in ip.spec[0] or any("data" in d for d in ip.spec[1:]):
             refuse(f"input `{ip.input.name}` not split over `data` by its samples",
                    "each replica reads whole samples: leave the input's batch dimension to the `data` axis")
+    if comm.powersgd is not None:
+        tr = plan.spec.training
+        if tr.zero:
+            refuse(f"`training.zero: {tr.zero}`", "PowerSGD all-reduces its factors whole, where ZeRO reduce-scatters "
+                   "the gradients; use `training.zero: 0`, or `fp16` / `bf16` compression")
+        if tr.precision.loss_scaling():
+            refuse("loss scaling", "the error feedback would carry gradients scaled by another step's loss scale; "
+                   "use bfloat16 compute (no loss scaling) or `fp16` / `bf16` compression")
     seen = set()
     for n_ in (x for top in plan.graph.layers for x in (top.layers if top.is_repeat else (top,))):
         op = OPS[n_.op]

@@ -32,12 +32,10 @@ class JaxTarget(Target):
         # NCCL_ALGO and XLA's combine thresholds and latency-hiding scheduler, set by the program
         collective_algorithms=("auto", "ring", "tree"),
         # the replicas' gradients reduced by the program in 16 bits (targets/communication.py: which builds)
-        compression=("none", "fp16", "bf16"),
+        compression=("none", "fp16", "bf16", "powersgd"),
         bucket_size=True,
         overlap=(True, False),
         reasons=(
-            ("compression", "PowerSGD keeps per-replica error feedback and warm-start factors the jax program "
-             "does not have; use `fp16` or `bf16`"),
             ("prefetch", "XLA's scheduler decides how far ahead the fsdp all-gathers run"),
             ("offload", "XLA's host offload of saved values did not lower the device's memory: measured on an "
              "H200 (jax 0.11.2), an offload policy on a 4-layer MLP raised the peak from 0.82 to 1.14 GB and "
