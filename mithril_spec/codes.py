@@ -370,7 +370,11 @@ _TEXTS: dict[str, tuple[str, str]] = {
         (
             "Explicit `stage:` values must not decrease along the layer list, must start at 0 and cover every "
             "stage up to pipe x virtual_stages - 1 without gaps. `stage:` belongs to top-level layers and to a "
-            "`repeat` (all its copies), not to a layer inside a block (every copy's layer on one stage)."
+            "`repeat` (all its copies), not to a layer inside a block (every copy's layer on one stage). "
+            "`device: K` (Mithril's device_id) places a layer on device K of the `pipe` axis instead: each run of "
+            "consecutive layers on one device is a stage, and the schedules run stage s on device s % pipe, so the "
+            "runs must go round the devices in order, pipe x virtual_stages of them; a block's layers (every "
+            "copy's) share one device. The help names the nearest placement that runs."
         ),
     ),
     "E055": (

@@ -44,6 +44,7 @@ class Node:
     flops: int  # forward, per sample
     path: tuple
     stage: Optional[int] = None
+    device: Optional[int] = None  # `device:` (planner/pipeline.py maps devices to stages)
     is_repeat: ClassVar[bool] = False
 
 
@@ -58,6 +59,7 @@ class RepeatNode:
     layers: tuple[Node, ...]  # the block, resolved for this input
     path: tuple
     stage: Optional[int] = None
+    device: Optional[int] = None
     op: str = "repeat"
     is_repeat: ClassVar[bool] = True
 
@@ -313,12 +315,17 @@ class _Resolver:
                 failed.add(name)
                 prev = None
                 continue
+            if getattr(layer, "stage", None) is not None and getattr(layer, "device", None) is not None:
+                self.error("E054", f"`{name}` has both `stage:` and `device:`", lpath + ("device",),
+                           help="give one of them: `device:` names the pipe device (consecutive layers on one "
+                           "device form a stage), `stage:` the stage itself")
             if in_block and getattr(layer, "stage", None) is not None:
                 # every copy of the block would take the layer to that stage: not a pipeline any schedule runs
                 self.error("E054", f"`{name}` is inside a block: a `stage:` there would place the layer of every "
                            "copy on one stage", lpath + ("stage",),
-                           help="give `stage:` to the `repeat` (all its copies) or to top-level layers, or leave "
-                           "stages to the planner (it splits one repeated block evenly)")
+                           help="give `stage:` to the `repeat` (all its copies) or to top-level layers, `device:` to "
+                           "the block's layers (every copy on that device), or leave stages to the planner (it "
+                           "splits one repeated block evenly)")
             node = self.repeat(layer, lpath, name, refs, types, in_block) if isinstance(layer, Repeat) else (
                 self.op(layer, lpath, name, refs, types, prefix))
             if node is None:
@@ -393,7 +400,7 @@ class _Resolver:
                 self.error(e.code, f"`{name}`: {e.message}", field, e.help)
             return None
         return Node(name, layer.op, tuple(r for r, _ in refs), tuple(types), res.out, res.attrs, res.params,
-                    res.buffers, res.flops, lpath, layer.stage)
+                    res.buffers, res.flops, lpath, layer.stage, layer.device)
 
     # -- a repeated block
     def repeat(self, layer: Repeat, lpath, name, refs, types, in_block) -> Optional[RepeatNode]:
@@ -428,7 +435,7 @@ class _Resolver:
                        f"{count} times must keep its input shape", lpath + ("repeat",))
             return None
         return RepeatNode(name, layer.block, count, tuple(r for r, _ in refs), tuple(types), out,
-                          tuple(nodes), lpath, layer.stage)
+                          tuple(nodes), lpath, layer.stage, layer.device)
 
     # -- the loss
     def loss(self, env, used, layers) -> Optional[LossNode]:

@@ -77,6 +77,9 @@ class LayerArgs(Strict):
     input: Optional[Ident] = Field(None, description="input tensor; default: the previous layer's output")
     inputs: Optional[list[Ident]] = Field(None, description="input tensors, for operators with several")
     stage: Optional[StrictInt] = Field(None, ge=0, description="pipeline stage of this layer")
+    device: Optional[StrictInt] = Field(None, ge=0, description="the device along the `pipe` mesh axis that runs "
+                                        "this layer (Mithril's device_id): consecutive layers on one device form "
+                                        "a pipeline stage; inside a block, every copy's layer")
 
 
 SizeFn = Callable[[str], int]  # resolves a Size-valued argument by field name (positions handled by caller)

@@ -70,7 +70,18 @@ def plan_pipeline(spec: Spec, doc: Document, graph: Graph, mesh: Mesh, micro_bat
                                 help=f"make batch_size / grad_accum divisible by {m * dp}"))
 
     explicit = any(n.stage is not None for n in graph.layers)
-    if explicit:
+    placed = [n for n in graph.layers if n.device is not None or (n.is_repeat and any(
+        x.device is not None for x in n.layers))]
+    if placed and explicit:
+        staged = next(n for n in graph.layers if n.stage is not None)
+        diags.append(Diagnostic("E054", f"`{staged.name}` has a `stage:` and `{placed[0].name}` a `device:`",
+                                doc.pos(staged.path + ("stage",)),
+                                help="place the layers one way: `device:` fields (consecutive layers on one device "
+                                "form a stage) or `stage:` fields"))
+        return None
+    if placed:
+        assign = _devices(graph, doc, n_stages, pipe, diags)
+    elif explicit:
         assign = _explicit(graph, doc, n_stages, pipe, diags)
     else:
         assign = _auto(graph, doc, n_stages, diags, path)
@@ -111,6 +122,93 @@ def _explicit(graph, doc, n_stages, pipe, diags):
         return None
     if pipe == 1:  # a single-stage mesh runs the whole model on stage 0
         layer_stage = {k: 0 for k in layer_stage}
+    return layer_stage, {}
+
+
+def _devices(graph, doc, n_stages, pipe, diags):
+    """`device:` placement (Mithril's device_id): the device along `pipe` of each layer, mapped to stages.
+    A layer without one is on the previous layer's device (the first on device 0); a repeat is on its own
+    device or the one its block's layers name (all of them one device: a stage holds whole copies). Each run
+    of consecutive layers on one device is a stage, and the schedules run stage s on device s % pipe: the
+    runs must go round the devices in order, pipe x virtual_stages of them. Anything else is E054 with the
+    nearest assignment that runs."""
+    units: list[tuple[Node | RepeatNode, int]] = []
+    ok = True
+    prev = 0
+    for n in graph.layers:
+        dev = n.device
+        if n.is_repeat:
+            named = sorted({x.device for x in n.layers if x.device is not None})
+            if len(named) > 1:
+                where = next(x for x in n.layers if x.device is not None and x.device != named[0])
+                per = n.count // n_stages if n.count % n_stages == 0 else None
+                even = (f"or leave placement to the planner: without `device:` fields it splits the {n.count} "
+                        f"copies of `{n.name}` evenly, {per} per stage" if per else
+                        f"or give the copies of `{n.name}` to the stages in whole copies (a repeat per stage)")
+                diags.append(Diagnostic(
+                    "E054", f"block `{n.block}` puts its layers on devices {', '.join(map(str, named))}: every copy "
+                    f"of `{n.name}` would cross devices, and a pipeline stage holds whole copies of a block",
+                    doc.pos(where.path + ("device",)),
+                    help=f"give the whole block one device (`device: {named[0]}` on `{n.name}`), {even}"))
+                ok = False
+                continue
+            if named and dev is not None and dev != named[0]:
+                diags.append(Diagnostic("E054", f"`{n.name}` is on device {dev} and its block `{n.block}`'s layers on "
+                                        f"device {named[0]}", doc.pos(n.path + ("device",)),
+                                        help="give the device once, on the repeat or in its block"))
+                ok = False
+                continue
+            dev = named[0] if named else dev
+        if dev is not None and pipe > 1 and dev >= pipe:
+            diags.append(Diagnostic("E054", f"`{n.name}` is on device {dev}, but the `pipe` axis has {pipe} devices",
+                                    doc.pos(n.path + ("device",)), help=f"use devices 0 to {pipe - 1}"))
+            ok = False
+        prev = dev if dev is not None else prev
+        units.append((n, prev))
+    if not ok:
+        return None
+    if pipe == 1:  # a single-stage mesh runs the whole model on its one device
+        return {n.name: 0 for n in graph.layers}, {}
+    runs: list[list] = []  # [device, first unit, last unit]
+    for n, dev in units:
+        if runs and runs[-1][0] == dev:
+            runs[-1][2] = n
+        else:
+            runs.append([dev, n, n])
+    want = [s % pipe for s in range(len(runs))]
+    if [r[0] for r in runs] != want or len(runs) != n_stages:
+        bad = next((r for r, w in zip(runs, want) if r[0] != w), runs[-1])
+        span = lambda r: f"`{r[1].name}`" if r[1] is r[2] else f"`{r[1].name}`..`{r[2].name}`"  # noqa: E731
+        nearest = "; ".join(f"{span(r)}: device {w}" for r, w in zip(runs, want))
+        if len(runs) == n_stages:
+            msg = (f"{span(bad)} on device {bad[0]} would run stage {runs.index(bad)}, which the schedules run on "
+                   f"device {runs.index(bad) % pipe} (stage s on device s % {pipe})")
+            help = f"the nearest placement that runs: {nearest}"
+        else:
+            msg = (f"the `device:` fields make {len(runs)} stages (runs of consecutive layers on one device), and "
+                   f"the pipeline has {n_stages} (pipe {pipe} x virtual_stages {n_stages // pipe})")
+            if len(runs) > n_stages:  # the runs past the last stage join it
+                merged = [*runs[:n_stages - 1], [None, runs[n_stages - 1][1], runs[-1][2]]]
+                help = "the nearest placement that runs: " + "; ".join(
+                    f"{span(r)}: device {s % pipe}" for s, r in enumerate(merged))
+            else:
+                help = (f"give the layers {n_stages} runs of devices, in order 0..{pipe - 1}"
+                        + (" and round again" if n_stages > pipe else "")
+                        + (f", or use a `pipe` axis of {len(runs)}" if len(runs) > 1 else ", or no `pipe` axis"))
+            if len(runs) % pipe == 0 and len(runs) > pipe:
+                help += f", or `virtual_stages: {len(runs) // pipe}` with the interleaved schedule"
+        diags.append(Diagnostic("E054", msg, doc.pos(bad[1].path + ("device",) if bad[1].device is not None
+                                                     else bad[1].path), help=help))
+        return None
+    layer_stage: dict[str, int] = {}
+    for s, (_dev, first, last) in enumerate(runs):
+        inside = False
+        for n in graph.layers:
+            inside = inside or n is first
+            if inside:
+                layer_stage[n.name] = s
+            if n is last:
+                break
     return layer_stage, {}
 
 

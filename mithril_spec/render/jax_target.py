@@ -201,7 +201,7 @@ def model_context(plan: Plan, ctx: dict[str, Any], model_names: set[str]) -> dic
 HASH_OMITS = {"extends", "description", "targets", "mesh", "meshes", "devices", "sharding", "pipeline", "data",
               "eval", "hardware"}
 HASH_OMITS_TRAINING = {"steps", "checkpoint", "remat", "zero", "grad_accum"}
-ADDED_LAYER_FIELDS = dict(dropout=0.0)  # layer field -> its default (attention's dropout)
+ADDED_LAYER_FIELDS = dict(dropout=0.0, device=None)  # layer field -> its default (attention's dropout, placement)
 
 
 def spec_hash(plan: Plan) -> str:

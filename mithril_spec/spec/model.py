@@ -24,6 +24,7 @@ class Repeat(Strict):
     name: Ident
     input: Optional[Ident] = None
     stage: Optional[int] = Field(None, ge=0)
+    device: Optional[int] = Field(None, ge=0, description="the device along the `pipe` axis of every copy")
 
 
 def _layer_tag(v: Any) -> Optional[str]:

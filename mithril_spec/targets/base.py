@@ -295,11 +295,14 @@ class Target:
                 refuse(("pipeline", "schedule"), f"the `{pp.schedule}` pipeline schedule", cap.reason(
                     "pipeline", f"supported schedules: {', '.join(cap.pipeline_schedules) or 'none'}"))
             if not cap.explicit_stages and not pp.repeat_split:
-                first = next((n for n in plan.graph.layers if n.stage is not None), plan.graph.layers[0])
+                first = next((n for n in plan.graph.layers if n.stage is not None), None)
+                field = "stage" if first else "device"
+                first = first or next((x for n in plan.graph.layers for x in (n, *getattr(n, "layers", ()))
+                                       if x.device is not None), plan.graph.layers[0])
                 out.append(Diagnostic(
                     "E049", f"the {self.name} target pipelines one repeated block split evenly over the stages; it "
-                    "does not support explicit `stage:` fields yet", doc.pos(first.path + ("stage",)),
-                    help="remove the `stage:` fields: the planner then splits the repeated block evenly"))
+                    f"does not support explicit `{field}:` placement yet", doc.pos(first.path + (field,)),
+                    help=f"remove the `{field}:` fields: the planner then splits the repeated block evenly"))
             if tr.zero and not cap.zero_with_pipeline:
                 refuse(("training", "zero"), f"`training.zero: {tr.zero}` with a pipeline",
                        "shard over `fsdp` instead (ZeRO-3), which the pipeline supports")

@@ -28,7 +28,7 @@ def capability_markdown() -> str:
     row("`training.zero` stages", lambda c: ", ".join(map(str, c.zero_stages)))
     row("fp32 master weights", lambda c: _yes(c.master_weights))
     row("pipeline schedules", lambda c: _list(c.pipeline_schedules))
-    row("explicit `stage:` fields", lambda c: _yes(c.explicit_stages))
+    row("explicit `stage:` or `device:` placement", lambda c: _yes(c.explicit_stages))
     row("`training.zero` with a pipeline", lambda c: _yes(c.zero_with_pipeline))
     row("compute dtypes", lambda c: _list(c.compute_dtypes))
     # every target that computes in float16 scales its loss (docs/program.md "Loss scaling")
