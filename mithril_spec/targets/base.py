@@ -55,6 +55,8 @@ class Capabilities:
     default: bool = True
     # the `eval` section in a build with more than one pipeline stage
     eval_with_pipeline: bool = False
+    # dropout (layers, attention probabilities) inside a pipeline, with the masks of the build without one
+    dropout_in_pipeline: bool = False
     # a pipelined build runs the layers outside the pipelined block on every pipe rank (so each holds their
     # parameters: Plan.memory_for), rather than on the stage the planner gives them
     pipeline_outside_everywhere: bool = False
@@ -312,7 +314,9 @@ class Target:
                                   "samples), or leave out `eval`"), pos=doc.pos(("eval",), key=True))
             for _, nodes in scopes(plan):
                 for node in nodes:
-                    why = None if node.is_repeat else OPS[node.op].pipeline_limit(node.attrs)
+                    random = not node.is_repeat and OPS[node.op].is_random(node.attrs)
+                    why = None if node.is_repeat or (random and cap.dropout_in_pipeline) else (
+                        OPS[node.op].pipeline_limit(node.attrs))
                     if why:
                         out.append(Diagnostic(
                             "E049", f"`{node.name}`: the {self.name} target does not support {why} in a "

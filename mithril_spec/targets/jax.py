@@ -29,6 +29,8 @@ class JaxTarget(Target):
         param_dtypes=("float32", "bfloat16", "float16"),
         launchers=("launch.sh (jax.distributed, one process per host)",),
         pipeline_outside_everywhere=True,
+        # each micro-batch's key travels with it through the schedule (templates/jax/pipeline.py.j2)
+        dropout_in_pipeline=True,
         # NCCL_ALGO and XLA's combine thresholds and latency-hiding scheduler, set by the program
         collective_algorithms=("auto", "ring", "tree"),
         # the replicas' gradients reduced by the program in 16 bits (targets/communication.py: which builds)

@@ -518,7 +518,7 @@ def pipeline_value_and_grad(params, buffers, batch, key):
     """The mean loss of one micro-batch, [MICROBATCHES, CHUNK, ...], through the 1f1b pipeline, and its
     gradients: the pipeline returns those of the stacked copies, of the head, and of the input of
     `blocks`, which jax.vjp of the layers before it takes back to their parameters."""
-    del key  # no dropout in a pipelined model (targets/jax.py)
+    del key  # no dropout in this model
     p = {name: w.astype(COMPUTE_DTYPE) for name, w in params.items()}
     sp = {name: w for name, w in p.items() if name.startswith(STACKED)}
     rest = {name: w for name, w in p.items() if not name.startswith(STACKED)}
