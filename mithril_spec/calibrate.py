@@ -4,11 +4,11 @@ The measuring runs in a subprocess, a script of `templates/calibrate/` run with 
 (mithril_spec itself never imports a framework), which starts the devices as the generated programs of the
 target do (torch: one process per device, gloo on CPU, NCCL on GPUs; jax: the accelerators, or simulated CPU
 devices in one process) and times, with every device working at once: matrix multiplications per dtype,
-a large copy, a chain of tiny kernels and all-reduces at several sizes (torch: over groups of each size a
-mesh axis can have, each after a compute burst; jax: in a loop inside one program). `profile_fields`
-turns those timings into the figures of a `hardware:` entry (docs/cost-model.md#calibration); the file
-written is a YAML document with one such entry, which `plan --hardware FILE.yaml` reads and which can be
-pasted into a spec's `hardware:` list.
+a large copy, a layer's element-wise kernels, a chain of tiny kernels and all-reduces at several sizes
+(torch: over groups of each size a mesh axis can have, each after a compute burst; jax: in a loop inside one
+program). `profile_fields` turns those timings into the figures of a `hardware:` entry
+(docs/cost-model.md#calibration); the file written is a YAML document with one such entry, which
+`plan --hardware FILE.yaml` reads and which can be pasted into a spec's `hardware:` list.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .planner.costs.overheads import ACTIVATION_PASSES
 from .planner.mesh import UsageError
 from .render.environment import template_dirs
 
@@ -48,17 +49,22 @@ class Sizes:
     # time slice, as a layer's compute between two tensor-parallel collectives is, so that ranks sharing the
     # cores reach the collective as out of step as a program's do
     burst_shape: tuple[int, int, int] = (1024, 512, 512)
+    # the [tokens, features] float32 activation the element-wise kernels run on (the matmuls' m tokens)
+    elementwise_shape: tuple[int, int] = (1024, 256)
 
     def to_config(self, dtypes: tuple[str, ...]) -> dict:
         return {"dtypes": list(dtypes), "matmul_shapes": [list(s) for s in self.matmul_shapes],
                 "copy_bytes": self.copy_bytes, "allreduce_bytes": list(self.allreduce_bytes),
                 "tiny_ops": self.tiny_ops, "budget_s": self.budget_s, "burst_shape": list(self.burst_shape),
+                "elementwise_shape": list(self.elementwise_shape),
                 "accelerator_shapes": [list(s) for s in ACCELERATOR_SHAPES]}
 
 
-QUICK = Sizes(((256, 128, 128), (256, 256, 256)), 4 << 20, (4, 1 << 18, 1 << 20), 20, 0.01)
+QUICK = Sizes(((256, 128, 128), (256, 256, 256)), 4 << 20, (4, 1 << 18, 1 << 20), 20, 0.01,
+              elementwise_shape=(256, 128))
 DEFAULT = Sizes(((1024, 128, 128), (1024, 256, 256), (1024, 512, 512)), 32 << 20,
-                (4, 1 << 16, 1 << 20, 4 << 20), 100, 0.05)
+                (4, 1 << 16, 1 << 20, 4 << 20), 100, 0.2)  # (windows of 0.2 s: a program's steps, hundreds of ms
+# on a time-shared CPU, see the load averaged over that long, over many of the scheduler's time slices)
 DTYPES = ("float32", "bfloat16", "float16")
 ACCELERATOR_SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192))  # measured besides the others on a GPU or TPU
 LAUNCH_BOUND = 10  # a matmul within this many kernel overheads is timing its launch, not its FLOPs
@@ -159,10 +165,10 @@ def profile_fields(raw: dict, name: str) -> dict:
     fields["memory_gb"] = _round(raw["memory_bytes"] / 1e9)
     fields["hbm_gb_per_s"] = _round(bandwidth / 1e9)
     fields["devices_per_node"] = n
-    if n > 1 and raw["allreduce"]:
+    if n > 1 and any(r[1] > 0 for r in raw["allreduce"]):
         # rows [payload bytes, seconds, group size] (a group of all devices when the size is left out)
         bw, lat = collective_fit([(r[0], r[2] if len(r) > 2 else n, r[1]) for r in raw["allreduce"]])
-    else:  # one device: nothing to measure between devices; the copy's bandwidth, no latency
+    else:  # one device (or all-reduces that added no measurable time): the copy's bandwidth, no latency
         bw, lat = bandwidth, 0.0
     fields["intra_node_gb_per_s"] = _round(bw / 1e9)
     fields["intra_node_latency_us"] = _round(lat * 1e6, 0.0)
@@ -170,8 +176,14 @@ def profile_fields(raw: dict, name: str) -> dict:
     fields["inter_node_gb_per_s"] = fields["intra_node_gb_per_s"]
     fields["inter_node_latency_us"] = fields["intra_node_latency_us"]
     fields["kernel_overhead_us"] = _round(raw["tiny_op"] * 1e6, 0.0)
-    # the efficiency is the matmuls' alone: element-wise work is charged on its own, at the copy's bandwidth
-    fields["elementwise_gb_per_s"] = fields["hbm_gb_per_s"]
+    # the efficiency is the matmuls' alone: element-wise work is charged on its own, at the rate of the measured
+    # element-wise kernels (forward and backward) in the model's unit: ACTIVATION_PASSES passes over each
+    # kernel's output (planner/costs/overheads.py); the copy's bandwidth where they were not measured
+    if raw.get("elementwise"):
+        out_bytes, kernels, t = raw["elementwise"]
+        fields["elementwise_gb_per_s"] = _round(ACTIVATION_PASSES * kernels * out_bytes / t / 1e9)
+    else:
+        fields["elementwise_gb_per_s"] = fields["hbm_gb_per_s"]
     return fields
 
 

@@ -803,7 +803,8 @@ def cmd_calibrate(args) -> int:
     fields = calibrate(args.target, Path(args.output), args.name, args.processes, args.quick, command)
     flops = ", ".join(f"{k} {v * 1e3:.3g}" for k, v in fields["flops"].items())
     print(f"wrote {escape(args.output)}: profile `{escape(fields['name'])}`: GFLOP/s {flops}; memory "
-          f"{fields['hbm_gb_per_s']:.3g} GB/s; all-reduce {fields['intra_node_gb_per_s']:.3g} GB/s, "
+          f"{fields['hbm_gb_per_s']:.3g} GB/s, element-wise kernels {fields['elementwise_gb_per_s']:.3g} GB/s; "
+          f"all-reduce {fields['intra_node_gb_per_s']:.3g} GB/s, "
           f"{fields['intra_node_latency_us']:.3g} us per step; kernel {fields['kernel_overhead_us']:.3g} us "
           f"(use: mithril-spec plan SPEC --hardware {escape(args.output)})", file=sys.stderr)
     return EXIT_OK

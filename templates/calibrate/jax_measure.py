@@ -4,8 +4,9 @@ Sets up devices as the generated JAX programs do: the accelerators present, or w
 simulated CPU devices in this process (`jax_num_cpu_devices`), which share the host's cores. Every figure
 is taken with all devices working at once on their own shard, in a `fori_loop` inside one jitted program
 synchronised once per call (no Python dispatch or host sync per operation): matrix multiplications per
-dtype, a large element-wise pass (memory bandwidth) and `psum` all-reduces over all devices at several
-sizes, each after a compute burst (the ring's bandwidth and per-step latency); and one jitted chain of tiny
+dtype, a large element-wise pass (memory bandwidth), a layer's element-wise kernels forward and backward,
+and `psum` all-reduces over all devices at several sizes, each after a compute burst (the ring's bandwidth
+and per-step latency); and one jitted chain of tiny
 dependent operations (the fixed cost of one kernel inside a program). Prints one JSON object of raw
 timings (seconds) to `--out`."""
 
@@ -123,6 +124,24 @@ def main() -> None:
     # program's buffers from step to step (each pass the next one's input: none can be folded away)
     copy = looped(lambda x: x + 1.0)
     res["copy"] = [cfg["copy_bytes"], timed(copy, put((cfg["copy_bytes"] // 4,), jnp.float32))]
+    # element-wise kernels as a layer runs them: on an activation-sized [tokens, features] float32 tensor, a
+    # layer norm, a gelu (tanh), a softmax and a residual add, forward and backward (`jax.vjp`), in the loop
+    # above (as XLA fuses them in a program). A CPU runs these slower than a copy (transcendentals, several
+    # passes): the rate the model's element-wise term needs. Raw: [bytes of one kernel's output, kernels,
+    # seconds of forward and backward]
+    rows, cols = cfg["elementwise_shape"]
+
+    def layer(a):
+        mean = a.mean(-1, keepdims=True)
+        y = (a - mean) * jax.lax.rsqrt(((a - mean) ** 2).mean(-1, keepdims=True) + 1e-5)
+        return jax.nn.softmax(jax.nn.gelu(y, approximate=True), axis=-1) + a
+
+    def forward_backward(x):
+        y, pull = jax.vjp(layer, x[0])
+        (g,) = pull(jnp.ones_like(y))
+        return (0.5 * y + 0.5 * g)[None]  # (both the next iteration's input: neither pass can be dropped)
+
+    res["elementwise"] = [rows * cols * 4, 4, timed(looped(forward_backward), put((rows, cols), jnp.float32, True))]
     chain = cfg["tiny_ops"]
 
     def tiny(ws, v):

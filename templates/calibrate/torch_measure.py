@@ -2,8 +2,8 @@
 
 Launches `--processes` ranks as the generated PyTorch programs run (one process per device, gloo on CPU,
 NCCL on GPUs; on CPU each rank takes cores / ranks threads) and, with every rank working at once, times:
-matrix multiplications per dtype, a large copy (memory bandwidth), a chain of tiny operations (the fixed
-cost of one kernel: dispatch and launch) and all-reduces at several sizes over groups of every size a
+matrix multiplications per dtype, a large copy (memory bandwidth), a layer's element-wise kernels, a chain
+of tiny operations (the fixed cost of one kernel: dispatch and launch) and all-reduces at several sizes over groups of every size a
 mesh axis can have, each after a burst of compute (the ring's bandwidth and per-step latency). Rank 0
 prints one JSON object: the raw timings (seconds)."""
 
@@ -56,7 +56,13 @@ def timed(fn, budget: float, device, world: int) -> float:
         if world > 1:
             dist.barrier()
         windows.append((time.perf_counter() - t0) / repeats)
-    return sorted(windows)[1]
+    median = sorted(windows)[1]
+    if world > 1:  # the slowest rank's figure on every rank: a decision taken on it (a slow dtype's matmuls stop
+        # at the first shape over the budget) is the same on every rank, or their collectives would not pair up
+        agreed = torch.tensor([median], dtype=torch.float64, device=device)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+        median = float(agreed)
+    return median
 
 
 def measure(rank: int, world: int, port: int, cfg: dict, out: str) -> None:
@@ -94,6 +100,23 @@ def measure(rank: int, world: int, port: int, cfg: dict, out: str) -> None:
     n = cfg["copy_bytes"] // 4
     src, dst = torch.randn(n, device=device), torch.empty(n, device=device)
     res["copy"] = [cfg["copy_bytes"], timed(lambda: dst.copy_(src), cfg["budget_s"], device, world)]
+    # element-wise kernels as a layer runs them: on an activation-sized [tokens, features] float32 tensor, a
+    # layer norm, a gelu (tanh), a softmax and a residual add, forward and backward under autograd. A CPU
+    # runs these slower than a copy (transcendentals, several passes, one kernel each): the rate the model's
+    # element-wise term needs. Raw: [bytes of one kernel's output, kernels, seconds of forward and backward]
+    rows, cols = cfg["elementwise_shape"]
+    act = torch.randn(rows, cols, device=device, requires_grad=True)
+    gain = torch.ones(cols, device=device, requires_grad=True)
+    shift = torch.zeros(cols, device=device, requires_grad=True)
+    seed = torch.ones(rows, cols, device=device)
+
+    def elementwise():
+        y = torch.nn.functional.layer_norm(act, (cols,), gain, shift)
+        y = torch.nn.functional.gelu(y, approximate="tanh")
+        y = torch.softmax(y, dim=-1)
+        (y + act).backward(seed)
+
+    res["elementwise"] = [rows * cols * 4, 4, timed(elementwise, cfg["budget_s"], device, world)]
     # the fixed cost of a layer's kernel: a chain of tiny layers (8 features), forward and backward as
     # autograd runs them; a layer is 3 kernels (forward; backward: input and weight gradients)
     chain = cfg["tiny_ops"]
