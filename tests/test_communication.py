@@ -319,3 +319,16 @@ def test_jax_compression_matches_the_cast_reference_and_sends_the_planned_bytes(
     report("jax powersgd compression", planned_bytes=planned, whole_bytes=4 * r["numel"], **{str(b): v for b, v in branches.items()})
     assert branches == {0: 4 * r["numel"], 1: planned} and planned < r["numel"]
     assert {c["kind"] for c in r["collectives"]} == {"all-reduce"}
+
+
+def test_jax_powersgd_state_starts_afresh_on_resume():
+    """PowerSGD's state is not in the checkpoints (docs/program.md): a resumed run restores the rest, starts
+    the error feedback and Q afresh, and trains on (the same steps, finite losses near the uninterrupted run's)."""
+    powersgd = jax_runs.build(toy_spec("communication: {compression: {name: powersgd, rank: 1, start_step: 2}}"), "two")
+    ckpt = WORK / "powersgd-checkpoints"
+    first = jax_runs.run(powersgd, "--steps", "4", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "2")
+    resumed = jax_runs.run(powersgd, "--steps", "6", "--resume", str(ckpt))
+    whole = jax_runs.run(powersgd, "--steps", "6")
+    assert [r["step"] for r in resumed.metrics if "loss" in r] == [5, 6] and "resumed from" in resumed.output
+    assert np.array_equal(first.losses, whole.losses[:4])
+    assert np.isfinite(resumed.losses).all() and np.abs(resumed.losses - whole.losses[4:]).max() < 0.05
