@@ -3,4 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+# -n 2: two pytest-xdist workers, whole files each (tests/conftest.py), for CI's two cores
+exec .venv/bin/python -m pytest -q -p no:cacheprovider -n 2 "$@"
