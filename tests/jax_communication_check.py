@@ -50,6 +50,7 @@ def _collectives(hlo: str) -> list[dict]:
     """Each collective of the compiled module: kind, element types and the bytes of its results."""
     out = []
     for line in hlo.splitlines():
+        line = re.sub(r"/\*.*?\*/", "", line)  # (long tuples carry /*index=N*/ comments)
         m = COLLECTIVE.search(line)
         if not m or "-done" in line:
             continue

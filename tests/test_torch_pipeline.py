@@ -160,11 +160,15 @@ def test_unsupported_pipelines_are_e049_with_their_position():
              "{op: linear, name: lm_head, dimension: vocab, bias: false, input: skip}"))
     ((msg, line, col),) = e049(skip)
     assert "would pass `blocks`, `wpe` to stage 1" in msg and (line, col) == (25, 23)  # at `skip`
-    # dropout with a rate above 0 in a pipelined block
+    # dropout in a pipelined block runs (each pipeline micro-batch takes its rows of the micro-step's masks:
+    # the capability matrix's pipe x dropout cell); batch_norm does not, refused at the layer
     drop = (("      - {op: add, name: res2, inputs: [res1, mlp]}",
              "      - {op: dropout, name: drop, rate: 0.1}\n      - {op: add, name: res2, inputs: [res1, drop]}"),)
-    ((msg, line, col),) = e049(drop)
-    assert "dropout with a rate above 0" in msg and (line, col) == (20, 29)
+    assert e049(drop) == []
+    norm = (("      - {op: add, name: res2, inputs: [res1, mlp]}",
+             "      - {op: batch_norm, name: bn}\n      - {op: add, name: res2, inputs: [res1, bn]}"),)
+    ((msg, line, col),) = e049(norm)
+    assert "batch_norm (running statistics per micro-batch and stage)" in msg and (line, col) == (20, 32)  # its name
     # sequence parallelism inside a pipeline
     sp = (("    mlp: tensor\n", "    mlp: tensor\n    seq: tensor\n"),)
     assert [(line, col) for m, line, col in e049(sp) if "sequence parallelism in a pipeline" in m] == [(24, 46)]

@@ -273,6 +273,7 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
             "aux_loss": any(OPS[o].has_aux_loss for o in ops if o in OPS),  # the model adds a layer's loss
             # where the current micro-batch sits (dropout masks, batch-norm bookkeeping read it)
             "micro_state": random or bool(ctx["buffers"]),
+            "random": random,  # dropout masks drawn (Dropout)
             "distributed": devices > 1,
             "dp": dp,
             "fsdp": fsdp,  # FSDP2 fully_shard (dp fsdp or hsdp)

@@ -74,6 +74,8 @@ class TorchTarget(Target):
         ),
         launchers=("launch.sh (torchrun, one machine or several)", "launch.sbatch (SLURM)"),
         fused_attention=True,  # F.scaled_dot_product_attention (at attention dropout 0)
+        # each pipeline micro-batch takes its rows of the micro-step's masks (templates/torch/pipeline_main.py.j2)
+        dropout_in_pipeline=True,
         # DDP communication hooks (FSDP2: its reduce dtype), NCCL_ALGO in launch.sh, DDP's bucket_cap_mb,
         # FSDP2's explicit prefetch; DDP and FSDP2 always overlap the gradient reduction with the backward pass
         compression=("none", "fp16", "bf16", "powersgd"),
@@ -115,6 +117,18 @@ class TorchTarget(Target):
         *(f"`training.zero` with {what}: {why}." for what, why in ZERO_LIMITS),
         CONTEXT_LIMIT,
     )
+
+    def reduction_calls(self, plan: Plan) -> int | None:
+        """FSDP2 (hsdp, fsdp) reduces each fully_shard unit's gradients on its own, after that unit's backward:
+        one unit per copy of a repeated block (a pipe rank's copies) and the root (parameters outside the
+        blocks). DDP's buckets and ZeRO-2 are left at one call."""
+        from ..graph import RepeatNode
+
+        if data_parallel(plan) not in ("hsdp", "fsdp"):
+            return None
+        pipe = plan.mesh.sizes.get("pipe", 1)
+        copies = sum(n.count for n in plan.graph.layers if isinstance(n, RepeatNode))
+        return -(-copies // pipe) + 1
 
     def check_more(self, plan: Plan, doc: Document) -> list[Diagnostic]:
         return _checks(plan, doc) + _zero(plan, doc) + torch_communication_errors(plan, doc, data_parallel(plan))
