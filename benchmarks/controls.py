@@ -249,6 +249,9 @@ def _ddp_rank(rank: int, world: int, ports: list[int], builds: list[str], out: s
     import torch
     import torch.distributed as dist
 
+    sys.path.insert(0, str(ROOT / "tests"))
+    from communication_check import compressed_ddp
+
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
                       MASTER_ADDR="127.0.0.1")
     torch.set_num_threads(1)
@@ -256,13 +259,7 @@ def _ddp_rank(rank: int, world: int, ports: list[int], builds: list[str], out: s
     for port, b in zip(ports, builds):
         os.environ["MASTER_PORT"] = str(port)
         mod = _load(b)
-        device, mesh, _ = mod.setup()
-        with torch.device("meta"):
-            model = mod.Model()
-        model.to_empty(device=device)
-        mod.fill_model(model, mod.initial_params(0), 0)
-        ddp = mod.replicate(model, mesh)
-        mod.compress_gradients(ddp)
+        device, model, ddp = compressed_ddp(mod)
         # this rank's own samples of the model's inputs (synthetic, as the program draws them)
         inputs = mod.to_tensors(mod.Data(None, seed=100 + rank).batch(0, mod.MICRO_BATCH // world), device)
         sent: list[int] = []

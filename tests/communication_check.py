@@ -44,7 +44,9 @@ def _batch(mod, rank: int):
     return torch.randn(n, features, generator=g), torch.randint(0, classes, (n,), generator=g, dtype=torch.int32)
 
 
-def _check(mod, rank: int, kind: str) -> dict:
+def compressed_ddp(mod):
+    """The build's model as its main() builds it, wrapped by its `replicate` and `compress_gradients`:
+    (device, model, DDP wrapper). (benchmarks/controls.py uses it too.)"""
     device, mesh, _ = mod.setup()
     with torch.device("meta"):
         model = mod.Model()
@@ -52,6 +54,11 @@ def _check(mod, rank: int, kind: str) -> dict:
     mod.fill_model(model, mod.initial_params(0), 0)
     ddp = mod.replicate(model, mesh)
     mod.compress_gradients(ddp)
+    return device, model, ddp
+
+
+def _check(mod, rank: int, kind: str) -> dict:
+    _, model, ddp = compressed_ddp(mod)
     params = list(model.parameters())
     x, y = _batch(mod, rank)
 
