@@ -35,6 +35,7 @@ class Attention(Op):
     kv_cache = True
     context_parallel = "ring"  # key/value blocks passed around the context axis (ring attention)
     random_tensor_parallel = True  # the programs draw the dropout mask of every head and keep their own
+    random_sequence_parallel = True  # (the probabilities span the gathered sequence: as tensor parallelism)
     handled_dims = {"q.weight": (1,), "k.weight": (1,), "v.weight": (1,), "o.weight": (0,),
                     "q.bias": (0,), "k.bias": (0,), "v.bias": (0,)}  # fmt: skip
     torch_transposed = frozenset({"q.weight", "k.weight", "v.weight", "o.weight"})

@@ -117,6 +117,10 @@ class Op:
     # Its random numbers (is_random) are drawn for the whole layer and each tensor-parallel rank keeps its share
     # (attention: the dropout mask of its heads), so a split over `tensor` does not change them.
     random_tensor_parallel: ClassVar[bool] = False
+    # Under sequence parallelism (a block's positions split over `tensor`) its random numbers are still those of
+    # the whole sequence: dropout keeps its positions' slice of the whole mask, attention gathers the sequence
+    # and keeps its heads'.
+    random_sequence_parallel: ClassVar[bool] = False
     # Decoding one position at a time (generate.py), it keeps the keys and values of the earlier positions.
     kv_cache: ClassVar[bool] = False
     # Tensor parallelism: None (cannot split), "matmul" (column or row parallel by its weight's layout) or

@@ -75,6 +75,7 @@ class DropoutArgs(LayerArgs):
 class Dropout(_Unary):
     kind = "dropout"
     Args = DropoutArgs
+    random_sequence_parallel = True  # each rank keeps its positions of the whole sequence's mask
 
     def attrs(self, args):
         return {"rate": args.rate}

@@ -95,6 +95,18 @@ def _styles(ctx_tp: dict[str, str], prefix: str, nodes, sp: bool) -> dict[str, s
     return out
 
 
+def sequence_dropout(plan: Plan) -> dict[str, list[str]]:
+    """The dropout layers inside sequence-parallel blocks (repeat -> layer names): they see this rank's
+    positions and keep that slice of the whole sequence's masks."""
+    out = {}
+    for node in plan.graph.layers:
+        if isinstance(node, RepeatNode) and torch_sequence_parallel(plan, node):
+            names = [x.name for x in node.layers if x.op == "dropout" and OPS[x.op].is_random(x.attrs)]
+            if names:
+                out[node.name] = names
+    return out
+
+
 def _is_stage_class(name: str) -> bool:
     return name.startswith("Stage") and name[5:].isdigit()  # the pipeline's stage modules
 
@@ -274,6 +286,8 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
             # where the current micro-batch sits (dropout masks, batch-norm bookkeeping read it)
             "micro_state": random or bool(ctx["buffers"]),
             "random": random,  # dropout masks drawn (Dropout)
+            # dropout layers on a sequence split over `tensor`: repeat -> layer names
+            "sequence_dropout": sequence_dropout(plan) if T > 1 else {},
             "distributed": devices > 1,
             "dp": dp,
             "fsdp": fsdp,  # FSDP2 fully_shard (dp fsdp or hsdp)

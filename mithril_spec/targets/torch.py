@@ -104,8 +104,8 @@ class TorchTarget(Target):
         "an embedding table may be split on its vocabulary, and the output layer of a cross_entropy loss on its "
         "output features (vocab-parallel, with a parallel cross-entropy; not in a pipeline).",
         "Sequence parallelism (the sequence axis ruled to `tensor` in a repeated block) needs the block's layers "
-        "to be per-position operators or tensor-parallel attention / mlp (dropout only with rate 0), and is not "
-        "combined with a pipeline.",
+        "to be per-position operators or tensor-parallel attention / mlp (dropout keeps its positions' slice of "
+        "the whole sequence's masks), and is not combined with a pipeline.",
         "Expert parallelism: the `expert` axis combines with `data` only, and splits exactly the experts of moe "
         "layers (dimension 0).",
         "Under fsdp, a parameter none of whose dimensions the fsdp axis divides stays whole on every rank (as "
@@ -170,11 +170,12 @@ def _checks(plan: Plan, doc: Document) -> list[Diagnostic]:
         if n.is_repeat and sequence_parallel(plan, n):
             for node in n.layers:
                 op = OPS[node.op]
-                if not (op.per_position or op.tensor_parallel == "pair") or op.is_random(node.attrs):
+                if not (op.per_position or op.tensor_parallel == "pair") or (
+                        op.is_random(node.attrs) and not op.random_sequence_parallel):
                     err(node, f"`{node.name}`: the torch target cannot run {_a(node.op)} layer on a sequence split "
                         "over `tensor` (sequence parallelism)",
-                        help=f"sequence-parallel blocks hold {', '.join(SP_OPS)} (dropout only with "
-                        "rate 0); or do not rule the sequence axis to `tensor`")
+                        help=f"sequence-parallel blocks hold {', '.join(SP_OPS)}; or do not rule the sequence axis "
+                        "to `tensor`")
                 elif op.tensor_parallel == "pair" and not any(
                         tensor_dims(plan, f"{n.name}.0.{node.name}.{p.name}") for p in node.params):
                     err(node, f"`{node.name}`: under sequence parallelism the torch target needs {node.op} layers "
