@@ -6,7 +6,7 @@ target do (torch: one process per device, gloo on CPU, NCCL on GPUs; jax: the ac
 devices in one process) and times, with every device working at once: matrix multiplications per dtype,
 a large copy, a layer's element-wise kernels, a chain of tiny kernels and all-reduces at several sizes
 (torch: over groups of each size a mesh axis can have, each after a compute burst; jax: in a loop inside one
-program). `profile_fields` turns those timings into the figures of a `hardware:` entry
+program), and whether an all-reduce beside a compute burst overlaps it. `profile_fields` turns those timings into the figures of a `hardware:` entry
 (docs/cost-model.md#calibration); the file written is a YAML document with one such entry, which
 `plan --hardware FILE.yaml` reads and which can be pasted into a spec's `hardware:` list.
 """
@@ -179,12 +179,31 @@ def profile_fields(raw: dict, name: str) -> dict:
     # the efficiency is the matmuls' alone: element-wise work is charged on its own, at the rate of the measured
     # element-wise kernels (forward and backward) in the model's unit: ACTIVATION_PASSES passes over each
     # kernel's output (planner/costs/overheads.py); the copy's bandwidth where they were not measured
+    # whether collectives overlap compute here: the all-reduce issued beside a burst, as the programs issue
+    # their gradient reductions, hides at least half of the shorter of the two (raw [burst, burst then all-reduce,
+    # all-reduce beside the burst]); on CPU the issuing thread waits for it (torch) or the devices' threads
+    # share the cores (jax), on a GPU a side stream carries it
+    if raw.get("overlap"):
+        fields["overlap_collectives"] = overlaps(*raw["overlap"])
     if raw.get("elementwise"):
         out_bytes, kernels, t = raw["elementwise"]
         fields["elementwise_gb_per_s"] = _round(ACTIVATION_PASSES * kernels * out_bytes / t / 1e9)
     else:
         fields["elementwise_gb_per_s"] = fields["hbm_gb_per_s"]
     return fields
+
+
+OVERLAP_HIDDEN = 0.5  # the fraction of the shorter of burst and all-reduce the two together must hide
+
+
+def overlaps(burst: float, apart: float, beside: float) -> bool:
+    """Do collectives overlap compute: timings of a compute burst alone, followed by an all-reduce, and with the
+    all-reduce issued beside it. Hidden: apart - beside, of at most min(burst, all-reduce). An all-reduce that
+    adds no measurable time overlaps trivially (nothing to expose)."""
+    comm = apart - burst
+    if comm <= 0:
+        return True
+    return apart - beside >= OVERLAP_HIDDEN * min(burst, comm)
 
 
 def _round(x: float, least: float = 1e-6) -> float:
@@ -209,8 +228,8 @@ def render(fields: dict, command: str, raw: dict) -> str:
         first = False
         if isinstance(value, dict):
             value = "{" + ", ".join(f"{k}: {v!r}" for k, v in value.items()) + "}"
-        elif isinstance(value, str):
-            value = json.dumps(value)  # a YAML double-quoted string
+        elif isinstance(value, (str, bool)):
+            value = json.dumps(value)  # a YAML double-quoted string; true / false
         lines.append(f"{prefix}{key}: {value}")
     return "\n".join(lines) + "\n"
 

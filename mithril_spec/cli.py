@@ -470,7 +470,7 @@ def cmd_plan(args) -> int:
     from .planner.costs import CostOptions, estimate_targets
     from .planner.plan_json import plan_to_json
     from .planner.table import render_plan
-    from .targets import attention_kernels
+    from .targets import TARGETS, attention_kernels
 
     if args.report:
         _check_report(Path(args.report))  # (a usage error before any work)
@@ -491,7 +491,9 @@ def cmd_plan(args) -> int:
             _emit(e.diagnostics, sources, args)
             return EXIT_INVALID
     kernels = attention_kernels([args.target] if args.target else c.spec.targets)
-    costs = estimate_targets(c.plan, kernels, hw, target=args.target)
+    # one target's program: its data-parallel gradient reduction as it issues it (calls per step)
+    calls = TARGETS[args.target].reduction_calls(c.plan) if args.target else None
+    costs = estimate_targets(c.plan, kernels, hw, CostOptions(reduction_calls=calls), target=args.target)
     if hw is not None:
         diags += fit_diagnostics(c.spec, c.doc, c.graph, c.plan, hw, costs,
                                  CostOptions(fused_attention=all(kernels.values())))

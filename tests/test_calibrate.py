@@ -6,6 +6,7 @@ its error paths; the fit of its timings; and the step-time terms a calibrated pr
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 from pathlib import Path
@@ -188,3 +189,43 @@ def dataclasses_replace_remat(remat):
     from mithril_spec.planner.costs import CostOptions
 
     return CostOptions(remat=remat)
+
+
+def test_overlap_collectives(tmp_path):
+    """A profile whose collectives do not overlap compute exposes all the data-parallel communication; the
+    calibration decides it from a burst alone, then an all-reduce, and the all-reduce beside the burst."""
+    from mithril_spec.planner.costs import CostOptions
+    from mithril_spec.targets import TARGETS
+
+    assert cal.overlaps(0.02, 0.03, 0.021) and not cal.overlaps(0.02, 0.03, 0.029)  # 9 of 10 ms hidden; 1 of 10
+    assert cal.overlaps(0.02, 0.019, 0.02)  # an all-reduce adding no time: nothing to expose
+    raw = {"device": "cpu", "platform": "cpu", "processes": 2, "memory_bytes": 8e9, "copy": [1e8, 0.1],
+           "matmul": {"float32": [[100, 100, 100, 2e-3]]}, "tiny_op": 20e-6, "allreduce": [[4, 1e-4], [1e6, 2e-3]]}
+    f = cal.profile_fields(dict(raw, overlap=[0.02, 0.03, 0.03]), "p")
+    assert f["overlap_collectives"] is False and "overlap_collectives" not in cal.profile_fields(raw, "q")
+    text = cal.render(f, "mithril-spec calibrate --target torch", raw)
+    assert "    overlap_collectives: false\n" in text
+    prof = tmp_path / "p.yaml"
+    prof.write_text(text)
+    off = lookup(str(prof))
+    on = dataclasses.replace(off, overlap_collectives=True)
+    plan = compile_file(GPT, "data=2").plan
+    hidden, exposed = estimate(plan, on).time, estimate(plan, off).time
+    assert hidden.overlapped_comm_s == exposed.overlapped_comm_s > 0
+    assert exposed.exposed_comm_s == exposed.overlapped_comm_s
+    assert hidden.exposed_comm_s == max(0.0, hidden.overlapped_comm_s - hidden.compute_s)
+    assert exposed.step_s == pytest.approx(hidden.step_s - hidden.exposed_comm_s + exposed.overlapped_comm_s)
+    # torch FSDP2 (data x tensor: hsdp) reduces each fully_shard unit on its own: the block's copies and the root,
+    # each call a share of the gradients and paying the latency
+    plan2 = compile_file(GPT, "data=2,tensor=2").plan
+    calls = TARGETS["torch"].reduction_calls(plan2)
+    assert calls == 4 + 1 and TARGETS["jax"].reduction_calls(plan2) is None
+    assert TARGETS["torch"].reduction_calls(plan) is None  # data=2 alone: DDP, its buckets not modelled
+    one = estimate(plan2, off)
+    split = estimate(plan2, off, CostOptions(reduction_calls=calls))
+    grad1 = [c for c in one.collectives if c.what.startswith("gradient all-reduce")]
+    grads = [c for c in split.collectives if c.what.startswith("gradient all-reduce")]
+    assert len(grad1) == len(grads) == 1 and grads[0].count == calls * grad1[0].count
+    assert grads[0].bytes == -(-grad1[0].bytes // calls)
+    latency = 2 * (grads[0].group - 1) * off.intra_node_latency_s
+    assert split.time.exposed_comm_s == pytest.approx(one.time.exposed_comm_s + (calls - 1) * latency, rel=1e-3)

@@ -43,6 +43,9 @@ class Hardware:
     kernel_overhead_s: float = 0.0  # fixed time of one kernel (dispatch, launch); measured by `calibrate`
     # element-wise (memory-bound) activation traffic, charged on its own (0: folded into `efficiency`)
     elementwise_bytes_per_s: float = 0.0
+    # data-parallel collectives run beside the compute (a GPU's side stream); False: each waits for the compute
+    # and the compute for it (CPU devices: the issuing thread blocks, devices share the cores); measured by `calibrate`
+    overlap_collectives: bool = True
 
     @property
     def usable_bytes(self) -> float:
@@ -61,6 +64,7 @@ class Hardware:
             "intra_node_latency_s": self.intra_node_latency_s, "inter_node_latency_s": self.inter_node_latency_s,
             "efficiency": self.efficiency, "host_bytes_per_s": self.host_bytes_per_s,
             "kernel_overhead_s": self.kernel_overhead_s, "elementwise_bytes_per_s": self.elementwise_bytes_per_s,
+            "overlap_collectives": self.overlap_collectives,
         }
 
 
@@ -184,6 +188,8 @@ def from_spec(h, path: tuple, doc: Optional[Document]) -> Hardware:
         v = getattr(h, f)
         if v is not None:
             values[field] = v * scale
+    if h.overlap_collectives is not None:
+        values["overlap_collectives"] = h.overlap_collectives
     hw = Hardware(**values)
     if hw.reserved_bytes >= hw.memory_bytes:
         raise DiagnosticError([Diagnostic("E013", f"hardware `{h.name}`: reserved memory is not less than memory",

@@ -317,6 +317,8 @@ class Hardware(_Doc):
     elementwise_bytes_per_s: Number = _f("bandwidth of element-wise activation traffic, bytes/s; 0: folded "
                                          "into `efficiency`")
     host_bytes_per_s: Number = _f("device-host bandwidth per device, one direction, bytes/s (activation offload)")
+    overlap_collectives: bool = _f("whether data-parallel collectives overlap compute on this device; false: "
+                                   "all of them is exposed")
 
 
 class StepTime(_Doc):

@@ -56,6 +56,10 @@ class Hardware(Strict):
         None, description="bandwidth of element-wise (memory-bound) activation traffic, charged on its own, "
         "GB/s; 0 by default: folded into `efficiency` (`mithril-spec calibrate` measures it)"
     )
+    overlap_collectives: Optional[bool] = Field(
+        None, description="whether data-parallel collectives overlap compute (true by default: a GPU's side "
+        "stream); false: the step waits for each of them (CPU devices; `mithril-spec calibrate` measures it)"
+    )
 
 
 class ProfileFile(Strict):

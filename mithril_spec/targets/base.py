@@ -217,6 +217,11 @@ class Target:
         when = dict(self.conditional_files)
         return tuple((t, name) for t, name in self.files if name not in when or getattr(plan, when[name]))
 
+    def reduction_calls(self, plan: Plan) -> int | None:
+        """How many calls the program issues the data-parallel gradient reduction of a step in (the cost
+        model's CostOptions.reduction_calls); None: one call of all the gradients, or not known."""
+        return None
+
     def check(self, plan: Plan, doc: Document) -> list[Diagnostic]:
         """E049 for everything in `plan` this target cannot run."""
         out: list[Diagnostic] = []

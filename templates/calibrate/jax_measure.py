@@ -6,7 +6,8 @@ is taken with all devices working at once on their own shard, in a `fori_loop` i
 synchronised once per call (no Python dispatch or host sync per operation): matrix multiplications per
 dtype, a large element-wise pass (memory bandwidth), a layer's element-wise kernels forward and backward,
 and `psum` all-reduces over all devices at several sizes, each after a compute burst (the ring's bandwidth
-and per-step latency); and one jitted chain of tiny
+and per-step latency), and the largest beside a burst (whether a collective overlaps compute); and one
+jitted chain of tiny
 dependent operations (the fixed cost of one kernel inside a program). Prints one JSON object of raw
 timings (seconds) to `--out`."""
 
@@ -193,11 +194,23 @@ def main() -> None:
         def carry(size):  # (a loop's carry is donated: fresh arrays for each)
             return put((m, k), jnp.float32, True), orthogonal(k, jnp.float32), put((max(1, size // 4),), jnp.float32)
 
+        def burst_beside(carry):  # the all-reduce's input independent of the burst: XLA may run them at once
+            x, q, _ = burst(carry)
+            return x, q, jax.lax.pcast(jax.lax.psum(carry[2], "d"), "d", to="varying")
+
         alone, both = looped(burst), looped(burst_reduce)
         budget = max(cfg["budget_s"], 10 * timed(alone, carry(4)))  # some 10 bursts a call at least
         for size in cfg["allreduce_bytes"]:
             net = timed(both, carry(size), budget) - timed(alone, carry(size), budget)
             res["allreduce"].append([size, max(0.0, net), n])
+        # whether a collective overlaps compute on these devices: the largest all-reduce beside the burst (no
+        # dependence between them, as a gradient's reduction and the next layer's backward pass) against the two
+        # one after the other. Raw: [burst alone, burst then all-reduce, all-reduce beside the burst]
+        # (taken in turn, three rounds, the median of each: on a shared machine, timings taken one after the
+        # other compare its loads)
+        size, beside = max(cfg["allreduce_bytes"]), looped(burst_beside)
+        rounds = [[timed(fn, carry(size), budget) for fn in (alone, both, beside)] for _ in range(3)]
+        res["overlap"] = [sorted(r[i] for r in rounds)[1] for i in range(3)]
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(res, f)
 

@@ -4,7 +4,8 @@ Launches `--processes` ranks as the generated PyTorch programs run (one process 
 NCCL on GPUs; on CPU each rank takes cores / ranks threads) and, with every rank working at once, times:
 matrix multiplications per dtype, a large copy (memory bandwidth), a layer's element-wise kernels, a chain
 of tiny operations (the fixed cost of one kernel: dispatch and launch) and all-reduces at several sizes over groups of every size a
-mesh axis can have, each after a burst of compute (the ring's bandwidth and per-step latency). Rank 0
+mesh axis can have, each after a burst of compute (the ring's bandwidth and per-step latency), and whether an
+all-reduce issued beside a burst, as the programs issue their gradient reductions, overlaps it. Rank 0
 prints one JSON object: the raw timings (seconds)."""
 
 from __future__ import annotations
@@ -45,24 +46,42 @@ def timed(fn, budget: float, device, world: int) -> float:
     if world > 1:  # every rank repeats as often as rank 0 (its time, its budget), or the collectives would not pair up
         dist.broadcast(repeats, 0)
     repeats = int(repeats)
-    windows = []
-    for _ in range(3):
-        if world > 1:
-            dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(repeats):
-            fn()
-        sync(device)
-        if world > 1:
-            dist.barrier()
-        windows.append((time.perf_counter() - t0) / repeats)
-    median = sorted(windows)[1]
+    median = sorted(window(fn, repeats, device, world) for _ in range(3))[1]
     if world > 1:  # the slowest rank's figure on every rank: a decision taken on it (a slow dtype's matmuls stop
         # at the first shape over the budget) is the same on every rank, or their collectives would not pair up
         agreed = torch.tensor([median], dtype=torch.float64, device=device)
         dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
         median = float(agreed)
     return median
+
+
+def window(fn, repeats: int, device, world: int) -> float:
+    """Seconds per call of `fn` over one window of `repeats` calls, every rank starting and ending together."""
+    if world > 1:
+        dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    sync(device)
+    if world > 1:
+        dist.barrier()
+    return (time.perf_counter() - t0) / repeats
+
+
+def interleaved(fns, budget: float, device, world: int, rounds: int = 5) -> list[float]:
+    """Seconds per call of each of `fns` (every rank calling it at once), their windows taken in turn, one of
+    each per round, so that all see the load of the same moments (a comparison of timings taken one after the
+    other on a shared machine compares its loads): the median over the rounds, the slowest rank's."""
+    per_call = max(timed(fn, budget / 4, device, world) for fn in fns)
+    repeats = max(2, int(budget / max(per_call, 1e-9)))  # (every rank the same: the timings are agreed)
+    windows = [[] for _ in fns]
+    for _ in range(rounds):
+        for i, fn in enumerate(fns):
+            windows[i].append(window(fn, repeats, device, world))
+    medians = torch.tensor([sorted(w)[rounds // 2] for w in windows], dtype=torch.float64, device=device)
+    if world > 1:
+        dist.all_reduce(medians, op=dist.ReduceOp.MAX)
+    return [float(x) for x in medians]
 
 
 def measure(rank: int, world: int, port: int, cfg: dict, out: str) -> None:
@@ -159,6 +178,25 @@ def measure(rank: int, world: int, port: int, cfg: dict, out: str) -> None:
                     dist.all_reduce(total)
                     windows.append(float(total) / world / int(repeats))
                 res["allreduce"].append([nbytes, sorted(windows)[1], size])
+        # whether a collective overlaps compute on this device, issued as the programs issue their data-parallel
+        # reductions (FSDP2: a blocking `dist.all_reduce` inside the device's side-stream context; on a GPU it is
+        # queued on that stream and returns, on CPU, which has no streams, the calling thread waits for it): a
+        # burst with the largest all-reduce over all ranks issued on a side stream just before it, against the
+        # two one after the other. Raw: [burst alone, burst then all-reduce, all-reduce beside the burst]
+        handle = torch.cuda if cuda else torch.cpu
+        side = handle.Stream()
+        buf = torch.zeros(max(1, max(cfg["allreduce_bytes"]) // 4), device=device)
+
+        def apart():
+            torch.mm(a, b)
+            dist.all_reduce(buf)
+
+        def beside():
+            with handle.stream(side):
+                dist.all_reduce(buf)
+            torch.mm(a, b)
+
+        res["overlap"] = interleaved([lambda: torch.mm(a, b), apart, beside], cfg["budget_s"], device, world)
         dist.barrier()
     if rank == 0:
         with open(out, "w", encoding="utf-8") as f:

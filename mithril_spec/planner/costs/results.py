@@ -25,6 +25,10 @@ class CostOptions:
     # probabilities (its `fused_attention` capability; mithril_spec/targets). False: they are stored, the
     # largest of the targets (`plan` costs the spec's targets together unless given `--target`).
     fused_attention: bool = False
+    # The target's program issues the data-parallel gradient reduction as this many calls per step, each a share
+    # of the gradients and each paying the collective's latency (torch FSDP2: one per fully_shard unit; DDP: one
+    # per bucket). None: one call of all the gradients (`plan` without `--target`)
+    reduction_calls: Optional[int] = None
 
 
 

@@ -39,8 +39,9 @@ def step_time(costs: Costs, plan: Plan, hw: Hardware, options: CostOptions) -> S
     for st in costs.stages:
         compute = st.flops_per_device / (peak * eff)
         _, _, blocking, overlapped, _ = _comm(st.collectives, plan, hw)
-        # (`communication.overlap: false`: the data-parallel collectives wait for the compute)
-        hidden = options.overlap and plan.spec.communication.overlap is not False
+        # (`communication.overlap: false`, or a device whose collectives do not overlap compute, the profile's
+        # `overlap_collectives: false`: the data-parallel collectives wait for the compute)
+        hidden = options.overlap and plan.spec.communication.overlap is not False and hw.overlap_collectives
         exposed = max(0.0, overlapped - compute) if hidden else overlapped
         # activation offload: its copies run on the compute stream, out after the forward pass, back before the backward
         offload = transfer_seconds(st.activations.offload_per_step, hw.host_bytes_per_s)

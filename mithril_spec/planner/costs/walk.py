@@ -453,8 +453,15 @@ class Walk:
             else:
                 what, phase = "gradient all-reduce (data parallel)", "step"
             packed = self.compression if self.compression and kind != "all-gather" and set(axes) <= self.batch else ""
+            calls = 1
+            if kind != "all-gather" and self.opt.reduction_calls and self.opt.reduction_calls > 1:
+                # the program's gradient reduction as it issues it: several calls, each a share of the gradients
+                calls = self.opt.reduction_calls
+                nbytes = -(-nbytes // calls)
+                what += f" in {calls} calls"
             out.append(Collective(kind, axes, self.deg(axes), phase, what + (f", {packed}" if packed else ""), nbytes,
-                                  steps if per_micro else 1, False, self.comm.compression_name if packed else "none"))
+                                  (steps if per_micro else 1) * calls, False,
+                                  self.comm.compression_name if packed else "none"))
         tr = self.plan.spec.training
         if tr.clip_grad_norm:
             shard_axes = self.sorted_axes({a for p in self.plan.params for d in p.spec for a in d} |
