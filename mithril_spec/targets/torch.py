@@ -122,12 +122,10 @@ class TorchTarget(Target):
         """FSDP2 (hsdp, fsdp) reduces each fully_shard unit's gradients on its own, after that unit's backward:
         one unit per copy of a repeated block (a pipe rank's copies) and the root (parameters outside the
         blocks). DDP's buckets and ZeRO-2 are left at one call."""
-        from ..graph import RepeatNode
-
         if data_parallel(plan) not in ("hsdp", "fsdp"):
             return None
         pipe = plan.mesh.sizes.get("pipe", 1)
-        copies = sum(n.count for n in plan.graph.layers if isinstance(n, RepeatNode))
+        copies = sum(n.count for n in plan.graph.layers if n.is_repeat)
         return -(-copies // pipe) + 1
 
     def check_more(self, plan: Plan, doc: Document) -> list[Diagnostic]:
