@@ -101,7 +101,8 @@ def sequence_dropout(plan: Plan) -> dict[str, list[str]]:
     out = {}
     for node in plan.graph.layers:
         if isinstance(node, RepeatNode) and torch_sequence_parallel(plan, node):
-            names = [x.name for x in node.layers if x.op == "dropout" and OPS[x.op].is_random(x.attrs)]
+            # (per-position random layers: dropout; attention gathers the sequence and keeps its heads')
+            names = [x.name for x in node.layers if OPS[x.op].per_position and OPS[x.op].is_random(x.attrs)]
             if names:
                 out[node.name] = names
     return out
