@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import operator
+from collections.abc import Iterator
 from typing import Any, ClassVar, Optional, Union
 
 from . import pyast
@@ -117,6 +118,17 @@ class Graph:
     @property
     def flops_per_sample(self) -> int:
         return sum(n.flops for n in self.layers)
+
+    def nodes(self) -> Iterator[Node]:
+        """Every layer: the top-level ones and, for each repeat, its block's (those of its first copy)."""
+        for top in self.layers:
+            yield from (top.layers if top.is_repeat else (top,))
+
+    @property
+    def placed(self) -> tuple[Union[Node, RepeatNode], ...]:
+        """The layers with a `device:` (top-level layers, repeats, and layers of a block), in order."""
+        return tuple(x for top in self.layers for x in ((top, *top.layers) if top.is_repeat else (top,))
+                     if x.device is not None)
 
 
 # ---------------------------------------------------------------- sizes

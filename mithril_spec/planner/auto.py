@@ -542,17 +542,15 @@ def searched_axes(spec: Spec, graph: Graph, allowed: Allowed) -> tuple[str, ...]
 def _pipelinable(graph: Graph) -> bool:
     """One repeated block and no explicit `stage:` or `device:` fields: the planner's even split (what every
     target runs)."""
-    return sum(n.is_repeat for n in graph.layers) == 1 and not any(
-        n.stage is not None or n.device is not None or (n.is_repeat and any(x.device is not None for x in n.layers))
-        for n in graph.layers)
+    return (sum(n.is_repeat for n in graph.layers) == 1 and not graph.placed
+            and not any(n.stage is not None for n in graph.layers))
 
 
 def _experts(graph: Graph) -> list[int]:
     out = []
-    for top in graph.layers:
-        for n in (top.layers if top.is_repeat else (top,)):
-            if OPS[n.op].expert_dims:
-                out.append(n.attrs["experts"])
+    for n in graph.nodes():
+        if OPS[n.op].expert_dims:
+            out.append(n.attrs["experts"])
     return out
 
 

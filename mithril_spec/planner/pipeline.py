@@ -70,8 +70,7 @@ def plan_pipeline(spec: Spec, doc: Document, graph: Graph, mesh: Mesh, micro_bat
                                 help=f"make batch_size / grad_accum divisible by {m * dp}"))
 
     explicit = any(n.stage is not None for n in graph.layers)
-    placed = [n for n in graph.layers if n.device is not None or (n.is_repeat and any(
-        x.device is not None for x in n.layers))]
+    placed = graph.placed
     if placed and explicit:
         staged = next(n for n in graph.layers if n.stage is not None)
         diags.append(Diagnostic("E054", f"`{staged.name}` has a `stage:` and `{placed[0].name}` a `device:`",

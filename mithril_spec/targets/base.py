@@ -304,8 +304,7 @@ class Target:
             if not cap.explicit_stages and not pp.repeat_split:
                 first = next((n for n in plan.graph.layers if n.stage is not None), None)
                 field = "stage" if first else "device"
-                first = first or next((x for n in plan.graph.layers for x in (n, *getattr(n, "layers", ()))
-                                       if x.device is not None), plan.graph.layers[0])
+                first = first or next(iter(plan.graph.placed), plan.graph.layers[0])
                 out.append(Diagnostic(
                     "E049", f"the {self.name} target pipelines one repeated block split evenly over the stages; it "
                     f"does not support explicit `{field}:` placement yet", doc.pos(first.path + (field,)),

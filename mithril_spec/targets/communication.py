@@ -113,9 +113,9 @@ def jax_communication_errors(plan: Plan, doc: Document) -> list[Diagnostic]:
     for axis, why in JAX_AXES_UNCOMPRESSED.items():
         if sizes.get(axis, 1) > 1:
             refuse(f"an `{axis}` axis", why)
-    if any(a == "data" for pp in plan.params for d in pp.spec for a in d):
-        name = next(pp.name for pp in plan.params if any(a == "data" for d in pp.spec for a in d))
-        refuse(f"`{name}` split over `data`", "each replica holds every parameter whole; split parameters over "
+    split = next((pp.name for pp in plan.params if any("data" in d for d in pp.spec)), None)
+    if split is not None:
+        refuse(f"`{split}` split over `data`", "each replica holds every parameter whole; split parameters over "
                "`fsdp` or `tensor` instead")
     for ip in plan.inputs if sizes.get("data", 1) > 1 else ():
         if "data" not in ip.spec[0] or any("data" in d for d in ip.spec[1:]):
@@ -130,7 +130,7 @@ def jax_communication_errors(plan: Plan, doc: Document) -> list[Diagnostic]:
             refuse("loss scaling", "the error feedback would carry gradients scaled by another step's loss scale; "
                    "use bfloat16 compute (no loss scaling) or `fp16` / `bf16` compression")
     seen = set()
-    for n_ in (x for top in plan.graph.layers for x in (top.layers if top.is_repeat else (top,))):
+    for n_ in plan.graph.nodes():
         op = OPS[n_.op]
         why = ("draws random numbers (a replica would draw its own samples' masks, not the whole batch's)"
                if op.is_random(n_.attrs) else "keeps batch statistics (a replica's would cover its samples only)"

@@ -85,7 +85,7 @@ def context_errors(plan: Plan, doc: Document, target: str) -> list[Diagnostic]:
         else:
             lengths.add(i.type.shape[0])
     reported = set()
-    for n_ in (x for top in plan.graph.layers for x in (top.layers if top.is_repeat else (top,))):
+    for n_ in plan.graph.nodes():
         op = OPS[n_.op]
         if op.context_role(n_.attrs) is None and n_.path not in reported:
             reported.add(n_.path)
