@@ -124,6 +124,11 @@ def _explicit(graph, doc, n_stages, pipe, diags):
     return layer_stage, {}
 
 
+def _span(run) -> str:
+    """A run [device, first layer, last layer] as the diagnostics name it."""
+    return f"`{run[1].name}`" if run[1] is run[2] else f"`{run[1].name}`..`{run[2].name}`"
+
+
 def _devices(graph, doc, n_stages, pipe, diags):
     """`device:` placement (Mithril's device_id): the device along `pipe` of each layer, mapped to stages.
     A layer without one is on the previous layer's device (the first on device 0); a repeat is on its own
@@ -177,10 +182,9 @@ def _devices(graph, doc, n_stages, pipe, diags):
     want = [s % pipe for s in range(len(runs))]
     if [r[0] for r in runs] != want or len(runs) != n_stages:
         bad = next((r for r, w in zip(runs, want) if r[0] != w), runs[-1])
-        span = lambda r: f"`{r[1].name}`" if r[1] is r[2] else f"`{r[1].name}`..`{r[2].name}`"  # noqa: E731
-        nearest = "; ".join(f"{span(r)}: device {w}" for r, w in zip(runs, want))
+        nearest = "; ".join(f"{_span(r)}: device {w}" for r, w in zip(runs, want))
         if len(runs) == n_stages:
-            msg = (f"{span(bad)} on device {bad[0]} would run stage {runs.index(bad)}, which the schedules run on "
+            msg = (f"{_span(bad)} on device {bad[0]} would run stage {runs.index(bad)}, which the schedules run on "
                    f"device {runs.index(bad) % pipe} (stage s on device s % {pipe})")
             help = f"the nearest placement that runs: {nearest}"
         else:
@@ -189,7 +193,7 @@ def _devices(graph, doc, n_stages, pipe, diags):
             if len(runs) > n_stages:  # the runs past the last stage join it
                 merged = [*runs[:n_stages - 1], [None, runs[n_stages - 1][1], runs[-1][2]]]
                 help = "the nearest placement that runs: " + "; ".join(
-                    f"{span(r)}: device {s % pipe}" for s, r in enumerate(merged))
+                    f"{_span(r)}: device {s % pipe}" for s, r in enumerate(merged))
             else:
                 help = (f"give the layers {n_stages} runs of devices, in order 0..{pipe - 1}"
                         + (" and round again" if n_stages > pipe else "")
