@@ -55,8 +55,9 @@ class Capabilities:
     default: bool = True
     # the `eval` section in a build with more than one pipeline stage
     eval_with_pipeline: bool = False
-    # dropout (layers, attention probabilities) inside a pipeline, with the masks of the build without one
-    dropout_in_pipeline: bool = False
+    # operators it runs inside a pipeline although the operator names a pipeline limit (Op.pipeline_limit):
+    # dropout and attention dropout with the masks of the build without a pipeline, ...
+    pipelined_ops: frozenset[str] = frozenset()
     # a pipelined build runs the layers outside the pipelined block on every pipe rank (so each holds their
     # parameters: Plan.memory_for), rather than on the stage the planner gives them
     pipeline_outside_everywhere: bool = False
@@ -318,8 +319,7 @@ class Target:
                                   "samples), or leave out `eval`"), pos=doc.pos(("eval",), key=True))
             for _, nodes in scopes(plan):
                 for node in nodes:
-                    random = not node.is_repeat and OPS[node.op].is_random(node.attrs)
-                    why = None if node.is_repeat or (random and cap.dropout_in_pipeline) else (
+                    why = None if node.is_repeat or node.op in cap.pipelined_ops else (
                         OPS[node.op].pipeline_limit(node.attrs))
                     if why:
                         out.append(Diagnostic(

@@ -43,7 +43,8 @@ def capability_markdown() -> str:
     row("operators", lambda c: "all" if c.ops is None else "all but " + _list(sorted(set(OPS) - c.ops)))
     row("launchers", lambda c: "; ".join(c.launchers))
     row("evaluation (`eval`) in a pipelined build", lambda c: _yes(c.eval_with_pipeline))
-    row("dropout in a pipelined build", lambda c: _yes(c.dropout_in_pipeline))
+    row("operators with a pipeline limit it runs in a pipelined build",
+        lambda c: _list(sorted(c.pipelined_ops)) if c.pipelined_ops else "none")
     row("fused attention (no probabilities stored; attention `dropout` 0)", lambda c: _yes(c.fused_attention))
     row("gradient compression (`communication.compression`)", lambda c: _list(c.compression))
     row("collective algorithms (`communication.algorithm`)", lambda c: _list(c.collective_algorithms))
@@ -81,9 +82,7 @@ def capability_markdown() -> str:
     for kind, op in OPS.items():
         sample = dict(rate=0.1, dropout=0.1)  # the limits of dropout and attention depend on their rates
         why = op.pipeline_limit(sample)
-        if why and op.is_random(sample) and any(t.capabilities.dropout_in_pipeline for t in targets):
-            why = None  # (listed in the table above)
-        if why:
+        if why and not any(kind in t.capabilities.pipelined_ops for t in targets):
             out.append(f"- `{kind}`: {why}")
     for t in targets:
         if t.capabilities.reasons:

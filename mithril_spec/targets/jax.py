@@ -30,7 +30,7 @@ class JaxTarget(Target):
         launchers=("launch.sh (jax.distributed, one process per host)",),
         pipeline_outside_everywhere=True,
         # each micro-batch's key travels with it through the schedule (templates/jax/pipeline.py.j2)
-        dropout_in_pipeline=True,
+        pipelined_ops=frozenset({"dropout", "attention"}),
         # NCCL_ALGO and XLA's combine thresholds and latency-hiding scheduler, set by the program
         collective_algorithms=("auto", "ring", "tree"),
         # the replicas' gradients reduced by the program in 16 bits (targets/communication.py: which builds)

@@ -75,7 +75,7 @@ class TorchTarget(Target):
         launchers=("launch.sh (torchrun, one machine or several)", "launch.sbatch (SLURM)"),
         fused_attention=True,  # F.scaled_dot_product_attention (at attention dropout 0)
         # each pipeline micro-batch takes its rows of the micro-step's masks (templates/torch/pipeline_main.py.j2)
-        dropout_in_pipeline=True,
+        pipelined_ops=frozenset({"dropout", "attention"}),
         # DDP communication hooks (FSDP2: its reduce dtype), NCCL_ALGO in launch.sh, DDP's bucket_cap_mb,
         # FSDP2's explicit prefetch; DDP and FSDP2 always overlap the gradient reduction with the backward pass
         compression=("none", "fp16", "bf16", "powersgd"),
