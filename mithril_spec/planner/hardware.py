@@ -90,6 +90,36 @@ BUILTIN: dict[str, Hardware] = {
             80 * G, 2 * G, 2039 * G, 8, 300 * G, 25 * G, 3e-6, 8e-6, host_bytes_per_s=25 * G,  # PCIe Gen4 x16
         ),
         Hardware(
+            "a100-40gb", "NVIDIA A100 SXM 40GB, 8 per node on NVLink 3 (300 GB/s per direction), "
+            "200 Gb/s InfiniBand HDR per GPU between nodes",
+            {"bfloat16": 312 * T, "float16": 312 * T, "float32": 19.5 * T},
+            40 * G, 2 * G, 1555 * G, 8, 300 * G, 25 * G, 3e-6, 8e-6, host_bytes_per_s=25 * G,  # PCIe Gen4 x16
+        ),
+        Hardware(
+            "h800-80gb", "NVIDIA H800 SXM 80GB (the H100 with NVLink cut to 400 GB/s both ways), 8 per node, "
+            "400 Gb/s InfiniBand NDR per GPU between nodes",
+            {"bfloat16": 989.4 * T, "float16": 989.4 * T, "float32": 66.9 * T},
+            80 * G, 2 * G, 3350 * G, 8, 200 * G, 50 * G, 3e-6, 8e-6, host_bytes_per_s=55 * G,  # PCIe Gen5 x16
+        ),
+        Hardware(
+            "v100-32gb", "NVIDIA V100 SXM2 32GB (tensor cores: float16 only), 8 per node on NVLink 2 (150 GB/s "
+            "per direction), 4 x 100 Gb/s InfiniBand EDR per node (DGX-1) between nodes",
+            {"float16": 125 * T, "float32": 15.7 * T},
+            32 * G, 1.5 * G, 900 * G, 8, 150 * G, 6.25 * G, 4e-6, 10e-6, host_bytes_per_s=12 * G,  # PCIe Gen3 x16
+        ),
+        Hardware(
+            "tpu-v4", "Google TPU v4 chip (32 GB HBM), pods of up to 4,096 chips on a 3D-torus ICI (~50 GB/s "
+            "per axis ring), data-center network between pods; float32 matmuls as 3 bf16 passes",
+            {"bfloat16": 275 * T, "float16": 275 * T, "float32": 275 / 3 * T},
+            32 * G, 0.5 * G, 1200 * G, 4096, 50 * G, 6.25 * G, 1e-6, 10e-6, host_bytes_per_s=16 * G,
+        ),
+        Hardware(
+            "tpu-v5p", "Google TPU v5p chip (95 GB HBM), pods of up to 8,960 chips on a 3D-torus ICI (~100 GB/s "
+            "per axis ring), data-center network between pods; float32 matmuls as 3 bf16 passes",
+            {"bfloat16": 459 * T, "float16": 459 * T, "float32": 459 / 3 * T},
+            95 * G, 0.5 * G, 2765 * G, 8960, 100 * G, 6.25 * G, 1e-6, 10e-6, host_bytes_per_s=16 * G,
+        ),
+        Hardware(
             "tpu-v5e", "Google TPU v5e chip (16 GB HBM), slices of up to 256 chips on ICI (~100 GB/s per "
             "axis ring), data-center network between slices; float32 matmuls as 3 bf16 passes",
             {"bfloat16": 197 * T, "float16": 197 * T, "float32": 197 / 3 * T},
@@ -109,6 +139,8 @@ ALIASES = {
     "h100": "h100-sxm-80gb", "h100-sxm": "h100-sxm-80gb", "h100-80gb": "h100-sxm-80gb",
     "h200": "h200-141gb", "a100": "a100-80gb", "a100-sxm-80gb": "a100-80gb",
     "v5e": "tpu-v5e", "tpuv5e": "tpu-v5e", "tpu-v5-lite": "tpu-v5e",
+    "a100-40": "a100-40gb", "a100-sxm-40gb": "a100-40gb", "h800": "h800-80gb", "v100": "v100-32gb",
+    "v100-sxm2-32gb": "v100-32gb", "v4": "tpu-v4", "tpuv4": "tpu-v4", "v5p": "tpu-v5p", "tpuv5p": "tpu-v5p",
 }  # fmt: skip
 
 
