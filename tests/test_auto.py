@@ -137,6 +137,28 @@ def test_pipe_and_its_schedule_are_chosen_when_parameters_dwarf_activations_on_a
     assert others and all(rank_key(best) < rank_key(x) for x in others)
 
 
+def test_a_placed_model_is_searched_on_the_pipe_its_placement_runs_on(tmp_path):
+    # uneven stages written with `device:` (3 copies, then 1 with the head): only a target that runs explicit
+    # placement gets pipe meshes, and only pipe=2 (the placement's devices), with its one virtual stage
+    path = gpt(tmp_path, d=2048, ff=8192, heads=16, seq=16, layers=3, batch=32,
+               hw="devices_per_node: 1, inter_node_gb_per_s: 1")
+    text = path.read_text().replace(
+        "    - {repeat: layers, block: decoder, name: blocks}\n",
+        "    - {repeat: layers, block: decoder, name: blocks, device: 0}\n"
+        "    - {repeat: 1, block: decoder, name: tail, device: 1}\n")
+    path.write_text(text.replace("mesh: {data: 1}", "targets: [torch]\nmesh: {data: 1}"))
+    _c, _hw, res = searched(path, 4)
+    assert "pipe" in res.axes
+    pipes = {dict(x.sizes)["pipe"] for x in res.candidates}
+    assert 2 in pipes and pipes <= {1, 2}
+    assert dict(res.best.sizes)["pipe"] == 2  # parameters dwarf activations on the slow network, as above
+    assert all(dict(x.settings)["pipeline"][:2] in (("1f1b", 1), ("gpipe", 1))
+               for x in res.candidates if dict(x.sizes)["pipe"] == 2)
+    # jax runs no explicit placement: no pipe axis for it
+    _c, _hw, res = searched(path, 4, targets=["jax"])
+    assert "pipe" not in res.axes
+
+
 def test_expert_is_chosen_for_large_experts_and_only_with_moe_layers(tmp_path):
     path = gpt(tmp_path, extra_dims=", experts: 4", d=512, ff=4096, seq=16, layers=2, batch=32, ffn=MOE_FFN,
                hw="devices_per_node: 1, inter_node_gb_per_s: 1")

@@ -12,9 +12,9 @@ knob values set, so divisibility, batch splitting, pipeline and layout checks ar
 and costed by the cost model; before a candidate is listed, every target of the spec checks it (the E049
 checks of `validate`). Search, in two passes:
 
-1. every mesh (prefiltered: tensor within a node, pipe dividing the repeated block, expert dividing the
-   experts, the batch dividing over the batch axes; of the ways to divide one degree over the axes that split
-   the batch's work, `SPLIT_AXES`, only all-data, all-fsdp and the middle, and all-context where those do not
+1. every mesh (prefiltered: tensor within a node, pipe dividing the repeated block or the one an explicit
+   placement runs on, expert dividing the experts, the batch dividing over the batch axes; of the ways to
+   divide one degree over the axes that split the batch's work, `SPLIT_AXES`, only all-data, all-fsdp and the middle, and all-context where those do not
    fit) is costed under its cheapest settings: the spec's gradient accumulation (1 with a pipeline), ZeRO and
    sequence-parallel rule where accepted, a 1f1b pipeline with the most micro-batches the batch allows, the
    spec's offload setting, gradient compression in the compute dtype where offered; every remat policy (one
@@ -68,6 +68,7 @@ class Allowed:
     offload_remat: tuple[str, ...]  # remat policies every target offloads activations under (empty: no offload)
     offload_without: tuple[str, ...]  # mesh axes some target does not offload on
     compression: tuple[str, ...]  # gradient compressions every target runs over data-parallel ranks
+    explicit_stages: bool = False  # every target runs `stage:` / `device:` placement
 
     @classmethod
     def of(cls, targets) -> Allowed:
@@ -82,7 +83,8 @@ class Allowed:
                    tuple(r for r in REMAT_MODES if all(r in c.remat for c in caps)),
                    tuple(r for r in REMAT_MODES if all(r in c.offload_remat for c in caps)),
                    tuple(a for a in MESH_AXES if any(a in c.offload_without for c in caps)),
-                   tuple(k for k in COMPRESSIONS if all(k in c.compression for c in caps)))
+                   tuple(k for k in COMPRESSIONS if all(k in c.compression for c in caps)),
+                   all(c.explicit_stages for c in caps))
 
 
 def refusal(plan: Plan, doc: Document, targets) -> Diagnostic | None:
@@ -110,6 +112,8 @@ class Context:
     dp: int  # data-parallel degree (the batch axes)
     seq_axis: str | None  # the logical sequence axis of the repeated block's stream (sequence parallelism)
     repeat_count: int  # copies of the one repeated block (0: none, or more than one)
+    # explicit `stage:` / `device:` placement: pipe size -> the virtual stages it gives (empty: none)
+    placed: tuple[tuple[int, int], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,9 +169,12 @@ def _pipeline_values(ctx: Context, settings: dict) -> list:
     # gpipe holds every micro-batch's activations where 1f1b holds `pipe` of them, at the same bubble: it is
     # tried only when some target has no 1f1b
     schedules = [s for s in ctx.allowed.schedules if s != "gpipe" or "1f1b" not in ctx.allowed.schedules]
+    placed = dict(ctx.placed)
     for schedule in schedules:
         virtuals = [1]
-        if schedule == "interleaved":
+        if pipe in placed:  # the placement fixes the stages: more than one per device is the interleaved schedule
+            virtuals = [placed[pipe]] if (placed[pipe] > 1) == (schedule == "interleaved") else []
+        elif schedule == "interleaved":
             virtuals = [v for v in divisors(ctx.repeat_count // pipe) if v > 1][:3] if ctx.repeat_count else []
         for v in virtuals:
             ms = [m for m in divisors(per) if (schedule == "gpipe" or m >= pipe)
@@ -531,7 +538,8 @@ def searched_axes(spec: Spec, graph: Graph, allowed: Allowed) -> tuple[str, ...]
     for a in allowed.mesh_axes:
         if a == "context" and attended_sequence(graph) is None:
             continue
-        if a == "pipe" and (not allowed.schedules or not _pipelinable(graph)):
+        if a == "pipe" and (not allowed.schedules or not (
+                _pipelinable(graph) or (allowed.explicit_stages and placed_pipes(graph)))):
             continue
         if a == "expert" and not _experts(graph):
             continue
@@ -544,6 +552,27 @@ def _pipelinable(graph: Graph) -> bool:
     target runs)."""
     return (sum(n.is_repeat for n in graph.layers) == 1 and not graph.placed
             and not any(n.stage is not None for n in graph.layers))
+
+
+def placed_pipes(graph: Graph) -> tuple[tuple[int, int], ...]:
+    """For a model with explicit placement, the `pipe` sizes above 1 it runs on and the virtual stages each
+    gives (planner/pipeline.py): `device: K` fields make runs of consecutive layers, which go round
+    max(K) + 1 devices; `stage: S` fields make max(S) + 1 stages, on any `pipe` dividing them. Empty without
+    placement (a mesh without `pipe` ignores it)."""
+    staged = [n.stage for n in graph.layers if n.stage is not None]
+    if staged:
+        stages = max(staged) + 1
+        return tuple((p, stages // p) for p in divisors(stages) if p > 1)
+    if not graph.placed:
+        return ()
+    devices, prev = [], 0
+    for n in graph.layers:
+        named = [x.device for x in n.layers if x.device is not None] if n.is_repeat else []
+        prev = n.device if n.device is not None else named[0] if named else prev
+        if not devices or devices[-1] != prev:
+            devices.append(prev)
+    pipe = max(devices) + 1
+    return ((pipe, len(devices) // pipe),) if pipe > 1 and len(devices) % pipe == 0 else ()
 
 
 def _experts(graph: Graph) -> list[int]:
@@ -565,6 +594,7 @@ class Search:
         self.axes = searched_axes(spec, graph, self.allowed)
         reps = [n for n in graph.layers if n.is_repeat]
         self.repeat_count = reps[0].count if len(reps) == 1 else 0
+        self.placed = placed_pipes(graph) if self.allowed.explicit_stages else ()
         self.seq_axis = sequence_axis(graph)
         self.spec = spec
         self.rules = read_rules(spec, doc, [])
@@ -582,7 +612,8 @@ class Search:
 
         mesh = Mesh("cli", sizes, ("cli",))
         dp = mesh.degree(self._batch_axes(self.rules, mesh))
-        return Context(self.spec, self.graph, self.allowed, sizes, dp, self.seq_axis, self.repeat_count)
+        return Context(self.spec, self.graph, self.allowed, sizes, dp, self.seq_axis, self.repeat_count,
+                       self.placed)
 
     def configure(self, settings: dict) -> Spec:
         spec = self.spec
@@ -709,7 +740,9 @@ class Search:
             why = None
             if full["tensor"] > max(self.hw.devices_per_node, 1):
                 why = "tensor beyond one node"
-            elif full["pipe"] > 1 and (not self.repeat_count or self.repeat_count % full["pipe"]):
+            elif full["pipe"] > 1 and self.placed and full["pipe"] not in dict(self.placed):
+                why = "pipe is not what the `stage:` / `device:` placement runs on"
+            elif full["pipe"] > 1 and not self.placed and (not self.repeat_count or self.repeat_count % full["pipe"]):
                 why = "pipe does not divide the repeated block"
             elif full["expert"] > 1 and any(e % full["expert"] for e in experts):
                 why = "expert does not divide the experts"
