@@ -305,6 +305,16 @@ def test_warning_names_the_bottleneck(tmp_path):
     path = gpt(tmp_path, batch=64, seq=1024, layers=2, hw="memory_gb: 2, reserved_gb: 0")
     _, _, res = searched(path, 1)
     assert res.warning is None
+    # compute repeated on every device of an axis that does not split the batch (the rules give the batch
+    # to `data` alone, and only fsdp shards the parameters enough): named with its factor
+    from mithril_spec.planner.auto import Candidate, bottleneck
+
+    text = path.read_text().replace("rules: {", "rules: {batch: data, ")
+    path.write_text(text.replace("training:", "mesh: {fsdp: 4}\ntraining:", 1).replace("mesh: {data: 1}\n", ""))
+    c = compile_file(path)
+    cand = Candidate((("fsdp", 4),), (("remat", "none"),), estimate(c.plan, lookup("lab", c.spec, c.doc)))
+    (what, _secs), *_ = bottleneck(cand)  # the largest part of the step
+    assert what.startswith("compute beyond this device's share (") and 3.5 < float(what.split("(")[1].split("x")[0]) <= 4
 
 
 # ---------------------------------------------------------------- the command line

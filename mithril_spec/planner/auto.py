@@ -955,6 +955,13 @@ def bottleneck(c: Candidate) -> list[tuple[str, float]]:
     recompute = max(0.0, t.compute_s - compute)
     if recompute > 0:
         out[f"recompute (remat {c.remat})"] = recompute
+    # the busiest device's model FLOPs beyond its share of the model's (an axis that splits neither the
+    # batch nor a layer's work computes the same thing on each of its devices; uneven pipeline stages)
+    share = c.costs.flops.model / math.prod(n for _a, n in c.sizes)
+    if per_dev > share * 1.01:
+        out[f"compute beyond this device's share ({per_dev / share:.1f}x: an axis that splits neither the batch "
+            "nor the layers repeats it, or the pipeline stages are uneven)"] = (per_dev - share) / (
+            t.peak_flops * t.efficiency)
     blocking: dict[str, float] = {}
     overlapped: dict[str, float] = {}
     for coll, secs, where in zip(c.costs.collectives, t.collective_s, t.links):
