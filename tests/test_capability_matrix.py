@@ -43,10 +43,12 @@ def spec_file(spec: dict) -> Path:
 
 
 def reference_spec(spec: dict) -> dict:
-    """The spec's model and training settings without its parallelism (no rules, zero, pipeline)."""
+    """The spec's model and training settings without its parallelism (no rules, zero). A pipeline section
+    stays: built for one device it runs the same pipeline micro-batches one after the other, the program a
+    pipelined build equals (docs/program.md "Pipeline stages"; batch_norm normalises each pipeline
+    micro-batch with its own statistics, where a build without the section takes the whole micro-batch's)."""
     spec = json.loads(json.dumps(spec))
     spec.pop("sharding", None)
-    spec.pop("pipeline", None)
     spec["training"].pop("zero", None)
     return spec
 

@@ -8,6 +8,10 @@ rank holds the parameter, gradient and optimizer bytes `plan` predicts.
 Traffic: the ring attention the programs run moves the bytes the plan's send/recv collectives count: in JAX
 the collective-permutes of the compiled train step, in torch the bytes each rank sends point to point.
 
+Dropout and batch_norm: the same model with attention dropout, a dropout layer and a batch_norm (whose channels
+are the positions) on context=2 and data=2 x context=2 equals its one-device build in both targets: losses,
+gradient norms, the evaluation and batch_norm's running statistics (from the checkpoints).
+
 Plan: activations shrink with the context degree, parameters and optimizer state do not; the ring's figures
 follow docs/cost-model.md. Refusals: what the targets cannot run on a sequence split over `context` is E049.
 """
@@ -163,12 +167,12 @@ def _refusals(mesh, edits=(), target="jax"):
     return [d.message + " | " + (d.help or "") for d in TARGETS[target].check(c.plan, c.doc) if d.code == "E049"]
 
 
-DROPOUT = ("causal: true, rotary: true}", "causal: true, rotary: true, dropout: 0.1}")
+MOE = ("{op: mlp, name: mlp, hidden: ff, activation: gelu}", "{op: moe, name: mlp, experts: 4, top_k: 2, hidden: ff}")
 REFUSED = [
     ("pipe=2,context=2", (("\nsharding:", "\npipeline: {microbatches: 2, schedule: gpipe}\nsharding:"),), "`pipe`"),
     ("context=2", (("  seed: 0\n", "  seed: 0\n  remat: selective\n"),), "remat: selective"),
     ("data=2,context=2", (("  seed: 0\n", "  seed: 0\n  zero: 1\n"),), "training.zero: 1"),
-    ("context=2", (DROPOUT,), "draws random numbers"),
+    ("context=2", (MOE,), "mixes sequence positions"),
     ("context=2", (("seq: 16,", "seq: 14,"),), "divisible by 4"),
     ("context=2", (("mlp: tensor}", "mlp: tensor, seq: tensor}"),), "sequence `seq`"),
     ("context=2", (("mlp: tensor}", "mlp: tensor, vocab: context}"),), "rule naming `context`"),
@@ -186,6 +190,80 @@ def test_accepted_meshes_have_no_refusal():
     for mesh in MESHES:
         for target in ("jax", "torch"):
             assert _refusals(mesh, target=target) == [], (mesh, target)
+            assert _refusals(mesh, RANDOM, target) == [], (mesh, target)
+
+
+# ---------------------------------------------------------------- dropout and batch_norm
+
+# Attention dropout, a dropout layer on the attention's output and a batch_norm after the position embedding
+# (its input [batch, seq, d]: its channels are the positions); the program evaluates once after its last step
+# (batch_norm's running statistics, no dropout).
+RANDOM = (
+    ("causal: true, rotary: true}", "causal: true, rotary: true, dropout: 0.1}"),
+    ("      - {op: add, name: res1, inputs: [block_input, attn]}",
+     "      - {op: dropout, name: drop, rate: 0.1}\n      - {op: add, name: res1, inputs: [block_input, drop]}"),
+    ("    - {op: pos_embedding, name: wpe, max_len: seq}\n",
+     "    - {op: pos_embedding, name: wpe, max_len: seq}\n    - {op: batch_norm, name: bn}\n"),
+    ("data: {kind: synthetic}\n", "data: {kind: synthetic}\neval: {batches: 1}\n"),
+)
+RANDOM_MESHES = ("data=1", "context", "data_context")
+
+
+def random_run(target, mesh):
+    """The RANDOM model's run on `mesh`, its checkpoint after the last step in <run>/ckpt."""
+    runs = jax_runs if target == "jax" else torch_runs
+    ckpt = str(runs.WORK / f"context-random-{target}-{mesh}")
+    env = {"XLA_FLAGS": FAST} if target == "jax" else None
+    return runs.run(runs.build(SPEC, mesh, RANDOM), "--steps", str(STEPS), "--checkpoint-dir", ckpt, env=env), ckpt
+
+
+def running_statistics(target, ckpt):
+    """batch_norm's running statistics in the checkpoint of step STEPS, as numpy."""
+    if target == "jax":
+        from test_jax_ops import restore_state
+
+        return restore_state(ckpt, STEPS)["buffers"]
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    out = f"{ckpt}.pt"
+    dcp_to_torch_save(f"{ckpt}/step_{STEPS:08d}", out)
+    model = torch.load(out, weights_only=False)["model"]
+    return {k: v.numpy() for k, v in model.items() if "running_" in k}
+
+
+@pytest.fixture(scope="module")
+def random_runs():
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda tm: random_run(*tm), [(t, m) for t in ("jax", "torch") for m in RANDOM_MESHES]))
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("random_runs")
+@pytest.mark.parametrize("target,mesh", [(t, m) for t in ("jax", "torch") for m in RANDOM_MESHES[1:]])
+def test_dropout_and_batch_norm_equal_one_device(target, mesh):
+    """Every rank applies the one-device masks to its places (dropout layers) and to its blocks of the
+    attention probabilities (ring attention), and normalises its positions (batch_norm's channels): losses,
+    gradient norms, the evaluation (running statistics) and the running statistics themselves equal the
+    one-device run's; every rank holds the planned bytes."""
+    (ref, ref_ckpt), (par, par_ckpt) = random_run(target, "data=1"), random_run(target, mesh)
+    dl = jax_runs.max_diff(par.losses, ref.losses)
+    dg = jax_runs.max_diff([r["grad_norm"] for r in par.metrics], [r["grad_norm"] for r in ref.metrics])
+    dv = abs(par.metrics[-1]["val_loss"] - ref.metrics[-1]["val_loss"])
+    a, b = running_statistics(target, ref_ckpt), running_statistics(target, par_ckpt)
+    db = max(float(abs(a[k] - b[k]).max()) for k in a)
+    jax_runs.report(f"context parallel dropout + batch_norm {target} {mesh}", max_dloss=dl, max_dgrad_norm=dg,
+                    dval_loss=dv, max_dbuffer=db)
+    assert len(par.losses) == len(ref.losses) == STEPS
+    assert sorted(a) == sorted(b) and len(a) == 2
+    assert dl < 1e-5 and dg < 1e-5 and dv < 1e-5 and db < 1e-5, (dl, dg, dv, db)
+    plan = compile_file(jax_runs.spec_variant(SPEC, RANDOM), mesh).plan
+    held = par.memory
+    for got in held.get("ranks", [held["device0"]]):
+        assert got["params"] == plan.memory.params and got["optimizer"] == plan.memory.optimizer
+        assert got["buffers"] == plan.memory.buffers
+        if "grads" in got:
+            assert got["grads"] == plan.memory.grads
 
 
 def test_mlx_refuses_the_axis():

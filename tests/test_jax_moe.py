@@ -5,6 +5,12 @@ gives the loss trajectory of the one-device build (max abs difference below 1e-5
 Also: parameter count and per-device bytes equal the plan's, the compiled step moves tokens with
 all-to-all collectives over the expert axis (and gathers nothing), and the layer computes what
 docs/program.md "Mixture of experts" says (a numpy re-implementation, with dropped tokens and ties).
+
+Pipelined moe (templates/jax/pipeline.py.j2): moe-dp with a moe layer before and after its pipelined block
+too, 1f1b with 4 micro-batches on pipe=2 x expert=2 (the experts split over `expert` inside the stages) and
+gpipe with 2 on pipe=2 x data=2, gives the loss trajectory of the one-stage build (4 micro-batches one after
+the other; 1e-5 over 3 steps, float32), whose loss holds the load-balancing losses (the build with
+aux_loss_weight 0 differs).
 """
 
 from __future__ import annotations
@@ -28,6 +34,25 @@ DUMP = {"XLA_FLAGS": "--xla_dump_to=hlo --xla_dump_hlo_as_text --xla_dump_hlo_mo
         "JAX_ENABLE_COMPILATION_CACHE": "false"}
 
 
+# moe-dp pipelined: a moe layer before the pipelined block, two in it (one per copy), one after it
+PIPELINED = (
+    ("training:", "pipeline: {microbatches: 4, schedule: 1f1b}\n\ntraining:"),
+    ("- {repeat: layers, block: decoder, name: blocks}\n    - {op: layer_norm, name: ln_f}",
+     "- {op: moe, name: pre_moe, experts: experts, top_k: 1, hidden: ff, aux_loss_weight: 0.01}\n"
+     "    - {repeat: layers, block: decoder, name: blocks}\n"
+     "    - {op: moe, name: post_moe, experts: experts, top_k: 2, hidden: ff, aux_loss_weight: 0.01}\n"
+     "    - {op: layer_norm, name: ln_f}"),
+)
+PIPE_GPIPE = (("{microbatches: 4, schedule: 1f1b}", "{microbatches: 2, schedule: gpipe}"),)
+NO_AUX = (("aux_loss_weight: 0.01", "aux_loss_weight: 0.0"),)  # every moe layer's
+PIPE_STEPS = 3
+PIPE_CASES = [("1f1b", "pipe=2,expert=2", ()), ("gpipe", "pipe=2,data=2", PIPE_GPIPE)]
+
+
+def pipelined(mesh, edits=()):
+    return run(build(MOE_DP, mesh, PIPELINED + edits), "--steps", str(PIPE_STEPS))
+
+
 def reference():
     return run(build(MOE_DP, "single"), "--steps", str(STEPS))
 
@@ -39,7 +64,9 @@ def parallel(mesh):
 @pytest.fixture(scope="module", autouse=True)
 def all_runs():
     with concurrent.futures.ThreadPoolExecutor(WORKERS) as pool:
-        list(pool.map(lambda f: f(), [reference] + [lambda m=m: parallel(m) for m, _ in MESHES]))
+        list(pool.map(lambda f: f(), [reference] + [lambda m=m: parallel(m) for m, _ in MESHES]
+                      + [lambda e=e: pipelined("single", e) for e in ((), NO_AUX)]
+                      + [lambda c=c: pipelined(c[1], c[2]) for c in PIPE_CASES]))
 
 
 @pytest.mark.slow
@@ -132,3 +159,23 @@ def test_moe_layer_follows_the_documented_rules():
             assert abs(float(got_aux) - want_aux) < 1e-5
             assert dropped > 0  # some choices found their expert full
         assert np.all(want[:, 5:] == 0) and np.all(np.asarray(got)[:, 5:] == 0)  # ties: experts 0 and 1, 5 slots
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", PIPE_CASES, ids=[c[0] for c in PIPE_CASES])
+def test_pipelined_moe_equals_one_stage(case):
+    """Each micro-batch's load-balancing losses (per sample, averaged over the micro-batch) reach the step's
+    loss from every stage, the layers before and after the block included; idle ticks add nothing, and the
+    1f1b backward's recomputation adds gradients only."""
+    what, mesh, edits = case
+    ref, par, no_aux = pipelined("single"), pipelined(mesh, edits), pipelined("single", NO_AUX)
+    dl = max_diff(par.losses, ref.losses)
+    dg = max_diff([r["grad_norm"] for r in par.metrics], [r["grad_norm"] for r in ref.metrics])
+    dp = max_param_diff(par.params, ref.params)
+    aux = float(ref.losses[0] - no_aux.losses[0])  # step 1: the same parameters, the loss less the aux losses
+    report(f"moe pipelined {what} {mesh} vs one stage", max_dloss=dl, max_dgrad_norm=dg, max_dparam=dp,
+           aux_in_first_loss=aux, steps=PIPE_STEPS)
+    assert len(par.losses) == PIPE_STEPS and dl < 1e-5 and dg < 1e-4 and dp < 1e-4
+    # 4 moe layers, each weighted 0.01, with load-balancing losses near 1 (E * sum_e f_e * P_e)
+    assert 0.02 < aux < 0.2
+    assert max_diff(par.losses, no_aux.losses) > 1e-2

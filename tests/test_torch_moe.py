@@ -5,9 +5,12 @@ Equivalence: the moe-dp example (top-2 routing over 4 experts, per-sample capaci
 built for data=2 x expert=2 (4 ranks) and data=2 x expert=4 (8 ranks: experts sharded over `expert`, tokens
 dispatched and combined with all-to-all, the rest data parallel over data x expert), and for data=2 alone
 (experts replicated, DDP), gives the loss trajectory of the one-process build, max abs difference below
-1e-5 over 5 steps, float32. Also: the exported parameters are the plan's (175,744 of them, canonical
-layouts), every rank holds what the plan predicts, a checkpoint written with sharded experts resumes on
-one process, and the E049s for expert layouts the torch target does not run.
+1e-5 over 5 steps, float32. So does tensor parallelism (the experts' hidden features over `tensor`, Megatron
+style: the router and the dispatch whole on every rank, the experts' partial sums all-reduced) on tensor=2,
+data=2 x tensor=2 and tensor=2 with the sequence split too (sequence parallelism: the moe layer gathers the
+sequence). Also: the exported parameters are the plan's (175,744 of them, canonical layouts), every rank holds
+what the plan predicts, a checkpoint written with sharded experts resumes on one process, and the E049s for
+expert layouts the torch target does not run.
 """
 
 from __future__ import annotations
@@ -28,6 +31,18 @@ CASES = [  # (what, mesh)
 ]
 
 
+# Tensor parallelism: the spec with Megatron's rules (heads, kv_heads and the experts' hidden features over
+# `tensor`), and meshes for it; "seq" also splits the blocks' sequence over `tensor` (sequence parallelism).
+TP_RULES = "{heads: tensor, kv_heads: tensor, mlp: tensor}"
+TP_MESHES = "meshes:\n  tp: {tensor: 2}\n  dtp: {data: 2, tensor: 2}"
+TP_CASES = [  # (what, mesh, edits)
+    ("tensor=2", "tp", (("meshes:", f"sharding:\n  rules: {TP_RULES}\n{TP_MESHES}"),)),
+    ("data=2 x tensor=2", "dtp", (("meshes:", f"sharding:\n  rules: {TP_RULES}\n{TP_MESHES}"),)),
+    ("tensor=2, sequence parallel", "tp",
+     (("meshes:", f"sharding:\n  rules: {TP_RULES[:-1]}, seq: tensor}}\n{TP_MESHES}"),)),
+]
+
+
 def _args(mesh):
     args = ("--steps", str(STEPS))
     if mesh == "four":  # also the checkpoint the resume test starts from
@@ -45,7 +60,8 @@ def parallel(mesh):
 
 @pytest.fixture(scope="module", autouse=True)
 def all_runs():
-    run_many([(build(MOE_DP, "single"), "--steps", str(STEPS))] + [(build(MOE_DP, m), *_args(m)) for _, m in CASES])
+    run_many([(build(MOE_DP, "single"), "--steps", str(STEPS))] + [(build(MOE_DP, m), *_args(m)) for _, m in CASES]
+             + [(build(MOE_DP, m, e), "--steps", str(STEPS)) for _, m, e in TP_CASES])
 
 
 @pytest.mark.slow
@@ -81,6 +97,33 @@ def test_parameters_and_memory_are_the_plans(mesh):
     assert memory["planned"] == predicted
     for rank, held in enumerate(memory["ranks"]):
         assert held == predicted, f"rank {rank}: holds {held}, plan says {predicted}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", TP_CASES, ids=["tp", "dtp", "sp"])
+def test_tensor_parallel_experts_equal_one_process_and_hold_the_plan(case):
+    """Each rank keeps half of every expert's hidden features (experts.fc on its outputs, experts.proj on its
+    inputs); the losses, gradient norms and parameters are those of one process, and every rank holds the
+    bytes the plan predicts."""
+    what, mesh, edits = case
+    program = build(MOE_DP, mesh, edits)
+    assert '"blocks.*.moe": "experts' in (program / "train.py").read_text()  # (experts_sp: the sequence split)
+    ref, par = reference(), run(program, "--steps", str(STEPS))
+    dl = max_diff(par.losses, ref.losses)
+    dg = max_diff(par.grad_norms, ref.grad_norms)
+    dp = max_param_diff(par.params, ref.params)
+    plan = compile_file(spec_variant(MOE_DP, edits), mesh).plan
+    fc = plan.param("blocks.0.moe.experts.fc.weight")
+    assert [list(d) for d in fc.spec] == [[], [], ["tensor"]]  # the hidden features split, as planned
+    predicted = {"params": plan.memory.params, "grads": plan.memory.grads, "optimizer": plan.memory.optimizer,
+                 "buffers": plan.memory.buffers}
+    report(f"torch moe tensor parallel {what} vs 1 process", max_dloss=dl, max_dgrad_norm=dg, max_dparam=dp,
+           steps=STEPS, planned=predicted)
+    assert len(par.losses) == len(ref.losses) == STEPS
+    assert dl < 1e-5, f"{what}: losses differ from one process by {dl:.2e}"
+    assert dg < 1e-4 and dp < 1e-4, (dg, dp)
+    for rank, held in enumerate(par.memory["ranks"]):
+        assert held == predicted, f"{what}: rank {rank} holds {held}, plan says {predicted}"
 
 
 @pytest.mark.slow
@@ -122,3 +165,12 @@ def test_unsupported_expert_layouts_are_e049_with_their_position():
                for msg, line, col in found), found
     assert any("parameters split over the `data` axis" in msg for msg, _, _ in found)  # (it replicates over data)
     assert len(found) == 2
+
+
+def test_tensor_parallel_experts_split_only_on_their_hidden_features():
+    """Over `tensor` the torch target splits a moe layer's experts on their hidden features (TP_CASES) or not
+    at all: the experts themselves over `tensor` are E049, at the moe layer."""
+    assert e049("tp", TP_CASES[0][2]) == [] and e049("tp", TP_CASES[2][2]) == []
+    rules = (("meshes:", f"sharding:\n  rules: {{experts: tensor}}\n{TP_MESHES}"),)
+    (msg, line, col), = e049("tp", rules)
+    assert "splits a moe layer's experts on their hidden features" in msg and (line, col) == (19, 25)

@@ -36,6 +36,7 @@ class Attention(Op):
     context_parallel = "ring"  # key/value blocks passed around the context axis (ring attention)
     random_tensor_parallel = True  # the programs draw the dropout mask of every head and keep their own
     random_sequence_parallel = True  # (the probabilities span the gathered sequence: as tensor parallelism)
+    random_context_parallel = True  # ring attention drops each block by its entries of the one-device mask
     handled_dims = {"q.weight": (1,), "k.weight": (1,), "v.weight": (1,), "o.weight": (0,),
                     "q.bias": (0,), "k.bias": (0,), "v.bias": (0,)}  # fmt: skip
     torch_transposed = frozenset({"q.weight", "k.weight", "v.weight", "o.weight"})
@@ -110,7 +111,8 @@ class Attention(Op):
 
         Over `context` (degree n, ring attention) a rank holds seq / n queries, keys and values; it receives
         the n - 1 other ranks' key and value blocks one after the other (c.ring) and keeps them for the backward
-        pass, and computes the probabilities of its queries against all seq keys itself (no fused kernel)."""
+        pass, and computes the probabilities of its queries against all seq keys itself (no fused kernel); with
+        dropout also their mask and the dropped-out probabilities, as on one device."""
         a = c.attrs
         T = c.tp.get("q.weight", frozenset())  # heads split over these axes (tensor parallel)
         c.div_axes |= T
@@ -129,6 +131,9 @@ class Attention(Op):
             c.ring(2 * kv * cb, "key/value")
             c.save("ring_kv", (n - 1) * 2 * kv * cb)  # the blocks received from the other ranks
             c.save("probs", probs * cb, scores=True)
+            if a.get("dropout", 0):  # the one-device mask's entries of the rank's queries
+                c.save("dropout_mask", probs * MASK_BYTES, scores=True)
+                c.save("dropout_out", probs * cb, scores=True)
         elif a.get("dropout", 0):
             c.save("probs", probs * cb, scores=True)
             c.save("dropout_mask", probs * MASK_BYTES, scores=True)

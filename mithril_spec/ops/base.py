@@ -121,10 +121,17 @@ class Op:
     # the whole sequence: dropout keeps its positions' slice of the whole mask, attention gathers the sequence
     # and keeps its heads'.
     random_sequence_parallel: ClassVar[bool] = False
+    # Under context parallelism (the sequence split over `context`, in its load-balanced order) its random
+    # numbers are still those of the one-device run: dropout keeps its places' entries of the whole sequence's
+    # mask, attention the entries of the blocks of probabilities a rank computes (its queries x a key block).
+    random_context_parallel: ClassVar[bool] = False
     # Decoding one position at a time (generate.py), it keeps the keys and values of the earlier positions.
     kv_cache: ClassVar[bool] = False
-    # Tensor parallelism: None (cannot split), "matmul" (column or row parallel by its weight's layout) or
-    # "pair" (a column-parallel projection in and a row-parallel projection out, Megatron style).
+    # Tensor parallelism: None (cannot split), "matmul" (column or row parallel by its weight's layout),
+    # "pair" (a column-parallel projection in and a row-parallel projection out, Megatron style), "experts"
+    # (moe: every expert's MLP such a pair on its hidden features, split on handled_dims; the router and the
+    # dispatch whole on every rank) or "gather" (batch_norm: parameters and buffers stored split, the
+    # parameters gathered whole for use, each rank keeping its slice of the running statistics).
     tensor_parallel: ClassVar[Optional[str]] = None
     # Parameter dimensions the operator computes on sharded (tensor parallelism); a mesh axis that shards
     # another dimension, or a batch axis on any dimension, is gathered before use (ZeRO-3 / FSDP).
@@ -161,8 +168,8 @@ class Op:
 
     def context_role(self, attrs: dict[str, Any]) -> Optional[str]:
         """How the layer runs on a sequence split over `context`: "position", "ring", or None (it cannot: it
-        mixes positions, or draws random numbers, whose masks would follow the split)."""
-        if self.is_random(attrs):
+        mixes positions, or draws random numbers whose masks would follow the split)."""
+        if self.is_random(attrs) and not self.random_context_parallel:
             return None
         return self.context_parallel or ("position" if self.per_position else None)
 

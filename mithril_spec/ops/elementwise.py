@@ -76,6 +76,7 @@ class Dropout(_Unary):
     kind = "dropout"
     Args = DropoutArgs
     random_sequence_parallel = True  # each rank keeps its positions of the whole sequence's mask
+    random_context_parallel = True  # (over `context` too: its places' entries of the one-device mask)
 
     def attrs(self, args):
         return {"rate": args.rate}

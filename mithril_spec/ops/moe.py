@@ -26,6 +26,7 @@ class Moe(Op):
     Args = MoeArgs
     has_params = True
     has_aux_loss = True
+    tensor_parallel = "experts"  # the experts' hidden features over `tensor` (Megatron's MLP, per expert)
     handled_dims = {"experts.fc.weight": (2,), "experts.fc.bias": (1,), "experts.proj.weight": (1,)}
     expert_dims = {"experts.fc.weight": 0, "experts.fc.bias": 0, "experts.proj.weight": 0, "experts.proj.bias": 0}
 

@@ -68,6 +68,11 @@ class BatchNorm(SavesInputs):
     has_params = True
     normalizes = True
     batch_statistics = True
+    # channels split over `tensor` (a channel axis ruled to it): stored split, gathered for use (no handled_dims)
+    tensor_parallel = "gather"
+    # Over `context` its input is [batch, seq, ...] (every activation is), so its channels are the sequence
+    # positions: a rank normalises its places with their rows of the weights, statistics and running buffers.
+    context_parallel = "position"
 
     def pipeline_limit(self, attrs):
         return "batch_norm (running statistics per micro-batch and stage)"

@@ -83,6 +83,9 @@ def _pipeline(plan: Plan, layers: list[dict[str, Any]]) -> dict[str, Any] | None
         # model inputs that the layers before / after the block read
         "pre_reads": sorted({n for layer in pre + [layers[at]] for n in layer["inputs"]}),
         "post_reads": sorted({n for layer in post for n in layer["inputs"]}),
+        # moe layers before / after the block: their load-balancing losses join the micro-batch's loss
+        "pre_aux": any(OPS[layer["op"]].has_aux_loss for layer in pre if layer["op"] in OPS),
+        "post_aux": any(OPS[layer["op"]].has_aux_loss for layer in post if layer["op"] in OPS),
         "pipe": pp.pipe,
         "virtual_stages": pp.virtual,
         "microbatches": pp.microbatches,

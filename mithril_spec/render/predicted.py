@@ -1,7 +1,7 @@
 """What the plan predicts for one step of the program being built, as plain data for its config: the figures
 `--profile` prints next to what it measures (docs/program.md "Profiling"), and the activation offload the
-program counts. Costed as `plan --target TARGET` costs it; step times for every profile the program may find
-itself on (the spec's `hardware` profiles and the built-in ones), picked by device name at run time."""
+program counts. Costed as `plan --target TARGET` costs it; step times for the built-in profiles a device's
+name selects at run time (DEVICE_PROFILES)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def predicted(plan: Plan, target: str) -> dict[str, Any]:
     comm = {k: sum(c.total_bytes for c in costs.collectives if c.kind == k) for k in KINDS}
     calls = {k: sum(c.count for c in costs.collectives if c.kind == k) for k in KINDS}
     profiles = {}
-    for name in hw.names(plan.spec):
+    for name in dict.fromkeys(name for _key, name in DEVICE_PROFILES):  # the profiles a device name selects
         t = step_time(costs, plan, hw.lookup(name, plan.spec), CostOptions())
         per_kind = {k: 0.0 for k in KINDS}
         for c, s in zip(costs.collectives, t.collective_s):

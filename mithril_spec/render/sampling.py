@@ -66,8 +66,11 @@ def sampling_context(plan: Plan, ctx: dict[str, Any], target: str) -> dict[str, 
         """torch: how a layer's weights stay split over `tensor` while decoding: colwise / rowwise (a linear
         layer), pair (attention, mlp), or None (gathered whole)."""
         kind = OPS[layer["op"]].tensor_parallel if layer["op"] in OPS else None  # matmul (linear) or pair
-        if tensor <= 1 or not kind or layer["attrs"].get("tie") or layer["name"] == ctx["loss"]["prediction"]:
-            return None  # (a vocab-parallel output layer is gathered whole: the decode samples from all logits)
+        if tensor <= 1 or kind not in ("matmul", "pair") or layer["attrs"].get("tie") or (
+                layer["name"] == ctx["loss"]["prediction"]):
+            # (a vocab-parallel output layer is gathered whole: the decode samples from all logits; so are a moe
+            # layer's experts and a batch_norm's channels)
+            return None
         mine = {k: v for k, v in styles.items() if k == layer["name"] or k.startswith(layer["name"] + ".")}
         if not mine:
             return None

@@ -48,11 +48,12 @@ from .jax_target import spec_hash
 
 # Names the generated forward methods use besides tensor variables.
 MODEL_NAMES = {"F", "torch", "nn", "np", "math", "self", "block", "rope", "zlib", "checkpoint", "layers",
-               "selective_remat", "loss_fn", "moe_aux_loss"}
+               "selective_remat", "loss_fn", "moe_aux_loss", "CarryAuxLoss"}
 
 # Classes and names the program defines at module level: a block class must not take one of them.
 PROGRAM_NAMES = {"Model", "Attention", "MLP", "LayerNorm", "RMSNorm", "BatchNorm", "Dropout", "PosEmbedding", "Data",
-                 "Metrics", "F", "DDP", "MoE", "Weights", "Holder", "RingPass", "CONTEXT", "RING"}
+                 "Metrics", "F", "DDP", "MoE", "Weights", "Holder", "RingPass", "CONTEXT", "RING", "ToTensorRanks",
+                 "SumTensorRanks", "CarryAuxLoss", "AUX_LOSS"}
 
 
 
@@ -76,13 +77,20 @@ def _styles(ctx_tp: dict[str, str], prefix: str, nodes, sp: bool) -> dict[str, s
         if not isinstance(node, Node):
             continue
         mine = {k: v for k, v in ctx_tp.items() if k == node.name or k.startswith(node.name + ".")}
+        kind = OPS[node.op].tensor_parallel
+        if kind in ("experts", "gather"):
+            # not parallelize_module styles: the layer splits its own parameters (split_tensor): a moe layer its
+            # experts' hidden features, gathering the sequence first under sequence parallelism ("experts_sp");
+            # a batch_norm its channels (targets/torch.py refuses it in a sequence-parallel block)
+            if mine:
+                out[prefix + node.name] = "experts_sp" if sp and kind == "experts" else kind
+            continue
         if not sp:
             out.update({prefix + k: v for k, v in mine.items()})
             if len(OPS[node.op].input_projections(node.attrs)) > 1 and mine:
                 out[prefix + node.name] = "replicate_input"  # q, k, v (gate, up) share one input-gradient all-reduce
             continue
         # Sequence parallel: activations between layers hold seq / tensor positions on each rank.
-        kind = OPS[node.op].tensor_parallel
         if kind == "pair":
             out[prefix + node.name] = "gather_input"  # all-gather the sequence once for q, k, v (fc, gate, up)
             for k, v in mine.items():
@@ -139,6 +147,9 @@ def _pipeline(plan: Plan, layers: list[dict[str, Any]], top_vars: dict[str, str]
             "receives": top_vars[f.receives] if f.receives else None,
             "sends": top_vars[f.sends],
             "describe": ", ".join(pp.stages[f.index].units),
+            # it holds a layer with a loss of its own (moe): its gradient starts at the stage's output
+            "aux_loss": any(OPS[x.op].has_aux_loss for node, _, _ in f.units
+                            for x in (node.layers if node.is_repeat else (node,))),
         })
     return {"pipe": pp.pipe, "virtual": pp.virtual, "n_stages": len(pp.stages), "microbatches": pp.microbatches,
             "schedule": pp.schedule, "stages": stages,
@@ -308,6 +319,10 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
             "mixed": mixed,  # compute dtype differs from the parameters' dtype
             "autocast": mixed and not fsdp,  # torch.autocast (FSDP2 casts with its MixedPrecisionPolicy)
             "tp_plan": tp_plan,
+            # moe layers whose experts' hidden features are split over `tensor` (MoE.split_tensor)
+            "tp_experts": bool({"experts", "experts_sp"} & set(tp_plan.values())),
+            # batch_norm layers whose channels are split over `tensor` (BatchNorm.split_tensor)
+            "tp_channels": "gather" in tp_plan.values(),
             "sp_repeats": sp_repeats,
             "transposed": any(p["transpose"] for p in rows),  # some nn.Linear weight (stored [out, in])
             "mesh3": {"data": D, "fsdp": Fs, "tensor": T},

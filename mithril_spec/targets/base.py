@@ -144,17 +144,19 @@ def vocab_parallel_layers(plan: Plan) -> tuple[set[str], set[str]]:
     return tables, heads
 
 
-def tensor_parallel_errors(plan: Plan, doc: Document, name: str, title: str, vocab_parallel: bool = False
-                           ) -> list[Diagnostic]:
+def tensor_parallel_errors(plan: Plan, doc: Document, name: str, title: str, vocab_parallel: bool = False,
+                           kinds: tuple[str, ...] = ("matmul", "pair")) -> list[Diagnostic]:
     """E049 for the layouts over `tensor` that Megatron-style tensor parallelism (the torch and mlx
     targets) cannot run: a column-parallel linear followed by a row-parallel one with only element-wise
     layers between, attention and mlp with every input projection split on its outputs and the output
     projection on its inputs; no other operator split. With `vocab_parallel`, also an embedding table split
     on its vocabulary and a column-parallel (or tied to such a table) output layer whose logits a
-    cross_entropy loss reads (vocab_parallel_layers)."""
+    cross_entropy loss reads (vocab_parallel_layers). `kinds`: the operators' tensor_parallel kinds the
+    target runs besides (ops/base.py): "experts" (a moe layer's experts split on their hidden features, as
+    its handled_dims say, or not at all), "gather" (any split: stored split, gathered for use)."""
     out: list[Diagnostic] = []
     tables, heads = vocab_parallel_layers(plan) if vocab_parallel else (set(), set())
-    tp_ops = ", ".join(k for k, op in OPS.items() if op.tensor_parallel)
+    tp_ops = ", ".join(k for k, op in OPS.items() if op.tensor_parallel in kinds)
 
     def err(node, msg, help=None):
         out.append(Diagnostic("E049", msg, doc.pos(node.path + ("name",)), help=help))
@@ -166,6 +168,7 @@ def tensor_parallel_errors(plan: Plan, doc: Document, name: str, title: str, voc
             full = prefix + node.name
             styles = {p.name: tensor_dims(plan, f"{full}.{p.name}") for p in node.params}
             kind = OPS[node.op].tensor_parallel
+            kind = kind if kind in kinds else None
             if prefix == "" and (node.name in tables or node.name in heads):
                 continue  # vocab-parallel
             if kind == "matmul" and not node.attrs.get("tie"):
@@ -191,6 +194,15 @@ def tensor_parallel_errors(plan: Plan, doc: Document, name: str, title: str, voc
                     err(node, f"`{node.name}`: {title} tensor parallelism needs every input projection split on "
                         "its output features and the output projection on its input features (or none split)",
                         help="shard `heads`/`kv_heads` (attention) or `mlp` (mlp) over `tensor` together")
+            elif kind == "experts":
+                handled = OPS[node.op].handled_dims
+                if any(styles.values()) and any(d != handled.get(n, ()) for n, d in styles.items()):
+                    err(node, f"`{node.name}`: {title} tensor parallelism splits a moe layer's experts on their "
+                        "hidden features (experts.fc on its outputs, experts.proj on its inputs) or not at all",
+                        help="rule `mlp` to `tensor` and leave the router, the experts' other dimensions and "
+                        "experts.proj.bias whole")
+            elif kind == "gather":
+                pass  # stored split, gathered whole for use
             elif any(styles.values()):
                 err(node, f"`{node.name}`: the {name} target cannot split {_a(node.op)} layer over `tensor`",
                     help=f"tensor parallelism applies to {tp_ops} layers in the {name} target")

@@ -5,7 +5,8 @@ The programs split the sequence of every activation over `context` in the load-b
 chunks r and 2n-1-r of 2n), run attention as ring attention, give position embeddings the global positions,
 and keep parameters whole over `context` (gradients reduced over it). So they need: a sequence that every
 activation has as its first dimension, 2n chunks of it, layers that act per position or attend over it
-(Op.context_role), and no other split of the sequence or of anything over `context`.
+(Op.context_role: dropout keeps the one-device masks, batch_norm's channels are the positions), and no
+other split of the sequence or of anything over `context`.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ AXIS = "context"  # the mesh axis (planner/context.py; the registry imports noth
 LIMIT = ("Context parallelism (the `context` axis splits the sequence; ring attention) combines with `data`, "
          "`fsdp` and `tensor`, not with `pipe` or `expert`, `training.zero` above 0, `remat: selective`, rules or "
          "layouts naming `context` or the sequence axis, an imported model (`hf`), nor with layers that mix "
-         "positions or draw random numbers; the sequence must split into 2 x context chunks.")
+         "sequence positions (moe, convolutions, pooling, reshapes); dropout (layers and attention) keeps the "
+         "one-device masks and batch_norm normalises each rank's positions; the sequence must split into 2 x "
+         "context chunks.")
 
 
 def context_errors(plan: Plan, doc: Document, target: str) -> list[Diagnostic]:
@@ -92,8 +95,8 @@ def context_errors(plan: Plan, doc: Document, target: str) -> list[Diagnostic]:
             why = "draws random numbers (its masks would follow the split)" if op.is_random(n_.attrs) else (
                 "mixes sequence positions")
             err(doc.pos(n_.path + ("name",)), f"{n_.op} layer `{n_.name}` on a sequence split over `context`: it "
-                f"{why}", "context parallelism runs per-position layers, embeddings, mlp and attention (dropout "
-                "rate 0)")
+                f"{why}", "context parallelism runs per-position layers (dropout and batch_norm included), "
+                "embeddings, mlp and attention")
         elif any(not t.shape or t.axes[0] != seq for t in (*n_.in_types, n_.out)) and n_.path not in reported:
             reported.add(n_.path)
             err(doc.pos(n_.path + ("name",)), f"`{n_.name}` on a sequence split over `context`: its input or "

@@ -29,8 +29,10 @@ class JaxTarget(Target):
         param_dtypes=("float32", "bfloat16", "float16"),
         launchers=("launch.sh (jax.distributed, one process per host)",),
         pipeline_outside_everywhere=True,
-        # each micro-batch's key travels with it through the schedule (templates/jax/pipeline.py.j2)
-        pipelined_ops=frozenset({"dropout", "attention"}),
+        # each micro-batch's key travels with it through the schedule, and each stage's load-balancing loss
+        # (moe) joins the loss; batch_norm's running statistics move once per micro-batch, in their order (the
+        # layers before and after the block run micro-batch after micro-batch) (templates/jax/pipeline.py.j2)
+        pipelined_ops=frozenset({"dropout", "attention", "moe", "batch_norm"}),
         # NCCL_ALGO and XLA's combine thresholds and latency-hiding scheduler, set by the program
         collective_algorithms=("auto", "ring", "tree"),
         # the replicas' gradients reduced by the program in 16 bits (targets/communication.py: which builds)

@@ -27,9 +27,15 @@ if TYPE_CHECKING:
     from ..planner.plan import Plan
     from ..source import Document
 
-# Operators a sequence-parallel block may hold: per-position ones, and tensor-parallel pairs (attention, mlp).
-SP_OPS = tuple(k for k, op in OPS.items() if op.per_position or op.tensor_parallel == "pair")
-TP_OPS = tuple(k for k, op in OPS.items() if op.tensor_parallel)
+# Tensor parallelism (ops/base.py `tensor_parallel`): column- / row-parallel linear layers, Megatron pairs
+# (attention, mlp), a moe layer's experts split on their hidden features (the router and the dispatch whole on
+# every rank, the experts' partial sums all-reduced) and batch_norm's channels (stored split, gathered for use).
+TP_KINDS = ("matmul", "pair", "experts", "gather")
+TP_OPS = tuple(k for k, op in OPS.items() if op.tensor_parallel in TP_KINDS)
+# Operators a sequence-parallel block may hold: per-position ones, tensor-parallel pairs (attention, mlp) and
+# moe layers (which gather the sequence: capacity is filled in token order over the whole sample).
+SP_KINDS = ("pair", "experts")
+SP_OPS = tuple(k for k, op in OPS.items() if op.per_position or op.tensor_parallel in SP_KINDS)
 
 
 # ZeRO-1/2 in the torch target: the model replicated over `data` (ZeRO-1: DDP's all-reduce; ZeRO-2: a
@@ -74,8 +80,12 @@ class TorchTarget(Target):
         ),
         launchers=("launch.sh (torchrun, one machine or several)", "launch.sbatch (SLURM)"),
         fused_attention=True,  # F.scaled_dot_product_attention (at attention dropout 0)
-        # each pipeline micro-batch takes its rows of the micro-step's masks (templates/torch/pipeline_main.py.j2)
-        pipelined_ops=frozenset({"dropout", "attention"}),
+        # dropout, attention: each pipeline micro-batch takes its rows of the micro-step's masks; moe: each
+        # stage's load-balancing losses start their gradient at its output (CarryAuxLoss), their values are
+        # summed per rank for the logged loss (templates/torch/pipeline_*.py.j2). The expert axis is refused
+        # with a pipeline (_experts). batch_norm: each pipeline micro-batch has its id, by which the running
+        # statistics move once per micro-batch in their order, never in remat's recomputation.
+        pipelined_ops=frozenset({"dropout", "attention", "moe", "batch_norm"}),
         # DDP communication hooks (FSDP2: its reduce dtype), NCCL_ALGO in launch.sh, DDP's bucket_cap_mb,
         # FSDP2's explicit prefetch; DDP and FSDP2 always overlap the gradient reduction with the backward pass
         compression=("none", "fp16", "bf16", "powersgd"),
@@ -102,10 +112,14 @@ class TorchTarget(Target):
         "column-parallel linear is followed by a row-parallel one with only element-wise layers between; "
         "attention and mlp split every input projection on its outputs and the output projection on its inputs; "
         "an embedding table may be split on its vocabulary, and the output layer of a cross_entropy loss on its "
-        "output features (vocab-parallel, with a parallel cross-entropy; not in a pipeline).",
+        "output features (vocab-parallel, with a parallel cross-entropy; not in a pipeline); a moe layer splits "
+        "its experts on their hidden features or not at all (the router and the dispatch whole on every rank, "
+        "the experts' partial sums all-reduced); a batch_norm keeps its slice of the channels and gathers them "
+        "for use.",
         "Sequence parallelism (the sequence axis ruled to `tensor` in a repeated block) needs the block's layers "
-        "to be per-position operators or tensor-parallel attention / mlp (dropout keeps its positions' slice of "
-        "the whole sequence's masks), and is not combined with a pipeline.",
+        "to be per-position operators or tensor-parallel attention / mlp / moe (dropout keeps its positions' "
+        "slice of the whole sequence's masks; a moe layer gathers the whole sequence, over which its capacity "
+        "is filled), and is not combined with a pipeline.",
         "Expert parallelism: the `expert` axis combines with `data` only, and splits exactly the experts of moe "
         "layers (dimension 0).",
         "Under fsdp, a parameter none of whose dimensions the fsdp axis divides stays whole on every rank (as "
@@ -168,16 +182,17 @@ def _checks(plan: Plan, doc: Document) -> list[Diagnostic]:
         if n.is_repeat and sequence_parallel(plan, n):
             for node in n.layers:
                 op = OPS[node.op]
-                if not (op.per_position or op.tensor_parallel == "pair") or (
+                if not (op.per_position or op.tensor_parallel in SP_KINDS) or (
                         op.is_random(node.attrs) and not op.random_sequence_parallel):
                     err(node, f"`{node.name}`: the torch target cannot run {_a(node.op)} layer on a sequence split "
                         "over `tensor` (sequence parallelism)",
                         help=f"sequence-parallel blocks hold {', '.join(SP_OPS)}; or do not rule the sequence axis "
                         "to `tensor`")
-                elif op.tensor_parallel == "pair" and not any(
+                elif op.tensor_parallel in SP_KINDS and not any(
                         tensor_dims(plan, f"{n.name}.0.{node.name}.{p.name}") for p in node.params):
                     err(node, f"`{node.name}`: under sequence parallelism the torch target needs {node.op} layers "
-                        "split over `tensor`", help="rule `heads`/`kv_heads` (attention) or `mlp` to `tensor`")
+                        "split over `tensor`", help="rule `heads`/`kv_heads` (attention) or `mlp` (mlp, moe) to "
+                        "`tensor`")
 
     out += _experts(plan, doc)
     out += _whole_under_fsdp(plan, doc)
@@ -194,7 +209,7 @@ def _checks(plan: Plan, doc: Document) -> list[Diagnostic]:
                 err(node, f"layer name `{node.name}` clashes with {what} in the torch target",
                     help="rename the layer (names are shared by every target)")
     if tp:
-        out += tensor_parallel_errors(plan, doc, "torch", "PyTorch", vocab_parallel=True)
+        out += tensor_parallel_errors(plan, doc, "torch", "PyTorch", vocab_parallel=True, kinds=TP_KINDS)
         out += _vocab_parallel(plan, doc)
     return out
 

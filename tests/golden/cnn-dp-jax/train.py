@@ -127,16 +127,16 @@ PREDICTED = {
         "all-reduce": 2,
     },
     "profiles": {
-        "h100-sxm-80gb": {
-            "step_s": 4.594e-05,
+        "h200-141gb": {
+            "step_s": 4.427e-05,
             "compute_s": 2.482e-06,
             "offload_s": 0.0,
             "comm_s": {
                 "all-reduce": 4.043e-05,
             },
         },
-        "h200-141gb": {
-            "step_s": 4.427e-05,
+        "h100-sxm-80gb": {
+            "step_s": 4.594e-05,
             "compute_s": 2.482e-06,
             "offload_s": 0.0,
             "comm_s": {

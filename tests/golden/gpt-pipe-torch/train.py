@@ -178,8 +178,8 @@ PREDICTED = {
         "send/recv": 4,
     },
     "profiles": {
-        "h100-sxm-80gb": {
-            "step_s": 0.0003105,
+        "h200-141gb": {
+            "step_s": 0.0003103,
             "compute_s": 3.309e-06,
             "offload_s": 0.0,
             "comm_s": {
@@ -187,8 +187,8 @@ PREDICTED = {
                 "send/recv": 1.215e-05,
             },
         },
-        "h200-141gb": {
-            "step_s": 0.0003103,
+        "h100-sxm-80gb": {
+            "step_s": 0.0003105,
             "compute_s": 3.309e-06,
             "offload_s": 0.0,
             "comm_s": {

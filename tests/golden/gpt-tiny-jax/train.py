@@ -183,8 +183,8 @@ PREDICTED = {
         "reduce-scatter": 7,
     },
     "profiles": {
-        "h100-sxm-80gb": {
-            "step_s": 0.0002033,
+        "h200-141gb": {
+            "step_s": 0.0002027,
             "compute_s": 2.149e-05,
             "offload_s": 0.0,
             "comm_s": {
@@ -193,8 +193,8 @@ PREDICTED = {
                 "reduce-scatter": 2.295e-05,
             },
         },
-        "h200-141gb": {
-            "step_s": 0.0002027,
+        "h100-sxm-80gb": {
+            "step_s": 0.0002033,
             "compute_s": 2.149e-05,
             "offload_s": 0.0,
             "comm_s": {

@@ -128,16 +128,16 @@ PREDICTED = {
         "all-reduce": 2,
     },
     "profiles": {
-        "h100-sxm-80gb": {
-            "step_s": 3.822e-05,
+        "h200-141gb": {
+            "step_s": 3.801e-05,
             "compute_s": 1.216e-07,
             "offload_s": 0.0,
             "comm_s": {
                 "all-reduce": 3.751e-05,
             },
         },
-        "h200-141gb": {
-            "step_s": 3.801e-05,
+        "h100-sxm-80gb": {
+            "step_s": 3.822e-05,
             "compute_s": 1.216e-07,
             "offload_s": 0.0,
             "comm_s": {

@@ -118,16 +118,16 @@ PREDICTED = {
         "all-reduce": 3,
     },
     "profiles": {
-        "h100-sxm-80gb": {
-            "step_s": 2.465e-05,
+        "h200-141gb": {
+            "step_s": 2.455e-05,
             "compute_s": 1.087e-07,
             "offload_s": 0.0,
             "comm_s": {
                 "all-reduce": 2.433e-05,
             },
         },
-        "h200-141gb": {
-            "step_s": 2.455e-05,
+        "h100-sxm-80gb": {
+            "step_s": 2.465e-05,
             "compute_s": 1.087e-07,
             "offload_s": 0.0,
             "comm_s": {

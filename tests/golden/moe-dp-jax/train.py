@@ -182,8 +182,8 @@ PREDICTED = {
         "all-to-all": 8,
     },
     "profiles": {
-        "h100-sxm-80gb": {
-            "step_s": 0.000116,
+        "h200-141gb": {
+            "step_s": 0.0001158,
             "compute_s": 6.577e-07,
             "offload_s": 0.0,
             "comm_s": {
@@ -191,8 +191,8 @@ PREDICTED = {
                 "all-to-all": 7.227e-05,
             },
         },
-        "h200-141gb": {
-            "step_s": 0.0001158,
+        "h100-sxm-80gb": {
+            "step_s": 0.000116,
             "compute_s": 6.577e-07,
             "offload_s": 0.0,
             "comm_s": {
@@ -418,7 +418,10 @@ def decoder_stack(p, name, x):
         x = jax.lax.with_sharding_constraint(x, P(("data", "expert"), None, None))
         return (x, aux_loss + aux), None
 
-    (x, aux_loss), _ = jax.lax.scan(step, (x, jnp.zeros((), jnp.float32)), rows)
+    # the losses' sum starts as a zero like x (in a pipeline stage's shard_map both vary over `pipe`: a scan's
+    # carry keeps its type)
+    aux_loss = jnp.zeros_like(x, jnp.float32, shape=())
+    (x, aux_loss), _ = jax.lax.scan(step, (x, aux_loss), rows)
     return x, aux_loss
 
 

@@ -165,8 +165,8 @@ PREDICTED = {
         "all-to-all": 8,
     },
     "profiles": {
-        "h100-sxm-80gb": {
-            "step_s": 0.000116,
+        "h200-141gb": {
+            "step_s": 0.0001158,
             "compute_s": 6.577e-07,
             "offload_s": 0.0,
             "comm_s": {
@@ -174,8 +174,8 @@ PREDICTED = {
                 "all-to-all": 7.227e-05,
             },
         },
-        "h200-141gb": {
-            "step_s": 0.0001158,
+        "h100-sxm-80gb": {
+            "step_s": 0.000116,
             "compute_s": 6.577e-07,
             "offload_s": 0.0,
             "comm_s": {
@@ -333,9 +333,12 @@ class MoE(nn.Module):
         b_idx = torch.arange(B, device=x.device)[:, None].expand(B, k * T)
         t_idx = torch.arange(T, device=x.device).repeat(k)[None].expand(B, k * T)
         slot = (b_idx * E + order) * C + slot_in_expert  # into [B, E, C]
-        # dispatch: every slot reads its token's row (empty slots read the zero row B*T)
-        src = torch.full((B * E * C,), B * T, dtype=torch.long, device=x.device)
-        src[slot[kept]] = (b_idx * T + t_idx)[kept]
+        # dispatch: every slot reads its token's row (empty slots read the zero row B*T); dropped choices write
+        # to one spare slot past the end, so no shape depends on the data (the pipeline schedules of older
+        # torch releases infer the shapes between stages by running them on meta tensors)
+        src = torch.full((B * E * C + 1,), B * T, dtype=torch.long, device=x.device)
+        src[torch.where(kept, slot, B * E * C)] = torch.where(kept, b_idx * T + t_idx, B * T)
+        src = src[:-1]
         rows = torch.cat([xs.reshape(B * T, d), xs.new_zeros(1, d)])
         out = self.run_experts(
             rows[src].view(B, E, C, d).transpose(0, 1).contiguous()
