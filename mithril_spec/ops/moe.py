@@ -79,5 +79,24 @@ class Moe(Op):
             for ph in c.phases:
                 c.add_coll("all-to-all", ep, ph, what, payload, True, 2)
             c.add_coll("all-to-all", ep, "backward", what, payload, True, 2)
-        if T:
-            c.tp_pair(T, 1)
+        if T:  # each expert's MLP split on its hidden features (Megatron's, per expert)
+            self._tensor_parallel(c, T, c.b * a["experts"] * a["capacity"] * a["dim"] * cb)
+
+    @staticmethod
+    def _tensor_parallel(c, T, slot_bytes: int) -> None:
+        """The router and the dispatch run whole on every rank, so what is all-reduced is the experts'
+        partial outputs over every slot [E, b, C, d] (forward) and the slots' partial input gradient
+        (backward), not the tokens; a sequence split over `tensor` is gathered before the layer (and the
+        output gradient in the backward pass), each rank keeping its positions of the output."""
+        ax = c.sorted_axes(T)
+        what = "tensor-parallel (moe)"
+        split = c.in_axes & T
+        for ph in c.phases:
+            if split:
+                c.add_coll("all-gather", ax, ph, what + " input all-gather", c.nbytes(c.x, c.in_axes - T), True)
+            c.add_coll("all-reduce", ax, ph, what + " expert outputs all-reduce (every slot)", slot_bytes, True)
+        if split:
+            c.add_coll("all-gather", ax, "backward", what + " output-gradient all-gather",
+                       c.nbytes(c.out, c.out_axes - T), True)
+        if c.needs_dx:
+            c.add_coll("all-reduce", ax, "backward", what + " slot-gradient all-reduce", slot_bytes, True)
