@@ -12,6 +12,10 @@ Dropout and batch_norm: the same model with attention dropout, a dropout layer a
 are the positions) on context=2 and data=2 x context=2 equals its one-device build in both targets: losses,
 gradient norms, the evaluation and batch_norm's running statistics (from the checkpoints).
 
+Moe: the model with its mlp as a moe layer (few slots: many choices dropped) on context=2, data=2 x context=2
+and context=2 x tensor=2 equals its one-device build in both targets (the layer gathers the whole sequence; its
+load-balancing loss, part of the loss, counted once); the plan counts the gather and its gradient.
+
 Plan: activations shrink with the context degree, parameters and optimizer state do not; the ring's figures
 follow docs/cost-model.md. Refusals: what the targets cannot run on a sequence split over `context` is E049.
 """
@@ -172,7 +176,7 @@ REFUSED = [
     ("pipe=2,context=2", (("\nsharding:", "\npipeline: {microbatches: 2, schedule: gpipe}\nsharding:"),), "`pipe`"),
     ("context=2", (("  seed: 0\n", "  seed: 0\n  remat: selective\n"),), "remat: selective"),
     ("data=2,context=2", (("  seed: 0\n", "  seed: 0\n  zero: 1\n"),), "training.zero: 1"),
-    ("context=2", (MOE,), "mixes sequence positions"),
+    ("context=2,expert=2", (MOE,), "`expert`"),
     ("context=2", (("seq: 16,", "seq: 14,"),), "divisible by 4"),
     ("context=2", (("mlp: tensor}", "mlp: tensor, seq: tensor}"),), "sequence `seq`"),
     ("context=2", (("mlp: tensor}", "mlp: tensor, vocab: context}"),), "rule naming `context`"),
@@ -191,6 +195,7 @@ def test_accepted_meshes_have_no_refusal():
         for target in ("jax", "torch"):
             assert _refusals(mesh, target=target) == [], (mesh, target)
             assert _refusals(mesh, RANDOM, target) == [], (mesh, target)
+            assert _refusals(mesh, (MOE,), target) == [], (mesh, target)
 
 
 # ---------------------------------------------------------------- dropout and batch_norm
@@ -264,6 +269,70 @@ def test_dropout_and_batch_norm_equal_one_device(target, mesh):
         assert got["buffers"] == plan.memory.buffers
         if "grads" in got:
             assert got["grads"] == plan.memory.grads
+
+
+# ---------------------------------------------------------------- moe
+
+# The block's mlp as a moe layer with few slots (capacity 4 per expert and sample for 32 choices: many are
+# dropped, so the output depends on the order in which the whole sequence fills them).
+MOE_TIGHT = (MOE[0], MOE[1].replace("hidden: ff}", "hidden: ff, capacity_factor: 0.5}"))
+MOE_MESHES = ("data=1", "context", "data_context", "context_tensor")  # (tensor: the experts' hidden features)
+
+
+def moe_run(target, mesh):
+    runs = jax_runs if target == "jax" else torch_runs
+    env = {"XLA_FLAGS": FAST} if target == "jax" else None
+    return runs.run(runs.build(SPEC, mesh, (MOE_TIGHT,)), "--steps", str(STEPS), env=env)
+
+
+@pytest.fixture(scope="module")
+def moe_runs():
+    for target in ("jax", "torch"):  # (builds one at a time: they redirect the process's stdout)
+        for mesh in MOE_MESHES:
+            (jax_runs if target == "jax" else torch_runs).build(SPEC, mesh, (MOE_TIGHT,))
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda tm: moe_run(*tm), [(t, m) for t in ("jax", "torch") for m in MOE_MESHES]))
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("moe_runs")
+@pytest.mark.parametrize("target,mesh", [(t, m) for t in ("jax", "torch") for m in MOE_MESHES[1:]])
+def test_moe_equals_one_device(target, mesh):
+    """Every context rank runs the moe layers on the whole sequence in its order (gathered over `context`)
+    and keeps its places: the slots fill as on one device, and the load-balancing loss (part of the loss) is
+    each sample's once, not per rank: losses and gradient norms equal the one-device run's; every rank holds
+    the planned bytes."""
+    ref, par = moe_run(target, "data=1"), moe_run(target, mesh)
+    dl = jax_runs.max_diff(par.losses, ref.losses)
+    dg = jax_runs.max_diff([r["grad_norm"] for r in par.metrics], [r["grad_norm"] for r in ref.metrics])
+    jax_runs.report(f"context parallel moe {target} {mesh}", max_dloss=dl, max_dgrad_norm=dg)
+    assert len(par.losses) == len(ref.losses) == STEPS
+    assert dl < 1e-5 and dg < 1e-5, (dl, dg)
+    plan = compile_file(jax_runs.spec_variant(SPEC, (MOE_TIGHT,)), mesh).plan
+    held = par.memory
+    for got in held.get("ranks", [held["device0"]]):
+        assert got["params"] == plan.memory.params and got["optimizer"] == plan.memory.optimizer
+        if "grads" in got:
+            assert got["grads"] == plan.memory.grads
+
+
+def test_plan_moe_gathers_the_sequence():
+    """A moe layer under context=n: an all-gather of its input over `context` (the whole sequence, b * seq * d
+    float32 per device) forward and the input gradient's reduce-scatter backward; it keeps the whole sequence's
+    tensors, as on one device, and its FLOPs are not divided over `context`."""
+    b, seq, d, layers = 4, 16, 32, 2
+    single = estimate(_plan("data=1", (MOE,)))
+    for n in (2, 4):
+        est = estimate(_plan(f"context={n}", (MOE,)))
+        moe = [c for c in est.collectives if c.axes == ("context",) and "moe" in c.what]
+        whole = layers * b * seq * d * 4
+        assert sorted((c.kind, c.phase, c.total_bytes) for c in moe) == [
+            ("all-gather", "forward", whole), ("reduce-scatter", "backward", whole)]
+        assert est.worst.activations.by_op["moe"] == single.worst.activations.by_op["moe"]
+        moe_flops = layers * 4 * _plan("data=1", (MOE,)).graph.layers[2].layers[4].flops
+        # every other layer's forward FLOPs divide by n, the moe layers' do not
+        assert est.flops.per_device_forward == pytest.approx(
+            moe_flops + (single.flops.per_device_forward - moe_flops) / n)
 
 
 def test_mlx_refuses_the_axis():

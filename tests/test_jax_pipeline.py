@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from jax_runs import SPECS, WORK, build, max_diff, max_param_diff, report, run, run_many
+from pipeline_edits import BATCH_NORM, GPIPE, REMAT
 
 from mithril_spec.frontend import compile_file
 from mithril_spec.targets import check_target
@@ -23,7 +24,6 @@ from mithril_spec.targets import check_target
 # the example moves to specs/ once both targets run it
 GPT_PIPE = SPECS / "gpt-pipe.yaml"
 STEPS = 5
-GPIPE = (("schedule: 1f1b}", "schedule: gpipe}"),)
 INTERLEAVED = (("schedule: 1f1b}", "schedule: interleaved, virtual_stages: 2}"),)
 # bfloat16 compute, full remat and 2 accumulation micro-batches of 4 pipeline micro-batches each
 BF16 = (("  seed: 0", "  seed: 0\n  precision: {compute: bfloat16}\n  remat: full\n  grad_accum: 2"),)
@@ -177,18 +177,6 @@ def test_unsupported_pipelines_are_e049():
     assert e049(moe) == []
 
 
-# batch_norm after `wpe` (before the pipelined block: it runs on every pipe rank), in every copy of the block and
-# after it (before ln_f). Each pipeline micro-batch normalises with its own statistics (over the data shards)
-# and moves the running ones once, in micro-batch order, as the one-device build's micro-batches do one after
-# the other; neither the 1f1b backward's recomputation nor remat moves them again, nor do idle ticks.
-BATCH_NORM = (
-    ("    - {op: pos_embedding, name: wpe, max_len: seq}",
-     "    - {op: pos_embedding, name: wpe, max_len: seq}\n    - {op: batch_norm, name: bn_in}"),
-    ("      - {op: add, name: res2, inputs: [res1, mlp]}",
-     "      - {op: batch_norm, name: bn}\n      - {op: add, name: res2, inputs: [res1, bn]}"),
-    ("    - {op: layer_norm, name: ln_f}", "    - {op: batch_norm, name: bn_out}\n    - {op: layer_norm, name: ln_f}"),
-)
-REMAT = (("  seed: 0", "  seed: 0\n  remat: full"),)
 BN_CASES = [  # (what, mesh, spec edits besides BATCH_NORM)
     ("gpipe pipe=2 x data=2 x tensor=2", None, GPIPE),
     ("1f1b pipe=2, remat full", "pipe=2", REMAT),

@@ -7,8 +7,10 @@ difference below 1e-5 over 5 steps, float32: 1f1b on the example's default mesh 
 (pipeline with data and tensor parallelism, 8 ranks), gpipe on pipe=2 x fsdp=2 (FSDP2 inside the stages),
 interleaved on pipe=2 x data=2 (DDP inside the stages) and 1f1b on pipe=4; with moe layers in the stages
 (their load-balancing losses part of the loss and its gradient), gpipe on pipe=2 and 1f1b on pipe=2 x
-fsdp=2. Also: gradient accumulation around the pipeline, canonical export (the plan's parameter count), the memory each rank holds, a
-checkpoint saved on pipe=4 resumed on one process, and the E049s for what the torch pipeline does not run.
+fsdp=2; vocab-parallel (the table and the logits split over `tensor`, a parallel cross-entropy on the last
+stage), 1f1b on pipe=2 x tensor=2 and gpipe on pipe=2 x data=2 x tensor=2. Also: gradient accumulation
+around the pipeline, canonical export (the plan's parameter count), the memory each rank holds, a checkpoint
+saved on pipe=4 resumed on one process, and the E049s for what the torch pipeline does not run.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pipeline_edits import BATCH_NORM, GPIPE, REMAT
 from torch_runs import SPECS, WORK, build, max_diff, max_param_diff, report, run, run_many, spec_variant
 
 from mithril_spec.frontend import compile_file
@@ -23,7 +26,6 @@ from mithril_spec.targets import check_target
 
 GPT_PIPE = SPECS / "gpt-pipe.yaml"
 STEPS = 5
-GPIPE = (("schedule: 1f1b}", "schedule: gpipe}"),)
 INTERLEAVED = (("schedule: 1f1b}", "schedule: interleaved, virtual_stages: 2}"),)
 ACCUM = (("  seed: 0\n", "  seed: 0\n  grad_accum: 2\n"),)  # 2 micro-steps of 4 pipeline micro-batches
 CKPT = WORK / "ckpt-gpt-pipe4"
@@ -42,6 +44,14 @@ NO_AUX = ((MLP, MOE_LAYER.replace("0.01", "0.0")),)
 MOE_CASES = [  # (what, mesh, spec edits besides MOE)
     ("gpipe pipe=2", "pipe=2", GPIPE),
     ("1f1b pipe=2 x fsdp=2", "pipe=2,fsdp=2", ()),
+]
+# vocab-parallel (Megatron's): the embedding table (stage 0) split on its rows over `tensor`, the output layer
+# (the last stage) on its output features, its logits into loss_parallel's cross-entropy
+VOCAB = (("    mlp: tensor\n", "    mlp: tensor\n    vocab: tensor\n"),
+         ("name: lm_head, dimension: vocab, bias: false}", "name: lm_head, dimension: vocab, axis: vocab, bias: false}"))
+VOCAB_CASES = [  # (what, mesh, spec edits besides VOCAB)
+    ("1f1b pipe=2 x tensor=2", "pipe=2,tensor=2", ()),  # without FSDP2: the table keeps its gradient's rows
+    ("gpipe pipe=2 x data=2 x tensor=2", None, GPIPE),  # FSDP2 (fsdp=1) over data inside the stages
 ]
 
 
@@ -72,6 +82,8 @@ def all_runs():
              + [(build(GPT_PIPE, mesh, edits), *_args(mesh, edits)) for _, mesh, edits in CASES]
              + [(build(GPT_PIPE, "single", e), "--steps", str(STEPS)) for e in (MOE, NO_AUX)]
              + [(build(GPT_PIPE, mesh, MOE + edits), "--steps", str(STEPS)) for _, mesh, edits in MOE_CASES]
+             + [(build(GPT_PIPE, mesh, VOCAB + edits), "--steps", str(STEPS)) for _, mesh, edits in
+                [("", "single", ())] + VOCAB_CASES]
              + [bn_job(mesh, edits) for mesh, edits in BN_RUNS])
 
 
@@ -113,6 +125,44 @@ def test_moe_in_the_stages_equals_one_process(case):
     assert dg < 1e-4 and dp < 1e-4, (dg, dp)
     assert 0.02 < aux < 0.1, aux
     assert moved > 1e-3, moved  # (7e-3: far more than the pipeline and the one process differ)
+
+
+def held_by_stage(plan, memory) -> None:
+    """Every rank holds the planned bytes of its pipe rank's stages (ranks are pipe-major), the fullest
+    what the plan reports."""
+    predicted = {"params": plan.memory.params, "grads": plan.memory.grads, "optimizer": plan.memory.optimizer,
+                 "buffers": plan.memory.buffers}
+    assert memory["planned"] == predicted
+    assert max(memory["ranks"], key=lambda r: sum(r.values())) == predicted
+    pp = plan.pipeline
+    stage_params = [sum(p.local_bytes for p in plan.params if p.stage % pp.pipe == r) for r in range(pp.pipe)]
+    per_pipe_rank = len(memory["ranks"]) // pp.pipe
+    for r, held in enumerate(memory["ranks"]):
+        assert held["params"] == stage_params[r // per_pipe_rank], (r, held)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", VOCAB_CASES, ids=[c[0].split()[0] for c in VOCAB_CASES])
+def test_vocab_parallel_in_the_stages_equals_one_process(case):
+    """The table's stage sends its whole lookups on; the last stage's logits stay split over `tensor` (a
+    DTensor) into its loss_fn, which loss_parallel around the schedule's step makes a parallel
+    cross-entropy."""
+    what, mesh, edits = case
+    spec = spec_variant(GPT_PIPE, VOCAB + edits)
+    plan = compile_file(spec, mesh).plan
+    assert plan.param("wte.weight").spec[0] == ("tensor",) and plan.param("lm_head.weight").spec[1] == ("tensor",)
+    text = (build(GPT_PIPE, mesh, VOCAB + edits) / "train.py").read_text()
+    assert '"wte": "embedding"' in text and '"lm_head": "colwise_logits"' in text and "with loss_parallel():" in text
+    ref = run(build(GPT_PIPE, "single", VOCAB), "--steps", str(STEPS))
+    par = run(build(GPT_PIPE, mesh, VOCAB + edits), "--steps", str(STEPS))
+    dl = max_diff(par.losses, ref.losses)
+    dg = max_diff(par.grad_norms, ref.grad_norms)
+    dp = max_param_diff(par.params, ref.params)
+    report(f"torch pipeline vocab-parallel {what} vs 1 process", max_dloss=dl, max_dgrad_norm=dg, max_dparam=dp,
+           ranks=[r["params"] for r in par.memory["ranks"]])
+    assert len(par.losses) == STEPS and dl < 1e-5, f"{what}: losses differ from one process by {dl:.2e}"
+    assert dg < 1e-4 and dp < 1e-4, (dg, dp)
+    held_by_stage(plan, par.memory)
 
 
 @pytest.mark.slow
@@ -193,6 +243,10 @@ def test_unsupported_pipelines_are_e049_with_their_position():
              "{op: linear, name: lm_head, dimension: vocab, bias: false, tie: wte}"),)
     ((msg, line, col),) = e049(tied)
     assert "tied to `wte.weight`" in msg and (line, col) == (26, 26)
+    # vocab-parallel layers run in a pipeline (test_vocab_parallel_...); a tied head there is the tie's E049
+    assert e049(VOCAB) == [] and e049(VOCAB, "pipe=2,tensor=2") == []
+    ((msg, _, _),) = e049(tied + VOCAB[:1])
+    assert "tied to `wte.weight`" in msg
     # a layer after the block reads one before it: two tensors would cross the stage boundary
     skip = (("{op: layer_norm, name: ln_f}", "{op: add, name: skip, inputs: [blocks, wpe]}"),
             ("{op: linear, name: lm_head, dimension: vocab, bias: false}",
@@ -214,19 +268,6 @@ def test_unsupported_pipelines_are_e049_with_their_position():
     assert any("`expert` mesh axis with `data` only" in m for m, _, _ in e049((), "pipe=2,expert=2"))
 
 
-# batch_norm after `wpe` (stage 0), in every copy of the block and after it (before ln_f, the last stage). Each
-# pipeline micro-batch normalises with its own statistics (over the data shards) and moves the running ones
-# once, in micro-batch order (MaskedStage gives each micro-batch its id), as the one-process build's
-# micro-batches do one after the other; neither remat's recomputation in the backward pass nor the schedule's
-# shape inference moves them.
-BATCH_NORM = (
-    ("    - {op: pos_embedding, name: wpe, max_len: seq}",
-     "    - {op: pos_embedding, name: wpe, max_len: seq}\n    - {op: batch_norm, name: bn_in}"),
-    ("      - {op: add, name: res2, inputs: [res1, mlp]}",
-     "      - {op: batch_norm, name: bn}\n      - {op: add, name: res2, inputs: [res1, bn]}"),
-    ("    - {op: layer_norm, name: ln_f}", "    - {op: batch_norm, name: bn_out}\n    - {op: layer_norm, name: ln_f}"),
-)
-REMAT = (("  seed: 0\n", "  seed: 0\n  remat: full\n"),)
 BN_CASES = [  # (what, mesh, spec edits besides BATCH_NORM)
     ("gpipe pipe=2 x data=2", "pipe=2,data=2", GPIPE),
     ("1f1b pipe=2, remat full", "pipe=2", REMAT),

@@ -106,7 +106,9 @@ class Op:
     per_position: ClassVar[bool] = False
     # Context parallelism (the `context` mesh axis splits the sequence, docs/program.md "Context
     # parallelism"): "position" (acts on each position alone, or reads the global positions: runs on its
-    # chunks of the sequence), "ring" (attends over the sequence: ring attention), None (per_position decides).
+    # chunks of the sequence), "ring" (attends over the sequence: ring attention), "gather" (needs the whole
+    # sequence in its order: the programs all-gather it over `context` going in, run the layer whole on every
+    # context rank and keep the rank's places coming out), None (per_position decides).
     context_parallel: ClassVar[Optional[str]] = None
     # Normalises over the features: a feature axis split over the mesh needs its statistics reduced.
     normalizes: ClassVar[bool] = False
@@ -167,8 +169,8 @@ class Op:
         return self.per_position
 
     def context_role(self, attrs: dict[str, Any]) -> Optional[str]:
-        """How the layer runs on a sequence split over `context`: "position", "ring", or None (it cannot: it
-        mixes positions, or draws random numbers whose masks would follow the split)."""
+        """How the layer runs on a sequence split over `context`: "position", "ring", "gather", or None (it
+        cannot: it mixes positions, or draws random numbers whose masks would follow the split)."""
         if self.is_random(attrs) and not self.random_context_parallel:
             return None
         return self.context_parallel or ("position" if self.per_position else None)

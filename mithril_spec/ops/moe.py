@@ -27,6 +27,9 @@ class Moe(Op):
     has_params = True
     has_aux_loss = True
     tensor_parallel = "experts"  # the experts' hidden features over `tensor` (Megatron's MLP, per expert)
+    # capacity is filled in token order over the whole sample: under context parallelism the programs gather
+    # the sequence in its order, run the layer whole on every context rank and keep the rank's places
+    context_parallel = "gather"
     handled_dims = {"experts.fc.weight": (2,), "experts.fc.bias": (1,), "experts.proj.weight": (1,)}
     expert_dims = {"experts.fc.weight": 0, "experts.fc.bias": 0, "experts.proj.weight": 0, "experts.proj.bias": 0}
 
@@ -67,7 +70,10 @@ class Moe(Op):
         c.div_axes |= T
         slots = math.ceil(a["capacity_factor"] * tokens * a["top_k"])  # token slots computed per device
         cb = c.compute_bytes
-        c.save_input()
+        if c.context > 1:  # the sequence split over `context`: gathered whole in its order on every rank, and
+            c.gather_sequence()  # kept for the backward pass instead of the rank's places
+        else:
+            c.save_input()
         c.save("router", tokens * a["experts"] * 4)
         c.save("dispatched", slots * a["dim"] * cb)
         c.save("hidden0", slots * a["hidden"] // c.deg(T) * cb)

@@ -5,8 +5,8 @@ The programs split the sequence of every activation over `context` in the load-b
 chunks r and 2n-1-r of 2n), run attention as ring attention, give position embeddings the global positions,
 and keep parameters whole over `context` (gradients reduced over it). So they need: a sequence that every
 activation has as its first dimension, 2n chunks of it, layers that act per position or attend over it
-(Op.context_role: dropout keeps the one-device masks, batch_norm's channels are the positions), and no
-other split of the sequence or of anything over `context`.
+(Op.context_role: dropout keeps the one-device masks, batch_norm's channels are the positions) or gather the
+whole sequence (moe), and no other split of the sequence or of anything over `context`.
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ AXIS = "context"  # the mesh axis (planner/context.py; the registry imports noth
 LIMIT = ("Context parallelism (the `context` axis splits the sequence; ring attention) combines with `data`, "
          "`fsdp` and `tensor`, not with `pipe` or `expert`, `training.zero` above 0, `remat: selective`, rules or "
          "layouts naming `context` or the sequence axis, an imported model (`hf`), nor with layers that mix "
-         "sequence positions (moe, convolutions, pooling, reshapes); dropout (layers and attention) keeps the "
-         "one-device masks and batch_norm normalises each rank's positions; the sequence must split into 2 x "
+         "sequence positions (convolutions, pooling, reshapes); dropout (layers and attention) keeps the "
+         "one-device masks, batch_norm normalises each rank's positions and a moe layer gathers the whole "
+         "sequence over `context` (its capacity is filled in token order); the sequence must split into 2 x "
          "context chunks.")
 
 
@@ -96,7 +97,7 @@ def context_errors(plan: Plan, doc: Document, target: str) -> list[Diagnostic]:
                 "mixes sequence positions")
             err(doc.pos(n_.path + ("name",)), f"{n_.op} layer `{n_.name}` on a sequence split over `context`: it "
                 f"{why}", "context parallelism runs per-position layers (dropout and batch_norm included), "
-                "embeddings, mlp and attention")
+                "embeddings, mlp, attention and moe")
         elif any(not t.shape or t.axes[0] != seq for t in (*n_.in_types, n_.out)) and n_.path not in reported:
             reported.add(n_.path)
             err(doc.pos(n_.path + ("name",)), f"`{n_.name}` on a sequence split over `context`: its input or "

@@ -112,10 +112,10 @@ class TorchTarget(Target):
         "column-parallel linear is followed by a row-parallel one with only element-wise layers between; "
         "attention and mlp split every input projection on its outputs and the output projection on its inputs; "
         "an embedding table may be split on its vocabulary, and the output layer of a cross_entropy loss on its "
-        "output features (vocab-parallel, with a parallel cross-entropy; not in a pipeline); a moe layer splits "
-        "its experts on their hidden features or not at all (the router and the dispatch whole on every rank, "
-        "the experts' partial sums all-reduced); a batch_norm keeps its slice of the channels and gathers them "
-        "for use.",
+        "output features (vocab-parallel, with a parallel cross-entropy; in a pipeline too, the split logits "
+        "staying on the last stage); a moe layer splits its experts on their hidden features or not at all (the "
+        "router and the dispatch whole on every rank, the experts' partial sums all-reduced); a batch_norm keeps "
+        "its slice of the channels and gathers them for use.",
         "Sequence parallelism (the sequence axis ruled to `tensor` in a repeated block) needs the block's layers "
         "to be per-position operators or tensor-parallel attention / mlp / moe (dropout keeps its positions' "
         "slice of the whole sequence's masks; a moe layer gathers the whole sequence, over which its capacity "
@@ -278,21 +278,18 @@ def _experts(plan: Plan, doc: Document) -> list[Diagnostic]:
 
 
 def _vocab_parallel(plan: Plan, doc: Document) -> list[Diagnostic]:
-    """Vocab-parallel layers (an embedding table split on its vocabulary, the output layer's logits split
-    over `tensor` into a parallel cross-entropy) outside a pipeline, and a tied linear layer reading a split
-    table only as that output layer."""
+    """A tied linear layer reading a table split on its vocabulary only as the output layer whose logits,
+    split over `tensor`, go into a parallel cross-entropy. Vocab-parallel layers run in a pipeline too: the
+    table's lookups come out whole, and the output layer is the loss prediction, so the last layer (E027
+    otherwise), on the last stage, whose loss_fn runs the parallel cross-entropy: its split logits never
+    pass between stages. A tied output layer there sits on another stage than its table, or its table
+    reads the model input on a later stage than the first: pipeline_flow refuses both."""
     tables, heads = vocab_parallel_layers(plan)
     out: list[Diagnostic] = []
+
     def table(node) -> str:  # the embedding layer a tied linear reads (its attrs name the table parameter)
         return (node.attrs.get("tie") or "").rsplit(".", 1)[0]
 
-    split_heads = {n.name for n in plan.graph.layers if n.name in heads and (table(n) in tables or not table(n))}
-    if (tables or split_heads) and plan.pipeline is not None and len(plan.pipeline.stages) > 1:
-        node = next(n for n in plan.graph.layers if n.name in tables | split_heads)
-        out.append(Diagnostic(
-            "E049", f"`{node.name}`: the torch target runs vocab-parallel layers (split over `tensor` on the "
-            "vocabulary) outside pipelines only", doc.pos(node.path + ("name",)),
-            help="leave the vocabulary whole (no rule for its axis) in a pipelined build"))
     for node in plan.graph.layers:
         if not node.is_repeat and table(node) in tables and node.name not in heads:
             out.append(Diagnostic(

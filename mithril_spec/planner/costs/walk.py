@@ -594,6 +594,23 @@ class LayerCosts:
         self.add_coll("send/recv", (CONTEXT,), "backward", f"ring attention {what} gradients (context)", nbytes,
                       True, n - 1)
 
+    def gather_sequence(self) -> None:
+        """A layer that needs the whole sequence in its order under context parallelism (Op.context_parallel
+        "gather"): every context rank all-gathers its input over `context` (in the forward pass and its
+        recomputation) and runs the layer on all of it, so its FLOPs are not divided over `context` and it
+        keeps the gathered input for the backward pass; the input's gradient, each rank's share over the whole
+        sequence, is reduce-scattered back onto the places."""
+        whole = self.in_axes - {CONTEXT}
+        self.div_axes -= {CONTEXT}
+        nbytes = self.nbytes(self.x, whole)
+        self.save("gathered input", nbytes)
+        what = f"context parallel ({self.node.op} sequence"
+        for ph in self.phases:
+            self.add_coll("all-gather", (CONTEXT,), ph, what + " all-gather)", nbytes, True)
+        if self.needs_dx:
+            self.add_coll("reduce-scatter", (CONTEXT,), "backward", what + " input-gradient reduce-scatter)", nbytes,
+                          True)
+
     def input_gradients(self, projections: tuple[str, ...]) -> int:
         """Input-gradient reductions of a layer's input projections: one when their output features are split
         alike (the programs compute them as one matmul, Op.input_projections), else one each."""
