@@ -211,7 +211,7 @@ RANDOM = (
      "    - {op: pos_embedding, name: wpe, max_len: seq}\n    - {op: batch_norm, name: bn}\n"),
     ("data: {kind: synthetic}\n", "data: {kind: synthetic}\neval: {batches: 1}\n"),
 )
-RANDOM_MESHES = ("data=1", "context", "data_context")
+RANDOM_MESHES = ("data=1", "data_context")  # (context=2 alone: the capability matrix)
 
 
 def random_run(target, mesh):
@@ -276,7 +276,8 @@ def test_dropout_and_batch_norm_equal_one_device(target, mesh):
 # The block's mlp as a moe layer with few slots (capacity 4 per expert and sample for 32 choices: many are
 # dropped, so the output depends on the order in which the whole sequence fills them).
 MOE_TIGHT = (MOE[0], MOE[1].replace("hidden: ff}", "hidden: ff, capacity_factor: 0.5}"))
-MOE_MESHES = ("data=1", "context", "data_context", "context_tensor")  # (tensor: the experts' hidden features)
+MOE_MESHES = ("data=1", "data_context", "context_tensor")  # (tensor: the experts' hidden features; context=2
+# alone: the capability matrix)
 
 
 def moe_run(target, mesh):

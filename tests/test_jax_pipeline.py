@@ -178,7 +178,7 @@ def test_unsupported_pipelines_are_e049():
 
 
 BN_CASES = [  # (what, mesh, spec edits besides BATCH_NORM)
-    ("gpipe pipe=2 x data=2 x tensor=2", None, GPIPE),
+    ("gpipe pipe=2 x data=2", "pipe=2,data=2", GPIPE),
     ("1f1b pipe=2, remat full", "pipe=2", REMAT),
 ]
 BN_RUNS = [("single", ())] + [c[1:] for c in BN_CASES]  # (mesh, edits): the one-device build first
