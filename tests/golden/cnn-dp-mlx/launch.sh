@@ -33,11 +33,14 @@ status_dir="$(mktemp -d)"
 trap 'rm -rf "$status_dir"' EXIT
 # every process runs this script again (bash), which runs train.py and notes its exit code; mlx.launch's
 # stderr passes through a filter that drops its "[WARN] Node with rank N exited with code C / was killed"
-# (matched without its coloured "[WARN]" tag, which the processes' own output can split from the rest)
+# lines. Their coloured "[WARN]" tag can be written before a process's own line and the rest of the warning
+# after it, so a line starting with the tag loses it (and is dropped when nothing else is left).
 rc=0
 { "$launcher" --backend ring "${where[@]}" --python "$(command -v bash)" --env "MITHRIL_STATUS_DIR=$status_dir" \
     --env "PYTHON=$python" "$here/launch.sh" "$@" 2>&1 1>&3 3>&- |
-    { grep --line-buffered -Ev 'Node with rank [0-9]+ (exited with code|was killed)' || true; } >&2
+    awk '{ tag = sub(/^\033\[[0-9;]*m\[WARN\](\033\[[0-9;]*m)?/, "") }
+         /Node with rank [0-9]+ (exited with code|was killed)/ || (tag && /^[ \t]*$/) { next }
+         { print; fflush() }' >&2
 } 3>&1 || rc=$?
 (( rc == 0 )) || exit "$rc"  # mlx.launch itself failed
 for f in "$status_dir"/*; do
