@@ -7,7 +7,9 @@ the other), max abs difference below 1e-5 over 5 steps, float32. Also: canonical
 count, resume of the stacked train state (in the pipelined build and in one without a pipeline, which
 stacks the copies in the same rows), the memory the program holds, batch_norm before, inside and after the
 pipelined block (the losses and the running statistics of the one-device build: each pipeline micro-batch's
-statistics, moved once per micro-batch in their order), and the E049s for what the jax pipeline does not run.
+statistics, moved once per micro-batch in their order), explicit `device:` / `stage:` placement with uneven
+stages padded to the largest (the one-device build's losses and parameters, the plan's padded bytes, a
+canonical export, an exact resume), and the E049s for what the jax pipeline does not run.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from jax_runs import SPECS, WORK, build, max_diff, max_param_diff, report, run, run_many
+from jax_runs import SPECS, WORK, build, max_diff, max_param_diff, report, run, run_many, spec_variant
 from pipeline_edits import BATCH_NORM, GPIPE, REMAT
 
 from mithril_spec.frontend import compile_file
@@ -27,6 +29,31 @@ STEPS = 5
 INTERLEAVED = (("schedule: 1f1b}", "schedule: interleaved, virtual_stages: 2}"),)
 # bfloat16 compute, full remat and 2 accumulation micro-batches of 4 pipeline micro-batches each
 BF16 = (("  seed: 0", "  seed: 0\n  precision: {compute: bfloat16}\n  remat: full\n  grad_accum: 2"),)
+# `device:` placement, uneven: 1 copy on stage 0 (with the embeddings), 3 on stage 1 (with the head), from two
+# repeats of the block; the program pads stage 0 to 3 rows (2 of them padding, skipped)
+UNEVEN = (("    - {repeat: layers, block: decoder, name: blocks}\n",
+           "    - {repeat: 1, block: decoder, name: blocks, device: 0}\n"
+           "    - {repeat: 3, block: decoder, name: more, device: 1}\n"),)
+# interleaved pipe=2 x 2 virtual stages, devices 0, 1, 0, 1: stages of 1, 3, 0 and 0 copies (ln_f and lm_head
+# alone on the last two), each pipe rank holding 2 stages of 3 rows
+UNEVEN_INTERLEAVED = UNEVEN + INTERLEAVED + (
+    ("    - {op: layer_norm, name: ln_f}", "    - {op: layer_norm, name: ln_f, device: 0}"),
+    ("    - {op: linear, name: lm_head, dimension: vocab, bias: false}",
+     "    - {op: linear, name: lm_head, dimension: vocab, bias: false, device: 1}"),
+)
+# `stage:` placement: the embeddings alone on stage 0, all 4 copies on stage 1 (stage 0: 4 padding rows)
+STAGED = (("    - {repeat: layers, block: decoder, name: blocks}", "    - {repeat: layers, block: decoder, name: blocks, stage: 1}"),)
+# dropout after each copy: a copy's masks come from its own repeat's name and index, padding rows draw none
+DROP = (("- {op: add, name: res2, inputs: [res1, mlp]}",
+         "- {op: add, name: res2, inputs: [res1, mlp]}\n      - {op: dropout, name: drop, rate: 0.1}"),)
+EXPLICIT = [  # (what, spec edits, the one-device build's edits: the same canonical names), on the default mesh
+    ("device: 1+3 1f1b", UNEVEN, UNEVEN),
+    ("device: 1+3 gpipe", UNEVEN + GPIPE, UNEVEN),
+    ("device: 1+3+0+0 interleaved", UNEVEN_INTERLEAVED, UNEVEN),
+    ("stage: 0+4 1f1b", STAGED, ()),
+    ("device: 1+3 dropout 1f1b", UNEVEN + DROP, UNEVEN + DROP),
+    ("stage: 0+4 dropout gpipe", STAGED + DROP + GPIPE, DROP),
+]
 CASES = [  # (what, mesh (None: the spec's default, pipe=2,data=2,tensor=2), spec edits)
     ("1f1b pipe=2 x data=2 x tensor=2", None, ()),
     ("gpipe pipe=2 x data=2 x tensor=2", None, GPIPE),
@@ -56,6 +83,9 @@ def all_runs():
     jobs += [(build(GPT_PIPE), "--steps", "3", "--checkpoint-dir", str(WORK / "ckpt-gpt-pipe"))]
     jobs += [(build(GPT_PIPE, None, BF16 + GPIPE), "--steps", str(STEPS))]
     jobs += [bn_job(mesh, edits) for mesh, edits in BN_RUNS]
+    jobs += [(build(GPT_PIPE, "single", edits), "--steps", str(STEPS)) for edits in (UNEVEN, UNEVEN + DROP, DROP)]
+    jobs += [(build(GPT_PIPE, None, edits), "--steps", str(STEPS)) for _, edits, _ in EXPLICIT]
+    jobs += [(build(GPT_PIPE, None, UNEVEN), "--steps", "3", "--checkpoint-dir", str(WORK / "ckpt-gpt-pipe-uneven"))]
     run_many(jobs)
 
 
@@ -71,6 +101,50 @@ def test_schedule_equals_one_device(case):
     report(f"pipeline {what} vs 1 device", max_dloss=dl, max_dgrad_norm=dg, max_dparam=dp, steps=STEPS)
     assert dl < 1e-5, f"{what}: losses differ from one device by {dl:.2e}"
     assert dg < 1e-4 and dp < 1e-4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", EXPLICIT, ids=[c[0].replace(" ", "-") for c in EXPLICIT])
+def test_explicit_uneven_stages_equal_one_device_and_hold_the_planned_bytes(case):
+    """`device:` / `stage:` placement, uneven stages padded to the largest: the one-device build's losses and
+    final parameters, an export with the canonical names only (no padding rows), and per device the bytes
+    that the plan counts for the jax program (Plan.memory_for: every stage padded, the layers outside the
+    pipeline on every pipe rank)."""
+    what, edits, ref_edits = case
+    ref = run(build(GPT_PIPE, "single", ref_edits), "--steps", str(STEPS))
+    par = run(build(GPT_PIPE, None, edits), "--steps", str(STEPS))
+    assert len(par.losses) == len(ref.losses) == STEPS
+    dl, dp = max_diff(par.losses, ref.losses), max_param_diff(par.params, ref.params)
+    plan = compile_file(spec_variant(GPT_PIPE, edits)).plan
+    mine, held = plan.memory_for("jax"), par.memory
+    report(f"pipeline {what} vs 1 device", max_dloss=dl, max_dparam=dp, held_params=held["device0"]["params"],
+           plan_params=plan.memory.params, jax_plan_params=mine.params)
+    # (the parameters after 5 adamw steps: adam amplifies rounding, as in test_schedule_equals_one_device)
+    assert dl < 1e-5 and dp < 1e-4, f"{what}: losses differ by {dl:.2e}, parameters by {dp:.2e}"
+    assert sorted(par.params) == sorted(p.name for p in plan.params)
+    assert all(par.params[p.name].shape == p.param.shape for p in plan.params)
+    assert held["planned"] == {"params": mine.params, "optimizer": mine.optimizer, "buffers": mine.buffers}
+    assert held["device0"]["params"] == mine.params and held["device0"]["optimizer"] == 2 * mine.params
+    # each pipe rank holds (virtual stages x the largest stage's copies) copies of the block: more than
+    # the plan's own split puts on its fullest rank
+    pp = plan.pipeline
+    rows = pp.virtual * max(map(len, pp.stage_copies))
+    first = next(c for stage in pp.stage_copies for c in stage)  # a copy's bytes: all copies are alike
+    one = sum(p.local_bytes for p in plan.params if p.name.startswith(f"{first[0]}.{first[1]}."))
+    outside = sum(p.local_bytes for p in plan.params if p.name.split(".")[0] not in {"blocks", "more"})
+    assert mine.params == rows * one + outside > plan.memory.params
+
+
+@pytest.mark.slow
+def test_uneven_stages_resume_exactly():
+    """A checkpoint of the padded train state (1+3 on pipe=2) resumes on the same trajectory."""
+    program, ck = build(GPT_PIPE, None, UNEVEN), WORK / "ckpt-gpt-pipe-uneven"
+    first = run(program, "--steps", "3", "--checkpoint-dir", str(ck))
+    second = run(program, "--steps", str(STEPS), "--resume", str(ck))
+    full = run(program, "--steps", str(STEPS))
+    assert len(second.losses) == STEPS - 3
+    assert max_diff(list(first.losses) + list(second.losses), full.losses) == 0.0
+    assert max_param_diff(second.params, full.params) == 0.0
 
 
 @pytest.mark.slow
@@ -160,9 +234,14 @@ def e049(edits, mesh=None) -> list[str]:
 def test_unsupported_pipelines_are_e049():
     assert e049(()) == []
     assert e049(INTERLEAVED) == [] and e049(GPIPE) == []
-    # explicit stages
+    # explicit stages, uneven ones too (padded: test_explicit_uneven_stages_equal_one_device_and_hold_the_planned_bytes)
     staged = (("- {op: layer_norm, name: ln_f}", "- {op: layer_norm, name: ln_f, stage: 1}"),)
-    assert any("explicit `stage:`" in m for m in e049(staged))
+    assert e049(staged) == [] and e049(STAGED) == [] and e049(UNEVEN) == [] and e049(UNEVEN_INTERLEAVED) == []
+    # ... but not a layer between the pipelined repeats
+    between = UNEVEN + (("    - {repeat: 3, block: decoder, name: more, device: 1}",
+                         "    - {op: layer_norm, name: mid, device: 1}\n    - {repeat: 3, block: decoder, name: more}"),)
+    assert any("`mid` runs between the repeats `blocks` and `more`" in m for m in e049(between))
+    assert e049(UNEVEN + DROP) == []
     # dropout in the pipelined block: each micro-batch's keys travel with it (the capability matrix runs it)
     drop = (("- {op: add, name: res2, inputs: [res1, mlp]}",
              "- {op: add, name: res2, inputs: [res1, mlp]}\n      - {op: dropout, name: drop, rate: 0.1}"),)

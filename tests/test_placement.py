@@ -118,8 +118,15 @@ def test_the_nearest_placement_validates(tmp_path):
     assert errors(spec(tmp_path, "good", inp="device: 0", blocks="device: 1")) == []
 
 
-def test_a_target_without_explicit_stages_refuses_device_placement(tmp_path):
+def test_jax_runs_device_placement_of_one_block_and_refuses_a_layer_between_its_repeats(tmp_path):
+    # every copy on device 1, `inp` alone on device 0: the jax program pads stage 0 (tests/test_jax_pipeline.py)
     path = spec(tmp_path, fc="device: 1")
     path.write_text(path.read_text().replace("targets: [torch]", "targets: [jax]"))
-    (err,) = errors(path, target="jax")
-    assert err[0] == "E049" and "`device:` placement" in err[1]
+    assert errors(path, target="jax") == []
+    # two repeats of the block with `mid` between them: torch runs it, the jax pipeline does not
+    split = spec(tmp_path, "split", blocks="device: 0", mid="device: 1")
+    split.write_text(split.read_text().replace("    - {op: linear, name: head", "    - {repeat: 2, block: res, name: more}\n"
+                                               "    - {op: linear, name: head"))
+    assert errors(split, target="torch") == []
+    (err,) = errors(split, target="jax")
+    assert err[0] == "E049" and "`mid` runs between the repeats `blocks` and `more`" in err[1], err

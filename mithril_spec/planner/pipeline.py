@@ -32,6 +32,14 @@ class PipelinePlan:
     param_stage: dict[str, int]  # canonical parameter name -> stage index
     layer_stage: dict[str, int]  # top-level layer name (repeat: first copy) -> stage index
     repeat_split: dict[str, tuple[tuple[int, int], ...]]  # repeat name -> (start, end) copies per stage
+    # per stage, the copies of repeated blocks it runs: (repeat name, start, end), in layer order (for the
+    # planner's split and explicit placement alike)
+    stage_repeats: tuple[tuple[tuple[str, int, int], ...], ...] = ()
+
+    @property
+    def stage_copies(self) -> tuple[tuple[tuple[str, int], ...], ...]:
+        """Per stage, the copies of repeated blocks it runs: (repeat name, copy index), in order."""
+        return tuple(tuple((r, i) for r, a, b in s for i in range(a, b)) for s in self.stage_repeats)
 
     @property
     def bubble(self) -> float:
@@ -244,6 +252,7 @@ def _auto(graph, doc, n_stages, diags, path):
 
 def _summarise(graph, pipe, virtual, m, schedule, n_stages, layer_stage, repeat_split) -> PipelinePlan:
     units: list[list[str]] = [[] for _ in range(n_stages)]
+    copies: list[list[tuple[str, int, int]]] = [[] for _ in range(n_stages)]
     params = [0] * n_stages
     flops = [0] * n_stages
     param_stage: dict[str, int] = {}
@@ -253,6 +262,7 @@ def _summarise(graph, pipe, virtual, m, schedule, n_stages, layer_stage, repeat_
             for s, (a, b) in enumerate(spans):
                 stage = s if len(spans) > 1 else layer_stage[n.name]
                 units[stage].append(f"{n.name}[{a}:{b}]")
+                copies[stage].append((n.name, a, b))
                 for i in range(a, b):
                     for inner in n.layers:
                         for p in inner.params:
@@ -271,4 +281,5 @@ def _summarise(graph, pipe, virtual, m, schedule, n_stages, layer_stage, repeat_
             flops[stage] += n.flops
     # A tied linear reads its table from another stage; the table stays with its embedding.
     stages = tuple(Stage(i, i % pipe, tuple(units[i]), params[i], flops[i]) for i in range(n_stages))
-    return PipelinePlan(pipe, virtual, m, schedule, stages, param_stage, layer_stage, repeat_split)
+    return PipelinePlan(pipe, virtual, m, schedule, stages, param_stage, layer_stage, repeat_split,
+                        tuple(tuple(c) for c in copies))

@@ -153,13 +153,15 @@ class Plan:
     def memory_for(self, target: str) -> Memory:
         """The bytes per device `target`'s program holds: `memory`, except in a pipelined build of a target
         that runs the layers outside the pipelined block on every pipe rank (its capability
-        `pipeline_outside_everywhere`), which holds those layers' parameters on every rank."""
+        `pipeline_outside_everywhere`), which holds those layers' parameters on every rank, and (capability
+        `pipeline_pads_stages`) as many copies of the pipelined block on each stage as the largest stage has."""
         from ..targets import TARGETS
         from .states import state_memory
 
-        if self.pipeline is None or not TARGETS[target].capabilities.pipeline_outside_everywhere:
+        cap = TARGETS[target].capabilities
+        if self.pipeline is None or not cap.pipeline_outside_everywhere:
             return self.memory
-        st = state_memory(self, outside_everywhere=True)
+        st = state_memory(self, outside_everywhere=True, padded=cap.pipeline_pads_stages)
         return Memory(params=st.params, grads=st.grads, optimizer=st.optimizer, buffers=st.buffers)
 
     def activation_layout(self, t: TensorType) -> tuple[tuple[str, ...], ...]:

@@ -67,16 +67,29 @@ def param_state_bytes(pp: ParamPlan, zero_degree: int, zero: int, master: bool, 
     return n_local * pb, grads, (opt_n * 4 if master else 0), slots * opt_n * slot_bytes, opt_n
 
 
-def state_memory(plan: Plan, outside_everywhere: bool = False) -> StateMemory:
+def state_memory(plan: Plan, outside_everywhere: bool = False, padded: bool = False) -> StateMemory:
     """Bytes per device of parameters, gradients, optimizer state and buffers, on the fullest pipe rank
     (no graph walk: fast). With `outside_everywhere`, the parameters outside the pipelined repeated blocks are
-    on every pipe rank (a target that runs those layers outside the pipeline: Plan.memory_for)."""
+    on every pipe rank (a target that runs those layers outside the pipeline: Plan.memory_for). With `padded`
+    as well, every stage holds as many copies of the pipelined block as the largest stage (a target that pads
+    the stages to one shape): each pipe rank virtual_stages x that many, whoever's copies they are."""
     zero, master, slots, slot_bytes = precision_setup(plan.spec)
     batch = set(plan.batch_axes)
     pipe = plan.mesh.sizes.get("pipe", 1)
     ranks = [[0, 0, 0, 0, 0] for _ in range(pipe)]
-    split = plan.pipeline.repeat_split if outside_everywhere and plan.pipeline is not None else {}
+    pl = plan.pipeline if outside_everywhere else None
+    split = {r for s in pl.stage_repeats for r, _, _ in s} if pl is not None else set()
     outside = {p.name for p in plan.params + plan.buffers if split and p.name.split(".")[0] not in split}
+    # padded stages: the pipelined copies are counted as `rows` copies of the first one on every pipe rank
+    rows = pl.virtual * max(map(len, pl.stage_copies)) if padded and split else 0
+    one = "{}.{}.".format(*next(c for s in pl.stage_copies for c in s)) if rows else None
+
+    def holders(name: str, stage: int):
+        """(pipe ranks holding `name`, how many times each)."""
+        if rows and name.split(".")[0] in split:
+            return (ranks, rows) if name.startswith(one) else ((), 0)
+        return (ranks, 1) if name in outside else ((ranks[stage % pipe],), 1)
+
     cache: dict[tuple, tuple] = {}
     for pp in plan.params:
         key = (pp.spec, pp.local_shape, pp.dtype)
@@ -85,12 +98,14 @@ def state_memory(plan: Plan, outside_everywhere: bool = False) -> StateMemory:
             layout = {a for d in pp.spec for a in d}
             deg = math.prod(plan.mesh.sizes[a] for a in batch - layout)
             vals = cache[key] = param_state_bytes(pp, deg, zero, master, slots, slot_bytes)[:4]
-        for acc in ranks if pp.name in outside else (ranks[getattr(pp, "stage", 0) % pipe],):
-            acc[0] += vals[0]
-            acc[1] += vals[1]
-            acc[2] += vals[2]
-            acc[3] += vals[3]
+        held, times = holders(pp.name, getattr(pp, "stage", 0))
+        for acc in held:
+            acc[0] += times * vals[0]
+            acc[1] += times * vals[1]
+            acc[2] += times * vals[2]
+            acc[3] += times * vals[3]
     for bp in plan.buffers:
-        for acc in ranks if bp.name in outside else (ranks[getattr(bp, "stage", 0) % pipe],):
-            acc[4] += bp.local_bytes
+        held, times = holders(bp.name, getattr(bp, "stage", 0))
+        for acc in held:
+            acc[4] += times * bp.local_bytes
     return StateMemory(*max(ranks, key=sum))

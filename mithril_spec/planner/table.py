@@ -221,8 +221,14 @@ def render_plan(plan: Plan, costs=None) -> str:
     for t in plan.spec.targets or ():
         more = plan.memory_for(t).total - m.total
         if more:  # the layers outside the pipelined block run on every pipe rank in that target's program
+            from ..targets import TARGETS
+
+            pl = plan.pipeline
+            padded = TARGETS[t].capabilities.pipeline_pads_stages and len({len(c) for c in pl.stage_copies}) > 1
             lines.append(f"  the {t} program holds {human_bytes(more)} more per device: it runs the layers outside the "
-                         "pipelined block on every pipe rank")
+                         "pipelined block on every pipe rank" + (
+                             f" and pads every stage to {max(map(len, pl.stage_copies))} copies of the block"
+                             if padded else ""))
     lines.append(f"forward FLOPs per sample: {plan.graph.flops_per_sample:,}")
     if costs is None:
         from .costs import estimate

@@ -62,22 +62,44 @@ def _moe(layer: dict[str, Any], plan: Plan, prefix: str) -> None:
 
 
 def _pipeline(plan: Plan, layers: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The pipeline of a build with more than one stage (targets/jax.py rejects what this cannot run:
-    it pipelines the one repeated block that the planner split evenly over the stages)."""
+    """The pipeline of a build with more than one stage (targets/jax.py rejects what this cannot run: it
+    pipelines the copies of one repeated block, from one repeat or from consecutive repeats of the block,
+    as the planner's even split or `stage:` / `device:` placement gives them to the stages).
+
+    The train state stacks every pipelined copy in one array per block parameter, "<first repeat>.*.<param>",
+    whose row q holds copy order[q] of the pipelined copies (numbered along the repeats: `copies` names
+    them) or, -1, a padding row: SPMD needs every stage of the same shape, so each stage has per_stage rows,
+    the largest stage's copies, and a stage with fewer copies skips its padding rows (zeros: never used,
+    zero gradients, never updated)."""
     pp = plan.pipeline
     if pp is None or pp.pipe <= 1:
         return None
-    ((name, spans),) = pp.repeat_split.items()
+    from ..targets.jax import pipelined_repeats
+
+    reps = [r.name for r in pipelined_repeats(plan)]
+    name = reps[0]
     at = next(i for i, layer in enumerate(layers) if layer["name"] == name)
-    per = spans[0][1] - spans[0][0]
-    # stacked row q holds copy order[q]: pipe rank r's rows are the copies of its stages r, r + pipe, ...
-    # (the program computes it from PIPE, VIRTUAL_STAGES and PER_STAGE: stage s holds copies s * per ...)
-    order = [c for r in range(pp.pipe) for v in range(pp.virtual) for c in range(*spans[v * pp.pipe + r])]
+    count = {r: layers[at + k]["count"] for k, r in enumerate(reps)}
+    # the pipelined copies, numbered along the repeats: canonical name prefix of each
+    names = [f"{r}.{i}" for r in reps for i in range(count[r])]
+    number = {c: n for n, c in enumerate(names)}
+    stage_rows = [[number[f"{r}.{i}"] for r, i in s] for s in pp.stage_copies]
+    per = max(map(len, stage_rows))
+    # stacked row q holds copy order[q]: pipe rank r's rows are those of its stages r, r + pipe, ..., each
+    # stage's copies then its padding (-1)
+    order = [c for r in range(pp.pipe) for v in range(pp.virtual)
+             for c in stage_rows[v * pp.pipe + r] + [-1] * (per - len(stage_rows[v * pp.pipe + r]))]
+    # the planner's even split of one repeat: the program computes the order from PIPE, VIRTUAL_STAGES and
+    # PER_STAGE (stage s holds copies s * PER_STAGE ...); any other split is written out
     even = [(v * pp.pipe + r) * per + c for r in range(pp.pipe) for v in range(pp.virtual) for c in range(per)]
-    assert order == even, f"{name}: the jax pipeline needs the copies split evenly over the stages"
-    pre, post = layers[:at], layers[at + 1:]
+    last = at + len(reps) - 1
+    pre, post = layers[:at], layers[last + 1:]
     return {
-        "repeat": layers[at],
+        "repeat": layers[at],  # the first pipelined repeat: it names the stacked arrays
+        "last": layers[last],  # the last one: the layers after the pipeline read its output
+        "repeats": tuple(reps),
+        # canonical name prefix of each pipelined copy, when they come from several repeats
+        "copies": tuple(names) if len(reps) > 1 else None,
         "pre": pre,
         "post": post,
         # model inputs that the layers before / after the block read
@@ -91,7 +113,9 @@ def _pipeline(plan: Plan, layers: list[dict[str, Any]]) -> dict[str, Any] | None
         "microbatches": pp.microbatches,
         "schedule": pp.schedule,
         "per_stage": per,
-        "order": order,
+        "order": tuple(order),
+        "even": order == even,  # STACK_ORDER follows from PIPE, VIRTUAL_STAGES and PER_STAGE
+        "padded": -1 in order,  # some stage skips padding rows
         # rank 0 shares the finished micro-batches: each pipe rank runs the head on its own share when
         # the pipe ranks divide them, else every rank on all of them
         "share_outputs": pp.microbatches % pp.pipe == 0,
@@ -248,6 +272,9 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
             # repeat -> the mesh axes of the copy dimension of its stacked arrays (None: whole)
             "stack_axis": {r["name"]: ["pipe"] if pipeline and pipeline["repeat"]["name"] == r["name"] else None
                            for r in ctx["repeats"]},
+            # repeats whose copies another repeat's stacked arrays hold (the pipelined repeats but the first):
+            # no arrays of their own in the train state
+            "merged": pipeline["repeats"][1:] if pipeline else [],
             "zero": tr.zero,  # not in the shared context (yet)
             # context parallelism: the ranks of the `context` axis (None without it; planner/context.py)
             "context": plan.mesh.sizes["context"] if plan.sequence_axis else None,

@@ -25,7 +25,11 @@
 - Per table row (`top_params`, `repeats[*].params`: one per parameter outside the repeats and per block
   parameter, never per copy): `torch_fsdp_dim`, the torch dimension FSDP2 shards (the plan's fsdp
   dimension, moved by the transpose of nn.Linear weights: torch [out, in] vs canonical [in, out]), and
-  `expert`, whether the parameter is split over `expert`.
+  `expert`, whether the parameter is split over `expert`. Where parameters are split over `data` (and the
+  mesh has no other axis: targets/torch.py shard_axis) FSDP2 shards over `data` instead, and
+  `torch_fsdp_dim` is the plan's data dimension (None: whole on every rank).
+- `input_layouts`: the inputs `sharding.inputs` lays out otherwise than by rows of the batch (read as laid
+  out, redistributed to the rows: templates/torch/data.py.j2 relayout).
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from ..planner.sizes import DTYPE_BYTES
 from ..planner.states import precision_setup, zero_dim
 from ..targets.base import vocab_parallel_layers
 from ..targets.torch import data_parallel as torch_data_parallel
-from ..targets.torch import pipeline_flow
+from ..targets.torch import pipeline_flow, relaid_inputs, shard_axis
 from ..targets.torch import sequence_parallel as torch_sequence_parallel
 from .communication import torch_comm
 from .context import RESERVED, rename_vars
@@ -259,9 +263,13 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
         # nn.Linear weights are [out, in] in torch: a canonical dimension moves with the transpose
         return None if d is None else (1 - d if p["transpose"] else d)
 
+    # FSDP2 shards over `fsdp`, or over `data` where the plan splits parameters over it (targets/torch.py)
+    axis = shard_axis(plan)
+
     def torch_row(p: dict[str, Any]) -> dict[str, Any]:
         zd = zero_dim(tuple(p["local_shape"]), zero_degree)
-        return {**p, "torch_fsdp_dim": torch_dim(p["fsdp_dim"], p), "torch_zero_dim": torch_dim(zd, p),
+        sd = next((i for i, d in enumerate(p["layout"]) if d and axis in d), None)
+        return {**p, "torch_fsdp_dim": torch_dim(sd, p), "torch_zero_dim": torch_dim(zd, p),
                 "expert": any(a and "expert" in a for a in p["layout"])}
 
     top_params = [torch_row(p) for p in ctx["top_params"]]
@@ -303,7 +311,11 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
             "distributed": devices > 1,
             "dp": dp,
             "fsdp": fsdp,  # FSDP2 fully_shard (dp fsdp or hsdp)
-            "sharded": Fs > 1,  # FSDP2 shards over an fsdp axis larger than 1
+            "sharded": sizes.get(axis, 1) > 1,  # FSDP2 shards over an fsdp (or data) axis larger than 1
+            "shard_axis": axis,  # the mesh axis FSDP2 shards over
+            # sharding.inputs other than rows of the batch: name -> mesh axes per dimension (read as laid out,
+            # redistributed to the rows: templates/torch/data.py.j2 relayout)
+            "input_layouts": relaid_inputs(plan),
             # embedding tables split on their vocabulary (tensor parallel); the logits then come out split
             # and the loss runs under loss_parallel
             "vocab_tables": sorted(vocab_tables),
@@ -313,9 +325,10 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
             # batch_norm under data parallelism: statistics over the ranks of these batch axes (SyncBatchNorm)
             "sync_bn": [a for a in plan.batch_axes if plan.mesh.sizes.get(a, 1) > 1]
             if any(OPS[o].batch_statistics for o in ops if o in OPS) else [],
-            # parameters the plan keeps whole under fsdp (no dimension divides): FSDP2 ignores them (its
-            # dimension-0 padding would hold other bytes than the plan), reduce_whole_grads averages theirs
-            "whole": Fs > 1 and any(p["fsdp_dim"] is None for p in rows),
+            # parameters the plan keeps whole under fsdp (no dimension divides; over `data`: those not split
+            # over it): FSDP2 ignores them (its dimension-0 padding would hold other bytes than the plan),
+            # reduce_whole_grads averages theirs
+            "whole": sizes.get(axis, 1) > 1 and any(p["torch_fsdp_dim"] is None for p in rows),
             "mixed": mixed,  # compute dtype differs from the parameters' dtype
             "autocast": mixed and not fsdp,  # torch.autocast (FSDP2 casts with its MixedPrecisionPolicy)
             "tp_plan": tp_plan,

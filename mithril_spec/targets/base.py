@@ -61,6 +61,9 @@ class Capabilities:
     # a pipelined build runs the layers outside the pipelined block on every pipe rank (so each holds their
     # parameters: Plan.memory_for), rather than on the stage the planner gives them
     pipeline_outside_everywhere: bool = False
+    # a pipelined build pads every stage to the largest stage's copies of the pipelined block (SPMD: each pipe
+    # rank holds the same shapes), so each pipe rank holds virtual_stages x that many copies (Plan.memory_for)
+    pipeline_pads_stages: bool = False
     # attention without dropout runs as a fused kernel that stores no [b, heads, s, s] probabilities for the
     # backward pass (the plan's activations follow it: planner/costs CostOptions.fused_attention)
     fused_attention: bool = False

@@ -42,10 +42,11 @@ def communication_errors(target: Target, plan: Plan, doc: Document) -> list[Diag
     return out
 
 
-def torch_communication_errors(plan: Plan, doc: Document, dp: str) -> list[Diagnostic]:
+def torch_communication_errors(plan: Plan, doc: Document, dp: str, axis: str = "fsdp") -> list[Diagnostic]:
     """The settings one torch build cannot realise, by how it replicates over the batch axes (`dp`:
-    targets/torch.py data_parallel): compression is a DDP communication hook or FSDP2's reduce dtype,
-    `bucket_mb` DDP's bucket_cap_mb, `prefetch` FSDP2's explicit prefetching of the repeated blocks."""
+    targets/torch.py data_parallel; `axis`: the one FSDP2 shards over, shard_axis): compression is a DDP
+    communication hook or FSDP2's reduce dtype, `bucket_mb` DDP's bucket_cap_mb, `prefetch` FSDP2's explicit
+    prefetching of the repeated blocks."""
     comm = plan.spec.communication
     out: list[Diagnostic] = []
 
@@ -67,12 +68,13 @@ def torch_communication_errors(plan: Plan, doc: Document, dp: str) -> list[Diagn
             refuse("compression", "PowerSGD compression in an FSDP2 build",
                    "PowerSGD is a DDP communication hook; FSDP2 reduce-scatters whole gradients (it can only "
                    "change their dtype): use `fp16` or `bf16`, or a mesh of `data` alone (DDP)")
-        elif fsdp and plan.mesh.sizes.get("fsdp", 1) > 1 and any(
-                pp.param.trainable and not any("fsdp" in d for d in pp.spec) for pp in plan.params):
-            whole = next(pp.name for pp in plan.params if pp.param.trainable and not any("fsdp" in d for d in pp.spec))
-            refuse("compression", f"`{kind}` compression with `{whole}` whole over fsdp",
-                   "the parameters no dimension of which the fsdp axis divides are reduced apart from FSDP2 "
-                   "(reduce_whole_grads), uncompressed; make every parameter divisible over fsdp")
+        elif fsdp and plan.mesh.sizes.get(axis, 1) > 1 and any(
+                pp.param.trainable and not any(axis in d for d in pp.spec) for pp in plan.params):
+            whole = next(pp.name for pp in plan.params if pp.param.trainable and not any(axis in d for d in pp.spec))
+            refuse("compression", f"`{kind}` compression with `{whole}` whole over {axis}",
+                   f"the parameters FSDP2 does not shard over {axis} are reduced apart from it "
+                   f"(reduce_whole_grads), uncompressed; " + ("make every parameter divisible over fsdp"
+                   if axis == "fsdp" else "split every trainable parameter over `data`, or none"))
     if comm.bucket_mb is not None and dp not in ("ddp", "none"):
         refuse("bucket_mb", f"`bucket_mb` in a{'n FSDP2' if fsdp else ' ZeRO-2' if dp == 'zero2' else ' one-replica'} "
                "build", "`bucket_mb` sets DDP's bucket_cap_mb, and this build does not reduce with DDP (FSDP2 "

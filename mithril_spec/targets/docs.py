@@ -29,6 +29,8 @@ def capability_markdown() -> str:
     row("fp32 master weights", lambda c: _yes(c.master_weights))
     row("pipeline schedules", lambda c: _list(c.pipeline_schedules))
     row("explicit `stage:` or `device:` placement", lambda c: _yes(c.explicit_stages))
+    row("uneven stages padded to the largest (each pipe rank holds that many copies)",
+        lambda c: _yes(c.pipeline_pads_stages))
     row("`training.zero` with a pipeline", lambda c: _yes(c.zero_with_pipeline))
     row("compute dtypes", lambda c: _list(c.compute_dtypes))
     # every target that computes in float16 scales its loss (docs/program.md "Loss scaling")

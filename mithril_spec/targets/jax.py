@@ -1,5 +1,6 @@
 """The JAX target (templates/jax): jit with NamedSharding over every mesh axis, optax, orbax checkpoints,
-and a shard_map pipeline of one repeated block split evenly over `pipe`."""
+and a shard_map pipeline of the copies of one repeated block over `pipe` (the planner's even split, or
+`stage:` / `device:` placement, uneven stages padded to the largest)."""
 
 from __future__ import annotations
 
@@ -23,12 +24,14 @@ class JaxTarget(Target):
         zero_stages=(0, 1, 2),
         master_weights=True,
         pipeline_schedules=("gpipe", "1f1b", "interleaved"),
-        explicit_stages=False,
+        explicit_stages=True,
         zero_with_pipeline=False,
         compute_dtypes=("float32", "bfloat16", "float16"),
         param_dtypes=("float32", "bfloat16", "float16"),
         launchers=("launch.sh (jax.distributed, one process per host)",),
         pipeline_outside_everywhere=True,
+        # the stages of an uneven `stage:` / `device:` placement are padded to the largest one's copies
+        pipeline_pads_stages=True,
         # each micro-batch's key travels with it through the schedule, and each stage's load-balancing loss
         # (moe) joins the loss; batch_norm's running statistics move once per micro-batch, in their order (the
         # layers before and after the block run micro-batch after micro-batch) (templates/jax/pipeline.py.j2)
@@ -53,7 +56,10 @@ class JaxTarget(Target):
     imports = "numpy, jax, optax, orbax-checkpoint"
     pipeline_limit_field = ("op",)
     limits = (
-        "A pipeline splits one repeated block evenly over the `pipe` axis (the planner's split).",
+        "A pipeline runs the copies of one repeated block over the `pipe` axis: the planner's even split, or "
+        "`stage:` / `device:` placement of one repeat or of consecutive repeats of the block (each reading the "
+        "one before; no other layer between them), "
+        "possibly uneven: every stage is padded to the largest stage's copies, which the plan counts.",
         "The pipelined block takes one input; the layers after it (and the loss) read only its output, later "
         "layers and the model inputs, never the layers before it (those run apart, on every pipe rank).",
         CONTEXT_LIMIT,
@@ -67,28 +73,55 @@ class JaxTarget(Target):
         return out + _pipeline(plan, doc)
 
 
+def pipelined_repeats(plan: Plan) -> list:
+    """The repeats whose copies the jax pipeline runs: every repeated block of the model (targets/jax.py
+    `_pipeline` accepts one block, repeated in consecutive repeats, each reading the one before)."""
+    return [n for n in plan.graph.layers if n.is_repeat]
+
+
 def _pipeline(plan: Plan, doc: Document) -> list[Diagnostic]:
-    """The jax target pipelines one repeated block, split evenly over the stages (the planner's automatic
-    split; templates/jax/pipeline.py.j2). The layers before and after it run outside the pipeline
+    """The jax target pipelines the copies of one repeated block (the planner's even split, or `stage:` /
+    `device:` placement: consecutive repeats of one block, possibly uneven, each stage padded to the largest
+    stage's copies; templates/jax/pipeline.py.j2). The layers before and after them run outside the pipeline
     on every pipe rank, so they may not read what the other side computes."""
     out: list[Diagnostic] = []
-    pp = plan.pipeline
 
     def err(path, msg, help):
         out.append(Diagnostic("E049", msg, doc.pos(path), help=help))
 
-    if not pp.repeat_split:
-        return out  # explicit stages: refused by Target.check (capabilities.explicit_stages)
-    (name,) = pp.repeat_split
+    reps = pipelined_repeats(plan)
+    if not reps:
+        err(plan.graph.layers[0].path + ("name",), "the jax target pipelines the copies of a repeated block, and "
+            "this model has none", help="write the layers to pipeline as a `repeat:` of a block")
+        return out
+    rep = reps[0]
+    name = rep.name
     at = next(i for i, n in enumerate(plan.graph.layers) if n.name == name)
-    rep = plan.graph.layers[at]
+    for k, n in enumerate(reps[1:], 1):
+        prev = reps[k - 1]
+        if n.block != rep.block:
+            err(n.path + ("block",), f"`{n.name}` repeats block `{n.block}` and `{name}` block `{rep.block}`: the jax "
+                "target pipelines the copies of one block", help=f"repeat `{rep.block}` in every pipelined repeat, or "
+                "build for the torch target, which pipelines any layers")
+        elif plan.graph.layers[at + k] is not n:
+            between = plan.graph.layers[at + k]
+            err(between.path + ("name",), f"`{between.name}` runs between the repeats `{prev.name}` and `{n.name}`: the "
+                "jax target pipelines consecutive copies of one block", help=f"move `{between.name}` before "
+                f"`{name}` or after `{reps[-1].name}`, or build for the torch target")
+        elif tuple(n.inputs) != (prev.name,) or n.in_types != rep.in_types:
+            err(n.path + ("name",), f"`{n.name}` does not read `{prev.name}` alone: the jax target pipelines a chain "
+                "of copies, each reading the one before", help=f"let `{n.name}` take `{prev.name}`'s output")
+    if out:
+        return out
+    at_last = at + len(reps) - 1
     if len(rep.inputs) != 1:
         err(rep.path + ("name",), f"`{name}`: the jax target pipelines a repeated block with one input",
             help="give the block one input (block_input)")
     # the layers after the block run in the last stage (1f1b) or after the pipeline: they see the block's
     # output, later layers and the model inputs, never the layers before the block
-    before = {n.name for n in plan.graph.layers[:at]}
-    for n in plan.graph.layers[at + 1:]:
+    # (and the pipelined repeats but the last: their outputs stay inside the pipeline)
+    before = {n.name for n in plan.graph.layers[:at_last]}
+    for n in plan.graph.layers[at_last + 1:]:
         bad = [i for i in n.inputs if i in before]
         if bad:
             err(n.path + ("name",), f"`{n.name}` reads `{bad[0]}` from before the pipelined block `{name}`: the jax "

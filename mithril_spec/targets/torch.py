@@ -4,6 +4,7 @@ torch.distributed.pipelining, all-to-all expert parallelism, DCP checkpoints."""
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 from typing import TYPE_CHECKING
 
 from ..diagnostics import Diagnostic
@@ -51,6 +52,20 @@ ZERO_LIMITS = (
 )
 
 
+# Parameters split over `data` (`sharding.params` or rules): FSDP2 fully_shard over the data axis, sharding
+# exactly those parameters on the dimension the plan splits (the others left to the program, their gradients
+# averaged by reduce_whole_grads, as they are under fsdp). What it does not combine with (an E049 each):
+DATA_SPLIT_LIMITS = (
+    ("fsdp", "an `fsdp` axis", "FSDP2 shards over `fsdp` (HSDP replicates over `data`), and the torch program "
+     "does not shard over both"),
+    ("tensor", "a `tensor` axis", "the tensor-parallel parameters are DTensors that FSDP2 shards over `fsdp` "
+     "only"),
+    ("pipe", "a `pipe` axis", "the pipeline stages replicate over `data`"),
+    ("expert", "an `expert` axis", "the parameters outside the experts are replicated over data x expert (DDP)"),
+    ("context", "a `context` axis", "the parameters' gradients are averaged over `context` apart from FSDP2"),
+)
+
+
 class TorchTarget(Target):
     name = "torch"
     title = "PyTorch"
@@ -67,11 +82,9 @@ class TorchTarget(Target):
             (p, "float32", "store parameters in float32 and compute in bfloat16 (FSDP2 MixedPrecisionPolicy or "
              "autocast)") for p in ("bfloat16", "float16")),
         global_batch_statistics=True,
-        data_param_layouts=False,
-        input_layouts=False,
+        data_param_layouts=True,  # FSDP2 over `data` alone (DATA_SPLIT_LIMITS)
+        input_layouts=True,  # read as laid out, redistributed to the batch split (_input_layouts)
         reasons=(
-            ("data_param_layouts", "the torch target replicates parameters over `data` (DDP, or HSDP's replicas)"),
-            ("input_layouts", "the torch target gives each rank whole samples: its rows of the batch"),
             ("offload_remat", "torch's selective activation checkpointing keeps what it saves outside the "
              "saved-tensor hooks that move tensors to the host"),
             ("offload_tensor", "the torch program's offload hooks copy plain tensors, and tensor parallelism saves "
@@ -129,6 +142,13 @@ class TorchTarget(Target):
         "loss targets (a model input) to the last; a tied linear layer sits on its embedding's stage; remat in "
         "a pipeline needs a repeated block.",
         *(f"`training.zero` with {what}: {why}." for what, why in ZERO_LIMITS),
+        "Parameters split over `data` (FSDP2 over the data axis) need `data` among the batch axes and "
+        "`training.zero: 0`, keep batch_norm's running statistics whole over `data`, and with a compute dtype "
+        "other than the parameters', or gradient compression, every trainable parameter split over `data`.",
+        *(f"Parameters split over `data` with {what}: {why}." for _, what, why in DATA_SPLIT_LIMITS),
+        "`sharding.inputs` layouts other than rows of the batch (each rank reads its block, redistributed to its "
+        "rows) are refused with a `pipe` axis, with mesh axes out of the mesh's order on one dimension (the "
+        "batch rule's too), and where the layout's batch split does not divide a micro-batch.",
         CONTEXT_LIMIT,
     )
 
@@ -143,7 +163,8 @@ class TorchTarget(Target):
         return -(-copies // pipe) + 1
 
     def check_more(self, plan: Plan, doc: Document) -> list[Diagnostic]:
-        return _checks(plan, doc) + _zero(plan, doc) + torch_communication_errors(plan, doc, data_parallel(plan))
+        return (_checks(plan, doc) + _zero(plan, doc) + _data_split(plan, doc) + _input_layouts(plan, doc)
+                + torch_communication_errors(plan, doc, data_parallel(plan), shard_axis(plan)))
 
 
 # Attribute and method names of torch.nn.Module: a layer with one of these names would be shadowed.
@@ -304,16 +325,107 @@ def _whole_under_fsdp(plan: Plan, doc: Document) -> list[Diagnostic]:
     which averages their gradients itself; its MixedPrecisionPolicy casts only the parameters it shards, so
     a whole one would meet 16-bit activations in float32."""
     pr = plan.spec.training.precision
-    if plan.mesh.sizes.get("fsdp", 1) <= 1 or pr.compute == pr.params:
+    axis = shard_axis(plan)  # (parameters split over `data`: FSDP2 shards over data, and leaves the others whole)
+    if plan.mesh.sizes.get(axis, 1) <= 1 or pr.compute == pr.params:
         return []
-    whole = next((pp for pp in plan.params if pp.param.trainable and not any("fsdp" in d for d in pp.spec)), None)
+    whole = next((pp for pp in plan.params if pp.param.trainable and not any(axis in d for d in pp.spec)), None)
     if whole is None:
         return []
+    why = "no dimension divides" if axis == "fsdp" else "not split over it"
     return [Diagnostic(
-        "E049", f"`{whole.name}` {list(whole.param.shape)} stays whole over fsdp={plan.mesh.sizes['fsdp']} (no "
-        f"dimension divides), and the torch target's FSDP2 casts only the parameters it shards to "
-        f"{pr.compute}", doc.pos(whole.param.path),
-        help="choose sizes that the fsdp axis divides, or compute in the parameters' dtype")]
+        "E049", f"`{whole.name}` {list(whole.param.shape)} stays whole over {axis}={plan.mesh.sizes[axis]} ({why}), "
+        f"and the torch target's FSDP2 casts only the parameters it shards to {pr.compute}", doc.pos(whole.param.path),
+        help=f"choose sizes that the {axis} axis divides, or compute in the parameters' dtype" if axis == "fsdp" else
+        "split every trainable parameter over `data`, or compute in the parameters' dtype")]
+
+
+def _data_split(plan: Plan, doc: Document) -> list[Diagnostic]:
+    """E049 for parameters split over `data` where the torch program's FSDP2 over the data axis cannot hold
+    them as planned (DATA_SPLIT_LIMITS, and the checks below)."""
+    split = split_over_data(plan)
+    if split is None:
+        return []
+    sizes = plan.mesh.sizes
+    glob = next((g for g in plan.spec.sharding.params if fnmatch.fnmatchcase(split.name, g)), None)
+    where = doc.pos(split.param.path if glob is None else ("sharding", "params", glob))
+    what = f"parameters split over the `data` axis (`{split.name}` is laid out as {layout_text(split.spec)})"
+    out: list[Diagnostic] = []
+
+    def refuse(how: str, why: str, help: str = "split parameters over `fsdp` (ZeRO-3) instead, and keep `data` "
+               "for the batch", pos=None) -> None:
+        out.append(Diagnostic("E049", f"the torch target does not support {what} {how}", pos or where,
+                              help=f"{why}; {help}"))
+
+    for axis, words, why in DATA_SPLIT_LIMITS:
+        if sizes.get(axis, 1) > 1:
+            refuse(f"with {words}", why)
+    if out:
+        return out
+    if "data" not in plan.batch_axes:
+        refuse("when `data` does not split the batch", "FSDP2 averages the gradients over the data axis, which "
+               "would then hold the same samples", help="add `data` to the `batch` rule")
+    if plan.spec.training.zero:
+        refuse(f"with `training.zero: {plan.spec.training.zero}`", "FSDP2 over `data` already splits those "
+               "parameters' optimizer state, and the torch program's ZeRO splits replicated parameters only",
+               help="use `training.zero: 0`", pos=doc.pos(("training", "zero")))
+    buffer = next((b for b in plan.buffers if any("data" in d for d in b.spec)), None)
+    if buffer is not None:
+        refuse(f"with the buffer `{buffer.name}` split over `data` too", "the torch program keeps running "
+               "statistics whole on every rank", help="rule the channels' logical axis to another mesh axis")
+    return out
+
+
+def relaid_inputs(plan: Plan) -> dict[str, list[list[str]]]:
+    """The inputs `sharding.inputs` lays out otherwise than the batch split the model computes with (batch
+    axes, then whole): name -> mesh axes per dimension. Each rank reads the block its layout gives it, and
+    the program redistributes it to its rows of the batch (templates/torch/data.py.j2 relayout)."""
+    out = {}
+    for ip in plan.inputs:
+        usual = (tuple(plan.batch_axes),) + ((),) * (len(ip.spec) - 1)
+        if ip.input.name in plan.spec.sharding.inputs and tuple(map(tuple, ip.spec)) != usual:
+            out[ip.input.name] = [list(d) for d in ip.spec]
+    return out
+
+
+def _input_layouts(plan: Plan, doc: Document) -> list[Diagnostic]:
+    """E049 for the input layouts the torch program cannot read as laid out: it builds a DTensor of each
+    rank's block (whose shards nest in mesh order) and redistributes it on the main thread."""
+    out: list[Diagnostic] = []
+    order = list(plan.mesh.axes)
+    relaid = relaid_inputs(plan)
+    for name, layout in relaid.items():
+        where = doc.pos(("sharding", "inputs", name))
+        what = f"the layout {layout_text(layout)} of input `{name}`"
+        if plan.mesh.sizes.get("pipe", 1) > 1:
+            out.append(Diagnostic("E049", f"the torch target does not support {what} with a `pipe` axis", where,
+                                  help="the pipeline feeds each stage's micro-batches by rows of the batch; leave "
+                                  f"`{name}` out of `sharding.inputs`"))
+        elif any(d != sorted(d, key=order.index) for d in layout + [list(plan.batch_axes)]):
+            out.append(Diagnostic("E049", f"the torch target does not support {what} with the batch axes "
+                                  f"{list(plan.batch_axes)}: mesh axes out of the mesh's order on one dimension",
+                                  where, help="list the mesh axes of a dimension in the mesh's order ("
+                                  f"{', '.join(order)})"))
+        elif plan.micro_batch % plan.mesh.degree(layout[0]):
+            out.append(Diagnostic("E049", f"the torch target does not support {what}: a micro-batch of "
+                                  f"{plan.micro_batch} samples does not split over {layout_text(layout[:1])}",
+                                  where, help="choose a batch size that splits evenly"))
+    return out
+
+
+def split_over_data(plan: Plan):
+    """The first parameter the plan splits over a `data` axis larger than 1 (None: none is)."""
+    if plan.mesh.sizes.get("data", 1) <= 1:
+        return None
+    return next((pp for pp in plan.params if any("data" in d for d in pp.spec)), None)
+
+
+def shard_axis(plan: Plan) -> str:
+    """The mesh axis FSDP2 shards parameters over: `data` where parameters are split over it (and the plan is
+    one the torch program runs so: _data_split), else `fsdp`."""
+    sizes = plan.mesh.sizes
+    if split_over_data(plan) is not None and all(sizes.get(a, 1) <= 1 for a, _, _ in DATA_SPLIT_LIMITS):
+        return "data"
+    return "fsdp"
 
 
 def _first_copy(plan: Plan, name: str) -> str:
@@ -445,13 +557,15 @@ def sequence_parallel(plan: Plan, rep: RepeatNode) -> bool:
 
 def data_parallel(plan: Plan) -> str:
     """How the torch program replicates over the batch axes: "hsdp" / "fsdp" (FSDP2 fully_shard on the (data,
-    fsdp) mesh / over fsdp; also data x tensor and data x pipe, with an fsdp axis of size 1, which keeps the
-    tensor-parallel DTensors DTensors and survives the interleaved schedules), "zero2" (replicated over data,
-    gradients reduce-scattered onto the ranks that update them), "ddp" (DistributedDataParallel over data x
-    expert) or "none"."""
+    fsdp) mesh / over fsdp, or over `data` where parameters are split over it: shard_axis; also data x tensor
+    and data x pipe, with an fsdp axis of size 1, which keeps the tensor-parallel DTensors DTensors and
+    survives the interleaved schedules), "zero2" (replicated over data, gradients reduce-scattered onto the
+    ranks that update them), "ddp" (DistributedDataParallel over data x expert) or "none"."""
     sizes = plan.mesh.sizes
     D, Fs, T = sizes.get("data", 1), sizes.get("fsdp", 1), sizes.get("tensor", 1)
     P, X = sizes.get("pipe", 1), sizes.get("expert", 1)
+    if shard_axis(plan) == "data":
+        return "fsdp"  # parameters split over `data`: FSDP2 over the data axis
     if Fs > 1 or (T > 1 and D > 1) or (P > 1 and D > 1):
         return "hsdp" if D > 1 else "fsdp"
     if D > 1 and X == 1 and plan.spec.training.zero >= 2:
