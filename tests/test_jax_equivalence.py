@@ -24,13 +24,10 @@ STEPS = 6
 # tests/test_capability_matrix.py's; here every example on its default mesh and the 2-D and 3-D meshes.
 CASES = [
     ("mlp-dp.yaml", None, "data=8"),
-    ("mlp-dp.yaml", "data=2,fsdp=4", "data x fsdp"),
     ("mlp-tp.yaml", None, "data=2 x tensor=4"),
-    ("mlp-tp.yaml", "data=2,fsdp=2,tensor=2", "data x fsdp x tensor"),
     ("cnn-dp.yaml", None, "data=4"),
     ("cnn-dp.yaml", "data=2,fsdp=4", "data x fsdp"),
     ("gpt-tiny.yaml", None, "data=2 x fsdp=2 x tensor=2"),
-    ("gpt-tiny.yaml", "data=2,tensor=4", "data x tensor"),
     ("gpt-tiny.yaml", "fsdp_tp", "fsdp=2 x tensor=2"),
 ]
 

@@ -1,6 +1,6 @@
 """A generated PyTorch program holds only what its spec can execute: in a 2-step run with --metrics,
 --checkpoint-dir and --export-params (.safetensors), then a `--steps 0 --init-params` run of that file and a
-`--resume` of its checkpoint for one more step, on the ranks of the spec's default mesh, at least 90% of its train.py's statements run
+`--resume` of its checkpoint for one more step, on the ranks of the spec's default mesh (or a smaller one with the same axes: program_coverage.mesh_of), at least 90% of its train.py's statements run
 (combined over the ranks), for every example spec. The rest are the paths of other flags (--resume,
 .npz parameter files, --dry-run, --compile), of a GPU, and of errors. Each test prints its figure
 (pytest -s). The ranks are forked by tests/program_zygote.py, each measured by coverage.py."""
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import coverage
 import pytest
-from program_coverage import SPECS, STEPS, THRESHOLD, Coverage
+from program_coverage import SPECS, STEPS, THRESHOLD, Coverage, mesh_of
 from program_zygote import zygote
 from torch_runs import WORK, WORKERS, build, env_for, report, world_of
 
@@ -21,10 +21,10 @@ _results: dict[Path, Coverage] = {}
 
 
 def coverage_of(spec: Path) -> Coverage:
-    """Builds `spec`'s torch program for its default mesh, runs STEPS steps on its ranks with --metrics and
+    """Builds `spec`'s torch program for its mesh (mesh_of), runs STEPS steps on its ranks with --metrics and
     --checkpoint-dir under coverage, and returns its train.py's statements and those that never ran."""
     if spec not in _results:
-        program = build(spec)
+        program = build(spec, mesh_of(spec))
         train = program / "train.py"
         cwd, again = WORK / f"coverage-{spec.name}", WORK / f"coverage-{spec.name}-init"
         resumed = WORK / f"coverage-{spec.name}-resume"

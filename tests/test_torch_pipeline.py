@@ -27,15 +27,13 @@ from mithril_spec.targets import check_target
 GPT_PIPE = SPECS / "gpt-pipe.yaml"
 STEPS = 5
 INTERLEAVED = (("schedule: 1f1b}", "schedule: interleaved, virtual_stages: 2}"),)
-ACCUM = (("  seed: 0\n", "  seed: 0\n  grad_accum: 2\n"),)  # 2 micro-steps of 4 pipeline micro-batches
 CKPT = WORK / "ckpt-gpt-pipe4"
 CASES = [  # (what, mesh (None: the spec's default, pipe=2,data=2,tensor=2), spec edits)
     ("1f1b pipe=2 x data=2 x tensor=2", None, ()),
     ("gpipe pipe=2 x fsdp=2", "pipe=2,fsdp=2", GPIPE),
     ("interleaved pipe=2 x 2 virtual x data=2", "pipe=2,data=2", INTERLEAVED),
     ("1f1b pipe=4", "pipe4", ()),
-    ("gpipe pipe=2, grad_accum 2", "pipe=2", GPIPE + ACCUM),
-]
+]  # (grad accumulation in a pipeline, with every other training feature: the capability matrix's pipe row)
 # the blocks' mlp as a moe layer (4 experts, top-2) with a load-balancing loss of weight 0.01 (NO_AUX: 0)
 MLP = "- {op: mlp, name: mlp, hidden: ff, activation: gelu}"
 MOE_LAYER = "- {op: moe, name: mlp, experts: 4, top_k: 2, hidden: ff, capacity_factor: 1.25, aux_loss_weight: 0.01}"

@@ -87,11 +87,9 @@ def jobs():
         (build(GPT, "data=1"), "--steps", "0"),
         reference("gpt-tiny.yaml", 5),
         (build(GPT, "data=2,fsdp=2", ACCUM), "--steps", str(GPT_STEPS), {"count": True}),
-        (build(MLP, "four", (("  batch_size: 64\n", "  batch_size: 64\n  grad_accum: 2\n"),)), "--steps", "5"),
         (build(GPT, "data=1", (("  seed: 0\n", "  seed: 0\n  remat: full\n"),)), "--steps", "5"),
         (build(GPT, "data=1", (("  seed: 0\n", "  seed: 0\n  remat: selective\n"),)), "--steps", "5"),
         (build(GPT, "data=1", (("compute: float32", "compute: bfloat16"),)), "--steps", "5"),
-        (build(GPT, "fsdp=2", (("compute: float32", "compute: bfloat16"),)), "--steps", "5"),
         (build(MLP, "data=1"), "--steps", "5", "--compile"),
         (arrays, "--steps", "5"),
         (build(ALL_OPS, "single"), "--steps", "3"),
@@ -99,7 +97,6 @@ def jobs():
         (build(ALL_OPS, "two"), "--steps", "3"),
         (build(GPT, "fsdp_tp"), "--dry-run", {"export": False, "metrics": False}),
         (build(MLP, "data=1", DROPOUT), "--steps", "5"),
-        (build(MLP, "four", DROPOUT), "--steps", "5"),
     ]
 
 
@@ -169,15 +166,6 @@ def test_grad_accum_hsdp_without_extra_syncs():
     assert d < 1e-5
     assert len(c1) == len(c2) == 4 and c1 == c2, (c1, c2)
     assert c1[0]["reduce_scatter"] > 0
-
-
-@pytest.mark.slow
-def test_grad_accum_ddp():
-    ref = run(*reference("mlp-dp.yaml"))
-    two = run(build(MLP, "four", (("  batch_size: 64\n", "  batch_size: 64\n  grad_accum: 2\n"),)), "--steps", "5")
-    d = max_diff(two.losses, ref.losses)
-    report("torch grad_accum 2 on data=4 (DDP no_sync)", max_dloss=d)
-    assert d < 1e-5
 
 
 # ---------------------------------------------------------------- parameters in and out
@@ -272,13 +260,15 @@ def test_remat_full_and_selective():
 
 
 @pytest.mark.slow
-def test_bf16_autocast_and_fsdp_mixed_precision():
+def test_bf16_autocast():
+    """bfloat16 compute in one process (torch.autocast) trains within 16-bit rounding of float32. (FSDP2's
+    MixedPrecisionPolicy, and bfloat16 under every other parallelism, against this one-process build: the
+    capability matrix.)"""
     ref = run(*reference("gpt-tiny.yaml", 5))
     auto = run(build(GPT, "data=1", (("compute: float32", "compute: bfloat16"),)), "--steps", "5")
-    fsdp = run(build(GPT, "fsdp=2", (("compute: float32", "compute: bfloat16"),)), "--steps", "5")
-    da, df = max_diff(auto.losses, ref.losses), max_diff(fsdp.losses, ref.losses)
-    report("torch bf16 compute vs fp32", autocast_1_process=da, fsdp2_mixed_precision_fsdp2=df)
-    assert 0 < da < 5e-2 and 0 < df < 5e-2
+    da = max_diff(auto.losses, ref.losses)
+    report("torch bf16 compute vs fp32", autocast_1_process=da)
+    assert 0 < da < 5e-2
 
 
 @pytest.mark.slow
@@ -302,14 +292,12 @@ def test_data_arrays_on_disk():
 
 
 @pytest.mark.slow
-def test_dropout_masks_do_not_depend_on_the_mesh():
+def test_dropout_drops():
+    """Dropout 0.5 changes the training (it does drop). (Masks that do not depend on the mesh: the capability
+    matrix's dropout cells, every parallelism against one process.)"""
     ref = run(*reference("mlp-dp.yaml"))
     one = run(build(MLP, "data=1", DROPOUT), "--steps", "5")
-    four = run(build(MLP, "four", DROPOUT), "--steps", "5")
-    d = max_diff(four.losses, one.losses)
-    report("torch dropout 0.5: data=4 vs 1 process", max_dloss=d)
-    assert d < 1e-5
-    assert max_diff(one.grad_norms, ref.grad_norms) > 1e-3  # it does drop
+    assert max_diff(one.grad_norms, ref.grad_norms) > 1e-3
 
 
 # ---------------------------------------------------------------- every operator

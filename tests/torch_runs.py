@@ -221,7 +221,6 @@ EQUIVALENCE = [
     ("mlp-dp.yaml", "four", (), "data=4 (DDP)"),
     ("cnn-dp.yaml", None, (), "data=4 (DDP)"),
     ("mlp-tp.yaml", "four", (), "data=2 x tensor=2 (TP + HSDP with fsdp=1)"),
-    ("mlp-tp.yaml", "tensor=4", (), "tensor=4 (TP only)"),
     ("gpt-tiny.yaml", "fsdp_tp", (), "fsdp=2 x tensor=2 (FSDP2 + TP)"),
     ("gpt-tiny.yaml", "fsdp=4", (), "fsdp=4 (FSDP2)"),
     ("gpt-tiny.yaml", "data=2,fsdp=2", (), "data=2 x fsdp=2 (HSDP)"),
