@@ -8,7 +8,7 @@ count, resume of the stacked train state (in the pipelined build and in one with
 stacks the copies in the same rows), the memory the program holds, batch_norm before, inside and after the
 pipelined block (the losses and the running statistics of the one-device build: each pipeline micro-batch's
 statistics, moved once per micro-batch in their order), explicit `device:` / `stage:` placement with uneven
-stages padded to the largest (the one-device build's losses and parameters, the plan's padded bytes, a
+stages padded to the largest, on pipe=2 x tensor=2 (the one-device build's losses and parameters, the plan's padded bytes, a
 canonical export, an exact resume), and the E049s for what the jax pipeline does not run.
 """
 
@@ -46,7 +46,9 @@ STAGED = (("    - {repeat: layers, block: decoder, name: blocks}", "    - {repea
 # dropout after each copy: a copy's masks come from its own repeat's name and index, padding rows draw none
 DROP = (("- {op: add, name: res2, inputs: [res1, mlp]}",
          "- {op: add, name: res2, inputs: [res1, mlp]}\n      - {op: dropout, name: drop, rate: 0.1}"),)
-EXPLICIT = [  # (what, spec edits, the one-device build's edits: the same canonical names), on the default mesh;
+# the placement cases' mesh: the padded stages split over `tensor` too (4 devices; `data` changes nothing in them)
+PLACED = "pipe=2,tensor=2"
+EXPLICIT = [  # (what, spec edits, the one-device build's edits: the same canonical names), on PLACED;
     # each schedule once, each with dropout (the copies' masks by their own repeat's name and index)
     ("device: 1+3 dropout 1f1b", UNEVEN + DROP, UNEVEN + DROP),
     ("device: 1+3+0+0 dropout interleaved", UNEVEN_INTERLEAVED + DROP, UNEVEN + DROP),
@@ -82,8 +84,8 @@ def all_runs():
     jobs += [(build(GPT_PIPE, None, BF16 + GPIPE), "--steps", str(STEPS))]
     jobs += [bn_job(mesh, edits) for mesh, edits in BN_RUNS]
     jobs += [(build(GPT_PIPE, "single", edits), "--steps", str(STEPS)) for edits in (UNEVEN + DROP, DROP)]
-    jobs += [(build(GPT_PIPE, None, edits), "--steps", str(STEPS)) for _, edits, _ in EXPLICIT]
-    jobs += [(build(GPT_PIPE, None, UNEVEN + DROP), "--steps", "3", "--checkpoint-dir",
+    jobs += [(build(GPT_PIPE, PLACED, edits), "--steps", str(STEPS)) for _, edits, _ in EXPLICIT]
+    jobs += [(build(GPT_PIPE, PLACED, UNEVEN + DROP), "--steps", "3", "--checkpoint-dir",
               str(WORK / "ckpt-gpt-pipe-uneven"))]
     run_many(jobs)
 
@@ -111,10 +113,10 @@ def test_explicit_uneven_stages_equal_one_device_and_hold_the_planned_bytes(case
     pipeline on every pipe rank)."""
     what, edits, ref_edits = case
     ref = run(build(GPT_PIPE, "single", ref_edits), "--steps", str(STEPS))
-    par = run(build(GPT_PIPE, None, edits), "--steps", str(STEPS))
+    par = run(build(GPT_PIPE, PLACED, edits), "--steps", str(STEPS))
     assert len(par.losses) == len(ref.losses) == STEPS
     dl, dp = max_diff(par.losses, ref.losses), max_param_diff(par.params, ref.params)
-    plan = compile_file(spec_variant(GPT_PIPE, edits)).plan
+    plan = compile_file(spec_variant(GPT_PIPE, edits), PLACED).plan
     mine, held = plan.memory_for("jax"), par.memory
     report(f"pipeline {what} vs 1 device", max_dloss=dl, max_dparam=dp, held_params=held["device0"]["params"],
            plan_params=plan.memory.params, jax_plan_params=mine.params)
@@ -138,7 +140,7 @@ def test_explicit_uneven_stages_equal_one_device_and_hold_the_planned_bytes(case
 def test_uneven_stages_resume_exactly():
     """A checkpoint of the padded train state (1+3 on pipe=2, with dropout: the keys go on) resumes on the same
     trajectory."""
-    program, ck = build(GPT_PIPE, None, UNEVEN + DROP), WORK / "ckpt-gpt-pipe-uneven"
+    program, ck = build(GPT_PIPE, PLACED, UNEVEN + DROP), WORK / "ckpt-gpt-pipe-uneven"
     first = run(program, "--steps", "3", "--checkpoint-dir", str(ck))
     second = run(program, "--steps", str(STEPS), "--resume", str(ck))
     full = run(program, "--steps", str(STEPS))
