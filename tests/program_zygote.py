@@ -11,7 +11,7 @@ argv, and runs train.py as __main__ exactly as `python train.py` would (a fresh 
 program changes leaks into the next one). For several ranks the child forks one process per rank with
 the environment torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
 and returns the first failing rank's exit code, stopping the others. Options: `coverage` (measure
-train.py with coverage.py into DATA_FILE.*), `count` (count FSDP2's gradient collectives, and the bytes
+train.py with coverage.py into DATA_FILE.*; `coverage_ranks`: only those ranks), `count` (count FSDP2's gradient collectives, and the bytes
 sent point to point, into PREFIX.<rank>.json). Launchers (torchrun, launch.sh) are tested with real subprocesses elsewhere.
 """
 
@@ -144,7 +144,8 @@ def _program(req: dict, rank: int | None) -> int:
     if req.get("count"):
         _count_collectives(req["count"], rank or 0)
     cov = None
-    if req.get("coverage"):
+    measured = req.get("coverage_ranks")
+    if req.get("coverage") and (measured is None or (rank or 0) in measured):
         import coverage
 
         cov = coverage.Coverage(data_file=req["coverage"], data_suffix=True, include=[train], config_file=False)
@@ -236,13 +237,13 @@ class Zygote:
 
     def run(self, train: str, argv: list[str], *, cwd: str, env: dict, log: str, ranks: int = 1,
             rank_env: bool = False, timeout: float = 600, coverage: str | None = None,
-            count: str | None = None) -> int:
+            coverage_ranks: list[int] | None = None, count: str | None = None) -> int:
         fut: concurrent.futures.Future = concurrent.futures.Future()
         with self._lock:
             rid = next(self._ids)
             self._done[rid] = fut
             req = {"id": rid, "train": train, "argv": argv, "cwd": cwd, "env": env, "log": log, "ranks": ranks,
-                   "rank_env": rank_env, "coverage": coverage, "count": count}
+                   "rank_env": rank_env, "coverage": coverage, "coverage_ranks": coverage_ranks, "count": count}
             self.proc.stdin.write(json.dumps(req).encode() + b"\n")
             self.proc.stdin.flush()
         try:

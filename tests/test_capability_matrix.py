@@ -27,7 +27,6 @@ from mithril_spec.targets import TARGETS
 from mithril_spec.targets import matrix as mx
 
 STEPS = "3"
-FAST_COMPILE = "--xla_backend_optimization_level=0"
 CELLS = mx.cells(list(TARGETS))
 ACCEPTED = [(c, t) for c in CELLS for t in TARGETS if t not in c.refusals]
 
@@ -97,8 +96,8 @@ def execute(j: tuple):
     kind, program, *args = j
     if kind == "torch":
         return tr.run(program, *args)
-    if kind == "jax":  # (XLA's cheapest backend optimisation: a tiny step compiles a third faster)
-        return jr.run(program, *args, env={"XLA_FLAGS": FAST_COMPILE})
+    if kind == "jax":
+        return jr.run(program, *args)
     *args, processes = args
     return mr.run(program, *args, processes=processes)
 

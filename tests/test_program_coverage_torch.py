@@ -1,9 +1,9 @@
 """A generated PyTorch program holds only what its spec can execute: in a 2-step run with --metrics,
 --checkpoint-dir and --export-params (.safetensors), then a `--steps 0 --init-params` run of that file and a
 `--resume` of its checkpoint for one more step, on the ranks of the spec's default mesh (or a smaller one with the same axes: program_coverage.mesh_of), at least 90% of its train.py's statements run
-(combined over the ranks), for every example spec. The rest are the paths of other flags (--resume,
+(combined over the first and the last rank), for every example spec. The rest are the paths of other flags (--resume,
 .npz parameter files, --dry-run, --compile), of a GPU, and of errors. Each test prints its figure
-(pytest -s). The ranks are forked by tests/program_zygote.py, each measured by coverage.py."""
+(pytest -s). The ranks are forked by tests/program_zygote.py, those two measured by coverage.py."""
 
 from __future__ import annotations
 
@@ -37,11 +37,14 @@ def coverage_of(spec: Path) -> Coverage:
             first += ["--profile", "prof"]  # the last step traced and summarised
         runs = [(cwd, first), (again, ["--steps", "0", "--init-params", str(exported)]),
                 (resumed, ["--steps", str(int(STEPS) + 1), "--resume", "auto", "--checkpoint-dir", str(cwd / "ckpt")])]
+        # measured on the first and the last rank: the ranks run the same statements but for the first
+        # rank's reports and the last pipeline stage's loss (tracing every rank doubled the runs' time)
+        world = world_of(program)
         for where, args in runs:
             log = where / "output.log"
             rc = zygote("torch", env_for()).run(str(train), args, cwd=str(where), env=env_for(), log=str(log),
-                                                ranks=world_of(program), rank_env=True,
-                                                coverage=str(where / ".coverage"))
+                                                ranks=world, rank_env=True, coverage=str(where / ".coverage"),
+                                                coverage_ranks=[0, world - 1])
             out = log.read_text()
             assert rc == 0, f"{train} {' '.join(args)}: exit {rc}\n{out[-6000:]}"
         rows = [json.loads(line) for line in (cwd / "metrics.jsonl").read_text().splitlines()]
