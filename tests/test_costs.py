@@ -183,12 +183,19 @@ def test_pipeline_holds_activations_of_micro_batches_in_flight():
     assert (r0.in_flight, r1.in_flight) == (2, 1)  # 1F1B: p - rank
     assert r0.layers[:2] == ("wte", "wpe") and r1.layers[-1] == "lm_head"
     assert plan.pipeline.bubble == pipeline_bubble(2, 4) == pytest.approx(1 / 5)
-    # every parameter is on exactly one rank
+    # the torch program: every parameter is on exactly one rank (the planner's stage split)
+    t0, t1 = estimate(plan, options=CostOptions(target="torch")).stages
     st = state_memory(plan)
-    assert st.params == max(r0.states.params, r1.states.params)
+    assert st.params == max(t0.states.params, t1.states.params)
     total = sum(p.local_bytes for p in plan.params)
-    assert r0.states.params + r1.states.params == total
+    assert t0.states.params + t1.states.params == total
     assert any(x.kind == "send/recv" and x.axes == ("pipe",) for x in r0.collectives)
+    # the spec's targets together (jax among them): each rank holds what the jax program holds
+    # (Plan.memory_for: the layers outside the pipelined block on every rank), more than torch's fullest rank
+    jax = plan.memory_for("jax")
+    for r in (r0, r1):
+        assert (r.states.params, r.states.optimizer, r.states.buffers) == (jax.params, jax.optimizer, jax.buffers)
+    assert c.peak > estimate(plan, options=CostOptions(target="torch")).peak
 
 
 def test_moe_dispatch_and_combine_are_all_to_alls_over_the_expert_axis():

@@ -218,6 +218,10 @@ def render_plan(plan: Plan, costs=None) -> str:
         + (f", buffers {human_bytes(m.buffers)}" if m.buffers else "")
         + f"; total {human_bytes(m.total)}",
     ]
+    if costs is None:
+        from .costs import estimate
+
+        costs = estimate(plan)
     for t in plan.spec.targets or ():
         more = plan.memory_for(t).total - m.total
         if more:  # the layers outside the pipelined block run on every pipe rank in that target's program
@@ -228,10 +232,7 @@ def render_plan(plan: Plan, costs=None) -> str:
             lines.append(f"  the {t} program holds {human_bytes(more)} more per device: it runs the layers outside the "
                          "pipelined block on every pipe rank" + (
                              f" and pads every stage to {max(map(len, pl.stage_copies))} copies of the block"
-                             if padded else ""))
+                             if padded else "") + (" (counted in the predicted peak below)"
+                                                   if costs.target in (None, t) else ""))
     lines.append(f"forward FLOPs per sample: {plan.graph.flops_per_sample:,}")
-    if costs is None:
-        from .costs import estimate
-
-        costs = estimate(plan)
     return "\n".join(lines) + "\n\n" + render_costs(costs)

@@ -86,7 +86,7 @@ def estimate_targets(plan: Plan, fused: dict[str, bool], hardware: Optional[Hard
     targets (what every build must fit), with a note on each target that stores less."""
     options = options or CostOptions()
     if target is not None:
-        costs = estimate(plan, hardware, dataclasses.replace(options, fused_attention=fused[target]))
+        costs = estimate(plan, hardware, dataclasses.replace(options, fused_attention=fused[target], target=target))
         return dataclasses.replace(costs, target=target)
     costs = estimate(plan, hardware, dataclasses.replace(options, fused_attention=all(fused.values())))
     lighter = [t for t, f in fused.items() if f]

@@ -29,6 +29,10 @@ class CostOptions:
     # of the gradients and each paying the collective's latency (torch FSDP2: one per fully_shard unit; DDP: one
     # per bucket). None: one call of all the gradients (`plan` without `--target`)
     reduction_calls: Optional[int] = None
+    # The target whose program's held bytes the states follow (Plan.memory_for: a pipelined jax program holds
+    # the layers outside the pipelined block on every pipe rank, and every stage padded to the largest).
+    # None: the largest over the spec's targets (what every build must fit)
+    target: Optional[str] = None
 
 
 

@@ -12,7 +12,7 @@ from ...graph import Node, RepeatNode
 from ...ops import LOSSES, OPS, TensorType
 from ..plan import ParamPlan, Plan
 from ..sizes import DTYPE_BYTES
-from ..states import param_state_bytes, precision_setup
+from ..states import param_state_bytes, precision_setup, state_memory
 from ..context import AXIS as CONTEXT
 from .collectives import Collective
 from .compression import gradient_bytes, label
@@ -133,6 +133,26 @@ class Walk:
         self._forward: dict[int, float] = {}
         self._sigs: dict[str, list] = {}
         self._blocks: dict[tuple, _Unit] = {}  # (repeat, layouts, in remat) -> one copy's costs
+        self.held = self._held_states()
+
+    def _held_states(self) -> Optional[StateMemory]:
+        """The training state per device of the target program that holds more than the planner's stage split
+        (Plan.memory_for: the layers outside the pipelined block on every pipe rank, every stage padded to the
+        largest), the largest over the targets costed (`CostOptions.target`, or the spec's); None when none
+        does. Such a program holds the same on every pipe rank (its padded stages have one shape)."""
+        plan = self.plan
+        if plan.pipeline is None:
+            return None
+        from ...targets import TARGETS
+
+        held = None
+        for t in (self.opt.target,) if self.opt.target else tuple(plan.spec.targets):
+            cap = TARGETS[t].capabilities
+            if cap.pipeline_outside_everywhere:
+                st = state_memory(plan, outside_everywhere=True, padded=cap.pipeline_pads_stages)
+                if held is None or st.total > held.total:
+                    held = st
+        return held
 
     # -- activation layouts
     def act_axes(self, t: TensorType, dims: Optional[tuple[int, ...]] = None) -> frozenset:
@@ -404,6 +424,8 @@ class Walk:
         temps = Temporaries(gradient_flow=total.grad_flow, loss=top.loss, gathered_params=gathered,
                             unsharded_grads=unsharded, optimizer=2 * total.largest_shard * 4)
         states = StateMemory(total.params, total.grads, total.master, total.moments, total.buffers)
+        if self.held is not None and self.held.total > states.total:
+            states = self.held  # what the target's program holds on this pipe rank
         colls = self.collectives(total, steps)
         per_fwd = total.flops * steps
         self._forward[r] = per_fwd

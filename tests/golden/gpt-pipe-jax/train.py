@@ -179,7 +179,7 @@ PLANNED_BYTES = {"params": 339968, "optimizer": 679936, "buffers": 0}
 # kind's seconds. --profile prints them next to what it measures, on the profile of this device's name
 # (PREDICTED["device_profiles"]).
 PREDICTED = {
-    "peak_bytes": 1997312,
+    "peak_bytes": 2261504,
     "comm_bytes": {
         "all-reduce": 790548,
         "send/recv": 65536,
@@ -190,7 +190,7 @@ PREDICTED = {
     },
     "profiles": {
         "h200-141gb": {
-            "step_s": 0.0003103,
+            "step_s": 0.0003104,
             "compute_s": 3.309e-06,
             "offload_s": 0.0,
             "comm_s": {
@@ -199,7 +199,7 @@ PREDICTED = {
             },
         },
         "h100-sxm-80gb": {
-            "step_s": 0.0003105,
+            "step_s": 0.0003106,
             "compute_s": 3.309e-06,
             "offload_s": 0.0,
             "comm_s": {
@@ -208,7 +208,7 @@ PREDICTED = {
             },
         },
         "a100-80gb": {
-            "step_s": 0.0003176,
+            "step_s": 0.0003178,
             "compute_s": 1.135e-05,
             "offload_s": 0.0,
             "comm_s": {
@@ -217,7 +217,7 @@ PREDICTED = {
             },
         },
         "tpu-v5e": {
-            "step_s": 0.0001155,
+            "step_s": 0.0001161,
             "compute_s": 3.371e-06,
             "offload_s": 0.0,
             "comm_s": {
@@ -226,7 +226,7 @@ PREDICTED = {
             },
         },
         "cpu": {
-            "step_s": 0.001978,
+            "step_s": 0.001983,
             "compute_s": 0.0007379,
             "offload_s": 0.0,
             "comm_s": {
