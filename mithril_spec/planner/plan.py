@@ -155,14 +155,21 @@ class Plan:
         that runs the layers outside the pipelined block on every pipe rank (its capability
         `pipeline_outside_everywhere`), which holds those layers' parameters on every rank, and (capability
         `pipeline_pads_stages`) as many copies of the pipelined block on each stage as the largest stage has."""
+        st = self.states_for(target)
+        if st is None:
+            return self.memory
+        return Memory(params=st.params, grads=st.grads, optimizer=st.optimizer, buffers=st.buffers)
+
+    def states_for(self, target: str):
+        """The training state per device (states.StateMemory) of `target`'s program where it holds more than
+        the stage split (see `memory_for`), the same on every pipe rank; None where it holds the split."""
         from ..targets import TARGETS
         from .states import state_memory
 
         cap = TARGETS[target].capabilities
         if self.pipeline is None or not cap.pipeline_outside_everywhere:
-            return self.memory
-        st = state_memory(self, outside_everywhere=True, padded=cap.pipeline_pads_stages)
-        return Memory(params=st.params, grads=st.grads, optimizer=st.optimizer, buffers=st.buffers)
+            return None
+        return state_memory(self, outside_everywhere=True, padded=cap.pipeline_pads_stages)
 
     def activation_layout(self, t: TensorType) -> tuple[tuple[str, ...], ...]:
         """Mesh axes per dimension of an activation (without its batch dimension, which takes `batch_axes`).

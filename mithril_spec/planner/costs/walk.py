@@ -12,7 +12,7 @@ from ...graph import Node, RepeatNode
 from ...ops import LOSSES, OPS, TensorType
 from ..plan import ParamPlan, Plan
 from ..sizes import DTYPE_BYTES
-from ..states import param_state_bytes, precision_setup, state_memory
+from ..states import param_state_bytes, precision_setup
 from ..context import AXIS as CONTEXT
 from .collectives import Collective
 from .compression import gradient_bytes, label
@@ -137,22 +137,11 @@ class Walk:
 
     def _held_states(self) -> Optional[StateMemory]:
         """The training state per device of the target program that holds more than the planner's stage split
-        (Plan.memory_for: the layers outside the pipelined block on every pipe rank, every stage padded to the
-        largest), the largest over the targets costed (`CostOptions.target`, or the spec's); None when none
-        does. Such a program holds the same on every pipe rank (its padded stages have one shape)."""
-        plan = self.plan
-        if plan.pipeline is None:
-            return None
-        from ...targets import TARGETS
-
-        held = None
-        for t in (self.opt.target,) if self.opt.target else tuple(plan.spec.targets):
-            cap = TARGETS[t].capabilities
-            if cap.pipeline_outside_everywhere:
-                st = state_memory(plan, outside_everywhere=True, padded=cap.pipeline_pads_stages)
-                if held is None or st.total > held.total:
-                    held = st
-        return held
+        (Plan.states_for), the largest over the targets costed (`CostOptions.target`, or the spec's); None when
+        none does."""
+        targets = (self.opt.target,) if self.opt.target else tuple(self.plan.spec.targets)
+        held = [st for st in map(self.plan.states_for, targets) if st is not None]
+        return max(held, key=lambda st: st.total, default=None)
 
     # -- activation layouts
     def act_axes(self, t: TensorType, dims: Optional[tuple[int, ...]] = None) -> frozenset:
