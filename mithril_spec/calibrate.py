@@ -176,6 +176,9 @@ def profile_fields(raw: dict, name: str) -> dict:
     fields["inter_node_gb_per_s"] = fields["intra_node_gb_per_s"]
     fields["inter_node_latency_us"] = fields["intra_node_latency_us"]
     fields["kernel_overhead_us"] = _round(raw["tiny_op"] * 1e6, 0.0)
+    if raw.get("sharded_layer"):  # torch, more than one device: [plain chain, DTensor chain, layers] (seconds)
+        plain, sharded, layers = raw["sharded_layer"]
+        fields["sharded_layer_overhead_us"] = _round(max(0.0, sharded - plain) / layers * 1e6, 0.0)
     # the efficiency is the matmuls' alone: element-wise work is charged on its own, at the rate of the measured
     # element-wise kernels (forward and backward) in the model's unit: ACTIVATION_PASSES passes over each
     # kernel's output (planner/costs/overheads.py); the copy's bandwidth where they were not measured

@@ -493,8 +493,11 @@ def cmd_plan(args) -> int:
             return EXIT_INVALID
     kernels = attention_kernels([args.target] if args.target else c.spec.targets)
     # one target's program: its data-parallel gradient reduction as it issues it (calls per step)
+    # and the layers it runs through a sharded-tensor dispatch (torch: DTensor modules)
     calls = TARGETS[args.target].reduction_calls(c.plan) if args.target else None
-    costs = estimate_targets(c.plan, kernels, hw, CostOptions(reduction_calls=calls), target=args.target)
+    sharded = TARGETS[args.target].sharded_layers(c.plan) if args.target else None
+    costs = estimate_targets(c.plan, kernels, hw, CostOptions(reduction_calls=calls, sharded_layers=sharded),
+                             target=args.target)
     if hw is not None:
         diags += fit_diagnostics(c.spec, c.doc, c.graph, c.plan, hw, costs,
                                  CostOptions(fused_attention=all(kernels.values())))
@@ -808,7 +811,9 @@ def cmd_calibrate(args) -> int:
     print(f"wrote {escape(args.output)}: profile `{escape(fields['name'])}`: GFLOP/s {flops}; memory "
           f"{fields['hbm_gb_per_s']:.3g} GB/s, element-wise kernels {fields['elementwise_gb_per_s']:.3g} GB/s; "
           f"all-reduce {fields['intra_node_gb_per_s']:.3g} GB/s, "
-          f"{fields['intra_node_latency_us']:.3g} us per step; kernel {fields['kernel_overhead_us']:.3g} us "
+          f"{fields['intra_node_latency_us']:.3g} us per step; kernel {fields['kernel_overhead_us']:.3g} us"
+          + (f", tensor-parallel layer {fields['sharded_layer_overhead_us']:.3g} us"
+             if "sharded_layer_overhead_us" in fields else "") + " "
           f"(use: mithril-spec plan SPEC --hardware {escape(args.output)})", file=sys.stderr)
     return EXIT_OK
 

@@ -158,6 +158,10 @@ def test_profile_fields_from_timings():
     # efficiency: the kernel overhead accounts for it
     gpu = dict(raw, matmul={"float32": [[8, 8, 8, 19e-6], [100, 100, 100, 2e-3], [200, 200, 200, 8e-3]]})
     assert cal.profile_fields(gpu, "g")["efficiency"] == f["efficiency"]
+    assert "sharded_layer_overhead_us" not in f  # not measured (jax, one process)
+    # torch: a chain of tiny layers plain and as DTensor modules; the difference per layer
+    dt = cal.profile_fields(dict(raw, sharded_layer=[0.01, 0.11, 100]), "t")
+    assert dt["sharded_layer_overhead_us"] == pytest.approx(1000)
     text = cal.render(f, "mithril-spec calibrate --target jax", raw)
     assert text.startswith("# ") and "\nhardware:\n  - name: \"p\"\n" in text
 
@@ -183,6 +187,43 @@ def test_overhead_terms(tmp_path):
     assert t.step_s == pytest.approx(base.time.step_s + t.elementwise_s + t.overhead_s)
     full = estimate(plan, hw, dataclasses_replace_remat("full"))
     assert full.time.kernels == t.kernels + 4 * 6 * c.micro_batches  # the repeated blocks
+
+
+def test_sharded_layer_overhead(tmp_path):
+    """Torch runs each layer whose parameters split over `tensor` as a DTensor module: `plan --target torch`
+    charges the profile's cost of one per layer, pipe rank and micro-batch; jax (one compiled program) and a
+    plan without a target charge none."""
+    from mithril_spec.planner.costs import CostOptions
+    from mithril_spec.targets import TARGETS
+
+    prof = tmp_path / "p.yaml"
+    prof.write_text("hardware:\n  - {name: p, base: cpu, sharded_layer_overhead_us: 1000}\n")
+    hw = lookup(str(prof))
+    plan = compile_file(GPT, "data=1,tensor=2").plan
+    # q, k, v, o, fc, proj per copy of the block (specs/gpt-tiny.yaml: 4 copies)
+    assert TARGETS["torch"].sharded_layers(plan) == 4 * 6
+    assert TARGETS["jax"].sharded_layers(plan) == 0 and TARGETS["mlx"].sharded_layers(plan) == 0
+    assert TARGETS["torch"].sharded_layers(compile_file(GPT, "data=2").plan) == 0  # no tensor axis
+    plain = estimate(plan, hw)
+    torch_ = estimate(plan, hw, CostOptions(sharded_layers=24))
+    assert plain.time.sharded_layers == 0 and torch_.time.sharded_layers == 24 * torch_.micro_batches
+    assert torch_.time.overhead_s - plain.time.overhead_s == pytest.approx(24 * torch_.micro_batches * 1e-3)
+    assert torch_.time.step_s - plain.time.step_s == pytest.approx(24 * torch_.micro_batches * 1e-3)
+    # full remat runs each forward again: a third of a layer's forward and backward more
+    full = estimate(plan, hw, CostOptions(sharded_layers=24, remat="full"))
+    plain_full = estimate(plan, hw, CostOptions(remat="full"))
+    assert full.time.overhead_s - plain_full.time.overhead_s == pytest.approx(24 * full.micro_batches * 1e-3 * 4 / 3)
+    # the CLI: `plan --target torch` counts them, `--target jax` and no target do not
+    jsons = {}
+    for target in ("torch", "jax", None):
+        rc, out, err = run("plan", GPT, "--mesh", "data=1,tensor=2", "--hardware", prof, "--format", "json",
+                           *(["--target", target] if target else []))
+        assert rc == 0, err
+        jsons[target] = json.loads(out)["costs"]["time"]
+    assert jsons["torch"]["sharded_layers"] == 24 * torch_.micro_batches
+    assert jsons["jax"]["sharded_layers"] == 0 and jsons[None]["sharded_layers"] == 0
+    rc, out, _ = run("plan", GPT, "--mesh", "data=1,tensor=2", "--hardware", prof, "--target", "torch")
+    assert f"and {24 * torch_.micro_batches} sharded-tensor layer passes" in out
 
 
 def dataclasses_replace_remat(remat):

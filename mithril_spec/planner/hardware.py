@@ -41,6 +41,8 @@ class Hardware:
     # per device, one direction, between device and host memory (PCIe): activation offload's transfers
     host_bytes_per_s: float = 25 * G
     kernel_overhead_s: float = 0.0  # fixed time of one kernel (dispatch, launch); measured by `calibrate`
+    # fixed time of one tensor-parallel layer's sharded-tensor dispatch (torch DTensor), forward and backward
+    sharded_layer_overhead_s: float = 0.0
     # element-wise (memory-bound) activation traffic, charged on its own (0: folded into `efficiency`)
     elementwise_bytes_per_s: float = 0.0
     # data-parallel collectives run beside the compute (a GPU's side stream); False: each waits for the compute
@@ -63,7 +65,8 @@ class Hardware:
             "inter_node_bytes_per_s": self.inter_node_bytes_per_s,
             "intra_node_latency_s": self.intra_node_latency_s, "inter_node_latency_s": self.inter_node_latency_s,
             "efficiency": self.efficiency, "host_bytes_per_s": self.host_bytes_per_s,
-            "kernel_overhead_s": self.kernel_overhead_s, "elementwise_bytes_per_s": self.elementwise_bytes_per_s,
+            "kernel_overhead_s": self.kernel_overhead_s, "sharded_layer_overhead_s": self.sharded_layer_overhead_s,
+            "elementwise_bytes_per_s": self.elementwise_bytes_per_s,
             "overlap_collectives": self.overlap_collectives,
         }
 
@@ -181,11 +184,12 @@ _FIELDS = {  # spec field -> (Hardware field, scale)
     "efficiency": ("efficiency", 1),
     "host_gb_per_s": ("host_bytes_per_s", G),
     "kernel_overhead_us": ("kernel_overhead_s", 1e-6),
+    "sharded_layer_overhead_us": ("sharded_layer_overhead_s", 1e-6),
     "elementwise_gb_per_s": ("elementwise_bytes_per_s", G),
 }
 _OPTIONAL = {"reserved_gb": 0.0, "intra_node_latency_us": 5.0, "inter_node_latency_us": 10.0, "efficiency": 0.5,
              "hbm_gb_per_s": 1000.0, "host_gb_per_s": 25.0,
-             "kernel_overhead_us": 0.0, "elementwise_gb_per_s": 0.0}
+             "kernel_overhead_us": 0.0, "sharded_layer_overhead_us": 0.0, "elementwise_gb_per_s": 0.0}
 
 
 def from_spec(h, path: tuple, doc: Optional[Document]) -> Hardware:

@@ -314,6 +314,8 @@ class Hardware(_Doc):
     inter_node_latency_s: Number = _f("inter-node latency per ring step, seconds")
     efficiency: Number = _f("assumed fraction of peak FLOP/s the model's compute reaches")
     kernel_overhead_s: Number = _f("fixed time of one kernel (dispatch, launch), seconds; 0: not modelled")
+    sharded_layer_overhead_s: Number = _f("fixed time of one tensor-parallel layer's sharded-tensor dispatch "
+                                          "(torch DTensor), forward and backward, seconds; 0: not modelled")
     elementwise_bytes_per_s: Number = _f("bandwidth of element-wise activation traffic, bytes/s; 0: folded "
                                          "into `efficiency`")
     host_bytes_per_s: Number = _f("device-host bandwidth per device, one direction, bytes/s (activation offload)")
@@ -348,7 +350,10 @@ class StepTime(_Doc):
     elementwise_s: Number = _f("seconds of element-wise activation traffic (in `step_s`; 0 unless the profile "
                                "has `elementwise_bytes_per_s`)")
     kernels: int = _f("kernels one device launches per step (counted for `overhead_s`)")
-    overhead_s: Number = _f("kernels x the profile's `kernel_overhead_s` (in `step_s`)")
+    sharded_layers: int = _f("tensor-parallel layers one device runs through a sharded-tensor dispatch per step "
+                             "(`plan --target torch`: its DTensor modules, per micro-batch; counted for `overhead_s`)")
+    overhead_s: Number = _f("kernels x the profile's `kernel_overhead_s` + sharded layers x its "
+                            "`sharded_layer_overhead_s` (in `step_s`)")
 
 
 class Costs(_Doc):

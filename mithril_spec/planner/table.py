@@ -141,7 +141,9 @@ def render_costs(costs) -> str:
             + (f", activation offload {human_seconds(tm.offload_s)} at {human_bytes(int(hw.host_bytes_per_s))}/s"
                if tm.offload_s else "")
             + (f", element-wise traffic {human_seconds(tm.elementwise_s)}" if tm.elementwise_s else "")
-            + (f", {tm.kernels:,} kernels {human_seconds(tm.overhead_s)}" if tm.overhead_s else "")
+            + (f", {tm.kernels:,} kernels" + (f" and {tm.sharded_layers:,} sharded-tensor layer passes"
+                                               if tm.sharded_layers and hw.sharded_layer_overhead_s else "")
+               + f" {human_seconds(tm.overhead_s)}" if tm.overhead_s else "")
             + f"; MFU {tm.mfu:.1%}")
         if "tree" in tm.algorithms:  # (ring everywhere else: the cost model's default)
             tree = [c.what for c, a in zip(costs.collectives, tm.algorithms) if a == "tree"]

@@ -52,6 +52,11 @@ class Hardware(Strict):
         None, description="fixed time of one kernel (dispatch and launch) on top of its FLOPs and bytes, "
         "microseconds; 0 by default (`mithril-spec calibrate` measures it)"
     )
+    sharded_layer_overhead_us: Optional[NonNegative] = Field(
+        None, description="fixed time of one tensor-parallel layer's sharded-tensor dispatch (torch: a DTensor "
+        "module), forward and backward, on top of its kernels, microseconds; charged by `plan --target` for "
+        "targets that dispatch so; 0 by default (`mithril-spec calibrate --target torch` measures it)"
+    )
     elementwise_gb_per_s: Optional[NonNegative] = Field(
         None, description="bandwidth of element-wise (memory-bound) activation traffic, charged on its own, "
         "GB/s; 0 by default: folded into `efficiency` (`mithril-spec calibrate` measures it)"

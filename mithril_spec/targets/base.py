@@ -238,6 +238,11 @@ class Target:
         model's CostOptions.reduction_calls); None: one call of all the gradients, or not known."""
         return None
 
+    def sharded_layers(self, plan: Plan) -> int:
+        """Layers of one pipe rank the program runs as sharded-tensor modules, whose every op goes through a
+        dispatch in Python (the cost model's CostOptions.sharded_layers); 0: none (compiled or plain arrays)."""
+        return 0
+
     def check(self, plan: Plan, doc: Document) -> list[Diagnostic]:
         """E049 for everything in `plan` this target cannot run."""
         out: list[Diagnostic] = []

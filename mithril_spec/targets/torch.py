@@ -162,6 +162,14 @@ class TorchTarget(Target):
         copies = sum(n.count for n in plan.graph.layers if n.is_repeat)
         return -(-copies // pipe) + 1
 
+    def sharded_layers(self, plan: Plan) -> int:
+        """parallelize_module makes each layer whose parameters the plan splits over `tensor` a DTensor module
+        (colwise, rowwise, vocab-parallel): every copy of a repeated block's, on a pipe rank its share."""
+        if plan.mesh.sizes.get("tensor", 1) == 1:
+            return 0
+        modules = {p.name.rsplit(".", 1)[0] for p in plan.params if any("tensor" in axes for axes in p.spec)}
+        return -(-len(modules) // plan.mesh.sizes.get("pipe", 1))
+
     def check_more(self, plan: Plan, doc: Document) -> list[Diagnostic]:
         return (_checks(plan, doc) + _zero(plan, doc) + _data_split(plan, doc) + _input_layouts(plan, doc)
                 + torch_communication_errors(plan, doc, data_parallel(plan), shard_axis(plan)))

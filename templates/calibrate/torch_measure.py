@@ -98,6 +98,7 @@ def measure(rank: int, world: int, port: int, cfg: dict, out: str) -> None:
         # created by every rank in the same order before any other traffic (torch.distributed requires it)
         groups = {size: dist.new_subgroups(size)[0] for size in range(2, world) if world % size == 0}
         groups[world] = dist.group.WORLD
+        alone = dist.new_subgroups(1)[0]  # each rank by itself: a mesh whose DTensors send nothing
     res: dict = {"device": torch.cuda.get_device_name(device) if cuda else "cpu", "platform": device.type,
                  "processes": world, "threads": torch.get_num_threads(), "matmul": {}, "allreduce": [],
                  # bytes one device holds: the GPU's memory, or the host's shared by the ranks
@@ -150,6 +151,25 @@ def measure(rank: int, world: int, port: int, cfg: dict, out: str) -> None:
 
     res["tiny_op"] = timed(tiny, cfg["budget_s"], device, world) / (3 * chain)
     if world > 1:
+        # the fixed cost of a tensor-parallel layer beyond its kernels: the programs run such a layer as a
+        # DTensor module (parallelize_module), whose every op goes through DTensor's dispatch in Python (sharding
+        # propagation, wrapping and unwrapping local shards, redistributing partial sums). The same chain of tiny
+        # linear layers, forward and backward, plain and as DTensor modules over a mesh of this rank alone
+        # (nothing is sent: the collectives are costed on their own), two column-wise for each row-wise one, as
+        # a transformer block's (q, k, v and o; fc and proj), timed in turn. Raw: [plain, DTensor, layers] (s)
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+        def linears():
+            torch.manual_seed(0)
+            return torch.nn.Sequential(*[torch.nn.Linear(8, 8, device=device) for _ in range(chain)])
+
+        plain, sharded = linears(), linears()
+        parallelize_module(sharded, DeviceMesh.from_group(alone, device.type),
+                           {str(i): RowwiseParallel() if i % 3 == 2 else ColwiseParallel() for i in range(chain)})
+        res["sharded_layer"] = [*interleaved([lambda: plain(x).sum().backward(),
+                                              lambda: sharded(x).sum().backward()], cfg["budget_s"], device, world),
+                                chain]
         # all-reduces as a training step meets them: each after a burst of compute on every rank (a matmul of
         # `burst_shape`), so that ranks arrive at it out of step, as they do between a program's layers
         # (on CPU, ranks time-share the cores: a rank waits for a partner that is descheduled), over each

@@ -11,6 +11,12 @@
   parameters' gradients), one more for every layer full remat recomputes, one per collective call and one
   per parameter tensor in the optimizer update. What `calibrate` measures as a kernel's cost is a third of
   a tiny layer's forward and backward pass, so the count and the cost are of the same thing.
+- the fixed cost of a tensor-parallel layer run as a sharded-tensor module, `sharded_layer_overhead_s`
+  (torch: a DTensor module, each of whose ops goes through DTensor's dispatch in Python, about a millisecond
+  of a CPU core per layer's forward and backward), times the layers the target's program runs so
+  (`CostOptions.sharded_layers`, from the target: `plan --target torch`) per micro-batch, and a third of it
+  for each such layer full remat runs forward again. `calibrate --target torch` measures it as the difference
+  between a chain of tiny linear layers run plain and as DTensor modules, forward and backward.
 
 A built-in profile leaves both at 0: its `efficiency` is a whole-model figure that covers them. A calibrated
 profile's efficiency is that of its matmuls alone, so these are charged on their own.
@@ -54,7 +60,11 @@ def kernel_count(stage: StageCosts, costs: Costs, plan: Plan) -> int:
     return (KERNELS_PER_LAYER * layers + recomputed) * costs.micro_batches + calls + tensors
 
 
-def overhead_seconds(stage: StageCosts, costs: Costs, plan: Plan, hw: Hardware) -> tuple[int, float]:
-    """(kernels, their fixed cost in seconds) of one pipe rank per step."""
+def overhead_seconds(stage: StageCosts, costs: Costs, plan: Plan, hw: Hardware,
+                     sharded_layers: int = 0) -> tuple[int, int, float]:
+    """(kernels, sharded-tensor layer passes, their fixed cost in seconds) of one pipe rank per step;
+    `sharded_layers`: the target's sharded-tensor modules on one pipe rank (CostOptions.sharded_layers)."""
     k = kernel_count(stage, costs, plan)
-    return k, k * hw.kernel_overhead_s
+    sharded = sharded_layers * costs.micro_batches
+    recomputed = sharded / KERNELS_PER_LAYER if costs.remat == "full" else 0.0  # a forward pass again
+    return k, sharded, k * hw.kernel_overhead_s + (sharded + recomputed) * hw.sharded_layer_overhead_s

@@ -29,6 +29,9 @@ class CostOptions:
     # of the gradients and each paying the collective's latency (torch FSDP2: one per fully_shard unit; DDP: one
     # per bucket). None: one call of all the gradients (`plan` without `--target`)
     reduction_calls: Optional[int] = None
+    # The target's program runs this many layers of one pipe rank as sharded-tensor modules, each op through a
+    # dispatch in Python (torch: DTensor modules of tensor parallelism), per micro-batch. None: none
+    sharded_layers: Optional[int] = None
     # The target whose program's held bytes the states follow (Plan.memory_for: a pipelined jax program holds
     # the layers outside the pipelined block on every pipe rank, and every stage padded to the largest).
     # None: the largest over the spec's targets (what every build must fit)
@@ -141,7 +144,8 @@ class StepTime:
     offload_s: float = 0.0  # activation offload's transfers to host memory and back (in step_s)
     elementwise_s: float = 0.0  # element-wise activation traffic (costs/overheads.py; in step_s)
     kernels: int = 0  # kernels per step on one device of the slowest pipe rank
-    overhead_s: float = 0.0  # kernels x the profile's fixed cost per kernel (in step_s)
+    overhead_s: float = 0.0  # kernels and sharded layers x the profile's fixed cost of each (in step_s)
+    sharded_layers: int = 0  # tensor-parallel layers run through a sharded-tensor dispatch per step (torch DTensor)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -67,7 +67,7 @@ def costs_document(costs: Costs) -> doc.Costs:
             mfu=t.mfu, hfu=t.hfu, samples_per_s=t.samples_per_s, tokens_per_s=t.tokens_per_s,
             collective_s=list(t.collective_s), links=list(t.links),
             algorithms=list(t.algorithms), offload_s=t.offload_s, elementwise_s=t.elementwise_s, kernels=t.kernels,
-            overhead_s=t.overhead_s,
+            sharded_layers=t.sharded_layers, overhead_s=t.overhead_s,
         ),
         notes=list(costs.notes),
     )

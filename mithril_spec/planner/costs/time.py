@@ -47,12 +47,12 @@ def step_time(costs: Costs, plan: Plan, hw: Hardware, options: CostOptions) -> S
         offload = transfer_seconds(st.activations.offload_per_step, hw.host_bytes_per_s)
         # profiles that measure them (calibrate): element-wise traffic and the kernels' fixed cost
         elementwise = elementwise_seconds(st, costs, hw)
-        kernels, overhead = overhead_seconds(st, costs, plan, hw)
+        kernels, sharded, overhead = overhead_seconds(st, costs, plan, hw, options.sharded_layers or 0)
         busy = compute + blocking + exposed + offload + elementwise + overhead
         if worst is None or busy > worst[0]:
-            worst = (busy, compute, blocking, overlapped, exposed, offload, elementwise, kernels, overhead)
+            worst = (busy, compute, blocking, overlapped, exposed, offload, elementwise, kernels, sharded, overhead)
     assert worst is not None
-    busy, compute, blocking, overlapped, exposed, offload, elementwise, kernels, overhead = worst
+    busy, compute, blocking, overlapped, exposed, offload, elementwise, kernels, sharded, overhead = worst
     times, links, _, _, algorithms = _comm(costs.collectives, plan, hw)
     st = costs.worst.states
     optimizer = (st.params + st.grads + 2 * st.optimizer + st.params) / hw.hbm_bytes_per_s
@@ -69,4 +69,4 @@ def step_time(costs: Costs, plan: Plan, hw: Hardware, options: CostOptions) -> S
             break
     return StepTime(hw.name, peak, eff, compute, blocking, overlapped, exposed, optimizer, bubble, step, mfu, hfu,
                     tr.batch_size / step, tokens, tuple(times), tuple(links), tuple(algorithms), offload,
-                    elementwise, kernels, overhead)
+                    elementwise, kernels, overhead, sharded)
