@@ -6,8 +6,8 @@ those imports were half of the suite's time. The zygote pays them once per pytes
 
     python tests/program_zygote.py torch|jax      (started by `zygote(kind, env)`; one request per line)
 
-Each request forks a child that takes the run's working directory, environment, stdout/stderr file and
-argv, and runs train.py as __main__ exactly as `python train.py` would (a fresh process per run: nothing a
+Each request forks a child that takes the run's working directory, environment, stdout/stderr file (or a
+file for each) and argv, and runs train.py as __main__ exactly as `python train.py` would (a fresh process per run: nothing a
 program changes leaks into the next one). For several ranks the child forks one process per rank with
 the environment torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
 and returns the first failing rank's exit code, stopping the others. Options: `coverage` (measure
@@ -96,6 +96,10 @@ def _job(req: dict) -> int:
     os.dup2(out, 1)
     os.dup2(out, 2)
     os.close(out)
+    if req.get("err"):  # stderr to a file of its own
+        err = os.open(req["err"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(err, 2)
+        os.close(err)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
@@ -237,13 +241,14 @@ class Zygote:
 
     def run(self, train: str, argv: list[str], *, cwd: str, env: dict, log: str, ranks: int = 1,
             rank_env: bool = False, timeout: float = 600, coverage: str | None = None,
-            coverage_ranks: list[int] | None = None, count: str | None = None) -> int:
+            coverage_ranks: list[int] | None = None, count: str | None = None, err: str | None = None) -> int:
         fut: concurrent.futures.Future = concurrent.futures.Future()
         with self._lock:
             rid = next(self._ids)
             self._done[rid] = fut
             req = {"id": rid, "train": train, "argv": argv, "cwd": cwd, "env": env, "log": log, "ranks": ranks,
-                   "rank_env": rank_env, "coverage": coverage, "coverage_ranks": coverage_ranks, "count": count}
+                   "rank_env": rank_env, "coverage": coverage, "coverage_ranks": coverage_ranks, "count": count,
+                   "err": err}
             self.proc.stdin.write(json.dumps(req).encode() + b"\n")
             self.proc.stdin.flush()
         try:

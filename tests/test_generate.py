@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import subprocess
+import tempfile
 import time
 from pathlib import Path
 
 import jax_runs as jr
 import pytest
 import torch_runs as tr
+from program_zygote import zygote
 
 from mithril_spec.frontend import compile_file
 from mithril_spec.render.build import build_files, render_files
@@ -52,17 +53,20 @@ def test_language_models_get_generate_py_and_others_do_not():
 # ---------------------------------------------------------------- the programs
 
 def _generate(target: str, program: Path, args: tuple, ranks: int = 1) -> dict:
-    """Runs `generate.py ARGS` of `program` (on `ranks` ranks: tests/torch_launch.py) -> rc, stdout, stderr,
-    seconds and, with --json and exit code 0, the JSON object it printed."""
-    script = str(program / "generate.py")
-    cmd = [jr.PY, script] if ranks == 1 else [jr.PY, str(tr.LAUNCH), str(ranks), script]
-    extra = {"PYTHONPATH": str(program)}  # tests/torch_launch.py runs generate.py from tests/: train.py beside it
-    env = jr.env_for(extra) if target == "jax" else tr.env_for(extra)
+    """Runs `generate.py ARGS` of `program` on `ranks` ranks, forked by the session's zygote
+    (tests/program_zygote.py: as `python generate.py` starts, with the environment torchrun sets for several
+    ranks) -> rc, stdout, stderr, seconds and, with --json and exit code 0, the JSON object it printed."""
+    runs = jr if target == "jax" else tr
+    env = runs.env_for()
+    out_file = Path(tempfile.mkstemp(prefix="generate-", suffix=".out", dir=jr.WORK)[1])
+    err_file = out_file.with_suffix(".err")
     t0 = time.perf_counter()
-    p = subprocess.run([*cmd, *args], check=False, cwd=program, env=env, capture_output=True, text=True, timeout=600)
-    out = {"rc": p.returncode, "stdout": p.stdout, "stderr": p.stderr, "seconds": time.perf_counter() - t0}
-    if p.returncode == 0 and "--json" in args:
-        out["json"] = json.loads(p.stdout.strip().splitlines()[-1])
+    rc = zygote(target, env).run(str(program / "generate.py"), list(args), cwd=str(program), env=env,
+                                 log=str(out_file), err=str(err_file), ranks=ranks, rank_env=ranks > 1)
+    out = {"rc": rc, "stdout": out_file.read_text(), "stderr": err_file.read_text(),
+           "seconds": time.perf_counter() - t0}
+    if rc == 0 and "--json" in args:
+        out["json"] = json.loads(out["stdout"].strip().splitlines()[-1])
     return out
 
 
