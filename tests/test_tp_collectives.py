@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import textwrap
 
 import jax_runs as jr
 import pytest
 import torch_runs as tr
+from program_zygote import zygote
 
 from mithril_spec.frontend import compile_file
 from mithril_spec.planner.costs import estimate
@@ -33,9 +33,21 @@ def test_plan_counts_four_per_layer(edits):
     assert planned(jr.spec_variant(GPT, edits), "tensor=2") == 4 * 4  # gpt-tiny has 4 layers
 
 
+def script_output(kind: str, program, code: str) -> str:
+    """Runs `code` as a script in `program`'s directory, forked by the session's zygote (the framework
+    imported once); its stdout (a failure: its stderr)."""
+    runs = jr if kind == "jax" else tr
+    script = program / f"count_{kind}.py"
+    script.write_text(code)
+    out, err = program / f"count_{kind}.out", program / f"count_{kind}.err"
+    rc = zygote(kind, runs.env_for()).run(str(script), [], cwd=str(program), env=runs.env_for(), log=str(out),
+                                          err=str(err))
+    assert rc == 0, err.read_text()[-3000:]
+    return out.read_text()
+
+
 JAX_COUNT = """
-import os, re, sys
-os.environ["JAX_NUM_CPU_DEVICES"] = "2"
+import re, sys
 sys.argv = ["train.py"]
 import importlib.util
 spec = importlib.util.spec_from_file_location("train", "train.py")
@@ -61,12 +73,10 @@ def test_compiled_jax_step_all_reduces_as_planned(edits):
     """One layer (no scan loop to unroll when counting): the activation all-reduces of the compiled step."""
     one = edits + (("layers: 4}", "layers: 1}"),)
     program = jr.build(GPT, "tensor=2", one)
-    p = subprocess.run([jr.PY, "-c", JAX_COUNT], cwd=program, capture_output=True, text=True, timeout=600,
-                       env=jr.env_for())
-    assert p.returncode == 0, p.stderr[-3000:]
+    text = script_output("jax", program, JAX_COUNT)  # (the device count: the program's setup_devices, from its mesh)
     # activations [B, T, d] (micro-batch 16, seq 64, d 128): each all-reduce operand of that shape counts once
     operands = re.findall(r"f32\[16,64,128\][^ ,)]*[ ,)]", "\n".join(
-        line.split(" all-reduce(")[0] for line in p.stdout.splitlines() if re.search(r" all-reduce(-start)?\(", line)))
+        line.split(" all-reduce(")[0] for line in text.splitlines() if re.search(r" all-reduce(-start)?\(", line)))
     assert len(operands) == planned(jr.spec_variant(GPT, one), "tensor=2") == 4
 
 
@@ -96,8 +106,5 @@ TORCH_COUNT = textwrap.dedent("""
 @pytest.mark.parametrize("mesh, edits", [("tensor=2", ()), ("fsdp=2,tensor=2", SWIGLU)], ids=["gelu", "swiglu"])
 def test_torch_all_reduces_as_planned(mesh, edits):
     program = tr.build(GPT, mesh, edits)
-    p = subprocess.run([tr.PY, "-c", TORCH_COUNT], cwd=program, capture_output=True, text=True, timeout=600,
-                       env=tr.env_for())
-    assert p.returncode == 0, p.stderr[-3000:]
-    counts = json.loads(p.stdout.strip().splitlines()[-1])
+    counts = json.loads(script_output("torch", program, TORCH_COUNT).strip().splitlines()[-1])
     assert counts.get("c10d_functional.all_reduce", 0) == planned(jr.spec_variant(GPT, edits), mesh) == 16
