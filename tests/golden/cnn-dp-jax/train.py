@@ -1260,11 +1260,12 @@ def wandb_run(project):
     )
 
 
-def schedule_note(steps, lr_after):
-    """The note of --steps past the spec's STEPS (the lr schedule's length); `lr_after`: the schedule's lr
-    at the first step past it."""
+def schedule_note(steps, lr_at):
+    """The note of --steps past the spec's STEPS (the lr schedule's length); `lr_at(t)`: the schedule's lr at
+    0-based step t, asked only for such a run (on an accelerator it is a computation of its own)."""
     if steps <= STEPS:
         return None
+    lr_after = float(lr_at(STEPS))
     return (
         f"note: --steps {steps} goes past the schedule's {STEPS} steps: steps {STEPS + 1}-{steps} run at the "
         f"schedule's final lr ({lr_after:.1e})"
@@ -1564,7 +1565,7 @@ def train(args, mesh):
         peak=peak_flops(device.device_kind) if device.platform == "gpu" else None,
         memory=lambda: (device.memory_stats() or {}).get("peak_bytes_in_use") or process_peak_rss(),
     )
-    console.say(schedule_note(args.steps, float(lr_schedule(STEPS))))
+    console.say(schedule_note(args.steps, lr_schedule))
 
     # Compiled at the first call, once per run: every call gets the same shapes, dtypes and layouts (the
     # step counter is an int32 array of the state, not a Python number), so no later step recompiles.

@@ -1299,11 +1299,12 @@ def wandb_run(project):
     )
 
 
-def schedule_note(steps, lr_after):
-    """The note of --steps past the spec's STEPS (the lr schedule's length); `lr_after`: the schedule's lr
-    at the first step past it."""
+def schedule_note(steps, lr_at):
+    """The note of --steps past the spec's STEPS (the lr schedule's length); `lr_at(t)`: the schedule's lr at
+    0-based step t, asked only for such a run (on an accelerator it is a computation of its own)."""
     if steps <= STEPS:
         return None
+    lr_after = float(lr_at(STEPS))
     return (
         f"note: --steps {steps} goes past the schedule's {STEPS} steps: steps {STEPS + 1}-{steps} run at the "
         f"schedule's final lr ({lr_after:.1e})"
@@ -1522,7 +1523,7 @@ def main(args):
         peak=peak_flops(torch.cuda.get_device_name(device)) if cuda else None,
         memory=lambda: torch.cuda.max_memory_allocated(device) if cuda else process_peak_rss(),
     )
-    console.say(schedule_note(args.steps, lr_at(STEPS)))
+    console.say(schedule_note(args.steps, lr_at))
     console.compiling()
     # the first sample of each micro-batch this rank reads, in order: drawn one micro-batch ahead
     starts = (

@@ -882,11 +882,12 @@ def wandb_run(project):
     )
 
 
-def schedule_note(steps, lr_after):
-    """The note of --steps past the spec's STEPS (the lr schedule's length); `lr_after`: the schedule's lr
-    at the first step past it."""
+def schedule_note(steps, lr_at):
+    """The note of --steps past the spec's STEPS (the lr schedule's length); `lr_at(t)`: the schedule's lr at
+    0-based step t, asked only for such a run (on an accelerator it is a computation of its own)."""
     if steps <= STEPS:
         return None
+    lr_after = float(lr_at(STEPS))
     return (
         f"note: --steps {steps} goes past the schedule's {STEPS} steps: steps {STEPS + 1}-{steps} run at the "
         f"schedule's final lr ({lr_after:.1e})"
@@ -1110,7 +1111,7 @@ def main(args):
         is_first,
         memory=lambda: (peak_memory() if peak_memory else 0) or process_peak_rss(),
     )
-    console.say(schedule_note(args.steps, lr_schedule(STEPS).item()))
+    console.say(schedule_note(args.steps, lr_schedule))
 
     data = Data(args.data, seed=args.seed + 1)
     metrics = Metrics(args.metrics, is_first, append=bool(args.resume))
