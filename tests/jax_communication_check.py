@@ -26,7 +26,8 @@ import os
 import re
 import sys
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0"  # (jax_runs.FAST_COMPILE)
+os.environ["XLA_FLAGS"] = ("--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0 "
+                           "--xla_cpu_use_fusion_emitters=false")  # (jax_runs.FAST_COMPILE)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
