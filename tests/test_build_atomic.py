@@ -154,6 +154,9 @@ def _kill_at(dest: Path, k: int, exchange: bool) -> int:
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+# (where another test of the same worker imported jax, Python warns that its threads could hold a lock the
+# child needs: the child only calls the file system and os._exit)
+@pytest.mark.filterwarnings(r"ignore:os\.fork\(\) was called:RuntimeWarning")
 @pytest.mark.parametrize("exchange", [True, False], ids=["exchange", "renames"])
 def test_a_kill_at_any_point_leaves_the_old_build_or_the_new(tmp_path, exchange):
     if exchange and not atomic._exchange(tmp_path, tmp_path):
