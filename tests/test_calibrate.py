@@ -204,6 +204,11 @@ def test_sharded_layer_overhead(tmp_path):
     assert TARGETS["torch"].sharded_layers(plan) == 4 * 6
     assert TARGETS["jax"].sharded_layers(plan) == 0 and TARGETS["mlx"].sharded_layers(plan) == 0
     assert TARGETS["torch"].sharded_layers(compile_file(GPT, "data=2").plan) == 0  # no tensor axis
+    # sequence parallel: the norms of the block (ln1, ln2) run as SequenceParallel DTensor modules too
+    from torch_runs import SP_EDITS, spec_variant
+
+    sp = compile_file(spec_variant(GPT, SP_EDITS), "data=1,tensor=2").plan
+    assert TARGETS["torch"].sharded_layers(sp) == 4 * (6 + 2)
     plain = estimate(plan, hw)
     torch_ = estimate(plan, hw, CostOptions(sharded_layers=24))
     assert plain.time.sharded_layers == 0 and torch_.time.sharded_layers == 24 * torch_.micro_batches

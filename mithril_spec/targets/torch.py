@@ -164,10 +164,17 @@ class TorchTarget(Target):
 
     def sharded_layers(self, plan: Plan) -> int:
         """parallelize_module makes each layer whose parameters the plan splits over `tensor` a DTensor module
-        (colwise, rowwise, vocab-parallel): every copy of a repeated block's, on a pipe rank its share."""
+        (colwise, rowwise, vocab-parallel), and in a sequence-parallel block every layer with parameters
+        (SequenceParallel norms): every copy of a repeated block's, on a pipe rank its share."""
         if plan.mesh.sizes.get("tensor", 1) == 1:
             return 0
-        modules = {p.name.rsplit(".", 1)[0] for p in plan.params if any("tensor" in axes for axes in p.spec)}
+        split = [p for p in plan.params if any("tensor" in axes for axes in p.spec)]
+        modules = {p.name.rsplit(".", 1)[0] for p in split}
+        split_layers = {p.param.layer for p in split}
+        for node in plan.graph.layers:
+            if node.is_repeat and sequence_parallel(plan, node):
+                modules |= {path for i in range(node.count) for layer in node.layers if layer.params
+                            for path in [f"{node.name}.{i}.{layer.name}"] if path not in split_layers}
         return -(-len(modules) // plan.mesh.sizes.get("pipe", 1))
 
     def check_more(self, plan: Plan, doc: Document) -> list[Diagnostic]:
