@@ -26,8 +26,9 @@ import os
 import re
 import sys
 
-os.environ["XLA_FLAGS"] = ("--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0 "
-                           "--xla_cpu_use_fusion_emitters=false")  # (jax_runs.FAST_COMPILE)
+from jax_runs import FAST_COMPILE  # (this script's directory: tests/)
+
+os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count=2 {FAST_COMPILE}"
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

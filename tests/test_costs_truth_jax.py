@@ -43,8 +43,8 @@ CLASS = {"all-reduce": "reduce", "reduce-scatter": "reduce", "all-gather": "gath
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory) -> dict[str, dict]:
     out = tmp_path_factory.mktemp("truth") / "truth.json"
-    # (XLA's cheapest backend optimisation, as every jax test run: tests/jax_runs.py; the HLO, its collectives
-    # and its buffers are those of the default, only the LLVM code generation is cheaper)
+    # (XLA's cheapest compilation, as every jax test run: tests/jax_runs.py; the HLO, its collectives and its
+    # buffers are those of the default, only the code generation is cheaper)
     env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count=8 {FAST_COMPILE}", JAX_PLATFORMS="cpu")
     args = [a for _, spec, mesh in CASES for a in (spec, mesh)]
     r = subprocess.run([sys.executable, str(ROOT / "tests" / "jax_truth_step.py"), str(out), *args], cwd=ROOT,

@@ -173,8 +173,8 @@ class TorchTarget(Target):
         split_layers = {p.param.layer for p in split}
         for node in plan.graph.layers:
             if node.is_repeat and sequence_parallel(plan, node):
-                modules |= {path for i in range(node.count) for layer in node.layers if layer.params
-                            for path in [f"{node.name}.{i}.{layer.name}"] if path not in split_layers}
+                for i in range(node.count):
+                    modules |= {f"{node.name}.{i}.{layer.name}" for layer in node.layers if layer.params} - split_layers
         return -(-len(modules) // plan.mesh.sizes.get("pipe", 1))
 
     def check_more(self, plan: Plan, doc: Document) -> list[Diagnostic]:
