@@ -61,8 +61,8 @@ def devices(spec: Path, mesh: list[str]) -> int:
     return json.loads(out)["mesh"]["devices"]
 
 
-def calibrate(target: str, n: int, work: Path, quick: bool) -> Path:
-    path = work / f"{target}-x{n}.yaml"
+def calibrate(target: str, n: int, work: Path, quick: bool, pair: int) -> Path:
+    path = work / f"{target}-x{n}-{pair}.yaml"
     rc, out = quiet(["calibrate", "--target", target, "--processes", str(n), "-o", str(path),
                      *(["--quick"] if quick else [])])
     if rc:
@@ -70,11 +70,15 @@ def calibrate(target: str, n: int, work: Path, quick: bool) -> Path:
     return path
 
 
-def predicted(spec: Path, target: str, profile: Path, mesh: list[str]) -> float:
+TERMS = ("compute_s", "blocking_comm_s", "exposed_comm_s", "elementwise_s", "overhead_s", "optimizer_s")
+
+
+def predicted(spec: Path, target: str, profile: Path, mesh: list[str]) -> dict:
+    """The plan's step-time object: `step_s` and its terms."""
     rc, out = quiet(["plan", str(spec), *mesh, "--hardware", str(profile), "--target", target, "--format", "json"])
     if rc:
         raise SystemExit(f"plan {spec} --hardware {profile} failed:\n{out}")
-    return json.loads(out)["costs"]["time"]["step_s"]
+    return json.loads(out)["costs"]["time"]
 
 
 def measured(spec: Path, target: str, n: int, work: Path, warmup: int, steps: int, mesh: list[str]) -> list[float]:
@@ -116,12 +120,15 @@ def main() -> None:
             spec = spec.resolve()
             n = devices(spec, mesh)
             preds, meas = [], []
-            for _ in range(args.pairs):
-                profiles[target, n] = calibrate(target, n, work, args.quick)
-                preds.append(predicted(spec, target, profiles[target, n], mesh))
-                meas.append(statistics.median(measured(spec, target, n, work, args.warmup, args.steps, mesh)))
-                print(f"  {spec.name} {target}: predicted {preds[-1] * 1e3:.1f} ms, measured {meas[-1] * 1e3:.1f} ms",
-                      flush=True)
+            for pair in range(args.pairs):
+                profiles[target, n] = calibrate(target, n, work, args.quick, pair)
+                time_ = predicted(spec, target, profiles[target, n], mesh)
+                preds.append(time_["step_s"])
+                steps = measured(spec, target, n, work, args.warmup, args.steps, mesh)
+                meas.append(statistics.median(steps))
+                terms = ", ".join(f"{k.removesuffix('_s')} {time_[k] * 1e3:.0f}" for k in TERMS)
+                print(f"  {spec.name} {target}: predicted {preds[-1] * 1e3:.1f} ms ({terms}), measured "
+                      f"{meas[-1] * 1e3:.1f} ms (steps {min(steps) * 1e3:.0f}-{max(steps) * 1e3:.0f})", flush=True)
             ratios = [p / m for p, m in zip(preds, meas)]
             row = {"spec": spec.relative_to(ROOT).as_posix() if spec.is_relative_to(ROOT) else str(spec),
                    "target": target, "mesh": args.mesh or "default", "devices": n, "predicted_ms": round(statistics.median(preds) * 1e3, 1),

@@ -4,7 +4,8 @@ The measuring runs in a subprocess, a script of `templates/calibrate/` run with 
 (mithril_spec itself never imports a framework), which starts the devices as the generated programs of the
 target do (torch: one process per device, gloo on CPU, NCCL on GPUs; jax: the accelerators, or simulated CPU
 devices in one process) and times, with every device working at once: matrix multiplications per dtype,
-a large copy, a layer's element-wise kernels, a chain of tiny kernels and all-reduces at several sizes
+a large copy, a layer's element-wise kernels, a reference decoder block forward and backward (CPU devices:
+probe.py, which sets the efficiency), a chain of tiny kernels and all-reduces at several sizes
 (torch: over groups of each size a mesh axis can have, each after a compute burst; jax: in a loop inside one
 program), and whether an all-reduce beside a compute burst overlaps it. `profile_fields` turns those timings into the figures of a `hardware:` entry
 (docs/cost-model.md#calibration); the file written is a YAML document with one such entry, which
@@ -27,6 +28,7 @@ from pathlib import Path
 
 from .planner.costs.overheads import ACTIVATION_PASSES
 from .planner.mesh import UsageError
+from .probe import PROBE, QUICK_PROBE, efficiency_from_probe, probe_terms
 from .render.environment import template_dirs
 
 TARGETS = ("torch", "jax")
@@ -51,17 +53,19 @@ class Sizes:
     burst_shape: tuple[int, int, int] = (1024, 512, 512)
     # the [tokens, features] float32 activation the element-wise kernels run on (the matmuls' m tokens)
     elementwise_shape: tuple[int, int] = (1024, 256)
+    # the reference block timed on CPU devices (probe.py): [batch, seq, dim, heads, ff]
+    probe: tuple[int, int, int, int, int] = PROBE
 
     def to_config(self, dtypes: tuple[str, ...]) -> dict:
         return {"dtypes": list(dtypes), "matmul_shapes": [list(s) for s in self.matmul_shapes],
                 "copy_bytes": self.copy_bytes, "allreduce_bytes": list(self.allreduce_bytes),
                 "tiny_ops": self.tiny_ops, "budget_s": self.budget_s, "burst_shape": list(self.burst_shape),
-                "elementwise_shape": list(self.elementwise_shape),
+                "elementwise_shape": list(self.elementwise_shape), "probe": list(self.probe),
                 "accelerator_shapes": [list(s) for s in ACCELERATOR_SHAPES]}
 
 
 QUICK = Sizes(((256, 128, 128), (256, 256, 256)), 4 << 20, (4, 1 << 18, 1 << 20), 20, 0.01,
-              elementwise_shape=(256, 128))
+              elementwise_shape=(256, 128), probe=QUICK_PROBE)
 DEFAULT = Sizes(((1024, 128, 128), (1024, 256, 256), (1024, 512, 512)), 32 << 20,
                 (4, 1 << 16, 1 << 20, 4 << 20), 100, 0.2)  # (windows of 0.2 s: a program's steps, hundreds of ms
 # on a time-shared CPU, see the load averaged over that long, over many of the scheduler's time slices)
@@ -138,8 +142,9 @@ def collective_fit(points: list[tuple[float, int, float]]) -> tuple[float, float
     return fits[sizes[-1]][0], fits[sizes[0]][1]
 
 
-def profile_fields(raw: dict, name: str) -> dict:
-    """The `hardware:` entry (spec units: TFLOP/s, GB, GB/s, microseconds) of the raw timings."""
+def profile_fields(raw: dict, name: str, target: str | None = None) -> dict:
+    """The `hardware:` entry (spec units: TFLOP/s, GB, GB/s, microseconds) of the raw timings; with `target`
+    and a timed reference block (raw `probe`), the efficiency that block sets (probe.py)."""
     flops, efficiency = {}, None
     for dtype, rows in raw["matmul"].items():
         rates = [2 * m * k * n / t for m, k, n, t in rows if t > 0]
@@ -193,6 +198,11 @@ def profile_fields(raw: dict, name: str) -> dict:
         fields["elementwise_gb_per_s"] = _round(ACTIVATION_PASSES * kernels * out_bytes / t / 1e9)
     else:
         fields["elementwise_gb_per_s"] = fields["hbm_gb_per_s"]
+    if raw.get("probe") and target is not None:
+        # the efficiency a model's layer reaches, beyond its element-wise and kernel costs: that at which the
+        # model predicts the reference block's measured time (the matmuls' mean above where it was not timed)
+        *dims, seconds = raw["probe"]
+        fields["efficiency"] = _round(efficiency_from_probe(seconds, probe_terms(tuple(dims), fields, target)))
     return fields
 
 
@@ -223,8 +233,12 @@ def render(fields: dict, command: str, raw: dict) -> str:
         "# on a shared machine, other work slows every figure. Use it with `mithril-spec plan SPEC --hardware",
         "# THIS_FILE.yaml`, or paste the entry into the spec's `hardware:` list and give its name.",
         "# Units: TFLOP/s, GB, GB/s, microseconds (docs/cost-model.md#calibration).",
-        "hardware:",
     ]
+    if raw.get("probe"):
+        b, s, d, heads, ff, seconds = raw["probe"]
+        lines.append(f"# efficiency: that at which the cost model predicts a reference decoder block (batch {b}, seq {s}, "
+                     f"dim {d}, {heads} heads, ff {ff}), timed at {seconds * 1e3:.1f} ms forward and backward.")
+    lines.append("hardware:")
     first = True
     for key, value in fields.items():
         prefix = "  - " if first else "    "
@@ -251,6 +265,6 @@ def calibrate(target: str, output: Path, name: str | None, processes: int, quick
     if not output.parent.is_dir():
         raise UsageError(f"-o {output}: no such directory: {output.parent}")
     raw = measure(target, processes, QUICK if quick else DEFAULT)
-    fields = profile_fields(raw, name or f"{target}-{raw['platform']}-x{raw['processes']}")
+    fields = profile_fields(raw, name or f"{target}-{raw['platform']}-x{raw['processes']}", target)
     write_atomic(output, render(fields, command, raw), create_parents=False)
     return fields

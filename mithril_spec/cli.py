@@ -808,7 +808,8 @@ def cmd_calibrate(args) -> int:
                         *(["--quick"] if args.quick else [])])
     fields = calibrate(args.target, Path(args.output), args.name, args.processes, args.quick, command)
     flops = ", ".join(f"{k} {v * 1e3:.3g}" for k, v in fields["flops"].items())
-    print(f"wrote {escape(args.output)}: profile `{escape(fields['name'])}`: GFLOP/s {flops}; memory "
+    print(f"wrote {escape(args.output)}: profile `{escape(fields['name'])}`: GFLOP/s {flops}, "
+          f"efficiency {fields['efficiency']:.3g}; memory "
           f"{fields['hbm_gb_per_s']:.3g} GB/s, element-wise kernels {fields['elementwise_gb_per_s']:.3g} GB/s; "
           f"all-reduce {fields['intra_node_gb_per_s']:.3g} GB/s, "
           f"{fields['intra_node_latency_us']:.3g} us per step; kernel {fields['kernel_overhead_us']:.3g} us"

@@ -43,6 +43,7 @@ def profile(tmp_path_factory) -> Path:
 def test_calibrate_writes_a_profile_plan_accepts(profile):
     hw = lookup(str(profile))
     assert hw.name == "here" and hw.devices_per_node == 2
+    assert "# efficiency: that at which the cost model predicts a reference decoder block" in profile.read_text()
     assert hw.flops["float32"] > 0 and hw.hbm_bytes_per_s > 0 and hw.intra_node_bytes_per_s > 0
     assert 0 < hw.efficiency <= 1 and hw.kernel_overhead_s >= 0 and hw.elementwise_bytes_per_s > 0
     rc, out, err = run("plan", GPT, "--mesh", "data=2", "--hardware", profile, "--format", "json")
@@ -164,6 +165,38 @@ def test_profile_fields_from_timings():
     assert dt["sharded_layer_overhead_us"] == pytest.approx(1000)
     text = cal.render(f, "mithril-spec calibrate --target jax", raw)
     assert text.startswith("# ") and "\nhardware:\n  - name: \"p\"\n" in text
+
+
+def test_probe_sets_the_efficiency_the_model_needs():
+    """The reference block (probe.py): the efficiency derived from its measured time is the one at which the
+    cost model, costing the block as a spec with that profile, predicts that time; a slower block gives a lower
+    efficiency; one no slower than the model's other terms and its matmuls at the best rate, 1."""
+    from mithril_spec import probe
+
+    raw = {"device": "cpu", "platform": "cpu", "processes": 4, "memory_bytes": 8e9,
+           "matmul": {"float32": [[1024, 256, 256, 4e-3], [1024, 512, 512, 16e-3]]}, "copy": [1e8, 0.05],
+           "tiny_op": 30e-6, "allreduce": [[4, 1e-4, 4], [1e6, 2e-3, 4]], "elementwise": [1 << 20, 4, 0.01]}
+    dims = probe.QUICK_PROBE
+    for target in ("torch", "jax"):
+        base = cal.profile_fields(raw, "p", target)
+        assert base["efficiency"] == pytest.approx(1.0)  # (the matmuls' mean: both shapes at the same rate)
+        terms = probe.probe_terms(dims, base, target)
+        assert terms.matmul_s > 0 and terms.elementwise_s > 0 and terms.overhead_s > 0
+        floor = terms.matmul_s + terms.elementwise_s + terms.overhead_s
+        effs = []
+        for slower in (0.8, 1.5, 3.0):
+            f = cal.profile_fields(dict(raw, probe=[*dims, floor * slower]), "p", target)
+            effs.append(f["efficiency"])
+            if slower > 1:  # round trip: the block costed with the derived profile takes the measured time
+                t = probe.probe_terms(dims, dict(f, efficiency=1.0), target)
+                assert t.matmul_s / f["efficiency"] + t.elementwise_s + t.overhead_s == pytest.approx(floor * slower,
+                                                                                                      rel=1e-3)
+        assert effs[0] == 1.0 and 1.0 > effs[1] > effs[2] > 0
+        # without a target (or a timed block) the matmuls' mean stays
+        assert cal.profile_fields(dict(raw, probe=[*dims, floor * 3]), "p")["efficiency"] == base["efficiency"]
+    # torch stores no attention probabilities (its fused kernel): less element-wise traffic than jax
+    assert (probe.probe_terms(dims, base, "torch").elementwise_s
+            < probe.probe_terms(dims, base, "jax").elementwise_s)
 
 
 def test_overhead_terms(tmp_path):

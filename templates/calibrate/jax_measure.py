@@ -143,6 +143,43 @@ def main() -> None:
         return (0.5 * y + 0.5 * g)[None]  # (both the next iteration's input: neither pass can be dropped)
 
     res["elementwise"] = [rows * cols * 4, 4, timed(looped(forward_backward), put((rows, cols), jnp.float32, True))]
+    # a reference layer (calibrate.PROBE): a pre-norm decoder block, forward and backward (the parameters'
+    # gradients and the input's) as the programs compute it: layer norm, q, k, v and o projections, causal
+    # attention with its scores and softmax in float32 (einsum, as the programs' `attention`), residual add, layer
+    # norm, fc, gelu (tanh), proj with biases, residual add, a mean-square loss. Each iteration the parameters take
+    # a small step down their gradient: the next iteration's input. Raw: [batch, seq, dim, heads, ff, seconds per
+    # forward and backward]
+    if devices[0].platform == "cpu":
+        b, s, d, heads, ff = cfg["probe"]
+        hd = d // heads
+
+        def norm(a, g, sh):
+            mean = a.mean(-1, keepdims=True)
+            return (a - mean) * jax.lax.rsqrt(((a - mean) ** 2).mean(-1, keepdims=True) + 1e-5) * g + sh
+
+        def block(p, x, y):
+            h = norm(x, p["ln1.g"], p["ln1.b"])
+            q, k, v = ((h @ p[w]).reshape(b, s, heads, hd) for w in ("q", "k", "v"))
+            scores = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / hd**0.5
+            scores = jnp.where(jnp.tril(jnp.ones((s, s), bool)), scores, -jnp.inf)
+            probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
+            x = x + jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, s, d) @ p["o"]
+            h = norm(x, p["ln2.g"], p["ln2.b"])
+            x = x + jax.nn.gelu(h @ p["fc"] + p["fc.b"], approximate=True) @ p["proj"] + p["proj.b"]
+            return ((x - y) ** 2).mean()
+
+        def probe_step(carry):
+            p, x, y = carry
+            grads = jax.grad(block, argnums=(0, 1))({k: v[0] for k, v in p.items()}, x[0], y[0])
+            return {k: v - 1e-6 * grads[0][k][None] for k, v in p.items()}, x - 1e-6 * grads[1][None], y
+
+        shapes = {"ln1.g": (d,), "ln1.b": (d,), "q": (d, d), "k": (d, d), "v": (d, d), "o": (d, d),
+                  "ln2.g": (d,), "ln2.b": (d,), "fc": (d, ff), "fc.b": (ff,), "proj": (ff, d), "proj.b": (d,)}
+        # (weights of unit gain, 1 / sqrt(fan-in), norms' gains 1 and shifts 0: values of a trained layer's size)
+        params = {k: put(v, jnp.float32, True) / v[0] ** 0.5 if len(v) == 2 else
+                  put(v, jnp.float32) + (1.0 if k.endswith(".g") else 0.0) for k, v in shapes.items()}
+        data = put((b, s, d), jnp.float32, True), put((b, s, d), jnp.float32, True)
+        res["probe"] = [*cfg["probe"], timed(looped(probe_step), (params, *data))]
     chain = cfg["tiny_ops"]
 
     def tiny(ws, v):

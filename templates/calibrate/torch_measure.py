@@ -137,6 +137,30 @@ def measure(rank: int, world: int, port: int, cfg: dict, out: str) -> None:
         (y + act).backward(seed)
 
     res["elementwise"] = [rows * cols * 4, 4, timed(elementwise, cfg["budget_s"], device, world)]
+    # a reference layer (calibrate.PROBE): a pre-norm decoder block, forward and backward under autograd, as the
+    # programs' modules run it: layer norm, q, k, v and o projections, causal scaled_dot_product_attention,
+    # residual add, layer norm, fc, gelu (tanh), proj with biases, residual add, a mean-square loss; the
+    # gradients set to None before each pass (as the programs' zero_grad). Raw: [batch, seq, dim, heads, ff,
+    # seconds per forward and backward]
+    if not cuda:
+        F = torch.nn.functional
+        b, s, d, heads, ff = cfg["probe"]
+        lin = {name: torch.nn.Linear(i, o, bias=name in ("fc", "proj"), device=device)
+               for name, i, o in (("q", d, d), ("k", d, d), ("v", d, d), ("o", d, d), ("fc", d, ff), ("proj", ff, d))}
+        norms = [torch.nn.LayerNorm(d, device=device) for _ in range(2)]
+        params = [p for m in (*lin.values(), *norms) for p in m.parameters()]
+        xin, target = torch.randn(b, s, d, device=device, requires_grad=True), torch.randn(b, s, d, device=device)
+
+        def probe():
+            for p in (*params, xin):
+                p.grad = None
+            h = norms[0](xin)
+            q, k, v = (lin[w](h).view(b, s, heads, d // heads).transpose(1, 2) for w in ("q", "k", "v"))
+            x = xin + lin["o"](F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, d))
+            x = x + lin["proj"](F.gelu(lin["fc"](norms[1](x)), approximate="tanh"))
+            F.mse_loss(x, target).backward()
+
+        res["probe"] = [*cfg["probe"], timed(probe, cfg["budget_s"], device, world)]
     # the fixed cost of a layer's kernel: a chain of tiny layers (8 features), forward and backward as
     # autograd runs them; a layer is 3 kernels (forward; backward: input and weight gradients)
     chain = cfg["tiny_ops"]
