@@ -104,7 +104,7 @@ def main() -> None:
     ap.add_argument("--specs", nargs="*", default=None, help="spec files (default: examples/*/*.yaml)")
     ap.add_argument("--targets", default="torch,jax")
     ap.add_argument("--warmup", type=int, default=3, help="steps left out at the start")
-    ap.add_argument("--steps", type=int, default=10, help="steps measured")
+    ap.add_argument("--steps", type=int, default=20, help="steps measured")
     ap.add_argument("--pairs", type=int, default=2, help="(calibration, run) pairs per spec and target")
     ap.add_argument("--mesh", help="AXIS=SIZE,... instead of each spec's default mesh")
     ap.add_argument("--quick", action="store_true", help="calibrate with --quick")

@@ -236,8 +236,8 @@ def render(fields: dict, command: str, raw: dict) -> str:
     ]
     if raw.get("probe"):
         b, s, d, heads, ff, seconds = raw["probe"]
-        lines.append(f"# efficiency: that at which the cost model predicts a reference decoder block (batch {b}, seq {s}, "
-                     f"dim {d}, {heads} heads, ff {ff}), timed at {seconds * 1e3:.1f} ms forward and backward.")
+        lines.append(f"# efficiency: that at which the cost model predicts a reference decoder block (batch {b}, "
+                     f"seq {s}, dim {d}, {heads} heads, ff {ff}), timed at {seconds * 1e3:.1f} ms forward and backward.")
     lines.append("hardware:")
     first = True
     for key, value in fields.items():

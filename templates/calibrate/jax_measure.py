@@ -5,6 +5,7 @@ simulated CPU devices in this process (`jax_num_cpu_devices`), which share the h
 is taken with all devices working at once on their own shard, in a `fori_loop` inside one jitted program
 synchronised once per call (no Python dispatch or host sync per operation): matrix multiplications per
 dtype, a large element-wise pass (memory bandwidth), a layer's element-wise kernels forward and backward,
+on CPU devices a reference decoder block forward and backward (mithril_spec/probe.py),
 and `psum` all-reduces over all devices at several sizes, each after a compute burst (the ring's bandwidth
 and per-step latency), and the largest beside a burst (whether a collective overlaps compute); and one
 jitted chain of tiny

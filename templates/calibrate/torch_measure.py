@@ -2,8 +2,9 @@
 
 Launches `--processes` ranks as the generated PyTorch programs run (one process per device, gloo on CPU,
 NCCL on GPUs; on CPU each rank takes cores / ranks threads) and, with every rank working at once, times:
-matrix multiplications per dtype, a large copy (memory bandwidth), a layer's element-wise kernels, a chain
-of tiny operations (the fixed cost of one kernel: dispatch and launch) and all-reduces at several sizes over groups of every size a
+matrix multiplications per dtype, a large copy (memory bandwidth), a layer's element-wise kernels, on CPU a
+reference decoder block forward and backward (mithril_spec/probe.py), a chain of tiny operations (the fixed
+cost of one kernel: dispatch and launch) and all-reduces at several sizes over groups of every size a
 mesh axis can have, each after a burst of compute (the ring's bandwidth and per-step latency), and whether an
 all-reduce issued beside a burst, as the programs issue their gradient reductions, overlaps it. Rank 0
 prints one JSON object: the raw timings (seconds)."""
