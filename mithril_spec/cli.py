@@ -494,10 +494,8 @@ def cmd_plan(args) -> int:
     kernels = attention_kernels([args.target] if args.target else c.spec.targets)
     # one target's program: its data-parallel gradient reduction as it issues it (calls per step)
     # and the layers it runs through a sharded-tensor dispatch (torch: DTensor modules)
-    calls = TARGETS[args.target].reduction_calls(c.plan) if args.target else None
-    sharded = TARGETS[args.target].sharded_layers(c.plan) if args.target else None
-    costs = estimate_targets(c.plan, kernels, hw, CostOptions(reduction_calls=calls, sharded_layers=sharded),
-                             target=args.target)
+    options = TARGETS[args.target].cost_options(c.plan) if args.target else CostOptions()
+    costs = estimate_targets(c.plan, kernels, hw, options, target=args.target)
     if hw is not None:
         diags += fit_diagnostics(c.spec, c.doc, c.graph, c.plan, hw, costs,
                                  CostOptions(fused_attention=all(kernels.values())))

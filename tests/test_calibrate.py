@@ -270,6 +270,28 @@ def dataclasses_replace_remat(remat):
     return CostOptions(remat=remat)
 
 
+def test_a_build_embeds_what_plan_target_predicts():
+    """The prediction a program carries (render/predicted.py, printed by its --profile) is costed with the
+    target's own options, as `plan --target`: torch's FSDP2 reduces the gradients in one call per block and
+    one for the root, and the step time of each built-in profile includes those calls' latency."""
+    from mithril_spec.render.predicted import predicted
+    from mithril_spec.targets import TARGETS
+
+    c = compile_file(GPT, "data=2,tensor=2")  # (torch: FSDP2 over data, DTensor modules over tensor)
+    for target in ("torch", "jax"):
+        embedded = predicted(c.plan, target)
+        rc, out, err = run("plan", GPT, "--mesh", "data=2,tensor=2", "--target", target, "--hardware", "h100-sxm-80gb",
+                           "--format", "json")
+        assert rc == 0, err
+        costs = json.loads(out)["costs"]
+        calls = sum(x["count"] for x in costs["collectives"] if x["kind"] == "all-reduce")
+        assert embedded["comm_calls"]["all-reduce"] == calls
+        assert embedded["profiles"]["h100-sxm-80gb"]["step_s"] == pytest.approx(costs["time"]["step_s"], rel=1e-3)
+    # torch issues more calls than one of all the gradients (jax's one psum)
+    assert TARGETS["torch"].reduction_calls(c.plan) > 1
+    assert predicted(c.plan, "torch")["comm_calls"]["all-reduce"] > predicted(c.plan, "jax")["comm_calls"]["all-reduce"]
+
+
 def test_overlap_collectives(tmp_path):
     """A profile whose collectives do not overlap compute exposes all the data-parallel communication; the
     calibration decides it from a burst alone, then an all-reduce, and the all-reduce beside the burst."""

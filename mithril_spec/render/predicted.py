@@ -8,9 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 from ..planner import hardware as hw
-from ..planner.costs import KINDS, CostOptions, estimate_targets, step_time
+from ..planner.costs import KINDS, estimate_targets, step_time
 from ..planner.plan import Plan
-from ..targets import attention_kernels
+from ..targets import TARGETS, attention_kernels
 
 # A device name the program reads (torch.cuda.get_device_name, jax's device_kind) -> the built-in profile.
 DEVICE_PROFILES = (("H200", "h200-141gb"), ("H100", "h100-sxm-80gb"), ("A100", "a100-80gb"), ("TPU v5", "tpu-v5e"),
@@ -24,13 +24,14 @@ def _seconds(x: float) -> float:
 
 def predicted(plan: Plan, target: str) -> dict[str, Any]:
     kernels = attention_kernels(tuple(dict.fromkeys((*plan.spec.targets, target))))
-    costs = estimate_targets(plan, kernels, target=target)
+    options = TARGETS[target].cost_options(plan)  # as `plan --target TARGET`: the program's reduction calls
+    costs = estimate_targets(plan, kernels, options=options, target=target)
     acts = costs.worst.activations
     comm = {k: sum(c.total_bytes for c in costs.collectives if c.kind == k) for k in KINDS}
     calls = {k: sum(c.count for c in costs.collectives if c.kind == k) for k in KINDS}
     profiles = {}
     for name in dict.fromkeys(name for _key, name in DEVICE_PROFILES):  # the profiles a device name selects
-        t = step_time(costs, plan, hw.lookup(name, plan.spec), CostOptions())
+        t = step_time(costs, plan, hw.lookup(name, plan.spec), options)
         per_kind = {k: 0.0 for k in KINDS}
         for c, s in zip(costs.collectives, t.collective_s):
             per_kind[c.kind] += s

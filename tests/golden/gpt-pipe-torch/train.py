@@ -170,47 +170,47 @@ PLANNED_BYTES = {"params": 273920, "grads": 273920, "optimizer": 547840, "buffer
 PREDICTED = {
     "peak_bytes": 1933824,
     "comm_bytes": {
-        "all-reduce": 790548,
+        "all-reduce": 790549,
         "send/recv": 65536,
     },
     "comm_calls": {
-        "all-reduce": 38,
+        "all-reduce": 40,
         "send/recv": 4,
     },
     "profiles": {
         "h200-141gb": {
-            "step_s": 0.0003103,
+            "step_s": 0.0003253,
             "compute_s": 3.309e-06,
             "offload_s": 0.0,
             "comm_s": {
-                "all-reduce": 0.0002358,
+                "all-reduce": 0.0002478,
                 "send/recv": 1.215e-05,
             },
         },
         "h100-sxm-80gb": {
-            "step_s": 0.0003105,
+            "step_s": 0.0003255,
             "compute_s": 3.309e-06,
             "offload_s": 0.0,
             "comm_s": {
-                "all-reduce": 0.0002358,
+                "all-reduce": 0.0002478,
                 "send/recv": 1.215e-05,
             },
         },
         "a100-80gb": {
-            "step_s": 0.0003176,
+            "step_s": 0.000327,
             "compute_s": 1.135e-05,
             "offload_s": 0.0,
             "comm_s": {
-                "all-reduce": 0.0002366,
+                "all-reduce": 0.0002486,
                 "send/recv": 1.222e-05,
             },
         },
         "tpu-v5e": {
-            "step_s": 0.0001155,
+            "step_s": 0.0001205,
             "compute_s": 3.371e-06,
             "offload_s": 0.0,
             "comm_s": {
-                "all-reduce": 8.591e-05,
+                "all-reduce": 8.991e-05,
                 "send/recv": 4.655e-06,
             },
         },
@@ -219,7 +219,7 @@ PREDICTED = {
             "compute_s": 0.0007379,
             "offload_s": 0.0,
             "comm_s": {
-                "all-reduce": 0.0008195,
+                "all-reduce": 0.0008595,
                 "send/recv": 4.328e-05,
             },
         },

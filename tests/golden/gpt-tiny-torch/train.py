@@ -194,52 +194,52 @@ PLANNED_BYTES = {"params": 876032, "grads": 876032, "optimizer": 1752064, "buffe
 PREDICTED = {
     "peak_bytes": 11916288,
     "comm_bytes": {
-        "all-reduce": 2973192,
+        "all-reduce": 2973195,
         "all-gather": 3504128,
         "reduce-scatter": 1752064,
     },
     "comm_calls": {
-        "all-reduce": 19,
+        "all-reduce": 23,
         "all-gather": 14,
         "reduce-scatter": 7,
     },
     "profiles": {
         "h200-141gb": {
-            "step_s": 0.0002027,
+            "step_s": 0.0002267,
             "compute_s": 2.149e-05,
             "offload_s": 0.0,
             "comm_s": {
-                "all-reduce": 0.0001326,
+                "all-reduce": 0.0001566,
                 "all-gather": 4.589e-05,
                 "reduce-scatter": 2.295e-05,
             },
         },
         "h100-sxm-80gb": {
-            "step_s": 0.0002033,
+            "step_s": 0.0002273,
             "compute_s": 2.149e-05,
             "offload_s": 0.0,
             "comm_s": {
-                "all-reduce": 0.0001326,
+                "all-reduce": 0.0001566,
                 "all-gather": 4.589e-05,
                 "reduce-scatter": 2.295e-05,
             },
         },
         "a100-80gb": {
-            "step_s": 0.0002107,
+            "step_s": 0.0002347,
             "compute_s": 7.373e-05,
             "offload_s": 0.0,
             "comm_s": {
-                "all-reduce": 0.0001359,
+                "all-reduce": 0.0001599,
                 "all-gather": 4.784e-05,
                 "reduce-scatter": 2.392e-05,
             },
         },
         "tpu-v5e": {
-            "step_s": 0.0001265,
+            "step_s": 0.0001345,
             "compute_s": 2.19e-05,
             "offload_s": 0.0,
             "comm_s": {
-                "all-reduce": 7.173e-05,
+                "all-reduce": 7.973e-05,
                 "all-gather": 3.152e-05,
                 "reduce-scatter": 1.576e-05,
             },
@@ -249,7 +249,7 @@ PREDICTED = {
             "compute_s": 0.004793,
             "offload_s": 0.0,
             "comm_s": {
-                "all-reduce": 0.0005687,
+                "all-reduce": 0.0006487,
                 "all-gather": 0.0002276,
                 "reduce-scatter": 0.0001138,
             },
