@@ -180,7 +180,9 @@ def main() -> None:
         params = {k: put(v, jnp.float32, True) / v[0] ** 0.5 if len(v) == 2 else
                   put(v, jnp.float32) + (1.0 if k.endswith(".g") else 0.0) for k, v in shapes.items()}
         data = put((b, s, d), jnp.float32, True), put((b, s, d), jnp.float32, True)
-        res["probe"] = [*cfg["probe"], timed(looped(probe_step), (params, *data))]
+        # (windows of 5 budgets: a block takes some 100-250 ms here, and its time sets the efficiency, the
+        # largest term of a CPU step: several passes per window, not one)
+        res["probe"] = [*cfg["probe"], timed(looped(probe_step), (params, *data), 5 * cfg["budget_s"])]
     chain = cfg["tiny_ops"]
 
     def tiny(ws, v):

@@ -161,7 +161,9 @@ def measure(rank: int, world: int, port: int, cfg: dict, out: str) -> None:
             x = x + lin["proj"](F.gelu(lin["fc"](norms[1](x)), approximate="tanh"))
             F.mse_loss(x, target).backward()
 
-        res["probe"] = [*cfg["probe"], timed(probe, cfg["budget_s"], device, world)]
+        # (windows of 5 budgets: a block takes some 100-250 ms here, and its time sets the efficiency, the
+        # largest term of a CPU step: several passes per window, not one)
+        res["probe"] = [*cfg["probe"], timed(probe, 5 * cfg["budget_s"], device, world)]
     # the fixed cost of a layer's kernel: a chain of tiny layers (8 features), forward and backward as
     # autograd runs them; a layer is 3 kernels (forward; backward: input and weight gradients)
     chain = cfg["tiny_ops"]
