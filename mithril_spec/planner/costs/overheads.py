@@ -19,7 +19,8 @@
   between a chain of tiny linear layers run plain and as DTensor modules, forward and backward.
 
 A built-in profile leaves both at 0: its `efficiency` is a whole-model figure that covers them. A calibrated
-profile's efficiency is that of its matmuls alone, so these are charged on their own.
+profile's efficiency is that of a layer's matmuls beside these terms (on CPU devices: the efficiency at which
+the model predicts a timed reference block, mithril_spec/probe.py), so these are charged on their own.
 """
 
 from __future__ import annotations
