@@ -471,7 +471,8 @@ def cmd_plan(args) -> int:
     from .planner.costs import CostOptions, estimate_targets
     from .planner.plan_json import plan_to_json
     from .planner.table import render_plan
-    from .targets import TARGETS, attention_kernels
+    from .targets import attention_kernels
+    from .targets.cost_options import cost_options
 
     if args.report:
         _check_report(Path(args.report))  # (a usage error before any work)
@@ -494,7 +495,7 @@ def cmd_plan(args) -> int:
     kernels = attention_kernels([args.target] if args.target else c.spec.targets)
     # one target's program: its data-parallel gradient reduction as it issues it (calls per step)
     # and the layers it runs through a sharded-tensor dispatch (torch: DTensor modules)
-    options = TARGETS[args.target].cost_options(c.plan) if args.target else CostOptions()
+    options = cost_options(c.plan, args.target) if args.target else CostOptions()
     costs = estimate_targets(c.plan, kernels, hw, options, target=args.target)
     if hw is not None:
         diags += fit_diagnostics(c.spec, c.doc, c.graph, c.plan, hw, costs,

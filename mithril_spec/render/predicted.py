@@ -10,7 +10,8 @@ from typing import Any
 from ..planner import hardware as hw
 from ..planner.costs import KINDS, estimate_targets, step_time
 from ..planner.plan import Plan
-from ..targets import TARGETS, attention_kernels
+from ..targets import attention_kernels
+from ..targets.cost_options import cost_options
 
 # A device name the program reads (torch.cuda.get_device_name, jax's device_kind) -> the built-in profile.
 DEVICE_PROFILES = (("H200", "h200-141gb"), ("H100", "h100-sxm-80gb"), ("A100", "a100-80gb"), ("TPU v5", "tpu-v5e"),
@@ -24,7 +25,7 @@ def _seconds(x: float) -> float:
 
 def predicted(plan: Plan, target: str) -> dict[str, Any]:
     kernels = attention_kernels(tuple(dict.fromkeys((*plan.spec.targets, target))))
-    options = TARGETS[target].cost_options(plan)  # as `plan --target TARGET`: the program's reduction calls
+    options = cost_options(plan, target)  # as `plan --target TARGET`: the program's reduction calls
     costs = estimate_targets(plan, kernels, options=options, target=target)
     acts = costs.worst.activations
     comm = {k: sum(c.total_bytes for c in costs.collectives if c.kind == k) for k in KINDS}

@@ -16,7 +16,6 @@ from ..ops import OPS
 from ..ops.loss import LOSSES
 
 if TYPE_CHECKING:
-    from ..planner.costs import CostOptions
     from ..planner.plan import Plan
     from ..source import Document
 
@@ -243,14 +242,6 @@ class Target:
         """Layers of one pipe rank the program runs as sharded-tensor modules, whose every op goes through a
         dispatch in Python (the cost model's CostOptions.sharded_layers); 0: none (compiled or plain arrays)."""
         return 0
-
-    def cost_options(self, plan: Plan) -> CostOptions:
-        """The cost model's options for this target's program: how it issues the gradient reduction and which
-        layers it dispatches as sharded tensors. One place for `plan --target` and the prediction a build
-        embeds (render/predicted.py), so that the two agree."""
-        from ..planner.costs import CostOptions
-
-        return CostOptions(reduction_calls=self.reduction_calls(plan), sharded_layers=self.sharded_layers(plan))
 
     def check(self, plan: Plan, doc: Document) -> list[Diagnostic]:
         """E049 for everything in `plan` this target cannot run."""

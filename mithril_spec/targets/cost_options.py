@@ -1,0 +1,16 @@
+"""The cost model's options for one target's program, from its registry entry: how the program issues the
+data-parallel gradient reduction (`Target.reduction_calls`) and which layers it dispatches as sharded tensors
+(`Target.sharded_layers`). One place for `plan --target` and the prediction a build embeds
+(render/predicted.py), so that the two agree. (Apart from targets/base.py: the registry stays below the cost
+model in the import graph.)"""
+
+from __future__ import annotations
+
+from ..planner.costs import CostOptions
+from ..planner.plan import Plan
+from . import TARGETS
+
+
+def cost_options(plan: Plan, target: str) -> CostOptions:
+    t = TARGETS[target]
+    return CostOptions(reduction_calls=t.reduction_calls(plan), sharded_layers=t.sharded_layers(plan))
