@@ -19,8 +19,8 @@ import json
 # [batch, seq, dim, heads, ff] of the reference block: 1024 tokens, as the matmul shapes' m
 PROBE = (8, 128, 256, 4, 1024)
 QUICK_PROBE = (2, 128, 128, 2, 512)
-LEAST_EFFICIENCY = 0.01  # (a measured time that leaves the matmuls next to nothing: the model's other terms
-# already exceed it; the efficiency then stays at 1, see `efficiency_from_probe`)
+LEAST_EFFICIENCY = 0.01  # (a block timed while the machine stalled, 100x its matmuls' time at the best rate or
+# more, does not drive the profile's efficiency towards 0)
 
 
 def probe_spec(dims: tuple[int, int, int, int, int], hardware: dict) -> str:

@@ -133,9 +133,12 @@ def main() -> None:
     # seconds of forward and backward]
     rows, cols = cfg["elementwise_shape"]
 
-    def layer(a):
+    def normalised(a):  # a layer norm's normalisation over the features (no gain or shift)
         mean = a.mean(-1, keepdims=True)
-        y = (a - mean) * jax.lax.rsqrt(((a - mean) ** 2).mean(-1, keepdims=True) + 1e-5)
+        return (a - mean) * jax.lax.rsqrt(((a - mean) ** 2).mean(-1, keepdims=True) + 1e-5)
+
+    def layer(a):
+        y = normalised(a)
         return jax.nn.softmax(jax.nn.gelu(y, approximate=True), axis=-1) + a
 
     def forward_backward(x):
@@ -155,8 +158,7 @@ def main() -> None:
         hd = d // heads
 
         def norm(a, g, sh):
-            mean = a.mean(-1, keepdims=True)
-            return (a - mean) * jax.lax.rsqrt(((a - mean) ** 2).mean(-1, keepdims=True) + 1e-5) * g + sh
+            return normalised(a) * g + sh
 
         def block(p, x, y):
             h = norm(x, p["ln1.g"], p["ln1.b"])
@@ -229,9 +231,7 @@ def main() -> None:
         def burst(carry):
             x, q, v = carry
             h = x[0] + jax.nn.gelu(x[0] @ q[0]) @ q[0].T  # (q orthogonal: the values stay of the same size)
-            mean = h.mean(-1, keepdims=True)
-            h = (h - mean) * jax.lax.rsqrt(((h - mean) ** 2).mean(-1, keepdims=True) + 1e-5)
-            return h[None], q, v
+            return normalised(h)[None], q, v
 
         def burst_reduce(carry):
             x, q, v = burst(carry)
