@@ -17,7 +17,9 @@ and its spread over the pairs, and the last profile's figures. Contention: on a 
 work every measurement is inflated, the calibration's figures too; the two are taken back to back to see
 the same load, and the pairs show how much the load of the moment moves the ratio.
 
-    python benchmarks/calibration.py                       # the examples, both targets, ~3 min on 2 cores
+The examples read token data that `bash scripts/main.sh` prepares (examples/gpt-docs/data); run it first.
+
+    python benchmarks/calibration.py                       # the examples, both targets, ~6 min on 2 cores
     python benchmarks/calibration.py --specs specs/gpt-tiny.yaml --targets torch --steps 10
 """
 
@@ -94,7 +96,11 @@ def measured(spec: Path, target: str, n: int, work: Path, warmup: int, steps: in
            "--checkpoint-dir", ""]
     proc = subprocess.run(cmd, cwd=spec.parent, env=env(), capture_output=True, text=True, check=False)
     if proc.returncode:
-        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+        # the program's own diagnostics first (a missing --data file: run scripts/main.sh, which prepares
+        # examples/gpt-docs/data), then the tail of the launcher's output
+        errors = "\n".join(line for line in proc.stderr.splitlines() if line.startswith("error"))
+        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{errors}\n{proc.stdout[-2000:]}"
+                         f"{proc.stderr[-2000:]}")
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
     return [r["step_time_s"] for r in rows[warmup:-1]]
 

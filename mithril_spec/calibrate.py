@@ -5,7 +5,8 @@ The measuring runs in a subprocess, a script of `templates/calibrate/` run with 
 target do (torch: one process per device, gloo on CPU, NCCL on GPUs; jax: the accelerators, or simulated CPU
 devices in one process) and times, with every device working at once: matrix multiplications per dtype,
 a large copy, a layer's element-wise kernels, a reference decoder block forward and backward (CPU devices:
-probe.py, which sets the efficiency), a chain of tiny kernels and all-reduces at several sizes
+probe.py, which sets the efficiency; torch: also run tensor-parallel over pairs, which sets the sharded-tensor
+layers' fixed cost), a chain of tiny kernels and all-reduces at several sizes
 (torch: over groups of each size a mesh axis can have, each after a compute burst; jax: in a loop inside one
 program), and whether an all-reduce beside a compute burst overlaps it. `profile_fields` turns those timings into the figures of a `hardware:` entry
 (docs/cost-model.md#calibration); the file written is a YAML document with one such entry, which
@@ -28,7 +29,7 @@ from pathlib import Path
 
 from .planner.costs.overheads import ACTIVATION_PASSES
 from .planner.mesh import UsageError
-from .probe import PROBE, QUICK_PROBE, efficiency_from_probe, probe_terms
+from .probe import PROBE, QUICK_PROBE, efficiency_from_probe, probe_terms, sharded_overhead_from_probe
 from .render.environment import template_dirs
 
 TARGETS = ("torch", "jax")
@@ -203,6 +204,20 @@ def profile_fields(raw: dict, name: str, target: str | None = None) -> dict:
         # model predicts the reference block's measured time (the matmuls' mean above where it was not timed)
         *dims, seconds = raw["probe"]
         fields["efficiency"] = _round(efficiency_from_probe(seconds, probe_terms(tuple(dims), fields, target)))
+    if raw.get("probe_tensor") and target is not None:
+        # torch on CPU devices: the sharded-tensor layers' fixed cost is that at which the model predicts the
+        # reference block run tensor-parallel over pairs (its DTensor dispatch and its ranks' waits for each
+        # other, beyond the collectives' ring time); it replaces the tiny chain's figure above, which sees
+        # neither a block's ops nor a partner descheduled
+        # (where even the efficiency's bound of 1 predicts the plain block slower than measured, the model's
+        # figures for the split block are scaled down alike: the excess is not the sharded layers' to absorb)
+        *dims, tensor, seconds = raw["probe_tensor"]
+        plain = dict(fields, sharded_layer_overhead_us=0.0)
+        eff = fields["efficiency"]
+        whole = probe_terms(tuple(dims), plain, target, efficiency=eff).busy_s
+        scale = min(1.0, raw["probe"][-1] / whole) if raw.get("probe") and whole > 0 else 1.0
+        terms = probe_terms(tuple(dims), plain, target, tensor=tensor, efficiency=eff)
+        fields["sharded_layer_overhead_us"] = _round(sharded_overhead_from_probe(seconds, terms, scale) * 1e6, 0.0)
     return fields
 
 
@@ -238,6 +253,10 @@ def render(fields: dict, command: str, raw: dict) -> str:
         b, s, d, heads, ff, seconds = raw["probe"]
         lines.append(f"# efficiency: that at which the cost model predicts a reference decoder block (batch {b}, "
                      f"seq {s}, dim {d}, {heads} heads, ff {ff}), timed at {seconds * 1e3:.1f} ms forward and backward.")
+    if raw.get("probe_tensor"):
+        *_, ranks, seconds = raw["probe_tensor"]
+        lines.append(f"# sharded_layer_overhead_us: that at which it predicts the same block run tensor-parallel over "
+                     f"{ranks} ranks (DTensor modules), timed at {seconds * 1e3:.1f} ms.")
     lines.append("hardware:")
     first = True
     for key, value in fields.items():

@@ -9,6 +9,14 @@ to what the cost model needs to predict that layer's measured time: the cost mod
 spec, with the profile at efficiency 1 (its matmul time at the best rate, its element-wise traffic, its
 kernels' fixed cost), and the efficiency is the matmul time over what the measured time leaves for the
 matmuls (docs/cost-model.md#calibration).
+
+Torch runs a tensor-parallel layer as DTensor modules, whose fixed cost (DTensor's dispatch in Python, and on
+a CPU whose cores the ranks share, each rank's wait at an all-reduce for a partner the scheduler has put
+aside) no isolated figure shows. So on CPU devices, with an even number of them, `calibrate --target torch`
+also times the block run tensor-parallel over pairs, as the programs run it, and sets
+`sharded_layer_overhead_us` to what the model needs to predict that time: the model costs the block as a
+`tensor=2` spec at the calibrated efficiency with no such overhead, and what the measured time leaves is
+shared over the block's sharded layer passes.
 """
 
 from __future__ import annotations
@@ -23,9 +31,10 @@ LEAST_EFFICIENCY = 0.01  # (a block timed while the machine stalled, 100x its ma
 # more, does not drive the profile's efficiency towards 0)
 
 
-def probe_spec(dims: tuple[int, int, int, int, int], hardware: dict) -> str:
-    """The reference block as a spec on one device, with `hardware` (a profile entry, spec units) in its
-    `hardware:` list. JSON inside YAML: every value is escaped."""
+def probe_spec(dims: tuple[int, int, int, int, int], hardware: dict, tensor: int = 1) -> str:
+    """The reference block as a spec on one device (`tensor` > 1: tensor-parallel over that many), with
+    `hardware` (a profile entry, spec units) in its `hardware:` list. JSON inside YAML: every value is
+    escaped."""
     b, s, d, heads, ff = dims
     spec = {
         "version": 1, "name": "calibration-probe", "dims": {"seq": s, "d": d, "heads": heads, "ff": ff},
@@ -42,7 +51,8 @@ def probe_spec(dims: tuple[int, int, int, int, int], hardware: dict) -> str:
             ],
             "loss": {"op": "mse", "predictions": "res2", "targets": "y"},
         },
-        "mesh": {"data": 1},
+        "mesh": {"tensor": tensor} if tensor > 1 else {"data": 1},
+        **({"sharding": {"rules": {"heads": "tensor", "kv_heads": "tensor", "mlp": "tensor"}}} if tensor > 1 else {}),
         "training": {"batch_size": b, "steps": 1, "optimizer": {"name": "sgd", "lr": 1e-3}},
         "hardware": [hardware],
     }
@@ -52,28 +62,39 @@ def probe_spec(dims: tuple[int, int, int, int, int], hardware: dict) -> str:
 @dataclasses.dataclass(frozen=True)
 class ProbeTerms:
     """The cost model's view of the reference block's forward and backward pass (seconds): its matmuls at the
-    profile's best rate (efficiency 1), its element-wise traffic and its kernels' fixed cost."""
+    profile's best rate (efficiency 1), its element-wise traffic and its kernels' fixed cost; run
+    tensor-parallel, its blocking collectives and its sharded-tensor layer passes too."""
 
     matmul_s: float
     elementwise_s: float
     overhead_s: float
+    blocking_s: float = 0.0
+    sharded: int = 0  # sharded-tensor layer passes (CostOptions.sharded_layers), each charged in overhead_s
 
+    @property
+    def busy_s(self) -> float:
+        """The device's own work: matmuls, element-wise traffic, kernels (and sharded layers, if charged)."""
+        return self.matmul_s + self.elementwise_s + self.overhead_s
 
-def probe_terms(dims: tuple[int, int, int, int, int], fields: dict, target: str) -> ProbeTerms:
-    """The model's terms for the block under `fields` (a profile entry, spec units), as `plan --target
-    TARGET` costs it (the target's attention kernel decides which activations it stores)."""
+def probe_terms(dims: tuple[int, int, int, int, int], fields: dict, target: str, tensor: int = 1,
+                efficiency: float = 1.0) -> ProbeTerms:
+    """The model's terms for the block under `fields` (a profile entry, spec units) at `efficiency`, as
+    `plan --target TARGET` costs it (the target's attention kernel decides which activations it stores; run
+    tensor-parallel over `tensor` devices, the target's sharded-tensor layers are charged)."""
     from .frontend import compile_document
-    from .planner.costs import CostOptions, estimate_targets
+    from .planner.costs import estimate_targets
     from .planner.hardware import lookup
     from .source import load_text
     from .targets import attention_kernels
+    from .targets.cost_options import cost_options
 
-    entry = {**fields, "efficiency": 1.0}
-    c = compile_document(load_text(probe_spec(dims, entry), "calibration-probe.yaml"))
+    entry = {**fields, "efficiency": efficiency}
+    c = compile_document(load_text(probe_spec(dims, entry, tensor), "calibration-probe.yaml"))
     hw = lookup(entry["name"], c.spec, c.doc)
-    t = estimate_targets(c.plan, attention_kernels([target]), hw, CostOptions(), target=target).time
+    options = cost_options(c.plan, target)
+    t = estimate_targets(c.plan, attention_kernels([target]), hw, options, target=target).time
     assert t is not None
-    return ProbeTerms(t.compute_s, t.elementwise_s, t.overhead_s)
+    return ProbeTerms(t.compute_s, t.elementwise_s, t.overhead_s, t.blocking_comm_s, t.sharded_layers)
 
 
 def efficiency_from_probe(measured_s: float, terms: ProbeTerms) -> float:
@@ -83,3 +104,13 @@ def efficiency_from_probe(measured_s: float, terms: ProbeTerms) -> float:
     if left <= terms.matmul_s:
         return 1.0
     return max(LEAST_EFFICIENCY, terms.matmul_s / left)
+
+
+def sharded_overhead_from_probe(measured_s: float, terms: ProbeTerms, scale: float = 1.0) -> float:
+    """Seconds of one sharded-tensor layer pass at which the model predicts the block run tensor-parallel:
+    what the measured time leaves beyond the model's other terms for it (`terms`: costed with no such
+    overhead; its own work times `scale`, the measured over the predicted time of the plain block where the
+    model predicts that one slower than measured, the efficiency at its bound of 1), shared over its sharded
+    layer passes; 0 when those terms already take as long."""
+    left = measured_s - scale * terms.busy_s - terms.blocking_s
+    return max(0.0, left) / terms.sharded if terms.sharded else 0.0

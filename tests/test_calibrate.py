@@ -60,6 +60,25 @@ def test_calibrate_writes_a_profile_plan_accepts(profile):
     assert rc == 2 and "no profile `there`" in err
 
 
+def test_calibrate_torch_ranks(tmp_path):
+    """A real torch calibration: 2 ranks over gloo, the smallest sizes. Beside the figures jax measures too, the
+    sharded-tensor layers' fixed cost from the reference block run tensor-parallel over the pair (DTensor
+    modules, its all-reduces sent), which `plan --target torch` charges per tensor-parallel layer."""
+    path = tmp_path / "hw.yaml"
+    rc, _, err = run("calibrate", "--target", "torch", "--quick", "--processes", "2", "-o", path)
+    assert rc == 0, err
+    text = path.read_text()
+    assert "predicts the same block run tensor-parallel over 2 ranks (DTensor modules), timed at" in text
+    hw = lookup(str(path))
+    assert hw.name == "torch-cpu-x2" and hw.devices_per_node == 2 and 0 < hw.efficiency <= 1
+    assert hw.sharded_layer_overhead_s >= 0 and hw.intra_node_bytes_per_s > 0 and hw.elementwise_bytes_per_s > 0
+    rc, out, err = run("plan", GPT, "--mesh", "data=1,tensor=2", "--hardware", path, "--target", "torch",
+                       "--format", "json")
+    assert rc == 0, err
+    t = json.loads(out)["costs"]["time"]
+    assert t["sharded_layers"] >= 24 and t["blocking_comm_s"] > 0  # q, k, v, o, fc, proj of 4 blocks
+
+
 def test_profile_pastes_into_a_spec(profile, tmp_path):
     """The file's `hardware:` list is the spec's section: appended to a spec, `--hardware here` finds it."""
     spec = tmp_path / "gpt.yaml"
@@ -197,6 +216,45 @@ def test_probe_sets_the_efficiency_the_model_needs():
     # torch stores no attention probabilities (its fused kernel): less element-wise traffic than jax
     assert (probe.probe_terms(dims, base, "torch").elementwise_s
             < probe.probe_terms(dims, base, "jax").elementwise_s)
+
+
+def test_tensor_parallel_probe_sets_the_sharded_layer_overhead():
+    """Torch on CPU devices: the reference block run tensor-parallel over pairs sets the sharded-tensor layers'
+    fixed cost to that at which the model, costing the block as a tensor=2 spec, predicts its measured time;
+    it replaces the tiny chain's figure; a block no slower than the model's other terms gives 0."""
+    from mithril_spec import probe
+
+    raw = {"device": "cpu", "platform": "cpu", "processes": 4, "memory_bytes": 8e9,
+           "matmul": {"float32": [[1024, 256, 256, 4e-3], [1024, 512, 512, 16e-3]]}, "copy": [1e8, 0.05],
+           "tiny_op": 30e-6, "allreduce": [[4, 1e-4, 2], [1e6, 2e-3, 2], [4, 1e-4, 4], [1e6, 2e-3, 4]],
+           "elementwise": [1 << 20, 4, 0.01], "sharded_layer": [0.01, 0.11, 100]}
+    dims = probe.QUICK_PROBE
+    base = cal.profile_fields(raw, "p", "torch")
+    assert base["sharded_layer_overhead_us"] == pytest.approx(1000)  # the chain's, without a tensor-parallel block
+    terms = probe.probe_terms(dims, dict(base, sharded_layer_overhead_us=0.0), "torch", tensor=2)
+    # the block split over two: half the matmuls, its four all-reduces, its six projections as DTensor modules
+    whole = probe.probe_terms(dims, base, "torch")
+    assert terms.matmul_s == pytest.approx(whole.matmul_s / 2, rel=0.05) and whole.blocking_s == 0
+    assert terms.blocking_s > 0 and terms.sharded == 6 and whole.sharded == 0
+    floor = terms.matmul_s + terms.elementwise_s + terms.overhead_s + terms.blocking_s
+    f = cal.profile_fields(dict(raw, probe_tensor=[*dims, 2, floor + 0.012]), "p", "torch")
+    assert f["sharded_layer_overhead_us"] == pytest.approx(0.012 / 6 * 1e6, rel=1e-3)
+    # round trip: costed with the derived profile, the tensor-parallel block takes the measured time
+    t = probe.probe_terms(dims, f, "torch", tensor=2)
+    assert t.matmul_s + t.elementwise_s + t.overhead_s + t.blocking_s == pytest.approx(floor + 0.012, rel=1e-3)
+    assert cal.profile_fields(dict(raw, probe_tensor=[*dims, 2, floor * 0.9]), "p", "torch")[
+        "sharded_layer_overhead_us"] == 0
+    # a plain block timed faster than the model predicts it at efficiency 1 (0.8 of that): the split block's own
+    # work is scaled down alike, and the sharded layers take what is left beyond that
+    whole = probe.probe_terms(dims, base, "torch").busy_s
+    fast = cal.profile_fields(dict(raw, probe=[*dims, 0.8 * whole], probe_tensor=[*dims, 2, floor + 0.012]), "p",
+                              "torch")
+    assert fast["efficiency"] == 1.0
+    assert fast["sharded_layer_overhead_us"] == pytest.approx(
+        (floor + 0.012 - 0.8 * terms.busy_s - terms.blocking_s) / 6 * 1e6, rel=1e-3)
+    assert fast["sharded_layer_overhead_us"] > f["sharded_layer_overhead_us"]
+    # without a target the chain's figure stays
+    assert cal.profile_fields(dict(raw, probe_tensor=[*dims, 2, floor * 2]), "p")["sharded_layer_overhead_us"] == 1000
 
 
 def test_overhead_terms(tmp_path):

@@ -54,7 +54,8 @@ class Hardware(Strict):
     )
     sharded_layer_overhead_us: Optional[NonNegative] = Field(
         None, description="fixed time of one tensor-parallel layer's sharded-tensor dispatch (torch: a DTensor "
-        "module), forward and backward, on top of its kernels, microseconds; charged by `plan --target` for "
+        "module; on CPU devices also the ranks' waits for each other at its all-reduces), forward and backward, "
+        "on top of its kernels and collectives, microseconds; charged by `plan --target` for "
         "targets that dispatch so; 0 by default (`mithril-spec calibrate --target torch` measures it)"
     )
     elementwise_gb_per_s: Optional[NonNegative] = Field(

@@ -146,24 +146,68 @@ def measure(rank: int, world: int, port: int, cfg: dict, out: str) -> None:
     if not cuda:
         F = torch.nn.functional
         b, s, d, heads, ff = cfg["probe"]
-        lin = {name: torch.nn.Linear(i, o, bias=name in ("fc", "proj"), device=device)
-               for name, i, o in (("q", d, d), ("k", d, d), ("v", d, d), ("o", d, d), ("fc", d, ff), ("proj", ff, d))}
-        norms = [torch.nn.LayerNorm(d, device=device) for _ in range(2)]
-        params = [p for m in (*lin.values(), *norms) for p in m.parameters()]
+
+        def linear(i, o, bias=False):
+            return torch.nn.Linear(i, o, bias=bias, device=device)
+
+        class Attention(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.q, self.k, self.v, self.o = (linear(d, d) for _ in range(4))
+
+            def forward(self, h):  # (run tensor-parallel, q, k and v hold a rank's heads: the views take the local width)
+                q, k, v = (w(h).view(b, s, -1, d // heads).transpose(1, 2) for w in (self.q, self.k, self.v))
+                return self.o(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, -1))
+
+        class Block(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.ln1, self.ln2 = torch.nn.LayerNorm(d, device=device), torch.nn.LayerNorm(d, device=device)
+                self.attn, self.fc, self.proj = Attention(), linear(d, ff, bias=True), linear(ff, d, bias=True)
+
+            def forward(self, x):
+                x = x + self.attn(self.ln1(x))
+                return x + self.proj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+
         xin, target = torch.randn(b, s, d, device=device, requires_grad=True), torch.randn(b, s, d, device=device)
 
-        def probe():
-            for p in (*params, xin):
-                p.grad = None
-            h = norms[0](xin)
-            q, k, v = (lin[w](h).view(b, s, heads, d // heads).transpose(1, 2) for w in ("q", "k", "v"))
-            x = xin + lin["o"](F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, d))
-            x = x + lin["proj"](F.gelu(lin["fc"](norms[1](x)), approximate="tanh"))
-            F.mse_loss(x, target).backward()
+        def passes(block):
+            def one():
+                block.zero_grad(set_to_none=True)
+                xin.grad = None
+                F.mse_loss(block(xin), target).backward()
+            return one
 
         # (windows of 5 budgets: a block takes some 100-250 ms here, and its time sets the efficiency, the
         # largest term of a CPU step: several passes per window, not one)
-        res["probe"] = [*cfg["probe"], timed(probe, 5 * cfg["budget_s"], device, world)]
+        if world % 2:
+            res["probe"] = [*cfg["probe"], timed(passes(Block()), 5 * cfg["budget_s"], device, world)]
+        else:
+            # and the block run as the programs run a tensor-parallel block over a pair of ranks (every pair at
+            # once): q, k, v and fc column-wise, o and proj row-wise, as DTensor modules, the attention's input
+            # one replicated DTensor (its input gradient all-reduced once, not once per projection): four
+            # all-reduces over the pair. What it takes beyond the model's terms for it (matmuls, element-wise
+            # traffic, kernels, collectives) is the sharded-tensor layers' fixed cost on this machine
+            # (mithril_spec/probe.py). The two blocks are timed in turn: the efficiency the first sets and the
+            # cost the second sets then see the load of the same moments. Raw: [batch, seq, dim, heads, ff,
+            # ranks, seconds per forward and backward]
+            from torch.distributed.device_mesh import DeviceMesh
+            from torch.distributed.tensor import Replicate
+            from torch.distributed.tensor.parallel import (
+                ColwiseParallel,
+                PrepareModuleInput,
+                RowwiseParallel,
+                parallelize_module,
+            )
+
+            pair = Block()
+            one = PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),),
+                                     use_local_output=False)
+            parallelize_module(pair, DeviceMesh.from_group(groups[2], device.type),
+                               {"attn": one, **{w: ColwiseParallel() for w in ("attn.q", "attn.k", "attn.v", "fc")},
+                                **{w: RowwiseParallel() for w in ("attn.o", "proj")}})
+            whole, split = interleaved([passes(Block()), passes(pair)], 5 * cfg["budget_s"], device, world)
+            res["probe"], res["probe_tensor"] = [*cfg["probe"], whole], [*cfg["probe"], 2, split]
     # the fixed cost of a layer's kernel: a chain of tiny layers (8 features), forward and backward as
     # autograd runs them; a layer is 3 kernels (forward; backward: input and weight gradients)
     chain = cfg["tiny_ops"]

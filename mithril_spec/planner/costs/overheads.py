@@ -15,8 +15,9 @@
   (torch: a DTensor module, each of whose ops goes through DTensor's dispatch in Python, about a millisecond
   of a CPU core per layer's forward and backward), times the layers the target's program runs so
   (`CostOptions.sharded_layers`, from the target: `plan --target torch`) per micro-batch, and a third of it
-  for each such layer full remat runs forward again. `calibrate --target torch` measures it as the difference
-  between a chain of tiny linear layers run plain and as DTensor modules, forward and backward.
+  for each such layer full remat runs forward again. `calibrate --target torch` sets it from the reference
+  block run tensor-parallel over pairs on CPU devices (mithril_spec/probe.py), otherwise measures it as the
+  difference between a chain of tiny linear layers run plain and as DTensor modules, forward and backward.
 
 A built-in profile leaves both at 0: its `efficiency` is a whole-model figure that covers them. A calibrated
 profile's efficiency is that of a layer's matmuls beside these terms (on CPU devices: the efficiency at which
