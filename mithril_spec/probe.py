@@ -52,7 +52,8 @@ def probe_spec(dims: tuple[int, int, int, int, int], hardware: dict, tensor: int
             "loss": {"op": "mse", "predictions": "res2", "targets": "y"},
         },
         "mesh": {"tensor": tensor} if tensor > 1 else {"data": 1},
-        **({"sharding": {"rules": {"heads": "tensor", "kv_heads": "tensor", "mlp": "tensor"}}} if tensor > 1 else {}),
+        # (the logical axes the attention's heads and the mlp's hidden features carry, split over `tensor`)
+        **({"sharding": {"rules": dict.fromkeys(("heads", "kv_heads", "mlp"), "tensor")}} if tensor > 1 else {}),
         "training": {"batch_size": b, "steps": 1, "optimizer": {"name": "sgd", "lr": 1e-3}},
         "hardware": [hardware],
     }
