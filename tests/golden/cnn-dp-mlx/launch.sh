@@ -18,7 +18,12 @@ launcher="${MLX_LAUNCH:-$(dirname "$python")/mlx.launch}"
 if [[ -n "${MITHRIL_STATUS_DIR:-}" ]]; then  # one process under mlx.launch: run it, note a failure
   rc=0
   "$python" "$here/train.py" "$@" || rc=$?
-  (( rc == 0 )) || echo "$rc" > "$MITHRIL_STATUS_DIR/$$"
+  if (( rc != 0 )); then
+    echo "$rc" > "$MITHRIL_STATUS_DIR/$$"
+    # mlx.launch stops every process at the first failure: the others wait a moment before they exit, so
+    # that rank 0, which reaches the same verdict and alone says why, is not stopped before it has said it
+    [[ "${MLX_RANK:-0}" == 0 ]] || sleep 3
+  fi
   exit "$rc"
 fi
 if (( 4 == 1 )) && [[ -z "${MLX_HOSTS:-}" ]]; then
