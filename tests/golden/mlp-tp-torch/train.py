@@ -1451,6 +1451,10 @@ def require(ok, message, local=False):
     rank that reaches it. Once the process group exists, its teardown is skipped (see shutdown)."""
     if not ok and (local or is_first()):
         print(f"error: {message}", file=sys.stderr, flush=True)
+    elif not ok:
+        # torchrun stops every rank at the first exit: the others wait a moment, so that rank 0, which
+        # reaches the same verdict, is not stopped before it has said why
+        time.sleep(3)
     if not ok:
         (os._exit if dist.is_initialized() else sys.exit)(2)
 
