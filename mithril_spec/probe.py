@@ -62,9 +62,9 @@ def probe_spec(dims: tuple[int, int, int, int, int], hardware: dict, tensor: int
 
 @dataclasses.dataclass(frozen=True)
 class ProbeTerms:
-    """The cost model's view of the reference block's forward and backward pass (seconds): its matmuls at the
-    profile's best rate (efficiency 1), its element-wise traffic and its kernels' fixed cost; run
-    tensor-parallel, its blocking collectives and its sharded-tensor layer passes too."""
+    """The cost model's view of the reference block's forward and backward pass (seconds): its matmuls (at the
+    profile's best rate unless `probe_terms` is given another efficiency), its element-wise traffic and its
+    kernels' fixed cost; run tensor-parallel, its blocking collectives and its sharded-tensor layer passes too."""
 
     matmul_s: float
     elementwise_s: float
@@ -76,6 +76,7 @@ class ProbeTerms:
     def busy_s(self) -> float:
         """The device's own work: matmuls, element-wise traffic, kernels (and sharded layers, if charged)."""
         return self.matmul_s + self.elementwise_s + self.overhead_s
+
 
 def probe_terms(dims: tuple[int, int, int, int, int], fields: dict, target: str, tensor: int = 1,
                 efficiency: float = 1.0) -> ProbeTerms:

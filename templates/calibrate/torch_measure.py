@@ -155,7 +155,7 @@ def measure(rank: int, world: int, port: int, cfg: dict, out: str) -> None:
                 super().__init__()
                 self.q, self.k, self.v, self.o = (linear(d, d) for _ in range(4))
 
-            def forward(self, h):  # (run tensor-parallel, q, k and v hold a rank's heads: the views take the local width)
+            def forward(self, h):  # (run tensor-parallel, q, k and v hold a rank's heads: the views take its width)
                 q, k, v = (w(h).view(b, s, -1, d // heads).transpose(1, 2) for w in (self.q, self.k, self.v))
                 return self.o(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, -1))
 
