@@ -199,11 +199,15 @@ def profile_fields(raw: dict, name: str, target: str | None = None) -> dict:
         fields["elementwise_gb_per_s"] = _round(ACTIVATION_PASSES * kernels * out_bytes / t / 1e9)
     else:
         fields["elementwise_gb_per_s"] = fields["hbm_gb_per_s"]
+    scale = 1.0  # the plain block's measured over predicted time, where the efficiency's bound of 1 overshoots
     if raw.get("probe") and target is not None:
         # the efficiency a model's layer reaches, beyond its element-wise and kernel costs: that at which the
         # model predicts the reference block's measured time (the matmuls' mean above where it was not timed)
         *dims, seconds = raw["probe"]
-        fields["efficiency"] = _round(efficiency_from_probe(seconds, probe_terms(tuple(dims), fields, target)))
+        at_best = probe_terms(tuple(dims), fields, target)
+        fields["efficiency"] = _round(efficiency_from_probe(seconds, at_best))
+        predicted = at_best.matmul_s / fields["efficiency"] + at_best.elementwise_s + at_best.overhead_s
+        scale = min(1.0, seconds / predicted) if predicted > 0 else 1.0
     if raw.get("probe_tensor") and target is not None:
         # torch on CPU devices: the sharded-tensor layers' fixed cost is that at which the model predicts the
         # reference block run tensor-parallel over pairs (its DTensor dispatch and its ranks' waits for each
@@ -213,10 +217,7 @@ def profile_fields(raw: dict, name: str, target: str | None = None) -> dict:
         # figures for the split block are scaled down alike: the excess is not the sharded layers' to absorb)
         *dims, tensor, seconds = raw["probe_tensor"]
         plain = dict(fields, sharded_layer_overhead_us=0.0)
-        eff = fields["efficiency"]
-        whole = probe_terms(tuple(dims), plain, target, efficiency=eff).busy_s
-        scale = min(1.0, raw["probe"][-1] / whole) if raw.get("probe") and whole > 0 else 1.0
-        terms = probe_terms(tuple(dims), plain, target, tensor=tensor, efficiency=eff)
+        terms = probe_terms(tuple(dims), plain, target, tensor=tensor, efficiency=fields["efficiency"])
         fields["sharded_layer_overhead_us"] = _round(sharded_overhead_from_probe(seconds, terms, scale) * 1e6, 0.0)
     return fields
 

@@ -1515,14 +1515,15 @@ def require(ok, message, local=False):
     """Unless `ok`, stop with exit code 2 and `message` (one line): every rank reaches the same verdict, so
     every rank stops, and rank 0 says why; a `local` verdict (about this rank's own samples) is said by the
     rank that reaches it. Once the process group exists, its teardown is skipped (see shutdown)."""
-    if not ok and (local or is_first()):
+    if ok:
+        return
+    if local or is_first():
         print(f"error: {message}", file=sys.stderr, flush=True)
-    elif not ok:
+    else:
         # torchrun stops every rank at the first exit: the others wait a moment, so that rank 0, which
         # reaches the same verdict, is not stopped before it has said why
         time.sleep(3)
-    if not ok:
-        (os._exit if dist.is_initialized() else sys.exit)(2)
+    (os._exit if dist.is_initialized() else sys.exit)(2)
 
 
 def setup(dry_run=False):
