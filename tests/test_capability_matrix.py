@@ -84,27 +84,44 @@ def ranks(mesh: str) -> int:
 
 
 def job(target: str, spec: dict, mesh: str) -> tuple:
+    """(target, program, ranks, train.py arguments...)"""
     path = spec_file(spec)
-    if target == "torch":
-        return ("torch", tr.build(path, mesh), "--steps", STEPS)
-    if target == "jax":
-        return ("jax", jr.build(path, mesh), "--steps", STEPS)
-    return ("mlx", mr.build(path, mesh), "--steps", STEPS, ranks(mesh))
+    build = {"torch": tr.build, "jax": jr.build, "mlx": mr.build}[target]
+    return (target, build(path, mesh), ranks(mesh), "--steps", STEPS)
 
 
 def execute(j: tuple):
-    kind, program, *args = j
+    kind, program, processes, *args = j
     if kind == "torch":
         return tr.run(program, *args)
     if kind == "jax":
         return jr.run(program, *args)
-    *args, processes = args
     return mr.run(program, *args, processes=processes)
 
 
-def jobs_of(cell: mx.Cell, target: str) -> tuple[tuple, tuple]:
+def sgd_spec(spec: dict) -> dict:
+    """The spec trained by plain SGD (no momentum, clipping or weight decay): its update is the gradient times
+    the lr, so a wrong gradient scale shows in the losses (AdamW's update hardly sees one)."""
+    spec = json.loads(json.dumps(spec))
+    spec["training"]["optimizer"] = {"name": "sgd", "lr": 0.5}
+    return spec
+
+
+def jobs_of(cell: mx.Cell, target: str, sgd: bool = False) -> tuple[tuple, tuple]:
+    """The cell's reference (one device) and parallel runs: AdamW, or plain SGD writing its first step's
+    gradients (grads.npz in the run's directory)."""
     spec = cell_run_spec(cell, target)
-    return job(target, reference_spec(spec), "data=1"), job(target, spec, cell.mesh)
+    if sgd:
+        spec = sgd_spec(spec)
+    extra = ("--export-grads", GRADS) if sgd else ()
+    return (job(target, reference_spec(spec), "data=1") + extra, job(target, spec, cell.mesh) + extra)
+
+
+GRADS = "grads.npz"  # (relative: in the run's own directory)
+
+
+def grads_of(run) -> dict:
+    return dict(np.load(run.cwd / GRADS))
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -113,7 +130,8 @@ def all_runs():
     import concurrent.futures
 
     only = os.environ.get("MATRIX_TARGETS")  # (a subset, for debugging)
-    todo = list(dict.fromkeys(j for c, t in ACCEPTED if not only or t in only.split(",") for j in jobs_of(c, t)))
+    todo = list(dict.fromkeys(j for c, t in ACCEPTED if not only or t in only.split(",")
+                              for sgd in (False, True) for j in jobs_of(c, t, sgd)))
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         list(pool.map(execute, todo))
 
@@ -131,7 +149,7 @@ def test_accepted_cell_runs_equal_and_holds_the_plan(ct):
     ref, par = execute(ref_job), execute(par_job)
     assert len(par.losses) == len(ref.losses) == int(STEPS)
     dl = float(np.abs(par.losses - ref.losses).max())
-    tol = 2e-2 if cell.feature.startswith("bfloat16") else 1e-5  # 16-bit activations: reduction order shows
+    tol = tolerance(cell)
     jr.report(f"matrix {target} {cell.parallelism} x {cell.feature}", max_dloss=dl, mesh=cell.mesh)
     assert dl < tol, f"{target} {cell.parallelism} x {cell.feature} on {cell.mesh}: losses differ by {dl:.2e}"
 
@@ -148,6 +166,91 @@ def test_accepted_cell_runs_equal_and_holds_the_plan(ct):
         h = held["device0"]
         assert {k: h[k] for k in ("params", "optimizer", "buffers")} == {
             k: planned[k] for k in ("params", "optimizer", "buffers")}, (h, planned)
+
+
+def tolerance(cell: mx.Cell) -> float:
+    return 2e-2 if cell.feature.startswith("bfloat16") else 1e-5  # 16-bit activations: reduction order shows
+
+
+def assert_same_gradients(ref: dict, par: dict, tol: float, what: str) -> float:
+    """Every parameter's gradient (by canonical name) equal to the reference's: |par - ref| <= tol * |ref| +
+    FLOOR * |whole ref| (L2 norms over the parameter, and over every gradient). FLOOR: float32's resolution
+    of the whole gradient, for a gradient that is zero up to rounding (a batch_norm's bias ahead of layer
+    norms: 1e-9 where the others are 1e-2) or cancels (its weight), whose own norm says nothing. A wrong
+    gradient differs by a large part of itself. Returns the largest relative difference (with the floor)."""
+    assert sorted(par) == sorted(ref), f"{what}: gradients of other parameters: {sorted(set(par) ^ set(ref))}"
+    whole = float(np.sqrt(sum(np.square(g.astype(np.float64)).sum() for g in ref.values())))
+    worst = 0.0
+    for name, g in ref.items():
+        assert par[name].shape == g.shape, f"{what}: {name} has shape {par[name].shape}, not {g.shape}"
+        g = g.astype(np.float64)
+        norm, diff = float(np.linalg.norm(g)), float(np.linalg.norm(par[name] - g))
+        assert diff <= tol * norm + FLOOR * whole, (
+            f"{what}: the gradient of {name} differs from one device's by {diff / max(norm, 1e-30):.2e} of its norm "
+            f"{norm:.3e} (ratio of norms {np.linalg.norm(par[name]) / max(norm, 1e-30):.4f}; the whole's {whole:.3e})")
+        worst = max(worst, diff / (norm + FLOOR / tol * whole))  # (relative, with the floor)
+    return worst
+
+
+FLOOR = 1e-7
+
+
+def assert_same_sgd(ref, par, tol: float, what: str) -> tuple[float, float]:
+    """The gradient contract (docs/program.md "Equivalence"): the first step's gradients and the plain-SGD
+    losses of the parallel run equal the one-device run's."""
+    assert len(par.losses) == len(ref.losses) == int(STEPS)
+    worst = assert_same_gradients(grads_of(ref), grads_of(par), tol, what)
+    dl = float(np.abs(par.losses - ref.losses).max())
+    assert dl < tol, f"{what}: plain-SGD losses differ by {dl:.2e}: {par.losses} vs {ref.losses}"
+    return worst, dl
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ct", ACCEPTED, ids=cell_id)
+def test_accepted_cell_computes_the_one_device_gradient(ct):
+    """The contract on the quantity that matters: the first step's gradients, and plain-SGD losses."""
+    cell, target = ct
+    ref_job, par_job = jobs_of(cell, target, sgd=True)
+    what = f"{target} {cell.parallelism} x {cell.feature} on {cell.mesh}"
+    dg, dl = assert_same_sgd(execute(ref_job), execute(par_job), tolerance(cell), what)
+    jr.report(f"matrix-sgd {target} {cell.parallelism} x {cell.feature}", max_rel_dgrad=dg, max_dloss=dl, mesh=cell.mesh)
+
+
+# The test of the test: a parallel program whose update steps on one parameter's gradient times 2 (as torch's
+# expert layers once did) fails the gradient contract, in every target. (Its AdamW losses would not show it.)
+SCALED = "lm_head.weight"  # (in every cell's model)
+INJECT = {  # target -> (a line of train.py, the line to put before it)
+    "torch": ("        if args.export_grads and step == start:",
+              f"        dict(model.named_parameters())[{SCALED!r}].grad.mul_(2)  # INJECTED FAULT"),
+    "jax": ("        grad_norm = optax.global_norm(grads)",
+            f"        grads = {{**grads, {SCALED!r}: grads[{SCALED!r}] * 2}}  # INJECTED FAULT"),
+    "mlx": ("    grad_norm = global_norm(grads)  # before clipping",
+            f"    grads = {{**grads, {SCALED!r}: grads[{SCALED!r}] * 2}}  # INJECTED FAULT"),
+}
+WRONG = {"torch": "data", "jax": "fsdp", "mlx": "tensor"}  # the parallel cell each target's fault goes into
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", list(INJECT))
+def test_a_doubled_gradient_fails_the_contract(target):
+    import shutil
+
+    cell = next(c for c in CELLS if c.parallelism == WRONG[target] and c.feature == "none")
+    ref_job, par_job = jobs_of(cell, target, sgd=True)
+    kind, program, processes, *args = par_job
+    wrong = program.parent / f"{program.name}-injected"
+    if not wrong.exists():
+        shutil.copytree(program, wrong)
+        code = (wrong / "train.py").read_text()
+        line, fault = INJECT[target]
+        assert code.count(line) == 1, f"{target}: the injection point moved: {line!r}"
+        (wrong / "train.py").write_text(code.replace(line, f"{fault}\n{line}"))
+    ref, bad = execute(ref_job), execute((kind, wrong, processes, *args))
+    with pytest.raises(AssertionError, match=r"gradient of lm_head\.weight differs.*ratio of norms 2\.0000"):
+        assert_same_sgd(ref, bad, tolerance(cell), f"{target} injected")
+    # the SGD losses alone see it too (the steps after the first one take the doubled update's parameters)
+    dl = float(np.abs(bad.losses - ref.losses).max())
+    assert dl > 100 * tolerance(cell), f"{target}: a doubled gradient moved the SGD losses by {dl:.2e} only"
 
 
 def test_every_refusal_is_an_e049_with_a_reason_and_in_the_docs():

@@ -81,14 +81,24 @@ def _dropout(spec: dict) -> None:
     res["inputs"] = ["block_input", "drop"]
 
 
-# kind of parallelism -> (mesh, what it changes in the spec)
+def _whole_batch(spec: dict) -> None:
+    """The batch split over `data` only: every rank of the other axes reads the same samples."""
+    _rules(spec, {"batch": ["data"]})
+
+
+# kind of parallelism -> (mesh, what it changes in the spec). Besides each axis alone, layouts where the batch
+# is not split over an axis that shards parameters (the rank's gradients must not be summed over copies of
+# the same samples), and where parameters replicated over the batch's axis are sharded over another one.
 PARALLELISMS: dict[str, tuple[str, Any]] = {
     "data": ("data=2", lambda s: None),
     "fsdp": ("fsdp=2", lambda s: None),
+    "fsdp, batch whole": ("fsdp=2", _whole_batch),
     "tensor": ("tensor=2", lambda s: _rules(s, TP_RULES)),
+    "data x tensor": ("data=2,tensor=2", lambda s: _rules(s, TP_RULES)),
     "sequence": ("tensor=2", lambda s: _rules(s, {**TP_RULES, "seq": "tensor"})),
     "pipe": ("pipe=2", lambda s: s.update(pipeline={"microbatches": 2, "schedule": "1f1b"})),
     "expert": ("data=1,expert=2", _moe),  # expert parallelism needs experts
+    "expert, batch whole": ("data=1,expert=2", lambda s: (_moe(s), _whole_batch(s))),
     "zero": ("data=2", lambda s: s["training"].update(zero=1)),
     "context": ("context=2", lambda s: None),  # the sequence split, ring attention
 }
@@ -156,7 +166,7 @@ def cells(targets: list[str]) -> list[Cell]:
     out = []
     for p, (mesh, _) in PARALLELISMS.items():
         for f in FEATURES:
-            if p == "expert" and f == "experts":
+            if p.startswith("expert") and f == "experts":
                 continue  # the expert cells hold moe layers already
             spec = cell_spec(p, f)
             why = {t: r for t in targets if (r := refusal(spec, mesh, t)) is not None}
