@@ -14,7 +14,6 @@ import dataclasses
 import io
 import json
 import os
-import shlex
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -657,8 +656,8 @@ def cmd_build(args) -> int:
         return EXIT_INVALID
     try:
         # (the program names where it came from: the spec file and the overrides applied to it)
-        origin = " ".join([args.spec] + [f"--set {shlex.quote(a)}" for a in args.settings])
-        written = build.build(c, args.target, Path(args.output), spec_path=origin, force=args.force)
+        written = build.build(c, args.target, Path(args.output), spec_path=args.spec, force=args.force,
+                              overrides=args.settings)
     except DiagnosticError as e:
         _emit(e.diagnostics, sources, args)
         return EXIT_INVALID
