@@ -50,11 +50,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 MS = str(Path(PY).parent / "mithril-spec")
-SYNTHETIC = ["data={kind: synthetic}", "eval=null"]
+SYNTHETIC = ["++data={kind: synthetic}", "++eval=null"]  # (`++`: whether the spec has them or not)
 COMPRESSION = {
-    "fp16": ["communication.compression=fp16"],
-    "bf16": ["communication.compression=bf16"],
-    "powersgd": ["communication.compression={name: powersgd, rank: 4, start_step: 2}"],
+    "fp16": ["++communication.compression=fp16"],
+    "bf16": ["++communication.compression=bf16"],
+    "powersgd": ["++communication.compression={name: powersgd, rank: 4, start_step: 2}"],
 }
 SYNCED_PASSES = 3  # torch: PowerSGD compresses from its start step (2) on: the third synchronised pass
 CONTEXT_MESHES = ("context=2", "data=2,context=2")
@@ -468,7 +468,7 @@ class Bench:
     def offload(self, spec: Path, base: list[str]) -> None:
         mesh = "data=1"
         for threshold in OFFLOAD_THRESHOLDS:
-            sets = base + [f"training.offload={{activations: true, threshold: {threshold}}}"]
+            sets = base + [f"++training.offload={{activations: true, threshold: {threshold}}}"]
             control = f"offload threshold {threshold}"
             for target in ("torch", "jax", "mlx"):
                 doc = plan(spec, mesh, sets, target)
@@ -528,7 +528,7 @@ def main(argv: list[str] | None = None) -> int:
                   "(shape dtype autograd node), and the plan's saved bytes by op:")
             for what, figures in r["breakdown"].items():
                 print(f"  {what}: " + "; ".join(f"{k}: {v}" for k, v in figures.items()))
-    print(f"\n{time.perf_counter() - t0:.0f} s; data: synthetic (`--set 'data={{kind: synthetic}}' --set eval=null`);"
+    print(f"\n{time.perf_counter() - t0:.0f} s; data: synthetic (`--set '++data={{kind: synthetic}}' --set ++eval=null`);"
           f" torch runs: {args.steps} steps")
     if args.json:
         args.json.write_text(json.dumps(bench.rows, indent=1))

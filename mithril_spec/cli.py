@@ -14,7 +14,6 @@ import dataclasses
 import io
 import json
 import os
-import shlex
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -57,8 +56,9 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("--devices", type=int, help="check that the mesh uses exactly this many devices")
         sp.add_argument("--color", choices=("auto", "always", "never"), default="auto")
         sp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="settings",
-                        help="override a value of the spec after `extends` (repeatable): a dotted path and a YAML "
-                        "value, e.g. --set training.optimizer.lr=3e-4 --set dims.layers=8")
+                        help="override a value of the spec after `extends` (repeatable): a dotted path the spec has and "
+                        "a YAML value, e.g. --set training.optimizer.lr=3e-4 --set dims.layers=8; +KEY=VALUE adds a "
+                        "key the spec lacks, ++KEY=VALUE sets KEY either way")
 
     def hardware(sp):
         sp.add_argument("--hardware", metavar="NAME",
@@ -311,8 +311,9 @@ class _Spec:
 
     def finish(self, diags) -> list[Diagnostic]:
         """Fills in what a stage does not know: the path of the node a diagnostic points at, the spec that
-        reached a base file through `extends` (with a label on that `extends`), and the base spec's (or, for a
-        `--set`, the spec's) value that the pointed-at value replaced."""
+        reached a base file through `extends` (with a label on that `extends`), the base spec's (or, for a
+        `--set`, the spec's) value that the pointed-at value replaced, and the `--set KEY=null` that removed a
+        missing key."""
         from .overrides import is_override
 
         out = []
@@ -335,6 +336,9 @@ class _Spec:
                 if base is not None and base != d.pos:
                     what = "the spec's value it replaces" if is_override(d.pos.file) else "the value it replaces in the base spec"
                     labels.append(Label(base, what))
+                gone = self.doc.removed.get(path)  # a missing key that a `--set KEY=null` removed
+                if gone is not None:
+                    labels.append(Label(gone, "removed by this --set"))
             if len(labels) != len(d.labels):
                 changes["labels"] = tuple(labels)
             out.append(dataclasses.replace(d, **changes) if changes else d)
@@ -657,8 +661,8 @@ def cmd_build(args) -> int:
         return EXIT_INVALID
     try:
         # (the program names where it came from: the spec file and the overrides applied to it)
-        origin = " ".join([args.spec] + [f"--set {shlex.quote(a)}" for a in args.settings])
-        written = build.build(c, args.target, Path(args.output), spec_path=origin, force=args.force)
+        written = build.build(c, args.target, Path(args.output), spec_path=args.spec, force=args.force,
+                              overrides=args.settings)
     except DiagnosticError as e:
         _emit(e.diagnostics, sources, args)
         return EXIT_INVALID

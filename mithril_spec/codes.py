@@ -84,6 +84,20 @@ _TEXTS: dict[str, tuple[str, str]] = {
             "stack of layers once, as a block with `repeat`. docs/spec.md (Limits) lists every limit."
         ),
     ),
+    "E007": (
+        "`--set` names nothing in the spec",
+        (
+            "An override names a key the spec must have, or must not have, by how it is spelt (as in Hydra): "
+            "`--set KEY=VALUE` changes a key that the spec has after `extends` and the earlier `--set`s "
+            "(`KEY=null` removes it), `--set +KEY=VALUE` adds a key that it does not have (creating the "
+            "mappings on the way; a list's length as the index appends), and `--set ++KEY=VALUE` sets KEY "
+            "either way (`++KEY=null` removes it if it is there). So a misspelt KEY is an error rather than a "
+            "new key that nothing reads, and so is a `+` on a key that is there, a list index beyond the list, "
+            "or a KEY that goes on past a number or a string. The position is the part of KEY that names "
+            "nothing, in the argument (`--set #N`, the N-th `--set`); the help suggests the closest key, or "
+            "lists the keys there, and the `+` spelling that adds it."
+        ),
+    ),
     # ---- the spec's structure
     "E010": (
         "unknown key",
@@ -572,6 +586,7 @@ d: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]
 e: [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d]
 """)
     ),
+    "E007": Example(_spec(_MLP + _TRAIN), args=("--set", "dims.featurs=32")),
     "E010": Example(
         _spec(
             _MLP

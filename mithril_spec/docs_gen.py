@@ -141,7 +141,7 @@ also in the file and title properties. A diagnostic without a position has only 
 |---|---|
 | 0 | valid (warnings allowed unless `--strict`) |
 | 1 | at least one error (or a warning under `--strict`) |
-| 2 | usage error (bad arguments, `--mesh` or `--set KEY=VALUE` (a malformed one, or a path through a value that is not a mapping or list), missing or non-spec file, no spec files found, unknown code for `explain`, an output that cannot be written: `build -o` onto a file or into a non-empty directory that is not a build, `plan --report` into a missing directory, a directory that refuses writes, a file of the previous build edited since it was written (`build --force` replaces it)); one line on stderr, no diagnostics |
+| 2 | usage error (bad arguments, `--mesh` or `--set KEY=VALUE` (a malformed one, or `KEY=null` on a list entry; a KEY that names nothing is E007), missing or non-spec file, no spec files found, unknown code for `explain`, an output that cannot be written: `build -o` onto a file or into a non-empty directory that is not a build, `plan --report` into a missing directory, a directory that refuses writes, a file of the previous build edited since it was written (`build --force` replaces it)); one line on stderr, no diagnostics |
 | 3 | internal error (a bug in mithril-spec) |
 
 A reader that stops early (`mithril-spec explain | head -2`) ends the command quietly, as for any

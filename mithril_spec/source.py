@@ -39,6 +39,9 @@ class Document:
     sources: dict[str, str] = dataclasses.field(default_factory=dict)  # file -> text, for every file merged
     # Through `extends`: for a value of this spec that replaced one of a base spec, where the base's value stands.
     overridden: dict[PathT, Position] = dataclasses.field(default_factory=dict)
+    # Through `--set KEY=null`: for a key an override removed, where that argument names it (a diagnostic
+    # about the missing key then shows why it is missing).
+    removed: dict[PathT, Position] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.sources.setdefault(self.file, self.text)
@@ -69,13 +72,16 @@ class Document:
         return self._paths.get(pos)
 
 
-def load_text(text: str, file: str) -> Document:
+def load_text(text: str, file: str, root_span: bool = False) -> Document:
+    """The document in `text` (TOML when `file` ends in .toml, else YAML). Its root value's position is its
+    start only (a whole file is not underlined), unless `root_span`: a YAML value that stands on its own in
+    a line, such as a `--set` VALUE, is underlined whole."""
     suffix = Path(file).suffix.lower()
     if len(text) > MAX_FILE_BYTES and len(text.encode("utf-8", errors="surrogatepass")) > MAX_FILE_BYTES:
         raise DiagnosticError([too_large(file, len(text.encode("utf-8", errors="surrogatepass")))])
     if suffix == ".toml":
         return _load_toml(text, file)
-    return _load_yaml(text, file)
+    return _load_yaml(text, file, root_span)
 
 
 def too_large(file: str, size: int | None) -> Diagnostic:
@@ -261,16 +267,17 @@ except ImportError:  # pragma: no cover (PyYAML without libyaml)
 PYTHON_REPARSE_CHARS = 1 << 17
 
 
-def _load_yaml(text: str, file: str) -> Document:
+def _load_yaml(text: str, file: str, root_span: bool = False) -> Document:
     if len(_LOADERS) > 1:
         try:
-            return _compose_yaml(_LOADERS[0], text, file, report=len(text) > PYTHON_REPARSE_CHARS)
+            return _compose_yaml(_LOADERS[0], text, file, report=len(text) > PYTHON_REPARSE_CHARS,
+                                 root_span=root_span)
         except (yaml.YAMLError, UnicodeError, ValueError) as e:
             if "maximum nesting depth" in str(e):
                 # libyaml refuses flow nesting past 1000 levels before composing anything; PyYAML's scanner
                 # takes quadratic time on it: ours stops at MAX_DEPTH within the first levels.
                 _deep_prefix(text, file)
-    return _compose_yaml(_LOADERS[-1], text, file, report=True)
+    return _compose_yaml(_LOADERS[-1], text, file, report=True, root_span=root_span)
 
 
 def _deep_prefix(text: str, file: str) -> None:
@@ -287,7 +294,7 @@ def _deep_prefix(text: str, file: str) -> None:
             return
 
 
-def _compose_yaml(loader_class, text: str, file: str, report: bool = False) -> Document:
+def _compose_yaml(loader_class, text: str, file: str, report: bool = False, root_span: bool = False) -> Document:
     values: dict[PathT, Position] = {}
     keys: dict[PathT, Position] = {}
     errors: list[Diagnostic] = []
@@ -301,6 +308,8 @@ def _compose_yaml(loader_class, text: str, file: str, report: bool = False) -> D
             else:
                 loader.merged = {}
                 data = _yaml_node(loader, node, (), file, values, keys, errors)
+                if root_span:
+                    values[()] = _mark(node, file)
         finally:
             loader.dispose()
     except _Limit as e:

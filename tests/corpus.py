@@ -1,6 +1,7 @@
 """The broken-spec corpus (tests/broken/): each file declares what it must produce in comment lines.
 
-    # expect: CODE LINE:COL [FILE]   a diagnostic (FILE, relative to the spec's directory, defaults to the spec)
+    # expect: CODE LINE:COL [FILE]   a diagnostic (FILE, relative to the spec's directory, defaults to the spec;
+                                    `--set #N`: in the N-th `--set` argument)
     # expect-text: TEXT             text that must appear in some diagnostic's message or help
     # args: --devices 4             extra command-line arguments for `mithril-spec validate`
 
@@ -16,7 +17,8 @@ import shlex
 from pathlib import Path
 
 BROKEN = Path(__file__).parent / "broken"
-_EXPECT = re.compile(r"^#\s*expect:\s*([EW]\d{3})\s+(\d+):(\d+)(?:\s+(\S+))?\s*$")
+# (FILE may be `--set #N`: the N-th `--set` argument, whose text a diagnostic about it points into)
+_EXPECT = re.compile(r"^#\s*expect:\s*([EW]\d{3})\s+(\d+):(\d+)(?:\s+(--set #\d+|\S+))?\s*$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +35,14 @@ class Case:
         return 0
 
 
+    def source(self, file: str) -> str:
+        """The text of an expected diagnostic's FILE: a file's, or a `--set #N` argument's."""
+        if file.startswith("--set #"):
+            settings = [b for a, b in zip(self.args, self.args[1:]) if a == "--set"]
+            return settings[int(file.removeprefix("--set #")) - 1]
+        return Path(file).read_text(encoding="utf-8", errors="replace")
+
+
 def corpus_files() -> list[Path]:
     return sorted(p for p in BROKEN.iterdir() if p.suffix in (".yaml", ".yml", ".toml") and p.is_file())
 
@@ -45,7 +55,7 @@ def read_case(path: Path) -> Case:
         m = _EXPECT.match(line)
         if m:
             code, ln, col, file = m.groups()
-            target = str(path) if file is None else str(path.parent / file)
+            target = str(path) if file is None else file if file.startswith("--set #") else str(path.parent / file)
             expect.append((code, target, int(ln), int(col)))
         elif re.match(r"^#\s*expect-text:", line):
             texts.append(line.split(":", 1)[1].strip())

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import pytest
 from corpus import corpus_files, read_case
@@ -57,7 +56,7 @@ def test_broken_spec_text(path, capsys):
         header = f"{file}:{line}:{col}: {sev}[{code}]"
         assert header in err, err
         block = err[err.index(header) :].split("\n\n")[0].splitlines()
-        src_lines = Path(file).read_text(encoding="utf-8", errors="replace").split("\n")
+        src_lines = case.source(file).split("\n")
         if 1 <= line <= len(src_lines):
             # header, gutter, then source lines (the primary's among those of secondary labels), each followed
             # by its underline row; the source is shown with control characters escaped

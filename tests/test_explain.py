@@ -28,7 +28,7 @@ def run(capsys, *argv):
 @pytest.mark.parametrize("code", CODES)
 def test_example_reports_its_code(code, tmp_path):
     """Each catalog example, written to a directory and validated with its arguments, reports its code (and
-    nothing else), with a span inside the example's files."""
+    nothing else), with a span inside the example's files (or its `--set` arguments)."""
     ex = CATALOG[code].example
     files = {ex.file: ex.spec, **dict(ex.files)}
     for rel, text in files.items():
@@ -38,10 +38,15 @@ def test_example_reports_its_code(code, tmp_path):
     out = _validate_json(tmp_path / ex.file, args, ex.command)
     diags = json.loads(out)
     assert {d["code"] for d in diags} == {code}, [(d["code"], d["message"]) for d in diags]
+    settings = [b for a, b in zip(ex.args, ex.args[1:]) if a == "--set"]
     for d in diags:
-        rel = Path(d["file"]).relative_to(tmp_path).as_posix()
-        assert rel in files
-        lines = files[rel].split("\n")
+        if d["file"].startswith("--set #"):  # in a `--set` argument
+            text = settings[int(d["file"].removeprefix("--set #")) - 1]
+        else:
+            rel = Path(d["file"]).relative_to(tmp_path).as_posix()
+            assert rel in files
+            text = files[rel]
+        lines = text.split("\n")
         assert 1 <= d["line"] <= len(lines) and 1 <= d["col"] <= len(lines[d["line"] - 1]) + 1
 
 
@@ -69,7 +74,7 @@ def test_explain_prints_title_text_and_example(code, capsys):
         assert "\n".join(("    " + ln).rstrip() for ln in text.rstrip("\n").split("\n")) in out
     assert f"    $ mithril-spec {' '.join(ex.command)} {ex.file}" in out
     # what the example reports, with the file name as written in the example
-    assert f"    {ex.file}:" in out or any(f"    {rel}:" in out for rel, _ in ex.files)
+    assert f"    {ex.file}:" in out or any(f"    {rel}:" in out for rel, _ in ex.files) or "    --set #1:" in out
     assert f"[{code}]: " in out
 
 

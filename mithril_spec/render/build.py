@@ -10,8 +10,10 @@ import hashlib
 import importlib
 import json
 import os
+import shlex
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +31,13 @@ class RenderError(Exception):
     pass
 
 
-def render_files(compiled: Compiled, target: str, spec_path: str) -> dict[str, str]:
+def render_files(compiled: Compiled, target: str, spec_path: str, overrides: Sequence[str] = ()) -> dict[str, str]:
     """Returns {relative file name: text} without writing anything."""
     entry = TARGETS[target]
     diags: list[Diagnostic] = entry.check(compiled.plan, compiled.doc)
     if diags:
         raise DiagnosticError(diags)
-    ctx = make_context(compiled.plan, target, Path(spec_path).name)
+    ctx = make_context(compiled.plan, target, origin(spec_path, overrides))
     adapter = importlib.import_module(f"{__package__}.{entry.adapter}")
     ctx.update(adapter.extra_context(compiled.plan, ctx))
     ctx["sampling"] = sampling_context(compiled.plan, ctx, target)  # generate.py (a language model), or None
@@ -48,6 +50,13 @@ def render_files(compiled: Compiled, target: str, spec_path: str) -> dict[str, s
         out[name] = text
     out["plan.json"] = json.dumps(_plan_json(compiled), indent=2) + "\n"
     return out
+
+
+def origin(spec_path: str, overrides: Sequence[str] = ()) -> str:
+    """What the program says it was built from: the spec's file name and the `--set` arguments applied to it,
+    as a shell would take them back (`gpt-tiny.yaml --set +dims.extra=3`). (The file name alone: a `/` in
+    an override's value is not a directory of the spec.)"""
+    return " ".join([Path(spec_path).name, *(f"--set {shlex.quote(a)}" for a in overrides)])
 
 
 def _plan_json(compiled: Compiled) -> Any:
@@ -153,14 +162,15 @@ def check_unedited(out_dir: Path) -> None:
                           "--force")
 
 
-def build(compiled: Compiled, target: str, out_dir: Path, spec_path: str, force: bool = False) -> list[Path]:
+def build(compiled: Compiled, target: str, out_dir: Path, spec_path: str, force: bool = False,
+          overrides: Sequence[str] = ()) -> list[Path]:
     """Renders the program and swaps it in as the whole of `out_dir` (atomic.replace_directory): the
     directory holds the old build or the new one, never a mixture, and no file of another target or spec.
     A file edited since the previous build is not replaced unless `force` (OutputError naming it)."""
     check_output(out_dir)
     if not force:
         check_unedited(out_dir)
-    files = render_files(compiled, target, spec_path)
+    files = render_files(compiled, target, spec_path, overrides)
     files[MANIFEST] = manifest_text(files)
     modes = {name: (text, 0o755 if name.endswith((".sh", ".sbatch")) else 0o644) for name, text in files.items()}
     return replace_directory(out_dir, modes, build_files())
