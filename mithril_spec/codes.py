@@ -32,17 +32,23 @@ _TEXTS: dict[str, tuple[str, str]] = {
     "E001": (
         "YAML syntax error",
         (
-            "The file is not valid YAML. The position points where the parser gave up; the real mistake is "
-            "often just before it (an unclosed bracket, a tab used for indentation, a mis-indented key). A quoted "
-            "string that is never closed is reported where it opens. Also refused: a mapping key that is not a "
-            "plain scalar, an escape that is not a Unicode character (a lone surrogate such as `\\ud800`), an "
-            "alias inside the node it names, tags other than the standard ones (`!!python/object`), several documents in one file."
+            "The file is not valid YAML. A bracket (`{`, `[`) or quote that is never closed is reported where "
+            "it opens, and a key without its `:` (`steps 10`, or a word over an indented mapping) at the key, each "
+            "with a label where the parser stopped (often lines later). Other errors are reported where the parser "
+            "stopped; the real mistake is often just before it (a mis-indented key). A tab used for indentation is "
+            "reported where it stands. Also refused: a mapping key that is not a plain scalar, an escape that is "
+            "not a Unicode character (a lone surrogate such as `\\ud800`), an alias inside the node it names, tags "
+            "other than the standard ones (`!!python/object`), several documents in one file."
         ),
     ),
     "E002": (
         "TOML syntax error",
         (
-            "The file is not valid TOML (`tomllib` fails). Check `key = value` syntax, quotes around strings and "
+            "The file is not valid TOML (`tomllib` fails). A bracket (`[`, `{`, a `[table]` header) or string "
+            "that is never closed is reported where it opens, and a key without its `=` at the key, each with a "
+            "label where the parser stopped; an inline table (`{ ... }`) and a one-line string must close on "
+            "their line. An escape that TOML does not know (`\\q`) is reported at its backslash. Other errors "
+            "are reported where the parser stopped: check `key = value` syntax, quotes around strings and "
             "brackets near the position."
         ),
     ),

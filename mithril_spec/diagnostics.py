@@ -443,8 +443,16 @@ def _gh_escape(s: str, prop: bool = False) -> str:
     return s
 
 
+def _gh_label(lab: Label, file: str | None) -> str:
+    """A secondary label in words (an annotation has one place): `(first defined here: line 3, column 1)`."""
+    p = lab.pos
+    where = f"line {p.line}, column {p.col}" if p.file == file else f"{p.file}:{p.line}:{p.col}"
+    return f" ({clip(lab.message)}: {where})"
+
+
 def render_github(diags: Sequence[Diagnostic]) -> str:
-    """GitHub Actions workflow commands: ::error file=..,line=..,col=..,title=..::message"""
+    """GitHub Actions workflow commands: ::error file=..,line=..,col=..,title=..::message (label: where)
+    (help: ...); an annotation marks one place, so secondary labels are told in the message."""
     out = []
     for d in diags:
         kind = "error" if d.severity == "error" else "warning"
@@ -455,6 +463,7 @@ def render_github(diags: Sequence[Diagnostic]) -> str:
                 f"line={d.pos.line}",
                 f"col={d.pos.col}",
             ] + props
-        msg = clip(d.full_message) + (f" (help: {clip(d.help)})" if d.help else "")
+        msg = clip(d.full_message) + "".join(_gh_label(lab, d.pos.file if d.pos else None) for lab in d.labels)
+        msg += f" (help: {clip(d.help)})" if d.help else ""
         out.append(f"::{kind} {','.join(props)}::{_gh_escape(msg)}")
     return "\n".join(out) + ("\n" if out else "")

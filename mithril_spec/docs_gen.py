@@ -123,13 +123,15 @@ diagnostics array instead and exits 1.
 Actions runner turns into annotations on the pull request's files:
 
 ```
-::error file=PATH,line=L,col=C,title=CODE::MESSAGE (help: HELP)
+::error file=PATH,line=L,col=C,title=CODE::MESSAGE (LABEL: line L, column C) (help: HELP)
 ::warning file=PATH,line=L,col=C,title=CODE::MESSAGE
 ```
 
-`%`, carriage returns and newlines are escaped in the message (`%25`, `%0D`, `%0A`), and `:` and `,`
-also in the file and title properties. A diagnostic without a position has only `title=`. With
-`--strict` a warning becomes `::error ...,title=W002::...`. A CI step:
+An annotation marks one place: secondary labels ("first defined here", "the parser stopped here") are
+told in the message with their line and column (and their file, when it is another). `%`, carriage
+returns and newlines are escaped in the message (`%25`, `%0D`, `%0A`), and `:` and `,` also in the file
+and title properties. A diagnostic without a position has only `title=`. With `--strict` a warning
+becomes `::error ...,title=W002::...`. A CI step:
 
 ```yaml
 - run: mithril-spec validate specs/ --format github --strict

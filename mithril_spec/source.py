@@ -3,10 +3,10 @@
 YAML goes through a composer of ours (which keeps marks and enforces the limits of `limits.py` while it
 composes: nesting depth, and the number of values with aliases and `<<` merge keys counted before anything is
 expanded) over libyaml's event parser when PyYAML has it (PyYAML's own parser otherwise, and for the messages
-of syntax errors); TOML values come from `tomllib` and their positions from a small scanner that walks the
-same text. Both give a `Document`: the plain data and, for every path into it (a tuple of keys and list
-indices), where its key and its value stand in the file: a `Position` with the start and the end of the
-node's text (a span).
+of syntax errors, which `syntax.py` points where the mistake is); TOML values come from `tomllib` and their
+positions from a small scanner that walks the same text. Both give a `Document`: the plain data and, for
+every path into it (a tuple of keys and list indices), where its key and its value stand in the file: a
+`Position` with the start and the end of the node's text (a span).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from yaml.nodes import MappingNode, ScalarNode, SequenceNode
 
 from .diagnostics import Diagnostic, DiagnosticError, Label, Position
 from .limits import MAX_DEPTH, MAX_FILE_BYTES, MAX_NODES, power_of_two
+from .syntax import toml_error, yaml_error
 
 PathT = tuple[Any, ...]
 
@@ -319,7 +320,7 @@ def _compose_yaml(loader_class, text: str, file: str, report: bool = False, root
     except yaml.MarkedYAMLError as e:
         if not report:
             raise
-        raise DiagnosticError([_syntax_error(e, text, file)]) from None
+        raise DiagnosticError([yaml_error(e, text, file)]) from None
     except yaml.reader.ReaderError as e:  # a character YAML does not allow (control characters)
         if not report:
             raise
@@ -339,33 +340,6 @@ def _compose_yaml(loader_class, text: str, file: str, report: bool = False, root
     if errors:
         raise DiagnosticError(errors)
     return Document(data, file, text, values, keys)
-
-
-def _syntax_error(e: yaml.MarkedYAMLError, text: str, file: str) -> Diagnostic:
-    mark = e.problem_mark or e.context_mark
-    line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
-    lines = text.splitlines()
-    if lines and line > len(lines):  # at the end of the stream: point just after the last line
-        line, col = len(lines), len(lines[-1]) + 1
-    msg = (e.problem or "invalid YAML").strip()
-    ctx = e.context_mark
-    context = (e.context or "").strip()
-    if context:
-        msg = f"{msg} ({context})"
-    labels: tuple[Label, ...] = ()
-    help = getattr(e, "help", None) or "check indentation (spaces, not tabs), brackets and quotes near this point"
-    if context and ctx is not None and e.problem_mark is not None and (ctx.line + 1, ctx.column + 1) != (line, col):
-        what = re.sub(r"^while (parsing|scanning|constructing) ", "", context)
-        if "quoted scalar" in context and "end of stream" in msg:
-            # An unclosed quote: the mistake is where the string opens, not at the end of the file.
-            end = Position(file, line, col)
-            line, col = ctx.line + 1, ctx.column + 1
-            msg = "YAML syntax error: a quoted string is never closed"
-            labels = (Label(end, "the file ends before its closing quote"),)
-            help = "close the quote (a string that contains a quote is written \"a \\\"b\\\" c\" or 'a ''b'' c')"
-            return Diagnostic("E001", msg, Position(file, line, col), help=help, labels=labels)
-        labels = (Label(Position(file, ctx.line + 1, ctx.column + 1), f"{what} starts here"),)
-    return Diagnostic("E001", f"YAML syntax error: {msg}", Position(file, line, col), help=help, labels=labels)
 
 
 def _scalar(loader, node) -> Any:
@@ -533,9 +507,10 @@ def _load_toml(text: str, file: str) -> Document:
     except tomllib.TOMLDecodeError as e:
         msg = str(e)
         m = _TOML_ERR.search(msg)
+        at_end = m is None and _TOML_EOF.search(msg) is not None
         if m:
             line, col = int(m.group(1)), int(m.group(2))
-        elif _TOML_EOF.search(msg):
+        elif at_end:
             lines = text.rstrip("\n").split("\n")  # tomllib counts lines by "\n" only
             line, col = len(lines), len(lines[-1]) + 1
         else:
@@ -547,9 +522,7 @@ def _load_toml(text: str, file: str) -> Document:
             raise DiagnosticError([Diagnostic(
                 "E003", msg, pos, help="a key or table may be defined only once",
                 labels=(Label(first, "first defined here"),) if first else (), key=key)]) from None
-        raise DiagnosticError([Diagnostic(
-            "E002", f"TOML syntax error: {msg}", Position(file, line, col),
-            help="check `key = value` syntax, string quotes and brackets near this point")]) from None
+        raise DiagnosticError([toml_error(text, file, Position(file, line, col), at_end, msg)]) from None
     except ValueError as e:
         # Python refuses to convert an integer of more than 4,300 digits.
         m = next((m for m in re.finditer(r"[0-9][0-9_]*+", text) if len(m.group()) > 4000), None)

@@ -490,6 +490,15 @@ def test_github_format_escapes_newlines_and_percent():
     assert render_github([d]) == "::error file=a%2Cb%3Ac.yaml,line=1,col=2,title=E013::50%25 of%0Ait\n"
 
 
+def test_github_format_tells_secondary_labels_in_the_message():
+    from mithril_spec.diagnostics import Diagnostic, Label, Position, render_github
+
+    d = Diagnostic("E003", "duplicate key `a`", Position("s.yaml", 2, 1), labels=(
+        Label(Position("s.yaml", 1, 1), "first defined here"), Label(Position("b.yaml", 3, 5), "extended here")))
+    assert render_github([d]) == ("::error file=s.yaml,line=2,col=1,title=E003::duplicate key `a` "
+                                  "(first defined here: line 1, column 1) (extended here: b.yaml:3:5)\n")
+
+
 # ---------------------------------------------------------------- --strict
 
 

@@ -513,6 +513,11 @@ REGRESSIONS = {
     # RecursionError in the size parser: was exit 3
     "long-expression.yaml": ((ROOT / "specs" / "gpt-tiny.yaml").read_text().replace(
         "hidden: ff", 'hidden: "' + "+".join(["1"] * 50_000) + '"'), "E021"),
+    # syntax errors explained where the mistake is: brackets and quotes in strings and comments do not count
+    "unclosed-in-strings.yaml": ("x: [\"]\", 'a'']', # ]\n  1\n", "E001"),
+    "unclosed-in-strings.toml": ('x = [\"]\", \'\'\'\n]\'\'\', # ]\n1\n', "E002"),
+    "escape-at-end.toml": ('x = "\\', "E002"),
+    "key-at-end.toml": ("x", "E002"),
     "control-char.yaml": ('version: 1\nname: "a\x01b"\n', "E001"),  # was reported at 1:1
     "latin1.toml": (b'version = 1\nname = "caf\xe9"\n', "E002"),  # was a usage error (exit 2)
     "bom.toml": (b"\xef\xbb\xbfversion = 2\n", "E014"),  # a BOM made every TOML spec a syntax error

@@ -43,6 +43,15 @@ CASES: dict[str, tuple[dict, list[str], int, str | None]] = {
     "million-comment-lines": ({"s.yaml": MLP + "# comment\n" * 1_000_000}, ["validate", "FILE"], 1, "E006"),
     "1-MiB-blank-lines-unclosed-quote": ({"s.yaml": MLP + "\n" * ((1 << 20) - len(MLP) - 20) + 'x: "open\n'},
                                          ["validate", "FILE"], 1, "E001"),
+    # syntax errors explained where the mistake is: the scans for the bracket never closed stay linear
+    "1-MiB-unclosed-flow-comments": ({"s.yaml": MLP + "x: [1,\n" + "# ] }\n" * (((1 << 20) - len(MLP)) // 7)
+                                      + "y: 1\n"}, ["validate", "FILE"], 1, "E001"),
+    "1-MiB-toml-unclosed-array": ({"s.toml": MLP_TOML + "x = [1,\n" + "# ]\n" * (((1 << 20) - len(MLP_TOML)) // 5)
+                                   + "[t]\n"}, ["validate", "FILE"], 1, "E002"),
+    "toml-deep-inline-tables-1-MiB-line": ({"s.toml": "x = " + "{a = " * 90 + "1 2" + "}" * 90 + " " * 1_000_000},
+                                            ["validate", "FILE"], 1, "E002"),
+    "1-MiB-key-without-colon": ({"s.yaml": MLP + "z\n  " + "a" * ((1 << 20) - len(MLP) - 20) + ": 1\n"},
+                                ["validate", "FILE"], 1, "E001"),
     "1-MiB-toml-comments": ({"s.toml": MLP_TOML + "# comment\n" * (((1 << 20) - len(MLP_TOML)) // 10)},
                             ["validate", "FILE"], 0, None),
     "toml-100k-values": ({"s.toml": MLP_TOML + "x = [" + ",".join(["1"] * 100_000) + "]\n"},

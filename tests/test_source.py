@@ -71,7 +71,7 @@ def test_yaml_merge_keys():
 @pytest.mark.parametrize(
     "text, code, line, col",
     [
-        ("a: [1, 2\n", "E001", 1, 9),
+        ("a: [1, 2\n", "E001", 1, 4),  # the `[` never closed (the file ends at 1:9)
         ("a: 1\na: 2\n", "E003", 2, 1),
         ("a:\n  b: 1\n  b: 2\n", "E003", 3, 3),
         ("? [a]\n: 1\n", "E001", 1, 3),
@@ -140,7 +140,7 @@ def test_toml_values_and_positions():
     "text, code, line, col, message",
     [
         ("a = \n", "E002", 1, 5, "TOML syntax error"),
-        ('a = "x\n', "E002", 1, 7, "TOML syntax error"),
+        ('a = "x\n', "E002", 1, 5, "TOML syntax error"),  # the quote never closed (the line ends at 1:7)
         ("a = 1\na = 2\n", "E003", 2, 1, "`a` is already defined"),
         ("a = 1\n  b = 2\n  a = [1,\n 2]\n", "E003", 3, 3, "`a` is already defined"),
         ("[t]\nx = 1\n[t]\n", "E003", 3, 1, "table `[t]` is declared twice"),
@@ -153,6 +153,154 @@ def test_toml_errors(text, code, line, col, message):
     (d,) = e.value.diagnostics
     assert (d.code, d.pos.line, d.pos.col) == (code, line, col), d
     assert message in d.message
+
+
+# ---------------------------------------------------------------- syntax errors: where the mistake is
+
+# The cases measured in issue 35 (item 7), in specs like specs/mlp-dp.yaml and specs/mlp-dp.toml: before,
+# each was reported where the parser stopped (4:6, 17:3, 12:1, 2:13).
+HEAD_YAML = "version: 1\nname: mlp\n"
+MODEL_YAML = """model:
+  inputs:
+    x: {shape: [batch, features], dtype: float32}
+    y: {shape: [batch], dtype: int32}
+  layers:
+    - {op: linear, name: fc1, dimension: hidden, input: x}
+    - {op: relu, name: act1}
+    - {op: linear, name: head, dimension: classes}
+  loss: {op: cross_entropy, logits: head, targets: y}
+"""
+UNCLOSED_BRACE_YAML = HEAD_YAML + "dims: {features: 64, hidden: 256, classes: 10\n" + MODEL_YAML
+STEPS_YAML = (HEAD_YAML + "dims: {features: 64, hidden: 256, classes: 10}\n" + MODEL_YAML
+              + "meshes: {default: {data: 8}}\ntraining:\n  batch_size: 64\n  steps 20\n"
+              "  optimizer: {name: adamw, lr: 1.0e-3}\n")
+LAYERS_TOML = """version = 1
+name = "mlp"
+[dims]
+features = 64
+classes = 10
+[model]
+inputs = { x = { shape = ["batch", "features"] }, y = { shape = ["batch"], dtype = "int32" } }
+layers = [
+  { op = "linear", name = "head", dimension = "classes", input = "x" },
+  { op = "relu", name = "act" }
+
+[model.loss]
+op = "cross_entropy"
+"""
+ESCAPE_TOML = 'version = 1\nname = "ab\\qc"\n'
+
+
+@pytest.mark.parametrize(
+    "file, text, primary, secondary, says",
+    [
+        # YAML: brackets and quotes never closed, where they open; the label where the parser stopped
+        ("s.yaml", UNCLOSED_BRACE_YAML, (3, 7), (4, 6), "this `{` is never closed"),
+        ("s.yaml", "targets: [jax, torch\nmodel:\n", (1, 10), (2, 6), "this `[` is never closed"),
+        ("s.yaml", "dims: {features: 16, classes: [4}\n", (1, 31), (1, 33), "this `[` is never closed"),
+        ("s.yaml", "a: [1, 2\n", (1, 4), (1, 9), "this `[` is never closed"),
+        ("s.yaml", "x: [\"]\", 'it''s]', # ]\n  1\n", (1, 4), (2, 4), "this `[` is never closed"),
+        ("s.yaml", 'version: 1\nname: "x\nmodel: {}\n', (2, 7), (3, 10), "a quoted string is never closed"),
+        ("s.yaml", "version: 1\nname: 'x\nmodel: {}\n", (2, 7), (3, 10), "a quoted string is never closed"),
+        # YAML: a key without its `:`, at the key
+        ("s.yaml", STEPS_YAML, (16, 3), (17, 3), "a key without its `:`"),
+        ("s.yaml", "training\n  batch_size: 16\n", (1, 1), (2, 13), "a key without its `:`"),
+        ("s.yaml", "model:\n  inputs\n    x: 1\n", (2, 3), (3, 6), "a key without its `:`"),
+        ("s.yaml", "model:\n  inputs\n\n  # x\n    x: 1\n", (2, 3), (5, 5), "a key without its `:`"),
+        ("s.yaml", "- foo\n  bar: 1\n", (1, 3), (2, 6), "a key without its `:`"),
+        # YAML: a tab, where it stands; a closed bracket with a mistake inside: the mistake, and where it opens
+        ("s.yaml", "a: 1\n\tb: 2\n", (2, 1), None, "a tab indents this line"),
+        ("s.yaml", "a: {b: 1 c: 2}\n", (1, 11), (1, 4), "expected ',' or '}'"),
+        ("s.yaml", "a: b: c\n", (1, 5), None, "mapping values are not allowed here"),
+        # TOML: brackets and strings never closed, where they open
+        ("s.toml", LAYERS_TOML, (8, 10), (12, 1), "this `[` is never closed"),
+        ("s.toml", "x = [1,\n", (1, 5), (1, 8), "this `[` is never closed"),
+        ("s.toml", "x = {a = [1, 2}\n", (1, 10), (1, 15), "this `[` is never closed"),
+        ("s.toml", 'dims = { a = 1, b = 2\nname = "x"\n', (1, 8), (1, 22), "this `{` is not closed on its line"),
+        ("s.toml", "x = {a = 1,\n b = 2}\n", (1, 5), (1, 12), "this `{` is not closed on its line"),
+        ("s.toml", 'x = {a = "}", b = 2\n', (1, 5), (1, 20), "this `{` is not closed on its line"),
+        ("s.toml", "[dims\nx = 1\n", (1, 1), (1, 6), "this table header is not closed on its line"),
+        ('s.toml', 'name = "abc\nx = 1\n', (1, 8), (1, 12), "this string is never closed"),
+        ("s.toml", "x = 'abc\n", (1, 5), (1, 9), "this string is never closed"),
+        ("s.toml", 'x = """abc\ny = 1\n', (1, 5), (2, 6), "this string is never closed"),
+        # TOML: escapes at their backslash; a key without its `=`, at the key
+        ("s.toml", ESCAPE_TOML, (2, 11), None, "`\\q` is not an escape"),
+        ("s.toml", 'x = "a\\u12"\n', (1, 7), None, "`\\u12` is not an escape"),
+        ("s.toml", 'x = "\\\\\\q"\n', (1, 8), None, "`\\q` is not an escape"),
+        ("s.toml", 'version = 1\nname "x"\n', (2, 1), (2, 6), "a key without its `=`"),
+        ("s.toml", "x = {a = 1, b 2}\n", (1, 13), (1, 15), "a key without its `=`"),
+        # TOML: a closed array with a mistake inside: the mistake, and where the array opens
+        ("s.toml", "x = [1, 2 3]\n", (1, 11), (1, 5), "expected `,` or `]`"),
+        ("s.toml", "[a.b c]\n", (1, 6), None, "Expected ']'"),
+    ],
+)
+def test_syntax_errors_point_where_the_mistake_is(file, text, primary, secondary, says):
+    with pytest.raises(DiagnosticError) as e:
+        load_text(text, file)
+    (d,) = e.value.diagnostics
+    assert d.code == ("E001" if file.endswith(".yaml") else "E002")
+    assert (d.pos.line, d.pos.col) == primary, d
+    assert [(lab.pos.line, lab.pos.col) for lab in d.labels] == ([secondary] if secondary else []), d
+    assert says in d.message and d.help, d
+
+
+def test_syntax_error_spans_and_help_lines():
+    def diag(text: str, file: str):
+        with pytest.raises(DiagnosticError) as e:
+            load_text(text, file)
+        return e.value.diagnostics[0]
+
+    d = diag(STEPS_YAML, "s.yaml")  # the whole key line, without its comment
+    assert (d.pos.end_line, d.pos.end_col) == (16, 11) and d.help == "add `:` after the key: `steps: 20`"
+    assert d.labels[0].message == "the parser stopped here"
+    d = diag(UNCLOSED_BRACE_YAML, "s.yaml")
+    assert (d.pos.end_line, d.pos.end_col) == (3, 8) and d.help == "close the `{` opened here with `}`"
+    d = diag("a: [1, 2  # ]\n", "s.yaml")
+    assert d.labels[0].message == "the file ends before the `[` is closed"
+    d = diag(ESCAPE_TOML, "s.toml")
+    assert (d.pos.end_line, d.pos.end_col) == (2, 13) and "`\\\\` for a backslash" in d.help
+    d = diag('version = 1\nname "x"\n', "s.toml")
+    assert (d.pos.end_line, d.pos.end_col) == (2, 5) and d.help == 'add `=` after the key: `name = "x"`'
+    d = diag('name = "abc\nx = 1\n', "s.toml")
+    assert d.labels[0].message == "the line ends before its closing quote"
+    d = diag("x = [\n", "s.toml")
+    assert d.labels[0].message == "the file ends before it is closed"
+
+
+def test_a_syntax_error_renders_both_places():
+    from mithril_spec.diagnostics import render_github, render_text
+
+    with pytest.raises(DiagnosticError) as e:
+        load_text(LAYERS_TOML, "s.toml")
+    assert render_text(e.value.diagnostics, {"s.toml": LAYERS_TOML}) == """\
+s.toml:8:10: error[E002]: TOML syntax error: this `[` is never closed (expected `,` or `]`)
+    |
+  8 | layers = [
+    |          ^
+...
+ 12 | [model.loss]
+    | - the parser stopped here
+  = help: close the `[` opened here with `]`
+"""
+    assert render_github(e.value.diagnostics) == (
+        "::error file=s.toml,line=8,col=10,title=E002::TOML syntax error: this `[` is never closed (expected `,` "
+        "or `]`) (the parser stopped here: line 12, column 1) (help: close the `[` opened here with `]`)\n")
+
+
+def test_the_bracket_scanners_skip_strings_and_comments():
+    from mithril_spec.syntax import _TOML_TOKENS, _YAML_TOKENS, _closers, _toml_scan
+
+    text = 'a = ["]", \'[\', """\n]"""  # ]\n, [1]]\n'
+    assert _closers(_TOML_TOKENS, text, 4) == {4: len(text) - 2, text.index("[1"): text.index("1]") + 1}
+    assert _closers(_TOML_TOKENS, "a = [1, {b = 2]", 4) == {}  # `]` does not close `{`: neither is closed
+    text = 'a = {b = "x\\"y]", c = \'z}\', d = [1, 2'
+    scan = _toml_scan(text, len(text))
+    assert [(c, at) for c, at, _ in scan.open] == [("{", 4), ("[", text.index("[1"))] and scan.inside is None
+    assert scan.unclosed is None and _toml_scan("x = {a = 1, b 2}", 14).key_from == 11
+    scan = _toml_scan('a = "x\nb = 1\n', 6)
+    assert scan.unclosed == (4, 1) and scan.inside == (4, 6)
+    text = "x: [it's, \"a]\", 'b]' # ]\n  ]\n"
+    assert _closers(_YAML_TOKENS, text, 3) == {3: len(text) - 2}
 
 
 # A property: for any document, the TOML scanner's positions point at each value's text (written in
