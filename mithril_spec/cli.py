@@ -87,8 +87,8 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--report", metavar="FILE.html",
                     help="also write a self-contained HTML report (partition map, memory, communication)")
     pl.add_argument("--target", choices=TARGET_NAMES,
-                    help="cost activations as this target's kernels store them (default: the largest over the "
-                    "spec's targets)")
+                    help="cost the plan as this target's program runs it, as `build --target` does for its "
+                    "plan.json and program (default: target-neutral, the largest over the spec's targets)")
 
     b = sub.add_parser("build", help="render the training program for a target")
     b.add_argument("spec", metavar="SPEC")
@@ -472,11 +472,10 @@ def _hardware(c: Compiled, name: str):
 
 def cmd_plan(args) -> int:
     from .planner.auto import fit_diagnostics
-    from .planner.costs import CostOptions, estimate_targets
+    from .planner.costs import CostOptions
     from .planner.plan_json import plan_to_json
     from .planner.table import render_plan
-    from .targets import attention_kernels
-    from .targets.cost_options import cost_options
+    from .targets.costing import costing
 
     if args.report:
         _check_report(Path(args.report))  # (a usage error before any work)
@@ -496,14 +495,13 @@ def cmd_plan(args) -> int:
         except DiagnosticError as e:
             _emit(e.diagnostics, sources, args)
             return EXIT_INVALID
-    kernels = attention_kernels([args.target] if args.target else c.spec.targets)
-    # one target's program: its data-parallel gradient reduction as it issues it (calls per step)
-    # and the layers it runs through a sharded-tensor dispatch (torch: DTensor modules)
-    options = cost_options(c.plan, args.target) if args.target else CostOptions()
-    costs = estimate_targets(c.plan, kernels, hw, options, target=args.target)
+    # one costing for the text, the JSON and the report: with --target, as that target's program runs the
+    # plan (what a build for it embeds); without, target-neutral (the largest over the spec's targets)
+    cost = costing(c.plan, args.target)
+    costs = cost.costs if hw is None else cost.on(hw)
     if hw is not None:
         diags += fit_diagnostics(c.spec, c.doc, c.graph, c.plan, hw, costs,
-                                 CostOptions(fused_attention=all(kernels.values())))
+                                 CostOptions(fused_attention=cost.options.fused_attention))
     if args.report:
         _write_report(Path(args.report), c, costs)
     if args.format == "json":

@@ -84,17 +84,14 @@ def probe_terms(dims: tuple[int, int, int, int, int], fields: dict, target: str,
     `plan --target TARGET` costs it (the target's attention kernel decides which activations it stores; run
     tensor-parallel over `tensor` devices, the target's sharded-tensor layers are charged)."""
     from .frontend import compile_document
-    from .planner.costs import estimate_targets
     from .planner.hardware import lookup
     from .source import load_text
-    from .targets import attention_kernels
-    from .targets.cost_options import cost_options
+    from .targets.costing import costing
 
     entry = {**fields, "efficiency": efficiency}
     c = compile_document(load_text(probe_spec(dims, entry, tensor), "calibration-probe.yaml"))
     hw = lookup(entry["name"], c.spec, c.doc)
-    options = cost_options(c.plan, target)
-    t = estimate_targets(c.plan, attention_kernels([target]), hw, options, target=target).time
+    t = costing(c.plan, target).on(hw).time
     assert t is not None
     return ProbeTerms(t.compute_s, t.elementwise_s, t.overhead_s, t.blocking_comm_s, t.sharded_layers)
 

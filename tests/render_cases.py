@@ -12,8 +12,6 @@ from mithril_spec.targets import TARGETS
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = sorted(p for p in (ROOT / "specs").iterdir() if p.suffix in (".yaml", ".toml") and not p.name.startswith("_"))
 GOLDEN = ROOT / "tests" / "golden"
-# plan.json does not depend on the target: one golden per spec, not one per (spec, target)
-PLANS = GOLDEN / "plans"
 
 
 def cases() -> list[tuple[Path, str]]:
@@ -32,23 +30,18 @@ def case_id(case) -> str:
     return f"{case[0].stem}-{case[1]}"
 
 
-def plan_golden(spec: Path) -> Path:
-    return PLANS / f"{spec.stem}.plan.json"
-
-
 def golden_paths(case) -> list[Path]:
-    """The golden files of one case, without rendering anything (the plan decides the conditional files)."""
+    """The golden files of one case, without rendering anything (the plan decides the conditional files), and
+    its plan.json: costed as the target's program runs the plan, one per (spec, target)."""
     spec, target = case
     files = TARGETS[target].files_for(compile_file(spec).plan)
-    return [GOLDEN / case_id(case) / name for _, name in files] + [plan_golden(spec)]
+    return [GOLDEN / case_id(case) / name for _, name in files] + [GOLDEN / case_id(case) / "plan.json"]
 
 
 def golden_files(case) -> dict[Path, str]:
     """{golden path: the text the compiler renders now} for one case."""
     spec, target = case
     files = render_files(compile_file(spec), target, str(spec.relative_to(ROOT)))
-    plan = files.pop("plan.json")
     out = {GOLDEN / case_id(case) / name: text for name, text in files.items()}
-    out[plan_golden(spec)] = plan
     assert sorted(out) == sorted(golden_paths(case)), f"{case_id(case)}: the target's files and render_files disagree"
     return out

@@ -360,8 +360,10 @@ class Costs(_Doc):
     """The cost model's prediction for one optimizer step, per device (docs/cost-model.md)."""
 
     remat: str = _f("the remat setting costed: `none`, `selective` or `full`")
-    target: str | None = _f("the target whose kernels the activations follow (`plan --target`); null: the largest "
-                            "over the spec's `targets` (a note says which target stores less)")
+    target: str | None = _f("the target whose program is costed: its kernels, held states, reduction calls and "
+                            "sharded-tensor layers (`plan --target`; a build's `plan.json`: the build's target, "
+                            "whose program embeds these figures); null: the largest over the spec's `targets` (a "
+                            "note says which target stores less)")
     zero: int = _f("the ZeRO stage: 0, 1 or 2")
     micro_batches: int = _f("micro-batches per optimizer step per device (grad_accum x pipeline micro-batches)")
     local_batch: int = _f("samples per device per micro-batch")
@@ -380,8 +382,9 @@ class Costs(_Doc):
 
 
 class PlanDocument(_Doc):
-    """What `mithril-spec plan SPEC --format json` prints for a valid spec (and `build` writes to
-    `plan.json`): everything the plan says, per device where it says "per device" (docs/plan-json.md)."""
+    """What `mithril-spec plan SPEC --format json` prints for a valid spec (and `build --target T` writes to
+    `plan.json`, as `plan --target T` prints it): everything the plan says, per device where it says "per
+    device" (docs/plan-json.md)."""
 
     format: Literal[2] = _f("version of this JSON layout: 2 since repeated blocks are listed once (`repeats`); "
                             "1 listed every copy's parameters under `params`")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import plan_document as doc
-from .costs import estimate
+from .costs import Costs
 from .costs.serialise import costs_document
 from .plan import BlockParamPlan, Plan, RepeatPlan
 from .table import repeat_stage_runs
@@ -19,9 +19,10 @@ def _layout(spec) -> doc.Layout:
     return [list(d) if d else None for d in spec]
 
 
-def plan_document(plan: Plan, costs: Any = None) -> doc.PlanDocument:
-    """The `plan --format json` document of `plan`, as a model. `costs`: a `costs.Costs` (e.g. with a hardware
-    profile); estimated when None."""
+def plan_document(plan: Plan, costs: Costs) -> doc.PlanDocument:
+    """The `plan --format json` document of `plan`, as a model. `costs`: the command's one costing of it
+    (targets/costing.py; with a hardware profile, its step time), never estimated here: a document that
+    costed the plan itself could disagree with what the command prints beside it."""
     tr = plan.spec.training
     mem = plan.memory
     pipe = plan.pipeline
@@ -59,7 +60,7 @@ def plan_document(plan: Plan, costs: Any = None) -> doc.PlanDocument:
                                       flops_per_sample_forward=s.flops) for s in pipe.stages],
         ),
         diagnostics=[doc.Diagnostic(d.to_json()) for d in plan.warnings],
-        costs=costs_document(costs if costs is not None else estimate(plan)),
+        costs=costs_document(costs),
     )
 
 
@@ -95,7 +96,7 @@ def per_copy_params(document: dict[str, Any]) -> list[dict[str, Any]]:
     return [{k: p[k] for k in order} for p in out]
 
 
-def plan_to_json(plan: Plan, costs: Any = None) -> dict[str, Any]:
-    """Everything `plan --format json` prints, as plain JSON data (its fields: schemas/plan.schema.json).
-    `costs`: a `costs.Costs` (e.g. with a hardware profile); estimated when None."""
+def plan_to_json(plan: Plan, costs: Costs) -> dict[str, Any]:
+    """Everything `plan --format json` prints, as plain JSON data (its fields: schemas/plan.schema.json), with
+    `costs` (see `plan_document`)."""
     return plan_document(plan, costs).to_json()

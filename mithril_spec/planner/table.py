@@ -153,7 +153,8 @@ def render_costs(costs) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_plan(plan: Plan, costs=None) -> str:
+def render_plan(plan: Plan, costs) -> str:
+    """`plan`'s text output, with `costs`: the command's one costing of the plan (targets/costing.py)."""
     mesh = plan.mesh
     tr = plan.spec.training
     lines = [
@@ -220,10 +221,6 @@ def render_plan(plan: Plan, costs=None) -> str:
         + (f", buffers {human_bytes(m.buffers)}" if m.buffers else "")
         + f"; total {human_bytes(m.total)}",
     ]
-    if costs is None:
-        from .costs import estimate
-
-        costs = estimate(plan)
     for t in plan.spec.targets or ():
         more = plan.memory_for(t).total - m.total
         if more:  # the layers outside the pipelined block run on every pipe rank in that target's program

@@ -15,13 +15,14 @@ import subprocess
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from .. import pyast
 from ..atomic import OutputError, check_directory, replace_directory
 from ..diagnostics import Diagnostic, DiagnosticError
 from ..frontend import Compiled
+from ..planner.plan_json import plan_to_json
 from ..targets import TARGETS
+from ..targets.costing import costing
 from .context import make_context
 from .environment import environment
 from .sampling import sampling_context
@@ -32,14 +33,17 @@ class RenderError(Exception):
 
 
 def render_files(compiled: Compiled, target: str, spec_path: str, overrides: Sequence[str] = ()) -> dict[str, str]:
-    """Returns {relative file name: text} without writing anything."""
+    """Returns {relative file name: text} without writing anything. The plan is costed once, as `target`'s
+    program runs it (targets/costing.py): plan.json and the figures the program embeds (`PREDICTED`,
+    `PLANNED_BYTES`) are that one costing's, and `plan --target TARGET` prints the same."""
     entry = TARGETS[target]
     diags: list[Diagnostic] = entry.check(compiled.plan, compiled.doc)
     if diags:
         raise DiagnosticError(diags)
-    ctx = make_context(compiled.plan, target, origin(spec_path, overrides))
+    cost = costing(compiled.plan, target)
+    ctx = make_context(compiled.plan, target, origin(spec_path, overrides), cost)
     adapter = importlib.import_module(f"{__package__}.{entry.adapter}")
-    ctx.update(adapter.extra_context(compiled.plan, ctx))
+    ctx.update(adapter.extra_context(compiled.plan, ctx, cost))
     ctx["sampling"] = sampling_context(compiled.plan, ctx, target)  # generate.py (a language model), or None
     env = environment()
     out: dict[str, str] = {}
@@ -48,7 +52,7 @@ def render_files(compiled: Compiled, target: str, spec_path: str, overrides: Seq
         if name.endswith(".py"):
             text = format_python(text, name)
         out[name] = text
-    out["plan.json"] = json.dumps(_plan_json(compiled), indent=2) + "\n"
+    out["plan.json"] = json.dumps(plan_to_json(compiled.plan, cost.costs), indent=2) + "\n"
     return out
 
 
@@ -57,15 +61,6 @@ def origin(spec_path: str, overrides: Sequence[str] = ()) -> str:
     as a shell would take them back (`gpt-tiny.yaml --set +dims.extra=3`). (The file name alone: a `/` in
     an override's value is not a directory of the spec.)"""
     return " ".join([Path(spec_path).name, *(f"--set {shlex.quote(a)}" for a in overrides)])
-
-
-def _plan_json(compiled: Compiled) -> Any:
-    from ..planner.costs import estimate_targets
-    from ..planner.plan_json import plan_to_json
-    from ..targets import attention_kernels
-
-    plan = compiled.plan  # costed as `plan --format json` costs it: the largest over the spec's targets
-    return plan_to_json(plan, estimate_targets(plan, attention_kernels(plan.spec.targets)))
 
 
 # The post-step's fixed configuration. Every setting is on the command line and ruff runs --isolated, from an

@@ -20,6 +20,7 @@ from ..ops import OPS
 from ..ops.loss import LOSSES
 from ..planner.plan import Plan
 from ..targets.base import linear_style, tensor_dims
+from ..targets.costing import Costing
 from .environment import template_dirs
 from .predicted import predicted
 
@@ -219,7 +220,9 @@ def _eval(plan: Plan) -> dict[str, Any] | None:
             "accuracy": LOSSES[plan.graph.loss.op].class_targets}
 
 
-def make_context(plan: Plan, target: str, spec_file: str) -> dict[str, Any]:
+def make_context(plan: Plan, target: str, spec_file: str, costing: Costing) -> dict[str, Any]:
+    """`costing`: the build's one costing of `plan` for `target` (targets/costing.py), whose figures the program
+    embeds as plan.json holds them."""
     spec, graph, mesh = plan.spec, plan.graph, plan.mesh
     tr = spec.training
     blocks: dict[str, dict[str, Any]] = {}
@@ -327,5 +330,5 @@ def make_context(plan: Plan, target: str, spec_file: str) -> dict[str, Any]:
         "flops_per_step": 3 * int(graph.flops_per_sample) * tr.batch_size,
         "hf": hf_context(plan),  # a spec imported from Hugging Face: its checkpoints' names (hf_import.py)
         # the plan's figures for one step (--profile prints them next to its measurements; activation offload)
-        "predicted": predicted(plan, target),
+        "predicted": predicted(costing),
     }

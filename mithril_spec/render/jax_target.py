@@ -34,6 +34,7 @@ from typing import Any
 from ..graph import RepeatNode
 from ..ops import OPS, TensorType
 from ..planner.plan import Plan
+from ..targets.costing import Costing
 from .communication import jax_comm
 from .context import RESERVED, rename_vars
 
@@ -248,7 +249,8 @@ def spec_hash(plan: Plan) -> str:
     return hashlib.sha256(json.dumps(kept, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
-def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
+def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str, Any]:
+    """`costing`: the build's one costing (targets/costing.py); the program's planned bytes are its states."""
     # the function that runs a block's copies under lax.scan: no tensor variable may shadow it
     stack_fns = {b["name"]: free(f"{b['name']}_stack", MODEL_NAMES) for b in ctx["blocks"]}
     model = model_context(plan, ctx, MODEL_NAMES | set(stack_fns.values()))
@@ -259,7 +261,7 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
     layers = model["layers"]
     pipeline = _pipeline(plan, layers)
     tr = plan.spec.training
-    memory = plan.memory_for("jax")
+    held = costing.held  # a pipelined jax program holds more than the stage split (Plan.memory_for)
     # micro-batch iterations of the train step's loop: pipeline runs, else micro-batches, else a one-stage
     # pipeline's chunks (docs/program.md "Pipeline stages")
     accum = tr.grad_accum * (plan.pipeline.microbatches if plan.pipeline and not pipeline else 1)
@@ -282,8 +284,7 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
             "master_weights": bool(tr.precision.master_weights and tr.precision.params != "float32"),
             "accum": accum,
             "comm": jax_comm(plan),  # communication: XLA flags and NCCL_ALGO (render/communication.py)
-            # per-device bytes the planner predicts for this target (`mithril-spec plan`); the program reports
-            # what it holds
-            "planned": {"params": memory.params, "optimizer": memory.optimizer, "buffers": memory.buffers},
+            # per-device bytes the build's costing predicts (plan.json); the program reports what it holds
+            "planned": {"params": held.params, "optimizer": held.optimizer, "buffers": held.buffers},
         },
     }

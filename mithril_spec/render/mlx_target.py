@@ -14,6 +14,7 @@ from ..graph import RepeatNode
 from ..ops import OPS
 from ..planner.plan import Plan
 from ..targets.base import linear_style, tensor_dims
+from ..targets.costing import Costing
 from .jax_target import model_context, spec_hash
 
 # Names the generated model code uses inside the functions that hold tensor variables.
@@ -38,7 +39,8 @@ def _tp_style(plan: Plan, full: str, layer: dict[str, Any]) -> str | None:
     return None
 
 
-def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
+def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str, Any]:
+    """`costing`: the build's one costing (targets/costing.py); the program's planned bytes are its states."""
     model = model_context(plan, ctx, MODEL_NAMES)
     for layer in model["layers"]:
         layer["tp"] = None if layer["op"] == "repeat" else _tp_style(plan, layer["name"], layer)
@@ -47,6 +49,7 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
         for layer in block["layers"]:
             layer["tp"] = _tp_style(plan, f"{rep.name}.0.{layer['name']}", layer)
     tensor = plan.mesh.sizes.get("tensor", 1)
+    held = costing.held
     return {
         **{k: model[k] for k in ("inputs", "layers", "blocks", "loss")},
         "spec_hash": spec_hash(plan),
@@ -55,8 +58,7 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
             # tensor parallelism (a mesh of `tensor` alone): the processes split these dimensions
             "tensor": tensor,
             "data": plan.mesh.sizes.get("data", 1),
-            # per-device bytes the planner predicts (`mithril-spec plan`); the program reports what it holds
-            "planned": {"params": plan.memory.params, "optimizer": plan.memory.optimizer,
-                        "buffers": plan.memory.buffers},
+            # per-device bytes the build's costing predicts (plan.json); the program reports what it holds
+            "planned": {"params": held.params, "optimizer": held.optimizer, "buffers": held.buffers},
         },
     }

@@ -1,17 +1,16 @@
 """What the plan predicts for one step of the program being built, as plain data for its config: the figures
 `--profile` prints next to what it measures (docs/program.md "Profiling"), and the activation offload the
-program counts. Costed as `plan --target TARGET` costs it; step times for the built-in profiles a device's
-name selects at run time (DEVICE_PROFILES)."""
+program counts. Read from the build's one `Costing` (targets/costing.py), the costs its plan.json holds and
+`plan --target TARGET` prints; step times for the built-in profiles a device's name selects at run time
+(DEVICE_PROFILES), each pricing those costs (no second estimate)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from ..planner import hardware as hw
-from ..planner.costs import KINDS, estimate_targets, step_time
-from ..planner.plan import Plan
-from ..targets import attention_kernels
-from ..targets.cost_options import cost_options
+from ..planner.costs import KINDS
+from ..targets.costing import Costing
 
 # A device name the program reads (torch.cuda.get_device_name, jax's device_kind) -> the built-in profile.
 DEVICE_PROFILES = (("H200", "h200-141gb"), ("H100", "h100-sxm-80gb"), ("A100", "a100-80gb"), ("TPU v5", "tpu-v5e"),
@@ -23,16 +22,15 @@ def _seconds(x: float) -> float:
     return float(f"{x:.4g}")
 
 
-def predicted(plan: Plan, target: str) -> dict[str, Any]:
-    kernels = attention_kernels(tuple(dict.fromkeys((*plan.spec.targets, target))))
-    options = cost_options(plan, target)  # as `plan --target TARGET`: the program's reduction calls
-    costs = estimate_targets(plan, kernels, options=options, target=target)
+def predicted(costing: Costing) -> dict[str, Any]:
+    plan, costs = costing.plan, costing.costs
     acts = costs.worst.activations
     comm = {k: sum(c.total_bytes for c in costs.collectives if c.kind == k) for k in KINDS}
     calls = {k: sum(c.count for c in costs.collectives if c.kind == k) for k in KINDS}
     profiles = {}
     for name in dict.fromkeys(name for _key, name in DEVICE_PROFILES):  # the profiles a device name selects
-        t = step_time(costs, plan, hw.lookup(name, plan.spec), options)
+        t = costing.on(hw.lookup(name, plan.spec)).time
+        assert t is not None
         per_kind = {k: 0.0 for k in KINDS}
         for c, s in zip(costs.collectives, t.collective_s):
             per_kind[c.kind] += s

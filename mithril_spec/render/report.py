@@ -12,7 +12,7 @@ import math
 from typing import Any, Optional
 
 from .. import __version__
-from ..planner.costs import Costs, estimate
+from ..planner.costs import Costs
 from ..planner.plan import ParamPlan, Plan
 from ..planner.table import block_name, human_bytes, human_flops, human_seconds
 from .environment import make_environment
@@ -241,8 +241,9 @@ def context(plan: Plan, costs: Costs) -> dict[str, Any]:
     }
 
 
-def render_report(plan: Plan, costs: Optional[Costs] = None) -> str:
-    costs = costs or estimate(plan)
+def render_report(plan: Plan, costs: Costs) -> str:
+    """The report of `plan` with `costs`: those the command prints beside it (`plan --report`: the one costing
+    of the plan for `--target`, or target-neutral; `--auto`: the best candidate's), never costed again here."""
     env = make_environment(autoescape=True)
     env.filters["px"] = lambda v: f"{float(v):.1f}"
     return env.get_template("report/report.html.j2").render(**context(plan, costs))

@@ -43,6 +43,7 @@ from ..planner.plan import Plan
 from ..planner.sizes import DTYPE_BYTES
 from ..planner.states import precision_setup, zero_dim
 from ..targets.base import vocab_parallel_layers
+from ..targets.costing import Costing
 from ..targets.torch import data_parallel as torch_data_parallel
 from ..targets.torch import pipeline_flow, relaid_inputs, shard_axis
 from ..targets.torch import sequence_parallel as torch_sequence_parallel
@@ -160,7 +161,8 @@ def _pipeline(plan: Plan, layers: list[dict[str, Any]], top_vars: dict[str, str]
             "first_inputs": list(flows[0].inputs), "targets": plan.graph.loss.targets}
 
 
-def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
+def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str, Any]:
+    """`costing`: the build's one costing (targets/costing.py); the program's planned bytes are its states."""
     sizes = plan.mesh.sizes
     D, Fs, T = sizes.get("data", 1), sizes.get("fsdp", 1), sizes.get("tensor", 1)
 
@@ -288,6 +290,7 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
     per_node = min(devices, 8)
     while devices % per_node:
         per_node -= 1
+    held = costing.held
     return {
         "inputs": inputs,
         "layers": layers,
@@ -357,8 +360,9 @@ def extra_context(plan: Plan, ctx: dict[str, Any]) -> dict[str, Any]:
             # the optimizer steps on Shards (ZeRO slices or master copies) rather than on the parameters
             "shards": bool(zero or master),
             "param_bytes": DTYPE_BYTES[pdtype],
-            "planned": {"params": plan.memory.params, "grads": plan.memory.grads,
-                        "optimizer": plan.memory.optimizer, "buffers": plan.memory.buffers},
+            # per-rank bytes the build's costing predicts (plan.json); every rank reports what it holds
+            "planned": {"params": held.params, "grads": held.grads, "optimizer": held.optimizer,
+                        "buffers": held.buffers},
             "nodes": devices // per_node,
             "gpus_per_node": per_node,
             "comm": torch_comm(plan),  # communication: DDP hook, FSDP2 reduce dtype and prefetch, NCCL_ALGO

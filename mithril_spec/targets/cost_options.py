@@ -1,8 +1,7 @@
 """The cost model's options for one target's program, from its registry entry: how the program issues the
 data-parallel gradient reduction (`Target.reduction_calls`) and which layers it dispatches as sharded tensors
-(`Target.sharded_layers`). One place for `plan --target` and the prediction a build embeds
-(render/predicted.py), so that the two agree. (Apart from targets/base.py: the registry stays below the cost
-model in the import graph.)"""
+(`Target.sharded_layers`). Read by `costing.costing`, the one costing that `plan --target` and a build for the
+target share. (Apart from targets/base.py: the registry stays below the cost model in the import graph.)"""
 
 from __future__ import annotations
 
