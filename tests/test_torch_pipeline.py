@@ -9,8 +9,10 @@ interleaved on pipe=2 x data=2 (DDP inside the stages) and 1f1b on pipe=4; with 
 (their load-balancing losses part of the loss and its gradient), gpipe on pipe=2 and 1f1b on pipe=2 x
 fsdp=2; vocab-parallel (the table and the logits split over `tensor`, a parallel cross-entropy on the last
 stage), 1f1b on pipe=2 x tensor=2 and gpipe on pipe=2 x data=2 x tensor=2. Also: gradient accumulation
-around the pipeline, canonical export (the plan's parameter count), the memory each rank holds, a checkpoint
-saved on pipe=4 resumed on one process, and the E049s for what the torch pipeline does not run.
+around the pipeline, canonical export (the plan's parameter count), the memory each rank holds, checkpoints
+(DCP, canonical names, a flat optimizer state) resumed on their own mesh equal to the uninterrupted run (the
+default mesh's 8 ranks and pipe=4) and on another (pipe=2 x data=2 x tensor=2 on pipe=4, pipe=4 on one
+process), and the E049s for what the torch pipeline does not run.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ GPT_PIPE = SPECS / "gpt-pipe.yaml"
 STEPS = 5
 INTERLEAVED = (("schedule: 1f1b}", "schedule: interleaved, virtual_stages: 2}"),)
 CKPT = WORK / "ckpt-gpt-pipe4"
+CKPT_DEFAULT = WORK / "ckpt-gpt-pipe"  # the default mesh's (pipe=2 x data=2 x tensor=2)
 CASES = [  # (what, mesh (None: the spec's default, pipe=2,data=2,tensor=2), spec edits)
     ("1f1b pipe=2 x data=2 x tensor=2", None, ()),
     ("gpipe pipe=2 x fsdp=2", "pipe=2,fsdp=2", GPIPE),
@@ -58,8 +61,9 @@ def reference():
 
 def _args(mesh, edits):
     args = ("--steps", str(STEPS))
-    if mesh == "pipe4" and not edits:  # also the checkpoint the resume test starts from
-        args += ("--checkpoint-dir", str(CKPT), "--checkpoint-every", "3")
+    ckpt = {"pipe4": CKPT, None: CKPT_DEFAULT}.get(mesh) if not edits else None
+    if ckpt:  # also the checkpoints the resume tests start from (step 3)
+        args += ("--checkpoint-dir", str(ckpt), "--checkpoint-every", "3")
     return args
 
 
@@ -205,6 +209,7 @@ def test_checkpoint_from_pipe4_resumes_on_one_process():
     assert max_param_diff(second.params, ref.params) < 1e-4
 
 
+@pytest.mark.slow
 def test_pipe4_resumes_on_its_own_mesh():
     """Each stage keeps its own optimizer settings in the checkpoint (a flat optimizer state dict): the
     pipe=4 build resumed from its step-3 checkpoint continues on its uninterrupted trajectory."""
@@ -215,6 +220,40 @@ def test_pipe4_resumes_on_its_own_mesh():
     report("torch pipeline pipe=4 resumed on pipe=4, steps 4-5", max_dloss=d)
     assert d < 1e-6
     assert max_param_diff(again.params, first.params) < 1e-6
+
+
+@pytest.mark.slow
+def test_default_mesh_resumes_on_its_own_mesh():
+    """pipe=2 x data=2 x tensor=2 (8 ranks: tensor-parallel DTensors replicated over data inside each stage)
+    resumed from its step-3 checkpoint: every stage loads its own parameters and optimizer state (slots and
+    settings) and continues on the uninterrupted trajectory, bit for bit."""
+    first = parallel(None, ())
+    step3 = CKPT_DEFAULT / "step_00000003"  # (the directory's newest is the run's last step, 5)
+    again = run(build(GPT_PIPE), "--steps", str(STEPS), "--resume", str(step3))
+    assert f"resumed from {step3} at step 3" in again.output
+    assert len(again.losses) == STEPS - 3
+    d = max_diff(again.losses, first.losses[3:])
+    dp = max_param_diff(again.params, first.params)
+    report("torch pipeline pipe=2 x data=2 x tensor=2 resumed on its own mesh, steps 4-5", max_dloss=d,
+           max_dparam=dp, uninterrupted=first.losses[3:].tolist(), resumed=again.losses.tolist())
+    assert d < 1e-6 and dp < 1e-6, (d, dp)
+
+
+@pytest.mark.slow
+def test_checkpoint_from_default_mesh_resumes_on_pipe4():
+    """DCP reshards the default mesh's checkpoint (2 stages, tensor shards, data replicas) onto 4 stages of
+    whole tensors: the pipe=4 build continues on the uninterrupted trajectory (of either mesh: up to the
+    rounding in which the two meshes differ)."""
+    first = parallel(None, ())
+    other = run(build(GPT_PIPE, "pipe4"), "--steps", str(STEPS), "--resume", str(CKPT_DEFAULT / "step_00000003"))
+    assert len(other.losses) == STEPS - 3
+    d = max_diff(other.losses, first.losses[3:])
+    d4 = max_diff(other.losses, parallel("pipe4", ()).losses[3:])
+    dp = max_param_diff(other.params, first.params)
+    report("torch pipeline checkpoint pipe=2 x data=2 x tensor=2 -> pipe=4, steps 4-5", max_dloss=d,
+           max_dloss_vs_pipe4=d4, max_dparam=dp, uninterrupted=first.losses[3:].tolist(),
+           resumed=other.losses.tolist())
+    assert d < 1e-5 and d4 < 1e-5 and dp < 1e-4, (d, d4, dp)
 
 
 def test_single_stage_build_runs_the_micro_batches_one_after_the_other():
