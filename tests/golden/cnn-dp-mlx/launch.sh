@@ -7,7 +7,8 @@
 #   MLX_HOSTS=mac1,mac2 ./launch.sh --steps 20     # one process per host (ssh; same paths on every host)
 #
 # PYTHON picks the interpreter (default: python3), MLX_LAUNCH the launcher (default: mlx.launch beside
-# it). mlx.launch itself exits 0 whatever its processes do: this script returns the first failure's code
+# it), MLX_PORT the ring's first port (default: a free one). mlx.launch itself exits 0 whatever its processes
+# do: this script returns the first failure's code
 # (2 when the processes refuse what they were asked: the first one says why, in one line), and leaves out
 # mlx.launch's own lines about which process exited how.
 set -euo pipefail
@@ -34,6 +35,9 @@ if [[ -n "${MLX_HOSTS:-}" ]]; then
 else
   where=(-n 4)
 fi
+# the ring's ports: MLX_PORT and the ports after it (one per process), else a free one the system picks (mlx.launch's
+# fixed default would join two jobs started at once on this machine into one ring, which then hangs)
+port="${MLX_PORT:-$("$python" -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')}"
 status_dir="$(mktemp -d)"
 trap 'rm -rf "$status_dir"' EXIT
 # every process runs this script again (bash), which runs train.py and notes its exit code; mlx.launch's
@@ -41,7 +45,7 @@ trap 'rm -rf "$status_dir"' EXIT
 # lines. Their coloured "[WARN]" tag can be written before a process's own line and the rest of the warning
 # after it, so a line starting with the tag loses it (and is dropped when nothing else is left).
 rc=0
-{ "$launcher" --backend ring "${where[@]}" --python "$(command -v bash)" --env "MITHRIL_STATUS_DIR=$status_dir" \
+{ "$launcher" --backend ring --starting-port "$port" "${where[@]}" --python "$(command -v bash)" --env "MITHRIL_STATUS_DIR=$status_dir" \
     --env "PYTHON=$python" "$here/launch.sh" "$@" 2>&1 1>&3 3>&- |
     awk '{ tag = sub(/^\033\[[0-9;]*m\[WARN\](\033\[[0-9;]*m)?/, "") }
          /Node with rank [0-9]+ (exited with code|was killed)/ || (tag && /^[ \t]*$/) { next }

@@ -411,7 +411,8 @@ def global_norm(grads):
 
 def train_step(world, optimizers, params, buffers, micro_batches, tag):
     """One optimizer step over this process's share of every micro-batch of the step. Returns the new
-    parameters and buffers and the step's metrics (loss: the mean over the global batch)."""
+    parameters and buffers, the step's metrics (loss: the mean over the global batch) and the gradients it
+    stepped on (before clipping: --export-grads)."""
     loss_sum, grad_sum = mx.array(0.0), None
     for k, (first, batch) in enumerate(micro_batches):
         key = None  # nothing random in the step
@@ -431,8 +432,9 @@ def train_step(world, optimizers, params, buffers, micro_batches, tag):
         grads = dict(zip(grads, nn.average_gradients(list(grads.values()), group=world)))
         loss = mx.distributed.all_sum(loss, group=world) / world.size()
     grad_norm = global_norm(grads)  # before clipping, as torch's clip_grad_norm_ returns it
+    unclipped = grads  # (for --export-grads)
     params = apply_optimizer(optimizers, grads, params)
-    return params, buffers, {"loss": loss, "grad_norm": grad_norm}
+    return params, buffers, {"loss": loss, "grad_norm": grad_norm}, unclipped
 
 
 # ----------------------------------------------------------------------------
@@ -744,6 +746,13 @@ def parse_args(argv=None):
         "name); with --steps 0, the initial",
     )
     ap.add_argument(
+        "--export-grads",
+        metavar="FILE",
+        help="write the gradients of the run's first step here, "
+        "what its update steps on (the mean over the global batch, unscaled, before clipping; canonical "
+        "names and layout, float32; .safetensors, or .npz for any other name)",
+    )
+    ap.add_argument(
         "--resume",
         help="continue from the newest usable checkpoint in this directory; `auto`: from "
         "the checkpoint directory's when it holds one, else start fresh",
@@ -797,7 +806,11 @@ def check_paths(args):
         not args.init_params or os.path.exists(args.init_params),
         f"--init-params {args.init_params}: no such file",
     )
-    files = {"--metrics": args.metrics, "--export-params": args.export_params}
+    files = {
+        "--metrics": args.metrics,
+        "--export-params": args.export_params,
+        "--export-grads": args.export_grads,
+    }
     for flag, path in files.items():
         where = os.path.dirname(os.path.abspath(path or "."))
         require(not path or not os.path.isdir(path), f"{flag} {path}: is a directory, not a file")
@@ -1085,6 +1098,12 @@ def local_batches(data, step, rank):
     return out
 
 
+def export_grads(path, grads, is_first):
+    """--export-grads: a step's gradients, whole, written by the first process."""
+    if is_first:
+        save_params(path, {name: np.array(g) for name, g in grads.items()})
+
+
 def main(args):
     if args.dry_run:  # nothing is allocated and no other process is needed
         return dry_run()
@@ -1124,10 +1143,12 @@ def main(args):
     for step in range(start, args.steps):
         t0 = time.perf_counter()
         batches = local_batches(data, step, world.rank())
-        params, buffers, m = train_step(
+        params, buffers, m, grads = train_step(
             world, optimizers, params, buffers, batches, f"{args.seed}:{step}"
         )
         mx.eval(params, buffers, m, [opt.state for opt, _ in optimizers.values()])
+        if args.export_grads and step == start:
+            export_grads(args.export_grads, grads, is_first)
         m = {
             "loss": m["loss"].item(),
             "lr": lr_schedule(step).item(),

@@ -414,18 +414,29 @@ def fill_model(model, source, seed):
 
 @torch.no_grad()
 def export_params(model, path):
-    """--export-params: every parameter, whole, in canonical layout, written by the first rank.
-    Collective: every rank calls it, in the same (named_parameters) order; one parameter at a time,
+    """--export-params: every parameter, whole, in canonical layout, written by the first rank."""
+    export_tensors(model.named_parameters(), path)
+
+
+@torch.no_grad()
+def export_grads(named, path):
+    """--export-grads: the gradients an update steps on, whole, in canonical layout, written by the first rank.
+    `named`: (canonical name, the tensor whose .grad the optimizer reads: the parameter or its ZeRO / master
+    copy), in named_parameters order. A parameter nothing reached has no gradient: its zeros are written."""
+    grads = ((n, p.grad if p.grad is not None else torch.zeros_like(p)) for n, p in named)
+    export_tensors(grads, path)
+
+
+def export_tensors(named, path, save=save_params):
+    """(canonical name, tensor) pairs in named_parameters order, whole, canonical layout, to `path`.
+    Collective: every rank calls it, in the same (named_parameters) order; one tensor at a time,
     full_tensor() gathers its shards and the first rank keeps it."""
-    wholes = (
-        (n, p.full_tensor() if hasattr(p, "full_tensor") else p)
-        for n, p in model.named_parameters()
-    )
+    wholes = ((n, p.full_tensor() if hasattr(p, "full_tensor") else p) for n, p in named)
     arrays = {
         n: canonical(n, whole) for n, whole in wholes if is_first()
     }  # every rank gathers each in turn
     if is_first():
-        save_params(path, {name: arrays[name] for name in PARAMS})
+        save(path, {name: arrays[name] for name in PARAMS})
 
 
 # ----------------------------------------------------------------------------
@@ -1154,6 +1165,13 @@ def parse_args(argv=None):
         "name); with --steps 0, the initial",
     )
     ap.add_argument(
+        "--export-grads",
+        metavar="FILE",
+        help="write the gradients of the run's first step here, "
+        "what its update steps on (the mean over the global batch, unscaled, before clipping; canonical "
+        "names and layout, float32; .safetensors, or .npz for any other name)",
+    )
+    ap.add_argument(
         "--resume",
         help="continue from the newest usable checkpoint in this directory; `auto`: from "
         "the checkpoint directory's when it holds one, else start fresh",
@@ -1212,7 +1230,11 @@ def check_paths(args):
         not args.init_params or os.path.exists(args.init_params),
         f"--init-params {args.init_params}: no such file",
     )
-    files = {"--metrics": args.metrics, "--export-params": args.export_params}
+    files = {
+        "--metrics": args.metrics,
+        "--export-params": args.export_params,
+        "--export-grads": args.export_grads,
+    }
     for flag, path in files.items():
         where = os.path.dirname(os.path.abspath(path or "."))
         require(not path or not os.path.isdir(path), f"{flag} {path}: is a directory, not a file")
@@ -1554,6 +1576,8 @@ def main(args):
         # each rank's mean over an equal share of the batch (tensor peers hold the same one), summed while
         # the update runs
         summed = dist.all_reduce(loss_sum, async_op=True)
+        if args.export_grads and step == start:  # what the update below steps on (before clipping)
+            export_grads(model.named_parameters(), args.export_grads)
         grad_norm = clip_grad_norm(list(model.parameters()))
         lr = scheduler.get_last_lr()[0]
         optimizer.step()

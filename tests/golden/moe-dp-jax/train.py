@@ -832,8 +832,9 @@ def global_batch(data, step, shardings):
 # The train step: gradients (accumulated over micro-batches), clipping, optimizer update.
 # The state is one pytree: {"params", "opt_state", "buffers", "step"}.
 # ----------------------------------------------------------------------------
-def make_train_step(optimizer, seed):
-    """The step to jit: (state, batch) -> (new state, metrics of this step)."""
+def make_train_step(optimizer, seed, with_grads=False):
+    """The step to jit: (state, batch) -> (new state, metrics of this step), and with_grads also its gradients
+    (for --export-grads): what the update steps on, the mean over the batch, unscaled, before clipping."""
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
     def train_step(state, batch):
@@ -861,7 +862,8 @@ def make_train_step(optimizer, seed):
             "buffers": buffers,
             "step": state["step"] + 1,
         }
-        return new_state, {"loss": loss, "grad_norm": grad_norm, "lr": lr_schedule(state["step"])}
+        metrics = {"loss": loss, "grad_norm": grad_norm, "lr": lr_schedule(state["step"])}
+        return (new_state, metrics, grads) if with_grads else (new_state, metrics)
 
     return train_step
 
@@ -1395,6 +1397,13 @@ def parse_args(argv=None):
         "name); with --steps 0, the initial",
     )
     ap.add_argument(
+        "--export-grads",
+        metavar="FILE",
+        help="write the gradients of the run's first step here, "
+        "what its update steps on (the mean over the global batch, unscaled, before clipping; canonical "
+        "names and layout, float32; .safetensors, or .npz for any other name)",
+    )
+    ap.add_argument(
         "--resume",
         help="continue from the newest usable checkpoint in this directory; `auto`: from "
         "the checkpoint directory's when it holds one, else start fresh",
@@ -1461,7 +1470,11 @@ def check_paths(args):
         not args.init_params or os.path.exists(args.init_params),
         f"--init-params {args.init_params}: no such file",
     )
-    files = {"--metrics": args.metrics, "--export-params": args.export_params}
+    files = {
+        "--metrics": args.metrics,
+        "--export-params": args.export_params,
+        "--export-grads": args.export_grads,
+    }
     for flag, path in files.items():
         where = os.path.dirname(os.path.abspath(path or "."))
         require(not path or not os.path.isdir(path), f"{flag} {path}: is a directory, not a file")
@@ -1858,10 +1871,12 @@ def train(args, mesh):
 
     # Compiled at the first call, once per run: every call gets the same shapes, dtypes and layouts (the
     # step counter is an int32 array of the state, not a Python number), so no later step recompiles.
+    # (--export-grads: a step that also returns its gradients, laid out as the parameters)
+    grads_out = (shardings["params"],) if args.export_grads else ()
     step_fn = jax.jit(
-        make_train_step(optimizer, args.seed),
+        make_train_step(optimizer, args.seed, with_grads=bool(grads_out)),
         in_shardings=(shardings, batch_shardings),
-        out_shardings=(shardings, NamedSharding(mesh, P())),
+        out_shardings=(shardings, NamedSharding(mesh, P()), *grads_out),
         donate_argnums=0,  # the new state reuses the old state's memory
     )
     data = Data(args.data, seed=args.seed + 1)
@@ -1874,7 +1889,13 @@ def train(args, mesh):
     queued, since = None, time.perf_counter()
     for step in range(start, args.steps):
         profiler.begin(step, state)
-        state, m = step_fn(state, batch)  # returns at once; the devices work in the background
+        state, m, *grads = step_fn(
+            state, batch
+        )  # returns at once; the devices work in the background
+        if grads and step == start:  # --export-grads: the first step's (gathered by every process)
+            exported = gather_params(grads.pop())
+            if is_first:
+                save_params(args.export_grads, exported)
         profiler.end(step, state)
         if step + 1 < args.steps:
             batch = global_batch(data, step + 1, batch_shardings)  # meanwhile, read the next batch
