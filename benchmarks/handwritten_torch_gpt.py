@@ -195,6 +195,9 @@ def main():
     ap.add_argument("--grad-clip", type=float, default=1.0)
     ap.add_argument("--log-interval", type=int, default=1, help="loss.item() every this many iterations")
     ap.add_argument("--compile", action="store_true", help="torch.compile(model), as nanoGPT's default")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                    help="compute dtype: bfloat16 runs forward and backward under torch.autocast, as nanoGPT's "
+                    "default on GPUs (parameters and the optimizer stay float32)")
     args = ap.parse_args()
 
     # various inits, derived attributes, I/O setup
@@ -216,7 +219,8 @@ def main():
     block_size = args.block_size
     torch.manual_seed(1337 + seed_offset)
     device_type = "cuda" if "cuda" in device else "cpu"  # for later use in torch.autocast
-    ctx = nullcontext()  # float32: no autocast
+    # float32: no autocast; bfloat16: nanoGPT's autocast context
+    ctx = nullcontext() if args.dtype == "float32" else torch.autocast(device_type, dtype=torch.bfloat16)
 
     def get_batch():
         # We recreate np.memmap every batch to avoid a memory leak, as per
@@ -295,7 +299,8 @@ def main():
         times.append(dt)
     if master_process:
         params = sum(p.numel() for p in (model.module if ddp else model).parameters())  # (tied: once)
-        print(json.dumps({"step_ms": [t * 1e3 for t in times], "params": params}), flush=True)
+        peak = torch.cuda.max_memory_allocated(device) if device_type == "cuda" else None
+        print(json.dumps({"step_ms": [t * 1e3 for t in times], "params": params, "peak_bytes": peak}), flush=True)
     if ddp:
         destroy_process_group()
 
