@@ -40,9 +40,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from mithril_spec import cli  # noqa: E402
-from mithril_spec.planner import hardware  # noqa: E402
-from mithril_spec.render.predicted import DEVICE_PROFILES  # noqa: E402
+from mithril_spec import cli
+from mithril_spec.planner import hardware
+from mithril_spec.render.predicted import DEVICE_PROFILES
 
 SPEC = ROOT / "specs" / "gpt-tiny.yaml"
 HANDWRITTEN = ROOT / "benchmarks" / "handwritten_torch_gpt.py"
@@ -81,7 +81,7 @@ def build(target: str, shape: dict, batch: int, devices: int, data: Path, out: P
 
 
 def flops_per_step(program: Path) -> float:
-    m = re.search(r"^FLOPS_PER_STEP = \(?\s*([0-9_]+)", (program / "train.py").read_text(), re.M)
+    m = re.search(r"^FLOPS_PER_STEP = \(?\s*([0-9_]+)", (program / "train.py").read_text(), re.MULTILINE)
     assert m, "FLOPS_PER_STEP not in the program"
     return float(m.group(1).replace("_", ""))
 
@@ -92,7 +92,7 @@ def planned_peak(program: Path) -> int:
 
 def run(cmd: list[str], cwd: Path, env: dict, timeout: int) -> str:
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    p = subprocess.run(cmd, check=False, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     if p.returncode != 0:
         raise SystemExit(f"gpu_bench: {' '.join(cmd)} failed (exit {p.returncode}):\n{(p.stdout + p.stderr)[-3000:]}")
     print(f"  ran {' '.join(Path(c).name if c.startswith('/') else c for c in cmd[:6])} ... in "

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.slow
 def test_gpu_benchmark_runs_on_cpu_and_prints_its_table(tmp_path):
     p = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu.sh"), "--smoke", "--steps", "3", "--warmup", "1",
-                        "--keep", str(tmp_path)], capture_output=True, text=True, timeout=600)
+                        "--keep", str(tmp_path)], check=False, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "CPU smoke run, no GPU" in p.stdout
     rows = [line for line in p.stdout.splitlines() if re.match(r"\| (torch|jax|nanoGPT) \|", line)]
