@@ -17,11 +17,11 @@ import os
 from pathlib import Path
 
 import jax_runs as jr
-from gradients import assert_same_gradients
 import mlx_runs as mr
 import numpy as np
 import pytest
 import torch_runs as tr
+from gradients import assert_same_gradients
 
 from mithril_spec.frontend import compile_file
 from mithril_spec.targets import TARGETS
