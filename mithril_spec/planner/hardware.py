@@ -77,31 +77,31 @@ BUILTIN: dict[str, Hardware] = {
         Hardware(
             "h100-sxm-80gb", "NVIDIA H100 SXM 80GB, 8 per node on NVLink 4 (450 GB/s per direction), "
             "400 Gb/s InfiniBand NDR per GPU between nodes",
-            {"bfloat16": 989.4 * T, "float16": 989.4 * T, "float32": 66.9 * T},
+            {"bfloat16": 989.4 * T, "float16": 989.4 * T, "tfloat32": 494.7 * T, "float32": 66.9 * T},
             80 * G, 2 * G, 3350 * G, 8, 450 * G, 50 * G, 3e-6, 8e-6, host_bytes_per_s=55 * G,  # PCIe Gen5 x16
         ),
         Hardware(
             "h200-141gb", "NVIDIA H200 SXM 141GB, 8 per node on NVLink 4 (450 GB/s per direction), "
             "400 Gb/s InfiniBand NDR per GPU between nodes",
-            {"bfloat16": 989.4 * T, "float16": 989.4 * T, "float32": 66.9 * T},
+            {"bfloat16": 989.4 * T, "float16": 989.4 * T, "tfloat32": 494.7 * T, "float32": 66.9 * T},
             141 * G, 2 * G, 4800 * G, 8, 450 * G, 50 * G, 3e-6, 8e-6, host_bytes_per_s=55 * G,  # PCIe Gen5 x16
         ),
         Hardware(
             "a100-80gb", "NVIDIA A100 SXM 80GB, 8 per node on NVLink 3 (300 GB/s per direction), "
             "200 Gb/s InfiniBand HDR per GPU between nodes",
-            {"bfloat16": 312 * T, "float16": 312 * T, "float32": 19.5 * T},
+            {"bfloat16": 312 * T, "float16": 312 * T, "tfloat32": 156 * T, "float32": 19.5 * T},
             80 * G, 2 * G, 2039 * G, 8, 300 * G, 25 * G, 3e-6, 8e-6, host_bytes_per_s=25 * G,  # PCIe Gen4 x16
         ),
         Hardware(
             "a100-40gb", "NVIDIA A100 SXM 40GB, 8 per node on NVLink 3 (300 GB/s per direction), "
             "200 Gb/s InfiniBand HDR per GPU between nodes",
-            {"bfloat16": 312 * T, "float16": 312 * T, "float32": 19.5 * T},
+            {"bfloat16": 312 * T, "float16": 312 * T, "tfloat32": 156 * T, "float32": 19.5 * T},
             40 * G, 2 * G, 1555 * G, 8, 300 * G, 25 * G, 3e-6, 8e-6, host_bytes_per_s=25 * G,  # PCIe Gen4 x16
         ),
         Hardware(
             "h800-80gb", "NVIDIA H800 SXM 80GB (the H100 with NVLink cut to 400 GB/s both ways), 8 per node, "
             "400 Gb/s InfiniBand NDR per GPU between nodes",
-            {"bfloat16": 989.4 * T, "float16": 989.4 * T, "float32": 66.9 * T},
+            {"bfloat16": 989.4 * T, "float16": 989.4 * T, "tfloat32": 494.7 * T, "float32": 66.9 * T},
             80 * G, 2 * G, 3350 * G, 8, 200 * G, 50 * G, 3e-6, 8e-6, host_bytes_per_s=55 * G,  # PCIe Gen5 x16
         ),
         Hardware(

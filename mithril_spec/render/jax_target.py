@@ -239,8 +239,10 @@ def spec_hash(plan: Plan) -> str:
     kept = {k: v for k, v in spec.items() if k not in HASH_OMITS}
     kept["training"] = {k: v for k, v in spec["training"].items() if k not in HASH_OMITS_TRAINING}
     # precision settings left out (None: loss_scale, scaler) hash as before they existed: a spec that does not
-    # use them keeps its hash, and its checkpoints stay resumable
-    kept["training"]["precision"] = {k: v for k, v in spec["training"]["precision"].items() if v is not None}
+    # use them keeps its hash, and its checkpoints stay resumable; tf32 says how a GPU runs float32 matmuls,
+    # not what is trained (a checkpoint resumes with it on or off)
+    kept["training"]["precision"] = {k: v for k, v in spec["training"]["precision"].items()
+                                     if v is not None and k != "tf32"}
     # layer fields added later, left at their defaults, hash as before they existed (the same reason)
     model = kept["model"]
     for layers in [model["layers"], *model.get("blocks", {}).values()]:

@@ -87,6 +87,12 @@ class Precision(Strict):
         description="keep a float32 master copy of 16-bit parameters in the optimizer state (mixed-precision "
         "training); the optimizer moments are then float32 too",
     )
+    tf32: bool = Field(
+        True,
+        description="on GPUs, float32 matmuls and convolutions in TensorFloat-32 (inputs rounded to a 10-bit "
+        "mantissa, float32 accumulation; several times faster on Ampere and Hopper); false: full float32. "
+        "No effect on CPUs, nor on 16-bit compute",
+    )
     loss_scale: LossScale | None = Field(
         None,
         description="float16 compute only: `dynamic` (the default there: the scale adapts, steps with non-finite "

@@ -29,12 +29,20 @@ def _comm(colls, plan: Plan, hw: Hardware) -> tuple[list[float], list[str], floa
     return times, links, blocking, overlapped, algorithms
 
 
+def compute_dtype(precision, hw: Hardware) -> str:
+    """The dtype the matmuls run at: float32 compute with `precision.tf32` runs in TensorFloat-32 where the
+    device has it (its profile's `tfloat32` peak; a CPU profile has none)."""
+    if precision.compute == "float32" and precision.tf32 and "tfloat32" in hw.flops:
+        return "tfloat32"
+    return precision.compute
+
+
 def step_time(costs: Costs, plan: Plan, hw: Hardware, options: CostOptions) -> StepTime:
     """Per pipe rank: compute + blocking communication + the data-parallel communication compute does not
     hide; the slowest rank sets the pace, stretched by the pipeline bubble; then the optimizer update."""
     tr = plan.spec.training
     eff = options.efficiency or hw.efficiency
-    peak = hw.peak_flops(tr.precision.compute)
+    peak = hw.peak_flops(compute_dtype(tr.precision, hw))
     worst = None
     for st in costs.stages:
         compute = st.flops_per_device / (peak * eff)

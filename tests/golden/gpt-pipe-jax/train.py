@@ -166,6 +166,7 @@ PARAM_DTYPE = "float32"  # how parameters (and optimizer state) are stored
 # a float32 master copy of 16-bit parameters in the optimizer state, whose moments are then float32 too
 MASTER_WEIGHTS = False
 COMPUTE_DTYPE = "float32"  # forward and backward; loss and update in float32
+TF32 = True  # on GPUs: float32 matmuls and convolutions in TensorFloat-32 (precision.tf32)
 REMAT = "none"  # none | selective | full
 ZERO = 0  # 1: optimizer state split over the batch axes too; 2: gradients as well
 CHECKPOINT_DIR = None  # the spec asks for no checkpoints (--checkpoint-dir DIR writes them)
@@ -191,7 +192,7 @@ PREDICTED = {
     "profiles": {
         "h200-141gb": {
             "step_s": 0.0003104,
-            "compute_s": 3.309e-06,
+            "compute_s": 4.475e-07,
             "offload_s": 0.0,
             "comm_s": {
                 "all-reduce": 0.0002358,
@@ -200,7 +201,7 @@ PREDICTED = {
         },
         "h100-sxm-80gb": {
             "step_s": 0.0003106,
-            "compute_s": 3.309e-06,
+            "compute_s": 4.475e-07,
             "offload_s": 0.0,
             "comm_s": {
                 "all-reduce": 0.0002358,
@@ -208,8 +209,8 @@ PREDICTED = {
             },
         },
         "a100-80gb": {
-            "step_s": 0.0003178,
-            "compute_s": 1.135e-05,
+            "step_s": 0.0003122,
+            "compute_s": 1.419e-06,
             "offload_s": 0.0,
             "comm_s": {
                 "all-reduce": 0.0002366,
@@ -1614,18 +1615,22 @@ class Metrics:
             self.f.close()
 
 
-# Peak dense FLOP/s per device (bfloat16/float16, float32) of the accelerators whose name the program can
-# read (the planner's hardware table): MFU is printed only on these.
-PEAK_FLOPS = {"H200": (989.4e12, 66.9e12), "H100": (989.4e12, 66.9e12), "A100": (312e12, 19.5e12)}
-TRAIN_COMPUTE = "float32"  # which column of PEAK_FLOPS applies
+# Peak dense FLOP/s per device (bfloat16/float16, TensorFloat-32, float32) of the accelerators whose name the
+# program can read (the planner's hardware table): MFU is printed only on these.
+PEAK_FLOPS = {
+    "H200": (989.4e12, 494.7e12, 66.9e12),
+    "H100": (989.4e12, 494.7e12, 66.9e12),
+    "A100": (312e12, 156e12, 19.5e12),
+}
+TRAIN_COMPUTE = "tfloat32"  # which column of PEAK_FLOPS applies
 SCALARS = ("loss", "lr", "grad_norm", "tokens_per_s", "samples_per_s", "val_loss", "val_accuracy")
 
 
 def peak_flops(device_name):
     """The peak FLOP/s of one device named `device_name` for the compute dtype, or None when unknown."""
-    for key, (half, full) in PEAK_FLOPS.items():
+    for key, (half, tf32, full) in PEAK_FLOPS.items():
         if key in (device_name or "").upper():
-            return full if TRAIN_COMPUTE == "float32" else half
+            return {"float32": full, "tfloat32": tf32}.get(TRAIN_COMPUTE, half)
     return None
 
 
@@ -1811,6 +1816,9 @@ def setup_devices(args):
         # CPU collectives across processes need gloo (the default fails at the first all-reduce).
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(args.coordinator, num_processes=n, process_id=args.process_id)
+    # float32 matmuls on GPUs (precision.tf32); XLA:CPU computes them in float32 whatever this says
+    if jax.devices()[0].platform == "gpu":
+        jax.config.update("jax_default_matmul_precision", "tensorfloat32" if TF32 else "highest")
     require(
         jax.device_count() == devices,
         f"this program was built for the mesh {MESH or '(one device)'}: it needs {devices} device(s), "

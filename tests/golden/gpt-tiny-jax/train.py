@@ -158,6 +158,7 @@ PARAM_DTYPE = "float32"  # how parameters (and optimizer state) are stored
 # a float32 master copy of 16-bit parameters in the optimizer state, whose moments are then float32 too
 MASTER_WEIGHTS = False
 COMPUTE_DTYPE = "float32"  # forward and backward; loss and update in float32
+TF32 = True  # on GPUs: float32 matmuls and convolutions in TensorFloat-32 (precision.tf32)
 REMAT = "none"  # none | selective | full
 ZERO = 0  # 1: optimizer state split over the batch axes too; 2: gradients as well
 CHECKPOINT_DIR = "checkpoints"
@@ -185,7 +186,7 @@ PREDICTED = {
     "profiles": {
         "h200-141gb": {
             "step_s": 0.0002027,
-            "compute_s": 2.149e-05,
+            "compute_s": 2.906e-06,
             "offload_s": 0.0,
             "comm_s": {
                 "all-reduce": 0.0001326,
@@ -195,7 +196,7 @@ PREDICTED = {
         },
         "h100-sxm-80gb": {
             "step_s": 0.0002033,
-            "compute_s": 2.149e-05,
+            "compute_s": 2.906e-06,
             "offload_s": 0.0,
             "comm_s": {
                 "all-reduce": 0.0001326,
@@ -205,7 +206,7 @@ PREDICTED = {
         },
         "a100-80gb": {
             "step_s": 0.0002107,
-            "compute_s": 7.373e-05,
+            "compute_s": 9.217e-06,
             "offload_s": 0.0,
             "comm_s": {
                 "all-reduce": 0.0001359,
@@ -1466,18 +1467,22 @@ class Metrics:
             self.f.close()
 
 
-# Peak dense FLOP/s per device (bfloat16/float16, float32) of the accelerators whose name the program can
-# read (the planner's hardware table): MFU is printed only on these.
-PEAK_FLOPS = {"H200": (989.4e12, 66.9e12), "H100": (989.4e12, 66.9e12), "A100": (312e12, 19.5e12)}
-TRAIN_COMPUTE = "float32"  # which column of PEAK_FLOPS applies
+# Peak dense FLOP/s per device (bfloat16/float16, TensorFloat-32, float32) of the accelerators whose name the
+# program can read (the planner's hardware table): MFU is printed only on these.
+PEAK_FLOPS = {
+    "H200": (989.4e12, 494.7e12, 66.9e12),
+    "H100": (989.4e12, 494.7e12, 66.9e12),
+    "A100": (312e12, 156e12, 19.5e12),
+}
+TRAIN_COMPUTE = "tfloat32"  # which column of PEAK_FLOPS applies
 SCALARS = ("loss", "lr", "grad_norm", "tokens_per_s", "samples_per_s", "val_loss", "val_accuracy")
 
 
 def peak_flops(device_name):
     """The peak FLOP/s of one device named `device_name` for the compute dtype, or None when unknown."""
-    for key, (half, full) in PEAK_FLOPS.items():
+    for key, (half, tf32, full) in PEAK_FLOPS.items():
         if key in (device_name or "").upper():
-            return full if TRAIN_COMPUTE == "float32" else half
+            return {"float32": full, "tfloat32": tf32}.get(TRAIN_COMPUTE, half)
     return None
 
 
@@ -1663,6 +1668,9 @@ def setup_devices(args):
         # CPU collectives across processes need gloo (the default fails at the first all-reduce).
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(args.coordinator, num_processes=n, process_id=args.process_id)
+    # float32 matmuls on GPUs (precision.tf32); XLA:CPU computes them in float32 whatever this says
+    if jax.devices()[0].platform == "gpu":
+        jax.config.update("jax_default_matmul_precision", "tensorfloat32" if TF32 else "highest")
     require(
         jax.device_count() == devices,
         f"this program was built for the mesh {MESH or '(one device)'}: it needs {devices} device(s), "

@@ -843,18 +843,22 @@ class Metrics:
             self.f.close()
 
 
-# Peak dense FLOP/s per device (bfloat16/float16, float32) of the accelerators whose name the program can
-# read (the planner's hardware table): MFU is printed only on these.
-PEAK_FLOPS = {"H200": (989.4e12, 66.9e12), "H100": (989.4e12, 66.9e12), "A100": (312e12, 19.5e12)}
+# Peak dense FLOP/s per device (bfloat16/float16, TensorFloat-32, float32) of the accelerators whose name the
+# program can read (the planner's hardware table): MFU is printed only on these.
+PEAK_FLOPS = {
+    "H200": (989.4e12, 494.7e12, 66.9e12),
+    "H100": (989.4e12, 494.7e12, 66.9e12),
+    "A100": (312e12, 156e12, 19.5e12),
+}
 TRAIN_COMPUTE = "float32"  # which column of PEAK_FLOPS applies
 SCALARS = ("loss", "lr", "grad_norm", "tokens_per_s", "samples_per_s", "val_loss", "val_accuracy")
 
 
 def peak_flops(device_name):
     """The peak FLOP/s of one device named `device_name` for the compute dtype, or None when unknown."""
-    for key, (half, full) in PEAK_FLOPS.items():
+    for key, (half, tf32, full) in PEAK_FLOPS.items():
         if key in (device_name or "").upper():
-            return full if TRAIN_COMPUTE == "float32" else half
+            return {"float32": full, "tfloat32": tf32}.get(TRAIN_COMPUTE, half)
     return None
 
 

@@ -97,6 +97,7 @@ WARMUP_STEPS = 5
 CLIP_GRAD_NORM = 1.0
 PARAM_DTYPE = torch.float32  # how parameters (and optimizer state) are stored
 COMPUTE_DTYPE = torch.float32  # forward and backward; loss and update in float32
+TF32 = True  # on GPUs: float32 matmuls and convolutions in TensorFloat-32 (precision.tf32)
 REMAT = "none"  # activation checkpointing per block: none | selective | full
 CHECKPOINT_DIR = None  # the spec asks for no checkpoints (--checkpoint-dir DIR writes them)
 CHECKPOINT_EVERY = 0
@@ -119,7 +120,7 @@ PREDICTED = {
     "profiles": {
         "h200-141gb": {
             "step_s": 3.801e-05,
-            "compute_s": 1.216e-07,
+            "compute_s": 1.644e-08,
             "offload_s": 0.0,
             "comm_s": {
                 "all-reduce": 3.751e-05,
@@ -127,7 +128,7 @@ PREDICTED = {
         },
         "h100-sxm-80gb": {
             "step_s": 3.822e-05,
-            "compute_s": 1.216e-07,
+            "compute_s": 1.644e-08,
             "offload_s": 0.0,
             "comm_s": {
                 "all-reduce": 3.751e-05,
@@ -135,7 +136,7 @@ PREDICTED = {
         },
         "a100-80gb": {
             "step_s": 3.943e-05,
-            "compute_s": 4.172e-07,
+            "compute_s": 5.215e-08,
             "offload_s": 0.0,
             "comm_s": {
                 "all-reduce": 3.827e-05,
@@ -1278,18 +1279,22 @@ class Metrics:
             self.f.close()
 
 
-# Peak dense FLOP/s per device (bfloat16/float16, float32) of the accelerators whose name the program can
-# read (the planner's hardware table): MFU is printed only on these.
-PEAK_FLOPS = {"H200": (989.4e12, 66.9e12), "H100": (989.4e12, 66.9e12), "A100": (312e12, 19.5e12)}
-TRAIN_COMPUTE = "float32"  # which column of PEAK_FLOPS applies
+# Peak dense FLOP/s per device (bfloat16/float16, TensorFloat-32, float32) of the accelerators whose name the
+# program can read (the planner's hardware table): MFU is printed only on these.
+PEAK_FLOPS = {
+    "H200": (989.4e12, 494.7e12, 66.9e12),
+    "H100": (989.4e12, 494.7e12, 66.9e12),
+    "A100": (312e12, 156e12, 19.5e12),
+}
+TRAIN_COMPUTE = "tfloat32"  # which column of PEAK_FLOPS applies
 SCALARS = ("loss", "lr", "grad_norm", "tokens_per_s", "samples_per_s", "val_loss", "val_accuracy")
 
 
 def peak_flops(device_name):
     """The peak FLOP/s of one device named `device_name` for the compute dtype, or None when unknown."""
-    for key, (half, full) in PEAK_FLOPS.items():
+    for key, (half, tf32, full) in PEAK_FLOPS.items():
         if key in (device_name or "").upper():
-            return full if TRAIN_COMPUTE == "float32" else half
+            return {"float32": full, "tfloat32": tf32}.get(TRAIN_COMPUTE, half)
     return None
 
 
@@ -1486,6 +1491,9 @@ def setup(dry_run=False):
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
+        # "high": float32 matmuls in TensorFloat-32 (on GPUs only: on CPUs "high" may mean bfloat16 passes)
+        torch.set_float32_matmul_precision("high" if TF32 else "highest")
+        torch.backends.cudnn.allow_tf32 = TF32
     else:
         # ranks on one host share its cores: oversubscribed threads make every rank slower
         torch.set_num_threads(

@@ -143,6 +143,7 @@ WARMUP_STEPS = 0
 CLIP_GRAD_NORM = None
 PARAM_DTYPE = torch.float32  # how parameters (and optimizer state) are stored
 COMPUTE_DTYPE = torch.float32  # forward and backward; loss and update in float32
+TF32 = True  # on GPUs: float32 matmuls and convolutions in TensorFloat-32 (precision.tf32)
 REMAT = "none"  # activation checkpointing per block: none | selective | full
 CHECKPOINT_DIR = None  # the spec asks for no checkpoints (--checkpoint-dir DIR writes them)
 CHECKPOINT_EVERY = 0
@@ -167,7 +168,7 @@ PREDICTED = {
     "profiles": {
         "h200-141gb": {
             "step_s": 0.0001158,
-            "compute_s": 6.577e-07,
+            "compute_s": 8.895e-08,
             "offload_s": 0.0,
             "comm_s": {
                 "all-reduce": 4.306e-05,
@@ -176,7 +177,7 @@ PREDICTED = {
         },
         "h100-sxm-80gb": {
             "step_s": 0.000116,
-            "compute_s": 6.577e-07,
+            "compute_s": 8.895e-08,
             "offload_s": 0.0,
             "comm_s": {
                 "all-reduce": 4.306e-05,
@@ -185,7 +186,7 @@ PREDICTED = {
         },
         "a100-80gb": {
             "step_s": 0.000117,
-            "compute_s": 2.257e-06,
+            "compute_s": 2.821e-07,
             "offload_s": 0.0,
             "comm_s": {
                 "all-reduce": 4.359e-05,
@@ -1569,18 +1570,22 @@ class Metrics:
             self.f.close()
 
 
-# Peak dense FLOP/s per device (bfloat16/float16, float32) of the accelerators whose name the program can
-# read (the planner's hardware table): MFU is printed only on these.
-PEAK_FLOPS = {"H200": (989.4e12, 66.9e12), "H100": (989.4e12, 66.9e12), "A100": (312e12, 19.5e12)}
-TRAIN_COMPUTE = "float32"  # which column of PEAK_FLOPS applies
+# Peak dense FLOP/s per device (bfloat16/float16, TensorFloat-32, float32) of the accelerators whose name the
+# program can read (the planner's hardware table): MFU is printed only on these.
+PEAK_FLOPS = {
+    "H200": (989.4e12, 494.7e12, 66.9e12),
+    "H100": (989.4e12, 494.7e12, 66.9e12),
+    "A100": (312e12, 156e12, 19.5e12),
+}
+TRAIN_COMPUTE = "tfloat32"  # which column of PEAK_FLOPS applies
 SCALARS = ("loss", "lr", "grad_norm", "tokens_per_s", "samples_per_s", "val_loss", "val_accuracy")
 
 
 def peak_flops(device_name):
     """The peak FLOP/s of one device named `device_name` for the compute dtype, or None when unknown."""
-    for key, (half, full) in PEAK_FLOPS.items():
+    for key, (half, tf32, full) in PEAK_FLOPS.items():
         if key in (device_name or "").upper():
-            return full if TRAIN_COMPUTE == "float32" else half
+            return {"float32": full, "tfloat32": tf32}.get(TRAIN_COMPUTE, half)
     return None
 
 
@@ -1777,6 +1782,9 @@ def setup(dry_run=False):
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
+        # "high": float32 matmuls in TensorFloat-32 (on GPUs only: on CPUs "high" may mean bfloat16 passes)
+        torch.set_float32_matmul_precision("high" if TF32 else "highest")
+        torch.backends.cudnn.allow_tf32 = TF32
     else:
         # ranks on one host share its cores: oversubscribed threads make every rank slower
         torch.set_num_threads(
