@@ -111,10 +111,13 @@ def _parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("data", help="prepare training data")
     dsub = d.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
-    dp = dsub.add_parser("prepare", help="train a byte-level BPE tokenizer on text files and write token files "
-                         "for `data: {kind: tokens}` (train.bin, val.bin, tokenizer.json, data.json)")
+    dp = dsub.add_parser("prepare", help="encode text files (with a byte-level BPE tokenizer trained on them, or "
+                         "a model's own tokenizer) and write token files for `data: {kind: tokens}` (train.bin, "
+                         "val.bin, tokenizer.json, data.json)")
     dp.add_argument("inputs", nargs="+", metavar="INPUT", help="text files, or directories (their text files)")
-    dp.add_argument("--vocab", type=int, required=True, help="vocabulary size (257 or more)")
+    dp.add_argument("--vocab", type=int, default=None, help="train a tokenizer of this vocabulary size (257 or more)")
+    dp.add_argument("--tokenizer", default=None, metavar="MODEL_DIR",
+                    help="encode with this model's tokenizer.json instead (a model directory or the file): no training")
     dp.add_argument("-o", "--output", required=True, metavar="DIR")
     dp.add_argument("--val-fraction", type=float, default=0.1,
                     help="the last fraction of the token stream held out as val.bin (default: %(default)s)")
@@ -791,7 +794,7 @@ def cmd_import(args) -> int:
 def cmd_data(args) -> int:
     from .data_prepare import prepare
 
-    p = prepare(args.inputs, args.vocab, Path(args.output), args.val_fraction)
+    p = prepare(args.inputs, args.vocab, Path(args.output), args.val_fraction, tokenizer=args.tokenizer)
     where = escape(str(p.out.resolve()))
     print(f"{p.documents} document(s): {p.train_tokens:,} training and {p.val_tokens:,} held-out tokens, "
           f"vocab {p.vocab:,} ({p.dtype}) in {where}")
