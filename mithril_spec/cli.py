@@ -765,12 +765,23 @@ def cmd_import(args) -> int:
     from .source import load_text
 
     path = Path(args.path)
+    if path.is_file() and (path.suffix != ".json" or path.name.endswith(".index.json")):
+        # a weights file (model.safetensors, pytorch_model.bin, the shards' index): its model directory
+        if not (path.parent / "config.json").is_file():
+            raise UsageError(f"{args.path}: a weights file without a config.json beside it (give the transformers "
+                             "model directory, or its config.json)")
+        path = path.parent
     if not config_path(path).is_file():
         raise UsageError(f"{args.path}: no config.json there (give a transformers model directory or its config.json)")
     if args.seq is not None and args.seq < 1:
         raise UsageError("--seq must be at least 1")
     mesh = parse_override(args.mesh) if args.mesh else None
     cfg = str(config_path(path))
+    try:
+        config_path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"{cfg}: not a config.json (not UTF-8 text); give the transformers model directory, its "
+                         "config.json, or a weights file beside it") from None
     try:
         imported = import_hf(path, name=args.name, seq=args.seq, mesh=mesh)
     except DiagnosticError as e:

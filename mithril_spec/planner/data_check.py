@@ -9,11 +9,14 @@ path; `validate` warns (W011) about a file that is not there, since it may exist
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 from ..diagnostics import Diagnostic
-from ..graph import Graph
+from ..graph import Graph, Node
+from ..ops import OPS
+from ..ops.loss import LOSSES
 from ..overrides import is_override
 from ..source import Document
 from ..spec.root import Spec
@@ -71,9 +74,55 @@ def check_data(spec: Spec, graph: Graph, doc: Document, files: dict[str, str], d
             continue
         want_dir = role != "tokenizer" and kind == "arrays"
         exists = os.path.isdir(f) if want_dir else os.path.isfile(f)
+        if exists and kind == "tokens" and role in ("data", "eval"):
+            _check_token_file(spec, graph, doc, f, path, diags)
         if not exists:
             what = "directory" if want_dir else "file"
             warnings.append(Diagnostic(
                 "W011", f"`{'.'.join(path)}`: no {what} {f}", doc.pos(path),
                 help="a relative path is relative to the spec's directory; the program can also be given "
                 "another one (`--data`); ignore this where the data exists only on the training machine"))
+
+
+def _check_token_file(spec: Spec, graph: Graph, doc: Document, f: str, path: tuple[str, ...],
+                      diags: list[Diagnostic]) -> None:
+    """A token file that is there, against the spec, as the program checks it before step 1: not a .npy file,
+    and the dtype and vocabulary that `data prepare`'s data.json beside it records (E013)."""
+    key = ".".join(path)
+    try:
+        with open(f, "rb") as fh:
+            head = fh.read(6)
+    except OSError:
+        return
+    if head == b"\x93NUMPY":
+        diags.append(Diagnostic(
+            "E013", f"`{key}`: {f} is a .npy file (it starts with the .npy header), not flat token ids", doc.pos(path),
+            help=f"write the ids raw (np.asarray(ids, np.{spec.data.dtype}).tofile(path)) or with "
+            "`mithril-spec data prepare`"))
+        return
+    meta_file = os.path.join(os.path.dirname(f), "data.json")
+    try:
+        with open(meta_file, encoding="utf-8") as fh:
+            meta = json.load(fh)
+    except (OSError, ValueError):
+        return
+    if not isinstance(meta, dict) or meta.get("dtype") not in ("uint16", "uint32"):
+        return
+    if meta["dtype"] != spec.data.dtype:
+        diags.append(Diagnostic(
+            "E013", f"`{key}`: {f} holds {meta['dtype']} ids ({meta_file}) but `data.dtype` is {spec.data.dtype}",
+            doc.pos(path), help=f"set data.dtype: {meta['dtype']}"))
+    # the inputs whose ids index something (embedding rows, the loss's classes): every id must be below `high`
+    indexed = {r for n in graph.layers if isinstance(n, Node) and OPS[n.op].index_bound(n.attrs) is not None
+               for r in n.inputs}
+    if LOSSES[graph.loss.op].class_targets:
+        indexed.add(graph.loss.targets)
+    bounded = [i for i in graph.inputs if i.type.is_int and i.name in indexed]
+    vocab = meta.get("vocab")
+    low = min(bounded, key=lambda i: i.high) if bounded else None
+    if isinstance(vocab, int) and low is not None and vocab > low.high:
+        diags.append(Diagnostic(
+            "E013", f"`{key}`: {f} comes from a tokenizer of {vocab} ids ({meta_file}) but `{low.name}` indexes "
+            f"{low.high} (the model's vocab)", doc.pos(path),
+            help=f"set the spec's vocab to {vocab} or more, or prepare the data with the model's tokenizer "
+            "(mithril-spec data prepare --tokenizer MODEL_DIR)"))
