@@ -118,6 +118,9 @@ def _parser() -> argparse.ArgumentParser:
     dp.add_argument("--vocab", type=int, default=None, help="train a tokenizer of this vocabulary size (257 or more)")
     dp.add_argument("--tokenizer", default=None, metavar="MODEL_DIR",
                     help="encode with this model's tokenizer.json instead (a model directory or the file): no training")
+    dp.add_argument("--format", choices=("text", "chat", "prompt-response"), default="text",
+                    help="text: documents; chat / prompt-response: one JSONL file of examples (needs --tokenizer), "
+                    "with a loss mask (train.mask, val.mask) counting only the responses (default: %(default)s)")
     dp.add_argument("-o", "--output", required=True, metavar="DIR")
     dp.add_argument("--val-fraction", type=float, default=0.1,
                     help="the last fraction of the token stream held out as val.bin (default: %(default)s)")
@@ -805,13 +808,25 @@ def cmd_import(args) -> int:
 def cmd_data(args) -> int:
     from .data_prepare import prepare
 
-    p = prepare(args.inputs, args.vocab, Path(args.output), args.val_fraction, tokenizer=args.tokenizer)
+    masked = args.format != "text"
+    if masked:
+        from .data_prepare import prepare_instructions
+
+        if args.tokenizer is None or args.vocab is not None:
+            raise UsageError(f"--format {args.format}: give --tokenizer MODEL_DIR (the model's tokenizer; no --vocab)")
+        if len(args.inputs) != 1:
+            raise UsageError(f"--format {args.format}: one JSONL file of examples")
+        p = prepare_instructions(args.inputs[0], args.format, args.tokenizer, Path(args.output), args.val_fraction)
+    else:
+        p = prepare(args.inputs, args.vocab, Path(args.output), args.val_fraction, tokenizer=args.tokenizer)
     where = escape(str(p.out.resolve()))
     print(f"{p.documents} document(s): {p.train_tokens:,} training and {p.val_tokens:,} held-out tokens, "
           f"vocab {p.vocab:,} ({p.dtype}) in {where}")
     print("in the spec (or paths relative to the spec's directory):")
-    print(f"  data: {{kind: tokens, path: {where}/train.bin, dtype: {p.dtype}, tokenizer: {where}/tokenizer.json}}")
-    print(f"  eval: {{path: {where}/val.bin, every: 50, batches: 4}}")
+    mask = f", mask: {where}/train.mask" if masked else ""
+    print(f"  data: {{kind: tokens, path: {where}/train.bin, dtype: {p.dtype}, tokenizer: {where}/tokenizer.json{mask}}}")
+    if not masked:
+        print(f"  eval: {{path: {where}/val.bin, every: 50, batches: 4}}")
     return EXIT_OK
 
 

@@ -182,6 +182,156 @@ def load_tokenizer(f: Path):
         raise UsageError(f"--tokenizer {f}: not a tokenizers tokenizer.json ({' '.join(str(e).split())[:200]})") from None
 
 
+FORMATS = ("text", "chat", "prompt-response")
+
+
+def _examples(path: str, fmt: str) -> list[list[dict]]:
+    """The JSONL file's examples as chat messages: `{"messages": [{"role", "content"}, ...]}` per line (chat),
+    or `{"prompt", "response"}` (prompt-response: a user message, then the assistant's)."""
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"{path}: no such file (--format {fmt} reads one JSON object per line)")
+    out = []
+    try:
+        lines = p.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise UsageError(f"{path}: not UTF-8 text") from None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as e:
+            raise UsageError(f"{path}:{n}: not a JSON object ({e.msg})") from None
+        if fmt == "chat":
+            msgs = row.get("messages") if isinstance(row, dict) else None
+            ok = isinstance(msgs, list) and msgs and all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                for m in msgs)
+            if not ok:
+                raise UsageError(f'{path}:{n}: --format chat needs {{"messages": [{{"role": ..., "content": ...}}, ...]}}')
+        else:
+            ok = isinstance(row, dict) and isinstance(row.get("prompt"), str) and isinstance(row.get("response"), str)
+            if not ok:
+                raise UsageError(f'{path}:{n}: --format prompt-response needs {{"prompt": "...", "response": "..."}}')
+            msgs = [{"role": "user", "content": row["prompt"]}, {"role": "assistant", "content": row["response"]}]
+        if not any(m["role"] == "assistant" for m in msgs):
+            raise UsageError(f"{path}:{n}: no assistant message: nothing for the loss to count")
+        out.append(msgs)
+    if not out:
+        raise UsageError(f"{path}: no examples")
+    return out
+
+
+def _chat_template(f: Path):
+    """tokenizer_config.json's chat_template (a Jinja template, rendered as transformers renders it), its
+    special tokens; None when there is none."""
+    try:
+        cfg = json.loads((f.parent / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    tpl = cfg.get("chat_template") if isinstance(cfg, dict) else None
+    if isinstance(tpl, list):  # named templates: the default one
+        tpl = next((t.get("template") for t in tpl if isinstance(t, dict) and t.get("name") == "default"), None)
+    if not isinstance(tpl, str):
+        return None
+    from jinja2.exceptions import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = lambda x, indent=None, **_: json.dumps(x, ensure_ascii=False, indent=indent)
+    env.globals["raise_exception"] = raise_exception
+    template = env.from_string(tpl)
+
+    def token(key):
+        v = cfg.get(key)
+        return v.get("content", "") if isinstance(v, dict) else (v or "")
+
+    special = {k: token(k) for k in ("bos_token", "eos_token", "unk_token", "pad_token")}
+    return lambda messages, gen: template.render(messages=messages, add_generation_prompt=gen, **special)
+
+
+def _plain(messages: list[dict], gen: bool) -> str:
+    """The format without a chat template: `role: content` lines; with `gen`, the assistant's `assistant: `."""
+    text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
+    return text + ("assistant: " if gen else "")
+
+
+def encode_example(tok, render, messages: list[dict]) -> tuple[list[int], list[int]]:
+    """(ids, mask) of one conversation: its text rendered whole, encoded without the tokenizer's own special
+    tokens (the template writes them); an id counts (mask 1) when its text overlaps an assistant message's
+    span: from the end of the text before it (with the generation prompt) to the end of the text with it (a
+    token that straddles the span's start, ` hello` after `assistant:`, counts)."""
+    text = render(messages, False)
+    spans = []
+    for i, m in enumerate(messages):
+        if m["role"] == "assistant":
+            start, end = len(render(messages[:i], True)), len(render(messages[: i + 1], False))
+            spans.append((start, end))
+    enc = tok.encode(text, add_special_tokens=False)
+    mask = [int(any(s < b and e > a for a, b in spans)) for s, e in enc.offsets]
+    return list(enc.ids), mask
+
+
+def prepare_instructions(path: str, fmt: str, tokenizer: str, out: Path, val_fraction: float = 0.1) -> Prepared:
+    """`data prepare --format chat|prompt-response FILE.jsonl --tokenizer MODEL_DIR`: every example encoded
+    (the model's chat template, or `role: content` lines), followed by the end-of-sequence token, packed one
+    after the other; beside train.bin / val.bin, train.mask / val.mask: one uint8 per id, 1 where the loss
+    counts predicting it (the assistant's tokens and the end-of-sequence token after them)."""
+    if not 0 < val_fraction < 1:
+        raise UsageError(f"--val-fraction {val_fraction}: between 0 and 1 (exclusive)")
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"{out}: exists and is not a directory")
+    try:
+        import numpy as np
+    except ImportError as e:
+        raise UsageError(f"`data prepare` needs numpy and tokenizers ({e.name} is missing)") from None
+    source = tokenizer_file(tokenizer)
+    examples = _examples(path, fmt)
+    tok = load_tokenizer(source)
+    eot = _eos(tok, source)
+    if eot is None:
+        raise UsageError(f"--tokenizer {tokenizer}: no end-of-sequence token to separate the examples (set "
+                         "eos_token in tokenizer_config.json)")
+    render = _chat_template(source) or _plain
+    ids: list[int] = []
+    mask: list[int] = []
+    for n, messages in enumerate(examples, 1):
+        try:
+            i, m = encode_example(tok, render, messages)
+        except Exception as e:  # noqa: BLE001 - the chat template's own errors
+            raise UsageError(f"{path}: example {n}: the chat template fails ({' '.join(str(e).split())[:200]})") from None
+        ids += i + [eot]
+        mask += m + [1]
+    vocab = tok.get_vocab_size()
+    dtype = id_dtype(vocab)
+    tokens = np.asarray(ids, dtype="<u2" if dtype == "uint16" else "<u4")
+    weights = np.asarray(mask, dtype=np.uint8)
+    n_val = max(1, int(len(tokens) * val_fraction))
+    if len(tokens) - n_val < 2:
+        raise UsageError(f"{path}: {len(tokens)} tokens: too few to hold out {val_fraction:.0%}")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputError(f"{out}: cannot create it: {e.strerror or e}") from None
+    _write_bytes(out / "train.bin", tokens[:-n_val].tobytes())
+    _write_bytes(out / "val.bin", tokens[-n_val:].tobytes())
+    _write_bytes(out / "train.mask", weights[:-n_val].tobytes())
+    _write_bytes(out / "val.mask", weights[-n_val:].tobytes())
+    if source.resolve() != (out / "tokenizer.json").resolve():
+        _write_bytes(out / "tokenizer.json", source.read_bytes())
+    meta = {"vocab": vocab, "dtype": dtype, "eot": eot, "documents": len(examples),
+            "train_tokens": int(len(tokens) - n_val), "val_tokens": int(n_val),
+            "tokenizer": str(source.resolve()), "tokenizer_sha256": sha256(out / "tokenizer.json"),
+            "format": fmt, "chat_template": render is not _plain,
+            "train_counted": int(weights[:-n_val].sum()), "val_counted": int(weights[-n_val:].sum())}
+    write_atomic(out / "data.json", json.dumps(meta, indent=2) + "\n")
+    return Prepared(vocab, dtype, len(examples), meta["train_tokens"], n_val, out)
+
+
 def _write_bytes(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     try:

@@ -30,6 +30,7 @@ def data_files(spec: Spec, doc: Document) -> dict[str, str]:
     for role, path, value in (
         ("data", ("data", "path"), getattr(spec.data, "path", None)),
         ("tokenizer", ("data", "tokenizer"), getattr(spec.data, "tokenizer", None)),
+        ("mask", ("data", "mask"), getattr(spec.data, "mask", None)),
         ("eval", ("eval", "path"), spec.eval.path if spec.eval else None),
     ):
         if value is not None:
@@ -68,11 +69,14 @@ def check_data(spec: Spec, graph: Graph, doc: Document, files: dict[str, str], d
                 "E013", f"`eval` needs held-out data for `data: {{kind: {kind}}}`", doc.pos(("eval",), key=True),
                 help="give `path` (a held-out file of the same kind) or `split` (e.g. 0.1: the last 10% of the "
                 "training data, held out of training)"))
-    for role, path in (("data", ("data", "path")), ("tokenizer", ("data", "tokenizer")), ("eval", ("eval", "path"))):
+    if getattr(spec.data, "mask", None) is not None:
+        _check_mask(spec, graph, doc, diags)
+    for role, path in (("data", ("data", "path")), ("tokenizer", ("data", "tokenizer")), ("mask", ("data", "mask")),
+                       ("eval", ("eval", "path"))):
         f = files.get(role)
         if f is None:
             continue
-        want_dir = role != "tokenizer" and kind == "arrays"
+        want_dir = role not in ("tokenizer", "mask") and kind == "arrays"
         exists = os.path.isdir(f) if want_dir else os.path.isfile(f)
         if exists and kind == "tokens" and role in ("data", "eval"):
             _check_token_file(spec, graph, doc, f, path, diags)
@@ -126,3 +130,19 @@ def _check_token_file(spec: Spec, graph: Graph, doc: Document, f: str, path: tup
             f"{low.high} (the model's vocab)", doc.pos(path),
             help=f"set the spec's vocab to {vocab} or more, or prepare the data with the model's tokenizer "
             "(mithril-spec data prepare --tokenizer MODEL_DIR)"))
+
+
+def _check_mask(spec: Spec, graph: Graph, doc: Document, diags: list[Diagnostic]) -> None:
+    """`data.mask`: the loss leaves out the masked targets, so it must be the cross-entropy of the second
+    input (the targets); what no target masks yet is refused (E013)."""
+    where = doc.pos(("data", "mask"), key=True)
+    loss, ins = graph.loss, graph.inputs
+    if not LOSSES[loss.op].class_targets or len(ins) != 2 or loss.targets != ins[1].name:
+        diags.append(Diagnostic(
+            "E013", "`data.mask` masks the class targets of a cross-entropy loss, but the loss is "
+            f"`{loss.op}` of `{loss.targets}`", where,
+            help="use `loss: {op: cross_entropy, targets: <the second input>}`, or leave `mask` out"))
+    if spec.eval is not None:
+        diags.append(Diagnostic(
+            "E013", "`data.mask` with `eval`: no target evaluates a masked loss yet", where,
+            help="leave `eval` out (or `mask`)"))
