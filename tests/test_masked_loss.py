@@ -7,7 +7,8 @@
   transformers, imported with `import hf`, started from its checkpoint) equals
   torch.nn.functional.cross_entropy(transformers' logits, targets, ignore_index=-100) on the first batch;
   PyTorch, JAX and MLX on data=2 (a mask spread unevenly over the two ranks or processes) equal the
-  one-device build, within 1e-5, over two steps; so do PyTorch and JAX with 2 micro-batches per step.
+  one-device build, within 1e-5, over two steps; so do PyTorch and JAX with 2 micro-batches per step, and on data=2 x tensor=2 with the logits split over
+  `tensor` on the vocabulary (PyTorch's loss_parallel).
 """
 
 from __future__ import annotations
@@ -98,6 +99,7 @@ def test_prepare_instructions_refuses_bad_input_in_one_line(tmp_path, capsys):
 
 SEQ, BATCH = 16, 8
 ACCUM = (("batch_size: 8", "batch_size: 8\n  grad_accum: 2"),)  # micro-batches of 4 samples
+VOCAB_TP = (("mlp: tensor}", "mlp: tensor, vocab: tensor}"),)
 
 
 @pytest.fixture(scope="module")
@@ -167,6 +169,9 @@ def test_masked_loss_equals_cross_entropy_with_ignore_index_on_every_mesh(llama)
         "mlx data=2": mr.run(mr.build(spec, "data=2"), *args, processes=2),
         "torch data=2 grad_accum=2": tr.run(tr.build(spec, "data=2", ACCUM), *args),
         "jax data=2 grad_accum=2": jr.run(jr.build(spec, "data=2", ACCUM), *args),
+        # the logits split over `tensor` on the vocabulary: PyTorch's loss_parallel
+        "torch data=2,tensor=2 vocab-parallel": tr.run(tr.build(spec, "data=2,tensor=2", VOCAB_TP), *args),
+        "jax data=2,tensor=2 vocab-parallel": jr.run(jr.build(spec, "data=2,tensor=2", VOCAB_TP), *args),
     }
     losses = {k: r.losses for k, r in runs.items()}
     first = {k: float(v[0]) for k, v in losses.items()}
