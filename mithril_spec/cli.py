@@ -111,10 +111,16 @@ def _parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("data", help="prepare training data")
     dsub = d.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
-    dp = dsub.add_parser("prepare", help="train a byte-level BPE tokenizer on text files and write token files "
-                         "for `data: {kind: tokens}` (train.bin, val.bin, tokenizer.json, data.json)")
+    dp = dsub.add_parser("prepare", help="encode text files (with a byte-level BPE tokenizer trained on them, or "
+                         "a model's own tokenizer) and write token files for `data: {kind: tokens}` (train.bin, "
+                         "val.bin, tokenizer.json, data.json)")
     dp.add_argument("inputs", nargs="+", metavar="INPUT", help="text files, or directories (their text files)")
-    dp.add_argument("--vocab", type=int, required=True, help="vocabulary size (257 or more)")
+    dp.add_argument("--vocab", type=int, default=None, help="train a tokenizer of this vocabulary size (257 or more)")
+    dp.add_argument("--tokenizer", default=None, metavar="MODEL_DIR",
+                    help="encode with this model's tokenizer.json instead (a model directory or the file): no training")
+    dp.add_argument("--format", choices=("text", "chat", "prompt-response"), default="text",
+                    help="text: documents; chat / prompt-response: one JSONL file of examples (needs --tokenizer), "
+                    "with a loss mask (train.mask, val.mask) counting only the responses (default: %(default)s)")
     dp.add_argument("-o", "--output", required=True, metavar="DIR")
     dp.add_argument("--val-fraction", type=float, default=0.1,
                     help="the last fraction of the token stream held out as val.bin (default: %(default)s)")
@@ -762,12 +768,23 @@ def cmd_import(args) -> int:
     from .source import load_text
 
     path = Path(args.path)
+    if path.is_file() and (path.suffix != ".json" or path.name.endswith(".index.json")):
+        # a weights file (model.safetensors, pytorch_model.bin, the shards' index): its model directory
+        if not (path.parent / "config.json").is_file():
+            raise UsageError(f"{args.path}: a weights file without a config.json beside it (give the transformers "
+                             "model directory, or its config.json)")
+        path = path.parent
     if not config_path(path).is_file():
         raise UsageError(f"{args.path}: no config.json there (give a transformers model directory or its config.json)")
     if args.seq is not None and args.seq < 1:
         raise UsageError("--seq must be at least 1")
     mesh = parse_override(args.mesh) if args.mesh else None
     cfg = str(config_path(path))
+    try:
+        config_path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"{cfg}: not a config.json (not UTF-8 text); give the transformers model directory, its "
+                         "config.json, or a weights file beside it") from None
     try:
         imported = import_hf(path, name=args.name, seq=args.seq, mesh=mesh)
     except DiagnosticError as e:
@@ -791,13 +808,25 @@ def cmd_import(args) -> int:
 def cmd_data(args) -> int:
     from .data_prepare import prepare
 
-    p = prepare(args.inputs, args.vocab, Path(args.output), args.val_fraction)
+    masked = args.format != "text"
+    if masked:
+        from .data_prepare import prepare_instructions
+
+        if args.tokenizer is None or args.vocab is not None:
+            raise UsageError(f"--format {args.format}: give --tokenizer MODEL_DIR (the model's tokenizer; no --vocab)")
+        if len(args.inputs) != 1:
+            raise UsageError(f"--format {args.format}: one JSONL file of examples")
+        p = prepare_instructions(args.inputs[0], args.format, args.tokenizer, Path(args.output), args.val_fraction)
+    else:
+        p = prepare(args.inputs, args.vocab, Path(args.output), args.val_fraction, tokenizer=args.tokenizer)
     where = escape(str(p.out.resolve()))
     print(f"{p.documents} document(s): {p.train_tokens:,} training and {p.val_tokens:,} held-out tokens, "
           f"vocab {p.vocab:,} ({p.dtype}) in {where}")
     print("in the spec (or paths relative to the spec's directory):")
-    print(f"  data: {{kind: tokens, path: {where}/train.bin, dtype: {p.dtype}, tokenizer: {where}/tokenizer.json}}")
-    print(f"  eval: {{path: {where}/val.bin, every: 50, batches: 4}}")
+    mask = f", mask: {where}/train.mask" if masked else ""
+    print(f"  data: {{kind: tokens, path: {where}/train.bin, dtype: {p.dtype}, tokenizer: {where}/tokenizer.json{mask}}}")
+    if not masked:
+        print(f"  eval: {{path: {where}/val.bin, every: 50, batches: 4}}")
     return EXIT_OK
 
 

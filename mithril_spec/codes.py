@@ -136,8 +136,10 @@ _TEXTS: dict[str, tuple[str, str]] = {
             "sizes must be positive), not one of the accepted choices (`data: {kind: csv}`, a loss `op`), a name "
             "that is not an identifier or is a Python keyword (names become Python identifiers in the generated "
             "program), `batch` not first in an input shape, `input` and `inputs` together, a `repeat` inside a "
-            "block. The help lists the accepted values. (A mesh axis size that is not a positive integer is "
-            "E047.)"
+            "block; data that does not fit the model: a token file that is a `.npy` file, or whose `data.json` "
+            "(from `data prepare`) records another dtype than `data.dtype` or a tokenizer of more ids than the "
+            "model's vocab, a `data.mask` the loss or the mesh cannot apply. The help lists the accepted values "
+            "or the fix. (A mesh axis size that is not a positive integer is E047.)"
         ),
     ),
     "E014": (

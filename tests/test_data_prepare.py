@@ -98,3 +98,73 @@ def test_the_main_job_spec_builds_on_prepared_data(tmp_path, capsys):
         assert "generate.py" in out
         config = (tmp_path / target / "train.py").read_text()
         assert repr(str(data / "train.bin")).replace("'", '"') in config  # the resolved path, absolute
+
+
+def model_tokenizer(tmp_path, vocab=300, chat_template=None):
+    """A model directory with its own tokenizer.json (a small BPE trained here: nothing is downloaded) and a
+    tokenizer_config.json naming the end-of-sequence token, as transformers' save_pretrained writes them."""
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<s>", "</s>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["Sharding splits a tensor over devices.", "hello world, hello model"] * 20, trainer=trainer)
+    model = tmp_path / "model"
+    model.mkdir(exist_ok=True)
+    tok.save(str(model / "tokenizer.json"))
+    cfg = {"eos_token": "</s>", "bos_token": "<s>"}
+    if chat_template:
+        cfg["chat_template"] = chat_template
+    (model / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return model
+
+
+def test_prepare_with_the_models_tokenizer_trains_nothing(tmp_path, capsys):
+    root = corpus(tmp_path)
+    model = model_tokenizer(tmp_path)
+    rc, out, err = run(capsys, "data", "prepare", root, "--tokenizer", model, "-o", tmp_path / "d")
+    assert rc == 0, err
+    tok = Tokenizer.from_file(str(model / "tokenizer.json"))
+    eos = tok.token_to_id("</s>")
+    want = []
+    for name in ("a.txt", "sub/b.md", "sub/c.py"):
+        want += tok.encode(TEXTS[name]).ids + [eos]
+    meta = json.loads((tmp_path / "d" / "data.json").read_text())
+    got = np.concatenate([np.fromfile(tmp_path / "d" / f, dtype="<u2") for f in ("train.bin", "val.bin")])
+    assert got.tolist() == want
+    assert meta["dtype"] == "uint16" and meta["vocab"] == tok.get_vocab_size() and meta["eot"] == eos
+    assert (tmp_path / "d" / "tokenizer.json").read_bytes() == (model / "tokenizer.json").read_bytes()
+    import hashlib
+    assert meta["tokenizer_sha256"] == hashlib.sha256((model / "tokenizer.json").read_bytes()).hexdigest()
+    # the trained path records the same metadata
+    assert run(capsys, "data", "prepare", root, "--vocab", "300", "-o", tmp_path / "e")[0] == 0
+    assert {"dtype", "vocab", "tokenizer_sha256", "train_tokens", "val_tokens"} <= set(
+        json.loads((tmp_path / "e" / "data.json").read_text()))
+    # a file given directly works too; both flags, or neither, is refused in one line
+    assert run(capsys, "data", "prepare", root, "--tokenizer", model / "tokenizer.json", "-o", tmp_path / "f")[0] == 0
+    for argv, says in ((["--vocab", "300", "--tokenizer", model], "give one"), ([], "give --vocab"),
+                       (["--tokenizer", tmp_path], "no ")):
+        rc, _out, err = run(capsys, "data", "prepare", root, *argv, "-o", tmp_path / "g")
+        assert rc == 2 and says in err and err.count("\n") == 1, (argv, err)
+
+
+def test_prepare_picks_uint32_for_a_large_vocabulary(tmp_path, capsys):
+    from tokenizers import models
+
+    vocab = {f"t{i}": i for i in range(70000)}
+    vocab["</s>"] = 70000
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
+    from tokenizers import pre_tokenizers
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    model = tmp_path / "big"
+    model.mkdir()
+    tok.save(str(model / "tokenizer.json"))
+    (tmp_path / "in.txt").write_text(" ".join(f"t{i}" for i in range(0, 70000, 997)) + " t69999")
+    rc, _out, err = run(capsys, "data", "prepare", tmp_path / "in.txt", "--tokenizer", model, "-o", tmp_path / "d")
+    assert rc == 0, err
+    meta = json.loads((tmp_path / "d" / "data.json").read_text())
+    assert meta["dtype"] == "uint32" and meta["vocab"] == 70001
+    got = np.concatenate([np.fromfile(tmp_path / "d" / f, dtype="<u4") for f in ("train.bin", "val.bin")])
+    assert got[-2:].tolist() == [69999, 70000]

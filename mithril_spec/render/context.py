@@ -321,8 +321,9 @@ def make_context(plan: Plan, target: str, spec_file: str, costing: Costing) -> d
             "checkpoint": tr.checkpoint.model_dump() if tr.checkpoint else None,
         },
         # the files as the plan resolved them (absolute; a relative path is relative to the spec's directory)
-        "data": {**spec.data.model_dump(), **{key: plan.data_files[role] for key, role in
-                                               (("path", "data"), ("tokenizer", "tokenizer")) if role in plan.data_files}},
+        "data": {"mask": None, **spec.data.model_dump(), **{key: plan.data_files[role] for key, role in
+                                               (("path", "data"), ("tokenizer", "tokenizer"), ("mask", "mask"))
+                                               if role in plan.data_files}},
         "eval": _eval(plan),
         "pipeline": _pipeline(plan),
         "seq_len": first_seq,

@@ -40,6 +40,8 @@ class Tokens(Strict):
     path: Path
     dtype: Literal["uint16", "uint32"] = Field("uint16", description="the file's integer type")
     tokenizer: Path | None = Field(None, description="tokenizer.json of the ids (for sampling)")
+    mask: Path | None = Field(None, description="a loss mask: one uint8 per id of `path` (1: the loss counts "
+                              "predicting this id, 0: it does not), as `data prepare --format` writes it")
 
 
 Data = Annotated[Synthetic | Arrays | Text | Tokens, Field(discriminator="kind")]

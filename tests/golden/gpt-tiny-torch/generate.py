@@ -238,9 +238,11 @@ def parse_args(argv=None):
     )
     source.add_argument(
         "--params",
+        "--init-params",
+        dest="params",
         metavar="FILE",
-        help="parameters by canonical name (.safetensors or .npz, as "
-        "train.py --export-params writes them)",
+        help="parameters by canonical "
+        "name (.safetensors or .npz, as train.py --export-params writes them)",
     )
     prompt = ap.add_mutually_exclusive_group()
     prompt.add_argument("--prompt", help="the text to continue (default: the token id 0)")

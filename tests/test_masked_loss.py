@@ -1,0 +1,196 @@
+"""Instruction data and the masked loss (issue 36 item 3; docs/program.md "Data" and "Numerics").
+
+- `data prepare --format chat|prompt-response FILE.jsonl --tokenizer MODEL_DIR`: the examples encoded with
+  the model's chat template (or `role: content` lines without one), packed, separated by the end-of-sequence
+  token; train.mask / val.mask count exactly the assistant's tokens and the end-of-sequence token after them.
+- `data: {kind: tokens, path, mask}`: the first step's loss of a tiny Llama (built locally with
+  transformers, imported with `import hf`, started from its checkpoint) equals
+  torch.nn.functional.cross_entropy(transformers' logits, targets, ignore_index=-100) on the first batch;
+  PyTorch, JAX and MLX on data=2 (a mask spread unevenly over the two ranks or processes) equal the
+  one-device build, within 1e-5, over two steps; so do PyTorch and JAX with 2 micro-batches per step, and on data=2 x tensor=2 with the logits split over
+  `tensor` on the vocabulary (PyTorch's loss_parallel).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jax_runs as jr
+import mlx_runs as mr
+import numpy as np
+import pytest
+import torch_runs as tr
+from test_cli import run as cli_run
+from test_data_prepare import model_tokenizer
+from tokenizers import Tokenizer
+
+WORK = jr.WORK / "masked-loss"
+TEMPLATE = ("{% for m in messages %}<s>{{ m.role }}\n{{ m.content }}</s>{% endfor %}"
+            "{% if add_generation_prompt %}<s>assistant\n{% endif %}")
+EXAMPLES = [
+    {"prompt": "hello world", "response": "hello model"},
+    {"prompt": "Sharding splits", "response": "a tensor over devices."},
+    {"prompt": "hello", "response": "world"},
+]
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.mark.parametrize("template", [None, TEMPLATE], ids=["plain", "chat-template"])
+def test_prepare_instructions_masks_the_prompts(tmp_path, capsys, template):
+    model = model_tokenizer(tmp_path, chat_template=template)
+    tok = Tokenizer.from_file(str(model / "tokenizer.json"))
+    eos = tok.token_to_id("</s>")
+    data = write_jsonl(tmp_path / "pr.jsonl", EXAMPLES * 10)
+    rc, out, err = cli_run(capsys, "data", "prepare", "--format", "prompt-response", data, "--tokenizer", model,
+                           "-o", tmp_path / "d")
+    assert rc == 0, err
+    assert "mask: " in out
+    d = tmp_path / "d"
+    ids = np.concatenate([np.fromfile(d / f, dtype="<u2") for f in ("train.bin", "val.bin")]).tolist()
+    mask = np.concatenate([np.fromfile(d / f, dtype=np.uint8) for f in ("train.mask", "val.mask")]).tolist()
+    assert len(ids) == len(mask)
+    meta = json.loads((d / "data.json").read_text())
+    assert meta["chat_template"] is (template is not None) and meta["format"] == "prompt-response"
+    # the examples one after the other, each followed by the end-of-sequence token (counted: the model learns
+    # to stop); the counted ids of each example decode to its response
+    k = 0
+    for ex in EXAMPLES * 10:
+        if template:
+            text = f"<s>user\n{ex['prompt']}</s><s>assistant\n{ex['response']}</s>"
+        else:
+            text = f"user: {ex['prompt']}\nassistant: {ex['response']}\n"
+        want = tok.encode(text, add_special_tokens=False).ids
+        assert ids[k:k + len(want)] == want and ids[k + len(want)] == eos
+        counted = [i for i, m in zip(ids[k:k + len(want)], mask[k:k + len(want)]) if m]
+        assert tok.decode(counted).strip().startswith(ex["response"].strip()[:5]), (tok.decode(counted), ex)
+        assert ex["prompt"] not in tok.decode(counted)
+        assert mask[k + len(want)] == 1
+        k += len(want) + 1
+    assert k == len(ids)
+    # chat format: the same conversations as messages give the same files
+    chat = write_jsonl(tmp_path / "chat.jsonl", [
+        {"messages": [{"role": "user", "content": e["prompt"]}, {"role": "assistant", "content": e["response"]}]}
+        for e in EXAMPLES * 10])
+    rc, _out, err = cli_run(capsys, "data", "prepare", "--format", "chat", chat, "--tokenizer", model, "-o", tmp_path / "c")
+    assert rc == 0, err
+    for f in ("train.bin", "val.bin", "train.mask", "val.mask"):
+        assert (tmp_path / "c" / f).read_bytes() == (d / f).read_bytes(), f
+
+
+def test_prepare_instructions_refuses_bad_input_in_one_line(tmp_path, capsys):
+    model = model_tokenizer(tmp_path)
+    bad = tmp_path / "bad.jsonl"
+    for text, argv, says in (
+        ('{"prompt": "x"}\n', ["--format", "prompt-response"], '--format prompt-response needs {"prompt"'),
+        ("not json\n", ["--format", "chat"], "bad.jsonl:1: not a JSON object"),
+        ('{"messages": [{"role": "user", "content": "x"}]}\n', ["--format", "chat"], "no assistant message"),
+        ('{"prompt": "x", "response": "y"}\n', ["--format", "chat", "--vocab", "300"], "give --tokenizer"),
+    ):
+        bad.write_text(text)
+        tokenizer = [] if "--vocab" in argv else ["--tokenizer", str(model)]
+        rc, _out, err = cli_run(capsys, "data", "prepare", bad, *argv, *tokenizer, "-o", tmp_path / "o")
+        assert rc == 2 and says in err and err.count("\n") == 1, (text, err)
+
+
+SEQ, BATCH = 16, 8
+ACCUM = (("batch_size: 8", "batch_size: 8\n  grad_accum: 2"),)  # micro-batches of 4 samples
+VOCAB_TP = (("mlp: tensor}", "mlp: tensor, vocab: tensor}"),)
+
+
+@pytest.fixture(scope="module")
+def llama():
+    """A tiny Llama (transformers, built here), its imported spec with masked token data, the data."""
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    WORK.mkdir(parents=True, exist_ok=True)
+    model = WORK / "llama"
+    config = transformers.LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    transformers.LlamaForCausalLM(config).save_pretrained(model)
+    spec = WORK / "llama.yaml"
+    from mithril_spec.cli import main as cli
+
+    assert cli(["import", "hf", str(model), "-o", str(spec), "--seq", str(SEQ)]) == 0
+    windows = 40
+    rng = np.random.default_rng(3)
+    ids = rng.integers(0, 100, windows * SEQ + 1)
+    # an uneven mask: each window keeps a fraction of its targets of its own, from none to all
+    frac = rng.permutation(np.linspace(0.0, 1.0, windows))
+    mask = np.zeros(len(ids), np.uint8)
+    for w in range(windows):
+        mask[w * SEQ + 1:(w + 1) * SEQ + 1] = rng.random(SEQ) < frac[w]
+    ids.astype("<u2").tofile(WORK / "ids.bin")
+    mask.tofile(WORK / "ids.mask")
+    text = spec.read_text().replace(
+        "data: {kind: synthetic}", f"data: {{kind: tokens, path: {WORK / 'ids.bin'}, mask: {WORK / 'ids.mask'}}}")
+    spec.write_text(text.replace("clip_grad_norm: 1.0", "clip_grad_norm: 1.0e+9"))
+    return model, spec, ids, mask
+
+
+def first_batch(ids, mask):
+    """Samples 0 .. BATCH - 1 (docs/program.md "Data": epoch 0's order from the data seed, seed + 1 = 1)."""
+    windows = (len(ids) - 1) // SEQ
+    order = np.random.default_rng([1, 0]).permutation(windows)[:BATCH]
+    tokens = np.stack([ids[w * SEQ:w * SEQ + SEQ] for w in order])
+    targets = np.stack([np.where(mask[w * SEQ + 1:w * SEQ + SEQ + 1] != 0, ids[w * SEQ + 1:w * SEQ + SEQ + 1], -100)
+                        for w in order])
+    return tokens, targets
+
+
+@pytest.mark.slow
+def test_masked_loss_equals_cross_entropy_with_ignore_index_on_every_mesh(llama):
+    import torch
+    import transformers
+
+    model, spec, ids, mask = llama
+    tokens, targets = first_batch(ids, mask)
+    counts = (targets != -100).sum(axis=1)
+    assert counts[:BATCH // 2].sum() != counts[BATCH // 2:].sum()  # the two ranks count differently
+    m = transformers.LlamaForCausalLM.from_pretrained(model).eval()
+    with torch.no_grad():
+        logits = m(input_ids=torch.tensor(tokens).long()).logits.float()
+    want = torch.nn.functional.cross_entropy(logits.flatten(0, 1), torch.tensor(targets).flatten().long(),
+                                             ignore_index=-100).item()
+    unmasked = torch.nn.functional.cross_entropy(logits.flatten(0, 1), torch.tensor(
+        np.where(targets == -100, 0, targets)).flatten().long()).item()
+    args = ("--steps", "2", "--init-params", str(model))
+    runs = {
+        "torch data=1": tr.run(tr.build(spec, "data=1"), *args),
+        "torch data=2": tr.run(tr.build(spec, "data=2"), *args),
+        "jax data=1": jr.run(jr.build(spec, "data=1"), *args),
+        "jax data=2": jr.run(jr.build(spec, "data=2"), *args),
+        "mlx data=1": mr.run(mr.build(spec, "data=1"), *args),
+        "mlx data=2": mr.run(mr.build(spec, "data=2"), *args, processes=2),
+        "torch data=2 grad_accum=2": tr.run(tr.build(spec, "data=2", ACCUM), *args),
+        "jax data=2 grad_accum=2": jr.run(jr.build(spec, "data=2", ACCUM), *args),
+        # the logits split over `tensor` on the vocabulary: PyTorch's loss_parallel
+        "torch data=2,tensor=2 vocab-parallel": tr.run(tr.build(spec, "data=2,tensor=2", VOCAB_TP), *args),
+        "jax data=2,tensor=2 vocab-parallel": jr.run(jr.build(spec, "data=2,tensor=2", VOCAB_TP), *args),
+    }
+    losses = {k: r.losses for k, r in runs.items()}
+    first = {k: float(v[0]) for k, v in losses.items()}
+    for k, v in first.items():
+        assert abs(v - want) < 1e-5, (k, v, want)
+    assert abs(unmasked - want) > 1e-3  # the mask matters
+    one = losses["torch data=1"]
+    for k, v in losses.items():
+        assert np.abs(v - one).max() < 1e-5, (k, v, one)
+    jr.report("masked loss", reference=want, first_step=first,
+              second_step={k: float(v[1]) for k, v in losses.items()})
+
+
+def test_validate_refuses_a_mask_it_cannot_apply(llama, capsys):
+    _, spec, _, _ = llama
+    assert cli_run(capsys, "validate", spec)[0] == 0
+    for argv, says in (
+        (["--mesh", "data=1,pipe=2"], "`data.mask` on a mesh with `pipe`"),
+        (["--set", "+eval={split: 0.1}"], "`data.mask` with `eval`"),
+    ):
+        rc, _out, err = cli_run(capsys, "validate", spec, *argv)
+        assert rc == 1 and "error[E013]" in err and says in err, (argv, err)
