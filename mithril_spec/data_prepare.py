@@ -121,7 +121,7 @@ def prepare(paths: list[str], vocab: int | None, out: Path, val_fraction: float 
     if out.exists() and not out.is_dir():
         raise OutputError(f"{out}: exists and is not a directory")
     try:
-        import numpy as np
+        import numpy  # noqa: F401 - (here for the message below; _write_split uses it)
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     except ImportError as e:
         raise UsageError(f"`data prepare` needs numpy and tokenizers ({e.name} is missing): "
@@ -145,28 +145,43 @@ def prepare(paths: list[str], vocab: int | None, out: Path, val_fraction: float 
         ids += enc.ids
         if eot is not None:
             ids.append(eot)
-    real_vocab = tok.get_vocab_size()
-    dtype = id_dtype(real_vocab)
+    return _write_split(out, tok, source, ids, None, eot, len(docs), val_fraction, "the input files give")
+
+
+def _write_split(out: Path, tok, source: Path | None, ids: list[int], mask: list[int] | None, eot: int | None,
+                 documents: int, val_fraction: float, what: str, **extra) -> Prepared:
+    """train.bin / val.bin (the last `val_fraction` held out; with `mask`, train.mask / val.mask beside them),
+    tokenizer.json (trained: written; the model's: copied byte for byte) and data.json, the metadata the
+    programs and `validate` check the files against (dtype, vocabulary, tokenizer hash, counts)."""
+    import numpy as np
+
+    vocab = tok.get_vocab_size()
+    dtype = id_dtype(vocab)
     tokens = np.asarray(ids, dtype="<u2" if dtype == "uint16" else "<u4")  # little-endian, as nanoGPT writes
     n_val = max(1, int(len(tokens) * val_fraction))
     if len(tokens) - n_val < 2:
-        raise UsageError(f"the input files give {len(tokens)} tokens: too few to hold out {val_fraction:.0%}")
+        raise UsageError(f"{what} {len(tokens)} tokens: too few to hold out {val_fraction:.0%}")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise OutputError(f"{out}: cannot create it: {e.strerror or e}") from None
     _write_bytes(out / "train.bin", tokens[:-n_val].tobytes())
     _write_bytes(out / "val.bin", tokens[-n_val:].tobytes())
+    if mask is not None:
+        weights = np.asarray(mask, dtype=np.uint8)
+        _write_bytes(out / "train.mask", weights[:-n_val].tobytes())
+        _write_bytes(out / "val.mask", weights[-n_val:].tobytes())
+        extra.update(train_counted=int(weights[:-n_val].sum()), val_counted=int(weights[-n_val:].sum()))
     if source is None:
         write_atomic(out / "tokenizer.json", tok.to_str() + "\n")
     elif source.resolve() != (out / "tokenizer.json").resolve():
         _write_bytes(out / "tokenizer.json", source.read_bytes())  # the model's file, byte for byte
-    meta = {"vocab": real_vocab, "dtype": dtype, "eot": eot, "documents": len(docs),
+    meta = {"vocab": vocab, "dtype": dtype, "eot": eot, "documents": documents,
             "train_tokens": int(len(tokens) - n_val), "val_tokens": int(n_val),
             "tokenizer": "trained" if source is None else str(source.resolve()),
-            "tokenizer_sha256": sha256(out / "tokenizer.json")}
+            "tokenizer_sha256": sha256(out / "tokenizer.json"), **extra}
     write_atomic(out / "data.json", json.dumps(meta, indent=2) + "\n")
-    return Prepared(real_vocab, dtype, len(docs), meta["train_tokens"], n_val, out)
+    return Prepared(vocab, dtype, documents, meta["train_tokens"], n_val, out)
 
 
 def id_dtype(vocab: int) -> str:
@@ -286,7 +301,7 @@ def prepare_instructions(path: str, fmt: str, tokenizer: str, out: Path, val_fra
     if out.exists() and not out.is_dir():
         raise OutputError(f"{out}: exists and is not a directory")
     try:
-        import numpy as np
+        import numpy  # noqa: F401 - (here for the message below; _write_split uses it)
     except ImportError as e:
         raise UsageError(f"`data prepare` needs numpy and tokenizers ({e.name} is missing)") from None
     source = tokenizer_file(tokenizer)
@@ -306,30 +321,8 @@ def prepare_instructions(path: str, fmt: str, tokenizer: str, out: Path, val_fra
             raise UsageError(f"{path}: example {n}: the chat template fails ({' '.join(str(e).split())[:200]})") from None
         ids += i + [eot]
         mask += m + [1]
-    vocab = tok.get_vocab_size()
-    dtype = id_dtype(vocab)
-    tokens = np.asarray(ids, dtype="<u2" if dtype == "uint16" else "<u4")
-    weights = np.asarray(mask, dtype=np.uint8)
-    n_val = max(1, int(len(tokens) * val_fraction))
-    if len(tokens) - n_val < 2:
-        raise UsageError(f"{path}: {len(tokens)} tokens: too few to hold out {val_fraction:.0%}")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise OutputError(f"{out}: cannot create it: {e.strerror or e}") from None
-    _write_bytes(out / "train.bin", tokens[:-n_val].tobytes())
-    _write_bytes(out / "val.bin", tokens[-n_val:].tobytes())
-    _write_bytes(out / "train.mask", weights[:-n_val].tobytes())
-    _write_bytes(out / "val.mask", weights[-n_val:].tobytes())
-    if source.resolve() != (out / "tokenizer.json").resolve():
-        _write_bytes(out / "tokenizer.json", source.read_bytes())
-    meta = {"vocab": vocab, "dtype": dtype, "eot": eot, "documents": len(examples),
-            "train_tokens": int(len(tokens) - n_val), "val_tokens": int(n_val),
-            "tokenizer": str(source.resolve()), "tokenizer_sha256": sha256(out / "tokenizer.json"),
-            "format": fmt, "chat_template": render is not _plain,
-            "train_counted": int(weights[:-n_val].sum()), "val_counted": int(weights[-n_val:].sum())}
-    write_atomic(out / "data.json", json.dumps(meta, indent=2) + "\n")
-    return Prepared(vocab, dtype, len(examples), meta["train_tokens"], n_val, out)
+    return _write_split(out, tok, source, ids, mask, eot, len(examples), val_fraction, f"{path}:",
+                        format=fmt, chat_template=render is not _plain)
 
 
 def _write_bytes(path: Path, data: bytes) -> None:
