@@ -4,7 +4,7 @@ can execute (docs/program.md; the templates gate every optional feature on the p
 `coverage_of(target, spec)` builds the spec's program for `target` (on `mesh_of(spec)`), runs 2 steps measured by coverage.py with
 --metrics, --checkpoint-dir, --tensorboard, --profile and --export-params (.safetensors), then `--steps 0 --init-params` of that file
 (so both parameter-file paths run as well as the initialisation), then `--resume auto` of its checkpoint directory
-for one more step (checkpoint verification and restore), and returns the statements of its
+for one more step (checkpoint verification and restore; --export-grads of that step), and returns the statements of its
 train.py and those that never ran in either run. A target is one entry of RUNNERS: a function (spec) -> (train.py, coverage data file) that builds and
 runs the program (memoised, like the other program tests); `prefetch` starts every run at once.
 """
@@ -66,7 +66,7 @@ def _jax(spec: Path) -> tuple[Path, list[Path]]:
     assert len(got.metrics) == int(STEPS) and (got.cwd / "ckpt").is_dir() and exported.is_file(), got.output[-3000:]
     again = run(program, "--steps", "0", "--init-params", str(exported), coverage=True, export=False)
     resumed = run(program, "--steps", str(int(STEPS) + 1), "--resume", "auto", "--checkpoint-dir",
-                  str(got.cwd / "ckpt"), coverage=True, export=False)
+                  str(got.cwd / "ckpt"), "--export-grads", "grads.npz", coverage=True, export=False)
     return program / "train.py", [f for r in (got, again, resumed) for f in r.cwd.glob(".coverage.*")]
 
 
