@@ -17,8 +17,9 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import Self
 
-DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "sinfo")
+COMMANDS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "sinfo", "srun", "scontrol")
 
 
 class SlurmUnavailable(Exception):
@@ -32,8 +33,11 @@ def _free_port() -> int:
 
 
 def _which(name: str) -> str | None:
-    return shutil.which(name) or next((p for d in ("/usr/sbin", "/sbin") if os.access(p := f"{d}/{name}", os.X_OK)),
-                                      None)
+    """`name` on PATH, or in /usr/sbin or /sbin (the daemons' place, often not on a user's PATH)."""
+    for d in ("/usr/sbin", "/sbin"):
+        if os.access(f"{d}/{name}", os.X_OK):
+            return shutil.which(name) or f"{d}/{name}"
+    return shutil.which(name)
 
 
 class SlurmCluster:
@@ -45,7 +49,7 @@ class SlurmCluster:
 
     @classmethod
     def start(cls, root: Path, timeout: float = 30.0) -> SlurmCluster:
-        missing = [d for d in DAEMONS if _which(d) is None]
+        missing = [d for d in COMMANDS if _which(d) is None]
         if missing:
             raise SlurmUnavailable(f"not installed: {', '.join(missing)} (scripts/setup.sh installs slurm-wlm and munge)")
         if os.geteuid() != 0:
@@ -145,7 +149,7 @@ class SlurmCluster:
                     p.wait()
         self.procs.clear()
 
-    def __enter__(self) -> SlurmCluster:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:
