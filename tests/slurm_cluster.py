@@ -101,7 +101,7 @@ class SlurmCluster:
             "MinJobAge=300",
             "KillWait=5",
             "InactiveLimit=0",
-            f"NodeName=localhost CPUs={os.cpu_count()} State=UNKNOWN",
+            f"NodeName=localhost CPUs={len(os.sched_getaffinity(0))} State=UNKNOWN",  # (nproc)
             "PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP",
             "",
         ]))
@@ -110,7 +110,7 @@ class SlurmCluster:
                      f"--log-file={r / 'munged.log'}"], "munged")
         self._wait(lambda: sock.exists(), timeout, "munged did not create its socket", "munged.log")
         self._spawn([_which("slurmctld"), "-D", "-i", "-f", str(self.conf)], "slurmctld")
-        self._spawn([_which("slurmd"), "-D", "-f", str(self.conf)], "slurmd")
+        self._spawn([_which("slurmd"), "-D", "-N", "localhost", "-f", str(self.conf)], "slurmd")  # whatever the hostname
 
         def idle() -> bool:
             out = subprocess.run([_which("sinfo"), "-h", "-N", "-o", "%t"], env=self.env, capture_output=True,
