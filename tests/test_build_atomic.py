@@ -188,11 +188,12 @@ def test_jax_build_over_a_torch_build_keeps_no_torch_file(tmp_path, capsys):
     (out / "metrics.jsonl").write_text("{}\n")  # written by the program
     rc, stdout, _ = run(capsys, "build", SPEC, "--target", "jax", "-o", out)
     assert rc == 0
-    assert sorted(os.listdir(out)) == ["README.md", "build-manifest.json", "launch.sh", "metrics.jsonl",
-                                       "plan.json", "train.py"]
+    assert sorted(os.listdir(out)) == ["README.md", "build-manifest.json", "launch.sbatch", "launch.sh",
+                                       "metrics.jsonl", "plan.json", "train.py"]
     assert "(JAX)" in (out / "README.md").read_text()
-    assert stdout.splitlines() == [f"wrote {out / n}" for n in
-                                   ("train.py", "launch.sh", "README.md", "plan.json", "build-manifest.json")]
+    assert "import jax" in (out / "launch.sbatch").read_text()  # jax's own, torch's replaced
+    assert stdout.splitlines() == [f"wrote {out / n}" for n in ("train.py", "launch.sh", "launch.sbatch",
+                                                                "README.md", "plan.json", "build-manifest.json")]
     assert not leftovers(out)
 
 
@@ -200,7 +201,7 @@ def test_a_file_edited_since_the_build_is_not_overwritten_without_force(tmp_path
     out = tmp_path / "out"
     assert run(capsys, "build", SPEC, "--target", "jax", "-o", out)[0] == 0
     manifest = json.loads((out / "build-manifest.json").read_text())["files"]
-    assert sorted(manifest) == ["README.md", "launch.sh", "plan.json", "train.py"]
+    assert sorted(manifest) == ["README.md", "launch.sbatch", "launch.sh", "plan.json", "train.py"]
     assert run(capsys, "build", SPEC, "--target", "jax", "-o", out)[0] == 0  # unchanged: rebuilt
     edited = (out / "train.py").read_text().replace("\nLR = ", "\nLR = 2 * ", 1)
     (out / "train.py").write_text(edited)

@@ -208,7 +208,7 @@ def test_launchers_propagate_exit_2_with_one_line(tmp_path):
     mlx_prog = mr.build(MLP, "data=2", arrays_edit(data / "good"))
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    shim(bin_dir, "srun", 'exec "$@"')  # one node: srun runs the command once
+    shim(bin_dir, "srun", 'while [[ $1 == -* ]]; do shift; done; exec "$@"')  # one node: srun runs the command once
     shim(bin_dir, "scontrol", "echo localhost")
     jax_env = jr.env_for({"PYTHON": jr.PY})
     commands = {

@@ -12,6 +12,7 @@ import json
 import os
 import shlex
 import subprocess
+import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,10 +33,18 @@ class RenderError(Exception):
     pass
 
 
-def render_files(compiled: Compiled, target: str, spec_path: str, overrides: Sequence[str] = ()) -> dict[str, str]:
+# What launch.sbatch records of the build that wrote it (its directory, the Python that ran the build) where
+# render_files is not told: the golden files hold these, a build the real ones (`build` passes them).
+BUILD_DIR_PLACEHOLDER = "@BUILD_DIR@"
+PYTHON_PLACEHOLDER = "@PYTHON@"
+
+
+def render_files(compiled: Compiled, target: str, spec_path: str, overrides: Sequence[str] = (),
+                 build_dir: str = BUILD_DIR_PLACEHOLDER, python: str = PYTHON_PLACEHOLDER) -> dict[str, str]:
     """Returns {relative file name: text} without writing anything. The plan is costed once, as `target`'s
     program runs it (targets/costing.py): plan.json and the figures the program embeds (`PREDICTED`,
-    `PLANNED_BYTES`) are that one costing's, and `plan --target TARGET` prints the same."""
+    `PLANNED_BYTES`) are that one costing's, and `plan --target TARGET` prints the same. `build_dir` (absolute)
+    and `python` are what launch.sbatch runs by default (it is copied to a spool directory under SLURM)."""
     entry = TARGETS[target]
     diags: list[Diagnostic] = entry.check(compiled.plan, compiled.doc)
     if diags:
@@ -45,6 +54,7 @@ def render_files(compiled: Compiled, target: str, spec_path: str, overrides: Seq
     adapter = importlib.import_module(f"{__package__}.{entry.adapter}")
     ctx.update(adapter.extra_context(compiled.plan, ctx, cost))
     ctx["sampling"] = sampling_context(compiled.plan, ctx, target)  # generate.py (a language model), or None
+    ctx["slurm"] = slurm_context(compiled.plan.mesh.devices, compiled.plan.spec.name, build_dir, python)
     env = environment()
     out: dict[str, str] = {}
     for template, name in entry.files_for(compiled.plan):
@@ -54,6 +64,16 @@ def render_files(compiled: Compiled, target: str, spec_path: str, overrides: Seq
         out[name] = text
     out["plan.json"] = json.dumps(plan_to_json(compiled.plan, cost.costs), indent=2) + "\n"
     return out
+
+
+def slurm_context(devices: int, spec_name: str, build_dir: str, python: str) -> dict[str, object]:
+    """launch.sbatch's figures: nodes x ranks per node (at most 8, a divisor of the mesh's devices: GPUs per
+    node on a GPU cluster, one core each on a CPU one), the job's name, and the build's directory and Python."""
+    per_node = min(devices, 8)
+    while devices % per_node:
+        per_node -= 1
+    return {"nodes": devices // per_node, "per_node": per_node, "build_dir": build_dir, "python": python,
+            "job_name": "".join(c if c.isalnum() or c in "_.-" else "-" for c in spec_name)}
 
 
 def origin(spec_path: str, overrides: Sequence[str] = ()) -> str:
@@ -165,7 +185,8 @@ def build(compiled: Compiled, target: str, out_dir: Path, spec_path: str, force:
     check_output(out_dir)
     if not force:
         check_unedited(out_dir)
-    files = render_files(compiled, target, spec_path, overrides)
+    files = render_files(compiled, target, spec_path, overrides, build_dir=str(out_dir.resolve()),
+                         python=sys.executable)
     files[MANIFEST] = manifest_text(files)
     modes = {name: (text, 0o755 if name.endswith((".sh", ".sbatch")) else 0o644) for name, text in files.items()}
     return replace_directory(out_dir, modes, build_files())

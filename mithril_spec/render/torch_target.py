@@ -287,9 +287,6 @@ def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
     _, master, slots, slot_bytes = precision_setup(plan.spec)  # optimizer state per parameter, as the plan counts
     zero = tr.zero if zero_degree > 1 else 0  # (one data rank: nothing to split)
     devices = plan.mesh.devices
-    per_node = min(devices, 8)
-    while devices % per_node:
-        per_node -= 1
     held = costing.held
     return {
         "inputs": inputs,
@@ -363,8 +360,6 @@ def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
             # per-rank bytes the build's costing predicts (plan.json); every rank reports what it holds
             "planned": {"params": held.params, "grads": held.grads, "optimizer": held.optimizer,
                         "buffers": held.buffers},
-            "nodes": devices // per_node,
-            "gpus_per_node": per_node,
             "comm": torch_comm(plan),  # communication: DDP hook, FSDP2 reduce dtype and prefetch, NCCL_ALGO
             "job_name": "".join(c if c.isalnum() or c in "_.-" else "-" for c in plan.spec.name),
         },

@@ -28,7 +28,7 @@ class JaxTarget(Target):
         zero_with_pipeline=False,
         compute_dtypes=("float32", "bfloat16", "float16"),
         param_dtypes=("float32", "bfloat16", "float16"),
-        launchers=("launch.sh (jax.distributed, one process per host)",),
+        launchers=("launch.sh (jax.distributed, one process per host)", "launch.sbatch (SLURM)"),
         pipeline_outside_everywhere=True,
         # the stages of an uneven `stage:` / `device:` placement are padded to the largest one's copies
         pipeline_pads_stages=True,
@@ -49,7 +49,8 @@ class JaxTarget(Target):
              "moved 2.3x the planned bytes, and the CPU backend compiles the transfers away"),
         ),
     )
-    files = (("jax/train.py.j2", "train.py"), ("jax/launch.sh.j2", "launch.sh"), ("jax/README.md.j2", "README.md"),
+    files = (("jax/train.py.j2", "train.py"), ("jax/launch.sh.j2", "launch.sh"), ("jax/launch.sbatch.j2", "launch.sbatch"),
+             ("jax/README.md.j2", "README.md"),
              ("jax/generate.py.j2", "generate.py"))
     conditional_files = (("generate.py", "language_model"),)  # sampling from a language model
     adapter = "jax_target"

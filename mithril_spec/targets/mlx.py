@@ -59,12 +59,14 @@ class MlxTarget(Target):
         data_param_layouts=False,
         input_layouts=False,
         ops=frozenset(k for k in OPS if not OPS[k].expert_dims),
-        launchers=("launch.sh (mlx.launch: processes on one machine, or --hosts for several)",),
+        launchers=("launch.sh (mlx.launch: processes on one machine, or --hosts for several)",
+                   "launch.sbatch (SLURM, one node)"),
         reasons=_REASONS,
         remat=("none", "full"),
         default=False,
     )
-    files = (("mlx/train.py.j2", "train.py"), ("mlx/launch.sh.j2", "launch.sh"), ("mlx/README.md.j2", "README.md"))
+    files = (("mlx/train.py.j2", "train.py"), ("mlx/launch.sh.j2", "launch.sh"), ("mlx/launch.sbatch.j2", "launch.sbatch"),
+             ("mlx/README.md.j2", "README.md"))
     adapter = "mlx_target"
     imports = "numpy, mlx"
     limits = (

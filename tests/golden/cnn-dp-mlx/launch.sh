@@ -12,6 +12,9 @@
 # (2 when the processes refuse what they were asked: the first one says why, in one line), and leaves out
 # mlx.launch's own lines about which process exited how.
 set -euo pipefail
+# SIGUSR1, SLURM's warning before a job's time limit (launch.sbatch), is for train.py to act on: the launchers
+# ignore it, and so does a train.py that sets no handler of its own (the ignoring is inherited).
+trap '' USR1
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 python="$(command -v "${PYTHON:-python3}")"

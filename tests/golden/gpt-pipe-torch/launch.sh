@@ -15,6 +15,9 @@
 # one line and exits 2 (torchrun's own failure report is left out); any other failure adds one line naming
 # the rank. TORCHRUN replaces the launcher as it is (e.g. TORCHRUN=torchrun: its own report, exit code 1).
 set -euo pipefail
+# SIGUSR1, SLURM's warning before a job's time limit (launch.sbatch), is for train.py to act on: the launchers
+# ignore it, and so does a train.py that sets no handler of its own (the ignoring is inherited).
+trap '' USR1
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 world=8

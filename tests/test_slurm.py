@@ -1,0 +1,103 @@
+"""launch.sbatch under a real SLURM (tests/slurm_cluster.py: one node on localhost, 2 CPUs; skipped, saying
+why, where slurm-wlm / munge are missing or we are not root; scripts/setup.sh installs them in CI).
+
+- torch, jax and mlx builds of the MLP for 2 processes, submitted with `sbatch --wait` from `/` (the job
+  runs from SLURM's spool directory, in `/`): each job succeeds, and its losses equal the one-process run's
+  (float32, within 1e-5 as the equivalence tests).
+- Refusals, each one line and exit 2 before any Python starts: two tasks per node, a PYTHON that cannot
+  import the framework, a MITHRIL_BUILD_DIR without train.py.
+
+Jobs ask one CPU each (`--cpus-per-task=1`) so that two run at once on the 2-CPU node.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import jax_runs as jr
+import mlx_runs as mr
+import pytest
+import torch_runs as tr
+from slurm_cluster import SlurmCluster, SlurmUnavailable
+
+pytestmark = pytest.mark.slow
+
+MLP = tr.SPECS / "mlp-dp.yaml"
+STEPS = 5
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    try:
+        c = SlurmCluster.start(tmp_path_factory.mktemp("slurm"))
+    except SlurmUnavailable as e:
+        pytest.skip(f"no SLURM cluster: {e}")
+    yield c
+    c.stop()
+
+
+def sbatch(cluster: SlurmCluster, program: Path, where: Path, *args: str, options: tuple[str, ...] = (),
+           env: dict | None = None) -> tuple[int, str, list[float]]:
+    """`sbatch --wait PROGRAM/launch.sbatch ARGS` from `/`: (exit code, the job's output, its losses)."""
+    where.mkdir(parents=True, exist_ok=True)
+    out, metrics = where / "job.out", where / "metrics.jsonl"
+    cmd = ["sbatch", "--wait", f"--output={out}", "--cpus-per-task=1", *options, str(program / "launch.sbatch"),
+           *args, "--metrics", str(metrics), "--checkpoint-dir", str(where / "ckpt")]
+    p = subprocess.run(cmd, cwd="/", env={**cluster.env, "OMP_NUM_THREADS": "1", **(env or {})},
+                       capture_output=True, text=True, check=False, timeout=180)
+    output = out.read_text(errors="replace") if out.exists() else ""
+    losses = [json.loads(line)["loss"] for line in metrics.read_text().splitlines()] if metrics.exists() else []
+    return p.returncode, p.stderr + output, losses
+
+
+def test_jobs_from_another_directory_equal_one_process(cluster, tmp_path):
+    programs = {"torch": tr.build(MLP, "data=2"), "jax": jr.build(MLP, "data=2"), "mlx": mr.build(MLP, "data=2")}
+    # jax: launch.sh's NPROC=2 processes on the one node (sbatch passes the environment on)
+    envs = {"jax": {"NPROC": "2"}}
+    args = ("--steps", str(STEPS))
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        jobs = {t: pool.submit(sbatch, cluster, p, tmp_path / t, *args, env=envs.get(t)) for t, p in programs.items()}
+        refs = {"torch": tr.run(tr.build(MLP, "data=1"), *args).losses,
+                "jax": jr.run(jr.build(MLP, "data=1"), *args).losses,
+                "mlx": mr.run(mr.build(MLP, "data=1"), *args).losses}
+        done = {t: f.result() for t, f in jobs.items()}
+    for target, (rc, output, losses) in done.items():
+        assert rc == 0, f"{target}: sbatch --wait exit {rc}\n{output[-4000:]}"
+        assert len(losses) == STEPS, f"{target}: {len(losses)} losses\n{output[-4000:]}"
+        diff = tr.max_diff(losses, refs[target])
+        assert diff < 1e-5, f"{target}: the SLURM job's losses differ from one process by {diff:.2e}"
+    jr.report("slurm: 2-process jobs", **{t: f"exit {d[0]}, final loss {d[2][-1]:.6f}" for t, d in done.items()})
+
+
+def one_line(output: str) -> str:
+    lines = [line for line in output.splitlines() if line.strip()]
+    assert len(lines) == 1, output
+    return lines[0]
+
+
+def test_refusals_say_why_in_one_line(cluster, tmp_path):
+    torch_prog, jax_prog = tr.build(MLP, "data=2"), jr.build(MLP, "data=2")
+    # a Python without the framework: the venv's interpreter without its site-packages
+    bare = tmp_path / "python-without-site"
+    bare.write_text(f'#!/bin/sh\nexec {tr.PY} -S "$@"\n')
+    bare.chmod(0o755)
+    cases = {
+        "tasks": (torch_prog, {"options": ("--ntasks-per-node=2",)},
+                  "launch.sbatch: one task per node (--ntasks-per-node=1), got 2 tasks on 1 node(s)"),
+        "python": (jax_prog, {"env": {"PYTHON": str(bare)}},
+                   f"launch.sbatch: {bare} cannot import jax: set PYTHON to the Python that has it"),
+        "build dir": (torch_prog, {"env": {"MITHRIL_BUILD_DIR": str(tmp_path)}},
+                      f"launch.sbatch: no train.py in {tmp_path}: set MITHRIL_BUILD_DIR to the build's directory"),
+    }
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        jobs = {name: pool.submit(sbatch, cluster, prog, tmp_path / name.replace(" ", "-"), "--steps", "1", **kw)
+                for name, (prog, kw, _) in cases.items()}
+        done = {name: f.result() for name, f in jobs.items()}
+    for name, (rc, output, losses) in done.items():
+        assert rc == 2 and not losses, f"{name}: exit {rc}\n{output}"
+        assert one_line(output).startswith(cases[name][2]), f"{name}: {output}"
+    assert os.access(torch_prog / "launch.sbatch", os.X_OK)
