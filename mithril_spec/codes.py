@@ -415,9 +415,9 @@ _TEXTS: dict[str, tuple[str, str]] = {
         (
             "`mithril-spec import hf` found a setting in the model's config.json that the spec language cannot "
             "express exactly (a rope scaling kind, sliding-window attention shorter than the sequence, an "
-            "activation or position embedding other than the supported ones, ...). The import stops rather than "
-            "approximate the model: the diagnostic names the field and what would import (often another value, "
-            "or a shorter `--seq`)."
+            "activation or position embedding other than the supported ones, a field the import does not read, "
+            "...). The import stops rather than approximate the model: the diagnostic names the field and what "
+            "would import (often another value, or a shorter `--seq`)."
         ),
     ),
     "E071": (
@@ -1027,7 +1027,7 @@ hf:
     "E070": Example(
         '{"model_type": "llama", "vocab_size": 100, "hidden_size": 32, "intermediate_size": 64,\n'
         ' "num_hidden_layers": 2, "num_attention_heads": 4,\n'
-        ' "rope_scaling": {"rope_type": "linear", "factor": 2.0}}\n',
+        ' "rope_scaling": {"rope_type": "yarn", "factor": 2.0}}\n',
         args=("-o", "spec.yaml"), file="config.json", command=_IMPORT),
     "E071": Example('{"model_type": "t5", "d_model": 32}\n', args=("-o", "spec.yaml"), file="config.json",
                     command=_IMPORT),

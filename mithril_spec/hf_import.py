@@ -53,8 +53,20 @@ class _Config:
             return 1
         return value
 
-    def refuse(self, key: str, why: str, help: str) -> None:
-        self.diags.append(Diagnostic("E070", f"`{key}`: {why}", self.doc.pos((key,)), help=help))
+    def refuse(self, key: str, why: str, help: str, path: tuple = ()) -> None:
+        """E070 at `key` (or at `path` inside it: a field of a nested object such as rope_parameters)."""
+        where = ".".join((key, *map(str, path)))
+        self.diags.append(Diagnostic("E070", f"`{where}`: {why}", self.doc.pos((key, *path)), help=help))
+
+    def unread(self) -> None:
+        """E070 for every field the family did not read that may change the computation: the import honours
+        each field it reads or refuses it, and never drops an unknown one silently."""
+        for key in self.data:
+            if key not in self.read and key not in HARMLESS and not key.startswith("_"):
+                self.refuse(key, "this field is not read by the import of a "
+                            f"{self.data.get('model_type')} model: it may change the model",
+                            "remove the field if it does not change the computation (or report it: "
+                            "docs/fine-tuning.md lists the fields each family reads)")
 
     def only(self, key: str, allowed: tuple, why: str, help: str, default: Any = None) -> Any:
         value = self.get(key, default)
@@ -71,6 +83,68 @@ class _Config:
                     self.doc.pos((key,)), severity="warning",
                     help="add dropout layers to the spec where you want them (attention layers take a `dropout` "
                     "rate for their probabilities)"))
+
+
+# Fields of any transformers config that do not change the model's computation (token ids, generation
+# defaults, initialisation, bookkeeping). Every other field must be read by the family's function.
+HARMLESS = frozenset({
+    "architectures", "transformers_version", "torch_dtype", "dtype", "model_type", "bos_token_id", "eos_token_id",
+    "pad_token_id", "sep_token_id", "cls_token_id", "mask_token_id", "decoder_start_token_id", "initializer_range",
+    "initializer_factor", "use_cache", "output_attentions", "output_hidden_states", "return_dict", "torchscript",
+    "use_bfloat16", "tf_legacy_loss", "chunk_size_feed_forward", "tokenizer_class", "task_specific_params",
+    "finetuning_task", "prefix", "pruned_heads", "max_length", "min_length", "do_sample", "early_stopping",
+    "num_beams", "num_beam_groups", "diversity_penalty", "temperature", "top_k", "top_p", "typical_p",
+    "repetition_penalty", "length_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size",
+    "bad_words_ids", "num_return_sequences", "output_scores", "return_dict_in_generate", "forced_bos_token_id",
+    "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens",
+    "begin_suppress_tokens", "is_encoder_decoder", "tie_encoder_decoder", "cross_attention_hidden_size",
+    "id2label", "label2id", "num_labels", "gradient_checkpointing",
+})
+
+
+def _rope(c: _Config) -> tuple[float, dict | None]:
+    """(rope theta, scaling) from either config layout: transformers 5's `rope_parameters` {rope_type,
+    rope_theta, factor, ...}, or transformers 4's top-level `rope_theta` and `rope_scaling` {rope_type (or
+    type), factor, ...}. Scaling kinds the import cannot express are E070 at their field."""
+    params = c.get("rope_parameters")
+    legacy = c.get("rope_scaling")
+    theta = c.get("rope_theta", 10000.0)
+    if c.get("partial_rotary_factor", 1.0) != 1.0:
+        c.refuse("partial_rotary_factor", "rotary embeddings on part of each head are not in the spec language",
+                 "only full rotary embeddings import")
+    if params is not None:
+        if not isinstance(params, dict) or any(isinstance(v, dict) for v in params.values()):
+            c.refuse("rope_parameters", "rope settings per attention kind are not imported",
+                     "give one rope_parameters object")
+            return theta, None
+        key, fields = "rope_parameters", dict(params)
+        theta = fields.pop("rope_theta", theta)
+        if legacy is not None and legacy != params:
+            c.refuse("rope_scaling", "the config holds both rope_parameters and a different rope_scaling",
+                     "keep one of them")
+    elif legacy is not None:
+        if not isinstance(legacy, dict):
+            c.refuse("rope_scaling", f"{legacy!r} is not a rope scaling object", "give {rope_type: ..., ...}")
+            return theta, None
+        key, fields = "rope_scaling", dict(legacy)
+        fields.pop("rope_theta", None)
+    else:
+        return theta, None
+    if not isinstance(theta, (int, float)) or isinstance(theta, bool) or theta <= 1:
+        c.refuse(key, f"rope_theta {theta!r} must be a number above 1", "check the config", ("rope_theta",))
+        return 10000.0, None
+    kind = fields.pop("rope_type", fields.pop("type", "default"))
+    if "partial_rotary_factor" in fields and fields.pop("partial_rotary_factor") != 1.0:
+        c.refuse(key, "rotary embeddings on part of each head are not in the spec language",
+                 "only full rotary embeddings import", ("partial_rotary_factor",))
+    if kind == "default":
+        for extra in fields:
+            c.refuse(key, "a field of a rope without scaling that the import does not read",
+                     "remove it", (extra,))
+        return float(theta), None
+    c.refuse(key, f"rope_type {kind!r} is not supported: rope scaling kinds are not in the spec language",
+             "remove the rope scaling (positions up to the original context) or wait for its support")
+    return float(theta), None
 
 
 def _num(v: float) -> str:
@@ -95,23 +169,27 @@ def _llama(c: _Config, seq: int) -> tuple[dict, list[str], str]:
             "ff": c.need("intermediate_size"), "layers": c.need("num_hidden_layers")}
     head_dim = c.get("head_dim") or d // heads
     c.only("hidden_act", ("silu",), "the spec's swiglu uses silu", "only silu-gated MLPs import", "silu")
-    c.only("rope_scaling", (None,), "rope scaling kinds are not in the spec language",
-           "remove rope_scaling (positions up to the original context) or wait for its support")
     c.only("mlp_bias", (False,), "the spec's swiglu has no biases", "only bias-free MLPs import", False)
     c.get("pretraining_tp")  # a way to split the same matmuls: the model is the same
     eps = c.get("rms_norm_eps", 1e-6)
-    theta = c.get("rope_theta", 10000.0)
+    theta, _scaling = _rope(c)
     if kind == "qwen2":
         bias = "qkv"  # Qwen2's q, k and v projections have biases, its o projection none
         if c.get("use_sliding_window", False):
             c.refuse("use_sliding_window", "sliding-window attention is not in the spec language",
                      "set use_sliding_window to false (full attention)")
+        c.get("max_window_layers")  # the layers with sliding windows: none without use_sliding_window
+        c.get("sliding_window")  # (read by transformers only with use_sliding_window)
     else:
         bias = "true" if c.get("attention_bias", False) else "false"
-    window = c.get("sliding_window")
-    if kind != "qwen2" and window is not None and window < seq:
-        c.refuse("sliding_window", f"a window of {window} tokens is shorter than the sequence ({seq}): sliding-"
-                 "window attention is not in the spec language", f"import with --seq {window} or less")
+        window = c.get("sliding_window")
+        if window is not None and window < seq:
+            c.refuse("sliding_window", f"a window of {window} tokens is shorter than the sequence ({seq}): sliding-"
+                     "window attention is not in the spec language", f"import with --seq {window} or less")
+    types = c.get("layer_types")
+    if types is not None and any(t != "full_attention" for t in types):
+        c.refuse("layer_types", "layers other than full_attention (sliding windows) are not in the spec language",
+                 "import a model whose layers all use full attention")
     c.no_dropout("attention_dropout")
     tie = bool(c.get("tie_word_embeddings", False))
     c.get("max_position_embeddings")
@@ -142,10 +220,17 @@ def _gpt2(c: _Config, seq: int):
             "heads": c.need("n_head"), "ff": c.get("n_inner") or 4 * d, "layers": c.need("n_layer")}
     c.only("activation_function", ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"),
            "the spec's mlp gelu is the tanh approximation", "only tanh-approximated gelu imports", "gelu_new")
+    c.get("n_ctx")  # older configs' copy of n_positions
     c.only("scale_attn_weights", (True,), "scores are always scaled by 1/sqrt(head_dim)", "set it to true", True)
     c.only("scale_attn_by_inverse_layer_idx", (False,), "per-layer score scaling is not in the spec language",
            "set it to false", False)
     c.get("reorder_and_upcast_attn")  # numerics of the same model: scores are float32 in the spec anyway
+    c.only("tie_word_embeddings", (True,), "GPT-2's head is the token embedding (its checkpoints have no lm_head)",
+           "set it to true", True)
+    c.only("add_cross_attention", (False,), "cross-attention is not in the spec language", "remove it", False)
+    for key in ("summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
+                "summary_first_dropout"):
+        c.get(key)  # GPT2DoubleHeadsModel's multiple-choice head: not part of GPT2LMHeadModel
     c.no_dropout("resid_pdrop", "embd_pdrop", "attn_pdrop")
     eps = c.get("layer_norm_epsilon", 1e-5)
     block = [
@@ -184,6 +269,10 @@ def _bert(c: _Config, seq: int):
         c.refuse("architectures", f"{archs[0]} is not imported (BertForSequenceClassification is)",
                  "import the encoder with a classification head")
     labels = c.get("num_labels") or len(c.get("id2label") or {}) or 2
+    c.only("problem_type", (None, "single_label_classification"), "the spec's loss is cross-entropy over labels",
+           "import a single-label classifier")
+    c.get("tie_word_embeddings")  # BERT for classification has no language-model head to tie
+    c.get("use_cache")
     eps = c.get("layer_norm_eps", 1e-12)
     approx = _BERT_ACTS.get(act, "none")
     dims = {"vocab": c.need("vocab_size"), "seq": seq, "positions": c.need("max_position_embeddings"),
@@ -337,6 +426,7 @@ def import_hf(path: Path, name: str | None = None, seq: int | None = None, mesh:
     max_pos = c.get("max_position_embeddings") or c.get("n_positions") or DEFAULT_SEQ_CAP
     seq = seq or min(max_pos, DEFAULT_SEQ_CAP)
     dims, blocks, layers = FAMILIES[kind](c, seq)
+    c.unread()
     errors = [d for d in c.diags if d.severity == "error"]
     if errors:
         raise DiagnosticError(c.diags)
