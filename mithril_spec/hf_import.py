@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .diagnostics import Diagnostic, DiagnosticError
+from .ops.attention import ROPE_SCALING_FIELDS as _ROPE_SCALING  # the kinds that import: the attention's
 from .source import Document, load_text
 
 DEFAULT_SEQ_CAP = 2048  # seq defaults to max_position_embeddings, at most this
@@ -142,13 +143,38 @@ def _rope(c: _Config) -> tuple[float, dict | None]:
             c.refuse(key, "a field of a rope without scaling that the import does not read",
                      "remove it", (extra,))
         return float(theta), None
-    c.refuse(key, f"rope_type {kind!r} is not supported: rope scaling kinds are not in the spec language",
-             "remove the rope scaling (positions up to the original context) or wait for its support")
-    return float(theta), None
+    if kind not in _ROPE_SCALING:
+        kinds = " or ".join(_ROPE_SCALING)
+        c.refuse(key, f"rope_type {kind!r} is not supported: the spec's rope_scaling is {kinds}",
+                 f"remove the rope scaling (positions up to the original context), or use {kinds}")
+        return float(theta), None
+    scaling: dict[str, Any] = {"type": kind}
+    if "original_max_position_embeddings" in _ROPE_SCALING[kind] and "original_max_position_embeddings" not in fields:
+        # transformers falls back to max_position_embeddings
+        fields["original_max_position_embeddings"] = c.get("max_position_embeddings")
+    for field in _ROPE_SCALING[kind]:
+        value = fields.pop(field, None)
+        integer = field == "original_max_position_embeddings"
+        if (not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0
+                or (integer and not float(value).is_integer())):
+            c.refuse(key, f"{field} must be a positive {'integer' if integer else 'number'}, got {value!r}",
+                     f"give {field} for rope_type {kind}", (field,))
+            return float(theta), None
+        scaling[field] = int(value) if integer else float(value)
+    for extra in fields:
+        c.refuse(key, f"a field of rope_type {kind} that the import does not read", "remove it", (extra,))
+    if "high_freq_factor" in scaling and scaling["high_freq_factor"] <= scaling["low_freq_factor"]:
+        c.refuse(key, "high_freq_factor must be above low_freq_factor", "check the config", ("high_freq_factor",))
+    return float(theta), scaling
 
 
 def _num(v: float) -> str:
     return json.dumps(float(v)) if not float(v).is_integer() or abs(v) >= 1e16 else f"{float(v):.1f}"
+
+
+def _flow(d: dict) -> str:
+    """A flat mapping in YAML flow style, floats with their point."""
+    return "{" + ", ".join(f"{k}: {_num(v) if isinstance(v, float) else v}" for k, v in d.items()) + "}"
 
 
 def _sanitize(name: str) -> str:
@@ -172,7 +198,7 @@ def _llama(c: _Config, seq: int) -> tuple[dict, list[str], str]:
     c.only("mlp_bias", (False,), "the spec's swiglu has no biases", "only bias-free MLPs import", False)
     c.get("pretraining_tp")  # a way to split the same matmuls: the model is the same
     eps = c.get("rms_norm_eps", 1e-6)
-    theta, _scaling = _rope(c)
+    theta, scaling = _rope(c)
     if kind == "qwen2":
         bias = "qkv"  # Qwen2's q, k and v projections have biases, its o projection none
         if c.get("use_sliding_window", False):
@@ -195,7 +221,7 @@ def _llama(c: _Config, seq: int) -> tuple[dict, list[str], str]:
     c.get("max_position_embeddings")
     attn = (f"{{op: attention, name: self_attn, heads: heads, kv_heads: kv_heads, causal: true, rotary: true, "
             f"rotary_base: {_num(theta)}, bias: {bias}" + (f", head_dim: {head_dim}" if head_dim * heads != d else "")
-            + "}")
+            + (f", rope_scaling: {_flow(scaling)}" if scaling else "") + "}")
     block = [
         f"{{op: rms_norm, name: input_layernorm, eps: {_num(eps)}}}",
         attn,

@@ -176,10 +176,10 @@ def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
 
     ops: set[str] = set()  # operators the model uses; `<op>_rng` for those that draw random numbers
     activations: dict[str, set[str]] = {}  # by operator (mlp, moe): the activations its layers use
-    rotary = False
+    rotary = rope_scaled = False
 
     def annotate(layer: dict[str, Any], vars_: dict[str, str]) -> dict[str, Any]:
-        nonlocal rotary
+        nonlocal rotary, rope_scaled
         layer["var"] = vars_[layer["name"]]
         layer["input_vars"] = [vars_[n] for n in layer["inputs"]]
         if layer["op"] in OPS:  # not a repeat
@@ -192,6 +192,7 @@ def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
             if attrs.get("activation"):
                 activations.setdefault(layer["op"], set()).add(attrs["activation"])
             rotary |= bool(attrs.get("rotary"))
+            rope_scaled |= bool(attrs.get("rope_scaling"))
         return layer
 
     # block classes: never a name the program uses for something else, nor a builtin (`Exception`)
@@ -304,6 +305,7 @@ def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
             "ops": sorted(ops),
             "activations": {op: sorted(a) for op, a in activations.items()},  # mlp / moe activations in use
             "rotary": rotary,
+            "rope_scaled": rope_scaled,  # an attention layer scales its rotary frequencies (rope_scaling)
             "has_buffers": bool(ctx["buffers"]),
             "aux_loss": any(OPS[o].has_aux_loss for o in ops if o in OPS),  # the model adds a layer's loss
             # where the current micro-batch sits (dropout masks, batch-norm bookkeeping read it)
