@@ -337,7 +337,7 @@ _TEXTS: dict[str, tuple[str, str]] = {
             "run: in torch, a layer name that clashes with `torch.nn.Module`, a parameter or input split over `data` beyond the batch, "
             "tensor parallelism that is not a column-parallel linear followed by a row-parallel one, "
             "`training.zero` with an axis other than `data`, `expert` with an axis other than `data`; in mlx, "
-            "`training.zero` or `precision.master_weights`; a model one "
+            "`training.zero` or `precision.master_weights`, an attention's `qk_norm` with `tensor`; a model one "
             "target cannot pipeline (docs/program.md, pipeline stages). The message says what the target "
             "supports; docs/targets.md lists every target's capabilities and limits (generated from the "
             "target registry)."
@@ -424,7 +424,7 @@ _TEXTS: dict[str, tuple[str, str]] = {
         "not an importable model config",
         (
             "The config.json given to `mithril-spec import hf` is not one of the families that import (Llama, "
-            "Mistral, Qwen2, GPT-2, BERT: its `model_type`), or lacks a field that family needs (sizes such as "
+            "Mistral, Qwen2, Qwen3, GPT-2, BERT: its `model_type`), or lacks a field that family needs (sizes such as "
             "`hidden_size` must be positive integers)."
         ),
     ),

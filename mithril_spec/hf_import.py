@@ -186,8 +186,9 @@ def _sanitize(name: str) -> str:
 
 
 def _llama(c: _Config, seq: int) -> tuple[dict, list[str], str]:
-    """Llama and its variants (Mistral, Qwen2): rms_norm, grouped-query attention with rotary embeddings
-    (transformers' rotate-half convention is the spec's), swiglu."""
+    """Llama and its variants (Mistral, Qwen2, Qwen3): rms_norm, grouped-query attention with rotary
+    embeddings (transformers' rotate-half convention is the spec's), swiglu; Qwen3's RMS norms on each head
+    of q and k are the attention's qk_norm."""
     kind = c.get("model_type")
     d, heads = c.need("hidden_size"), c.need("num_attention_heads")
     kv = c.get("num_key_value_heads") or heads
@@ -199,8 +200,9 @@ def _llama(c: _Config, seq: int) -> tuple[dict, list[str], str]:
     c.get("pretraining_tp")  # a way to split the same matmuls: the model is the same
     eps = c.get("rms_norm_eps", 1e-6)
     theta, scaling = _rope(c)
-    if kind == "qwen2":
-        bias = "qkv"  # Qwen2's q, k and v projections have biases, its o projection none
+    if kind in ("qwen2", "qwen3"):
+        # Qwen2's q, k and v projections have biases, its o projection none; Qwen3's all four or none
+        bias = "qkv" if kind == "qwen2" else "true" if c.get("attention_bias", False) else "false"
         if c.get("use_sliding_window", False):
             c.refuse("use_sliding_window", "sliding-window attention is not in the spec language",
                      "set use_sliding_window to false (full attention)")
@@ -221,7 +223,8 @@ def _llama(c: _Config, seq: int) -> tuple[dict, list[str], str]:
     c.get("max_position_embeddings")
     attn = (f"{{op: attention, name: self_attn, heads: heads, kv_heads: kv_heads, causal: true, rotary: true, "
             f"rotary_base: {_num(theta)}, bias: {bias}" + (f", head_dim: {head_dim}" if head_dim * heads != d else "")
-            + (f", rope_scaling: {_flow(scaling)}" if scaling else "") + "}")
+            + (f", rope_scaling: {_flow(scaling)}" if scaling else "")
+            + (f", qk_norm: true, qk_norm_eps: {_num(eps)}" if kind == "qwen3" else "") + "}")
     block = [
         f"{{op: rms_norm, name: input_layernorm, eps: {_num(eps)}}}",
         attn,
@@ -330,9 +333,10 @@ def _bert(c: _Config, seq: int):
     return dims, [("layer", block)], layers
 
 
-FAMILIES: dict[str, Callable] = {"llama": _llama, "mistral": _llama, "qwen2": _llama, "gpt2": _gpt2, "bert": _bert}
+FAMILIES: dict[str, Callable] = {"llama": _llama, "mistral": _llama, "qwen2": _llama, "qwen3": _llama,
+                                 "gpt2": _gpt2, "bert": _bert}
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                 "gpt2": "GPT2LMHeadModel", "bert": "BertForSequenceClassification"}
+                 "qwen3": "Qwen3ForCausalLM", "gpt2": "GPT2LMHeadModel", "bert": "BertForSequenceClassification"}
 
 
 # ---------------------------------------------------------------- checkpoint names
@@ -344,6 +348,7 @@ _LLAMA = (
     (r"embed_tokens\.weight", "model.embed_tokens.weight", False, None),
     (r"layers\.(\d+)\.(input_layernorm|post_attention_layernorm)\.weight", "model.layers.{0}.{1}.weight", False, None),
     (r"layers\.(\d+)\.self_attn\.([qkvo])\.(weight|bias)", "model.layers.{0}.self_attn.{1}_proj.{2}", True, None),
+    (r"layers\.(\d+)\.self_attn\.([qk]_norm)\.weight", "model.layers.{0}.self_attn.{1}.weight", False, None),  # qwen3
     (r"layers\.(\d+)\.mlp\.(gate|up|down)\.weight", "model.layers.{0}.mlp.{1}_proj.weight", True, None),
     (r"norm\.weight", "model.norm.weight", False, None),
     (r"lm_head\.weight", "lm_head.weight", True, None),
@@ -369,8 +374,9 @@ _BERT = (
     (r"pooler\.(weight|bias)", "bert.pooler.dense.{0}", True, None),
     (r"classifier\.(weight|bias)", "classifier.{0}", True, None),
 )
-NAME_RULES = {"llama": _LLAMA, "mistral": _LLAMA, "qwen2": _LLAMA, "gpt2": _GPT2, "bert": _BERT}
-PREFIXES = {"llama": "model.", "mistral": "model.", "qwen2": "model.", "gpt2": "transformer.", "bert": "bert."}
+NAME_RULES = {"llama": _LLAMA, "mistral": _LLAMA, "qwen2": _LLAMA, "qwen3": _LLAMA, "gpt2": _GPT2, "bert": _BERT}
+PREFIXES = {"llama": "model.", "mistral": "model.", "qwen2": "model.", "qwen3": "model.", "gpt2": "transformer.",
+            "bert": "bert."}
 
 
 def hf_name(model_type: str, name: str, ndim: int) -> tuple[str, bool, int, int] | None:

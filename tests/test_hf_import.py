@@ -31,6 +31,9 @@ def configs():
         ("llama-bias-headdim", t.LlamaConfig(**SMALL, attention_bias=True, head_dim=16), t.LlamaForCausalLM),
         ("mistral", t.MistralConfig(**SMALL, num_key_value_heads=2, sliding_window=None), t.MistralForCausalLM),
         ("qwen2", t.Qwen2Config(**SMALL, num_key_value_heads=2, rope_theta=1e6), t.Qwen2ForCausalLM),
+        ("qwen3", t.Qwen3Config(**SMALL, num_key_value_heads=2, head_dim=16), t.Qwen3ForCausalLM),
+        ("qwen3-bias-tied", t.Qwen3Config(**SMALL, num_key_value_heads=2, head_dim=8, attention_bias=True,
+                                          tie_word_embeddings=True), t.Qwen3ForCausalLM),
         ("gpt2", t.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=100, n_positions=64), t.GPT2LMHeadModel),
         ("bert", t.BertConfig(**SMALL, num_labels=3), t.BertForSequenceClassification),
     ]

@@ -70,6 +70,10 @@ class AttentionArgs(LayerArgs):
     rope_scaling: Optional[RopeScaling] = Field(
         None, description="scaled rotary frequencies (needs rotary): {type: linear, factor} or {type: llama3, "
         "factor, low_freq_factor, high_freq_factor, original_max_position_embeddings}, as transformers computes them")
+    qk_norm: bool = Field(
+        False, description="an RMS norm over each head of q and of k (weights q_norm.weight, k_norm.weight "
+        "[head_dim], shared by the heads) before the rotary embeddings, as Qwen3")
+    qk_norm_eps: float = Field(1e-6, gt=0, description="the q/k norms' epsilon")
     bias: Union[bool, Literal["qkv"]] = Field(
         False, description="biases on the q, k, v and o projections (true), on q, k and v only (qkv, as Qwen2), or none")
     dropout: float = Field(
@@ -130,13 +134,16 @@ class Attention(Op):
             ]
             if args.bias is True:
                 params.append(ParamDef("o.bias", (d,), (emb,), init="zeros"))
-        proj = 2 * seq * d * (2 * q_out + 2 * kv_out)
+        if args.qk_norm:  # one weight per head dimension, shared by every head: whole on every rank
+            params += [ParamDef("q_norm.weight", (hd,), (None,), init="ones"),
+                       ParamDef("k_norm.weight", (hd,), (None,), init="ones")]
+        proj = 2 * seq * d * (2 * q_out + 2 * kv_out) + (5 * seq * (q_out + kv_out) if args.qk_norm else 0)
         scores = 2 * 2 * seq * seq * heads * hd  # q@k^T and p@v
         attrs = {
             "dim": d, "seq": seq, "heads": heads, "kv_heads": kv, "head_dim": hd, "causal": args.causal,
             "rotary": args.rotary, "rotary_base": args.rotary_base,
             "rope_scaling": args.rope_scaling.model_dump() if args.rope_scaling is not None else None, "bias": bool(args.bias), "o_bias": args.bias is True,
-            "dropout": args.dropout,
+            "dropout": args.dropout, "qk_norm": args.qk_norm, "qk_norm_eps": args.qk_norm_eps,
         }
         return OpResult(TensorType(x.shape, x.axes, x.dtype), tuple(params), attrs, flops=proj + scores)
 

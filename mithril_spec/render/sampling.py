@@ -124,6 +124,7 @@ def sampling_context(plan: Plan, ctx: dict[str, Any], target: str) -> dict[str, 
         "caches": caches,
         "rotary": any(c["rotary"] for entry in caches for c in entry["layers"]),
         "rope_scaled": any(c["rope_scaling"] for entry in caches for c in entry["layers"]),
+        "qk_norm": any(c["qk_norm"] for entry in caches for c in entry["layers"]),
         "ops": sorted(ops),  # the operators of its layers (and "repeat")
         "tensor": tensor,
         "local_modules": tuple(sorted(set(local_modules))),
@@ -141,5 +142,6 @@ def _cache(plan: Plan, layer: dict[str, Any], prefix: str) -> dict[str, Any]:
         "head_dim": a["head_dim"],
         "rotary": bool(a["rotary"]),
         "rope_scaling": a["rope_scaling"],
+        "qk_norm": a["qk_norm"],
         "heads_layout": heads_axes or None,  # mesh axes the heads are split over (JAX)
     }

@@ -90,6 +90,9 @@ def _styles(ctx_tp: dict[str, str], prefix: str, nodes, sp: bool) -> dict[str, s
             if mine:
                 out[prefix + node.name] = "experts_sp" if sp and kind == "experts" else kind
             continue
+        if mine and node.attrs.get("qk_norm"):
+            # the q/k norms see this rank's heads: whole weights on head shards, their gradients summed
+            out.update({f"{prefix}{node.name}.{n}": "heads_norm" for n in ("q_norm", "k_norm")})
         if not sp:
             out.update({prefix + k: v for k, v in mine.items()})
             if len(OPS[node.op].input_projections(node.attrs)) > 1 and mine:
@@ -176,10 +179,10 @@ def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
 
     ops: set[str] = set()  # operators the model uses; `<op>_rng` for those that draw random numbers
     activations: dict[str, set[str]] = {}  # by operator (mlp, moe): the activations its layers use
-    rotary = rope_scaled = False
+    rotary = rope_scaled = qk_norm = False
 
     def annotate(layer: dict[str, Any], vars_: dict[str, str]) -> dict[str, Any]:
-        nonlocal rotary, rope_scaled
+        nonlocal rotary, rope_scaled, qk_norm
         layer["var"] = vars_[layer["name"]]
         layer["input_vars"] = [vars_[n] for n in layer["inputs"]]
         if layer["op"] in OPS:  # not a repeat
@@ -193,6 +196,7 @@ def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
                 activations.setdefault(layer["op"], set()).add(attrs["activation"])
             rotary |= bool(attrs.get("rotary"))
             rope_scaled |= bool(attrs.get("rope_scaling"))
+            qk_norm |= bool(attrs.get("qk_norm"))
         return layer
 
     # block classes: never a name the program uses for something else, nor a builtin (`Exception`)
@@ -306,6 +310,7 @@ def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
             "activations": {op: sorted(a) for op, a in activations.items()},  # mlp / moe activations in use
             "rotary": rotary,
             "rope_scaled": rope_scaled,  # an attention layer scales its rotary frequencies (rope_scaling)
+            "qk_norm": qk_norm,  # an attention layer normalises each head of q and k (HeadNorm)
             "has_buffers": bool(ctx["buffers"]),
             "aux_loss": any(OPS[o].has_aux_loss for o in ops if o in OPS),  # the model adds a layer's loss
             # where the current micro-batch sits (dropout masks, batch-norm bookkeeping read it)
