@@ -416,7 +416,7 @@ _TEXTS: dict[str, tuple[str, str]] = {
             "`mithril-spec import hf` found a setting in the model's config.json that the spec language cannot "
             "express exactly (a rope scaling kind, sliding-window attention shorter than the sequence, an "
             "activation or position embedding other than the supported ones, a field the import does not read, "
-            "...). The import stops rather than approximate the model: the diagnostic names the field and what "
+            "a family not imported yet such as Gemma 2 or Mixtral, ...). The import stops rather than approximate the model: the diagnostic names the field and what "
             "would import (often another value, or a shorter `--seq`)."
         ),
     ),
