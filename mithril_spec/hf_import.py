@@ -195,7 +195,15 @@ def _llama(c: _Config, seq: int) -> tuple[dict, list[str], str]:
     dims = {"vocab": c.need("vocab_size"), "seq": seq, "d": d, "heads": heads, "kv_heads": kv,
             "ff": c.need("intermediate_size"), "layers": c.need("num_hidden_layers")}
     head_dim = c.get("head_dim") or d // heads
-    c.only("hidden_act", ("silu",), "the spec's swiglu uses silu", "only silu-gated MLPs import", "silu")
+    gemma = kind == "gemma"  # Gemma: GeGLU, (1 + weight) norms, embeddings scaled by sqrt(hidden_size)
+    if gemma:
+        c.only("hidden_act", ("gelu_pytorch_tanh", "gelu_new"), "Gemma's GeGLU gate imports with the tanh gelu",
+               "use gelu_pytorch_tanh", "gelu_pytorch_tanh")
+        c.only("hidden_activation", (None, "gelu_pytorch_tanh", "gelu_new"), "Gemma's GeGLU gate imports with "
+               "the tanh gelu", "use gelu_pytorch_tanh")
+        c.only("use_bidirectional_attention", (None, False), "the imported attention is causal", "remove it")
+    else:
+        c.only("hidden_act", ("silu",), "the spec's swiglu uses silu", "only silu-gated MLPs import", "silu")
     c.only("mlp_bias", (False,), "the spec's swiglu has no biases", "only bias-free MLPs import", False)
     c.get("pretraining_tp")  # a way to split the same matmuls: the model is the same
     eps = c.get("rms_norm_eps", 1e-6)
@@ -219,24 +227,26 @@ def _llama(c: _Config, seq: int) -> tuple[dict, list[str], str]:
         c.refuse("layer_types", "layers other than full_attention (sliding windows) are not in the spec language",
                  "import a model whose layers all use full attention")
     c.no_dropout("attention_dropout")
-    tie = bool(c.get("tie_word_embeddings", False))
+    tie = bool(c.get("tie_word_embeddings", gemma))
     c.get("max_position_embeddings")
     attn = (f"{{op: attention, name: self_attn, heads: heads, kv_heads: kv_heads, causal: true, rotary: true, "
             f"rotary_base: {_num(theta)}, bias: {bias}" + (f", head_dim: {head_dim}" if head_dim * heads != d else "")
             + (f", rope_scaling: {_flow(scaling)}" if scaling else "")
             + (f", qk_norm: true, qk_norm_eps: {_num(eps)}" if kind == "qwen3" else "") + "}")
+    norm = f"eps: {_num(eps)}" + (", weight_offset: 1.0" if gemma else "")  # Gemma: x / rms(x) * (1 + weight)
     block = [
-        f"{{op: rms_norm, name: input_layernorm, eps: {_num(eps)}}}",
+        f"{{op: rms_norm, name: input_layernorm, {norm}}}",
         attn,
         "{op: add, name: res1, inputs: [block_input, self_attn]}",
-        f"{{op: rms_norm, name: post_attention_layernorm, eps: {_num(eps)}}}",
-        "{op: mlp, name: mlp, hidden: ff, activation: swiglu}",
+        f"{{op: rms_norm, name: post_attention_layernorm, {norm}}}",
+        "{op: mlp, name: mlp, hidden: ff, activation: swiglu" + (", gate_activation: gelu}" if gemma else "}"),
         "{op: add, name: res2, inputs: [res1, mlp]}",
     ]
     layers = [
-        "{op: embedding, name: embed_tokens, vocab: vocab, dim: d, input: tokens}",
+        "{op: embedding, name: embed_tokens, vocab: vocab, dim: d, input: tokens"
+        + (f", scale: {json.dumps(float(d) ** 0.5)}}}" if gemma else "}"),
         "{repeat: layers, block: decoder, name: layers}",
-        f"{{op: rms_norm, name: norm, eps: {_num(eps)}}}",
+        f"{{op: rms_norm, name: norm, {norm}}}",
         "{op: linear, name: lm_head, dimension: vocab, bias: false" + (", tie: embed_tokens}" if tie else "}"),
     ]
     return dims, [("decoder", block)], layers
@@ -334,22 +344,21 @@ def _bert(c: _Config, seq: int):
 
 
 FAMILIES: dict[str, Callable] = {"llama": _llama, "mistral": _llama, "qwen2": _llama, "qwen3": _llama,
-                                 "gpt2": _gpt2, "bert": _bert}
+                                 "gemma": _llama, "gpt2": _gpt2, "bert": _bert}
 # Families close to those that import, and what the spec language lacks for them (E070 at model_type)
 NOT_YET = {
-    "gemma": "its (1 + weight) RMS norms, GeGLU MLP and embeddings scaled by sqrt(hidden_size) are not in the "
-    "spec language",
-    "gemma2": "its attention and final logit soft-capping, alternating sliding-window layers, query_pre_attn_scalar, "
-    "(1 + weight) RMS norms, GeGLU MLP and scaled embeddings are not in the spec language",
-    "gemma3_text": "its sliding-window layers, (1 + weight) RMS norms, GeGLU MLP and scaled embeddings are not in "
-    "the spec language",
+    "gemma2": "its attention and final logit soft-capping, alternating sliding-window layers, query_pre_attn_scalar "
+    "and post-norms are not imported yet (gemma, without them, imports)",
+    "gemma3_text": "its sliding-window layers, q/k norms with (1 + weight) and local rope base are not imported yet "
+    "(gemma imports)",
     "mixtral": "its SwiGLU experts without biases and dropless routing (softmax, top-k, renormalised) are not in "
     "the moe operator (gelu/relu/silu experts with biases, capacity-based routing)",
     "qwen2_moe": "its shared expert and dropless routing are not in the moe operator",
     "qwen3_moe": "its SwiGLU experts and dropless routing are not in the moe operator",
 }
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                 "qwen3": "Qwen3ForCausalLM", "gpt2": "GPT2LMHeadModel", "bert": "BertForSequenceClassification"}
+                 "qwen3": "Qwen3ForCausalLM", "gemma": "GemmaForCausalLM", "gpt2": "GPT2LMHeadModel",
+                 "bert": "BertForSequenceClassification"}
 
 
 # ---------------------------------------------------------------- checkpoint names
@@ -387,9 +396,10 @@ _BERT = (
     (r"pooler\.(weight|bias)", "bert.pooler.dense.{0}", True, None),
     (r"classifier\.(weight|bias)", "classifier.{0}", True, None),
 )
-NAME_RULES = {"llama": _LLAMA, "mistral": _LLAMA, "qwen2": _LLAMA, "qwen3": _LLAMA, "gpt2": _GPT2, "bert": _BERT}
-PREFIXES = {"llama": "model.", "mistral": "model.", "qwen2": "model.", "qwen3": "model.", "gpt2": "transformer.",
-            "bert": "bert."}
+NAME_RULES = {"llama": _LLAMA, "mistral": _LLAMA, "qwen2": _LLAMA, "qwen3": _LLAMA, "gemma": _LLAMA, "gpt2": _GPT2,
+              "bert": _BERT}
+PREFIXES = {"llama": "model.", "mistral": "model.", "qwen2": "model.", "qwen3": "model.", "gemma": "model.",
+            "gpt2": "transformer.", "bert": "bert."}
 
 
 def hf_name(model_type: str, name: str, ndim: int) -> tuple[str, bool, int, int] | None:

@@ -35,6 +35,8 @@ FAMILIES = {  # name -> (config class, fields, model class)
     "qwen2.5": ("Qwen2Config", {"tie_word_embeddings": True, "use_sliding_window": False, "sliding_window": 8,
                                 "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}},
                 "Qwen2ForCausalLM"),
+    # Gemma: GeGLU (tanh gelu gate), (1 + weight) RMS norms, embeddings scaled by sqrt(hidden_size), tied head
+    "gemma": ("GemmaConfig", {"head_dim": 16}, "GemmaForCausalLM"),
     # a window as long as the sequence cuts nothing: exact (a shorter one is E070)
     "mistral-window": ("MistralConfig", {"sliding_window": 16}, "MistralForCausalLM"),
 }
@@ -71,10 +73,12 @@ def test_qwen3_imports_with_qk_norm():
     assert "qk_norm: true, qk_norm_eps: 1e-06" in text and "head_dim: 16" in text and "bias: false" in text
     assert "bias: true" in model("qwen3-bias-tied")[1].read_text()
     assert "bias: qkv" in model("qwen2.5")[1].read_text()
+    gemma = model("gemma")[1].read_text()
+    assert "gate_activation: gelu" in gemma and "weight_offset: 1.0" in gemma and "scale: 5.656854249492381" in gemma
 
 
 CASES = [(name, runs, mesh) for name in FAMILIES for runs in (tr, jr) for mesh in ("data=1", "tensor=2")]
-CASES += [(name, mr, "data=1") for name in ("qwen3", "qwen3-bias-tied")]
+CASES += [(name, mr, "data=1") for name in ("qwen3", "qwen3-bias-tied", "gemma")]
 
 
 @pytest.mark.slow
@@ -111,6 +115,22 @@ def test_qwen3_trains_and_exports_a_checkpoint_transformers_loads(runs, mesh):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("runs, mesh", [(tr, "tensor=2"), (jr, "tensor=2")], ids=["torch-tensor2", "jax-tensor2"])
+def test_gemma_trains_and_exports_a_checkpoint_transformers_loads(runs, mesh):
+    directory, spec = model("gemma")
+    tag = f"gemma-{runs.__name__}-{mesh.replace('=', '')}"
+    export, after = jr.WORK / "hf-families" / f"{tag}-export", jr.WORK / "hf-families" / f"{tag}-after.npy"
+    runs.run(runs.build(spec, mesh), "--steps", "3", "--init-params", str(directory), "--export-hf", str(export),
+             "--logits", str(after))
+    _, info = transformers.GemmaForCausalLM.from_pretrained(export, output_loading_info=True)
+    assert not any(info.values()), info
+    d = float(np.abs(np.load(after) - reference("gemma", export)).max())
+    moved = float(np.abs(np.load(after) - reference("gemma")).max())
+    jr.report(f"hf {tag}: after 3 steps, export vs program", max_abs=d, moved=moved)
+    assert d < 1e-4 and moved > 1e-3
+
+
+@pytest.mark.slow
 def test_qwen3_norm_weights_train_alike_on_every_mesh():
     """After 3 steps the exported q/k norm weights of tensor=2 (torch, jax) equal those of one device."""
     from safetensors.numpy import load_file
@@ -137,13 +157,15 @@ def test_mlx_refuses_qk_norm_with_tensor_parallelism(capsys):
 @pytest.mark.slow
 @pytest.mark.parametrize("runs, mesh", [(tr, "data=1"), (tr, "tensor=2"), (jr, "data=1")],
                          ids=["torch", "torch-tensor2", "jax"])
-def test_generate_decodes_with_qk_norm(runs, mesh):
-    """generate.py's cached decode of Qwen3 equals the training forward pass (--check)."""
+@pytest.mark.parametrize("name", ["qwen3", "gemma"])
+def test_generate_decodes_as_the_training_forward_pass(runs, mesh, name):
+    """generate.py's cached decode of Qwen3 (qk_norm) and Gemma (scaled embeddings, offset norms, GeGLU)
+    equals the training forward pass (--check)."""
     from test_generate import _generate
 
-    directory, spec = model("qwen3")
+    directory, spec = model(name)
     program = runs.build(spec, mesh)
-    params = jr.WORK / "hf-families" / f"qwen3-{runs.__name__}.safetensors"
+    params = jr.WORK / "hf-families" / f"{name}-{runs.__name__}.safetensors"
     runs.run(runs.build(spec, "data=1"), "--steps", "0", "--init-params", str(directory), "--export-params",
              str(params), export=False)
     got = _generate("jax" if runs is jr else "torch", program,
@@ -152,4 +174,4 @@ def test_generate_decodes_with_qk_norm(runs, mesh):
     assert got["rc"] == 0, got["stderr"][-3000:]
     check = got["json"]["check"]
     assert check["argmax_differs"] == [] and check["max_abs_diff"] < 1e-4, check
-    jr.report(f"hf qwen3 {runs.__name__} {mesh} generate --check", max_abs=check["max_abs_diff"])
+    jr.report(f"hf {name} {runs.__name__} {mesh} generate --check", max_abs=check["max_abs_diff"])

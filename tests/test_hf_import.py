@@ -148,7 +148,7 @@ def test_unknown_family_and_missing_sizes(tmp_path, capsys):
 def test_families_not_yet_imported_are_refused_with_the_reason(tmp_path, capsys, family):
     rc, diags = _diags(capsys, _config(tmp_path, model_type=family))
     assert rc == 1 and [d["code"] for d in diags] == ["E070"] and family in diags[0]["message"]
-    assert "not in" in diags[0]["message"] and "llama" in diags[0]["help"]
+    assert "not imported yet" in diags[0]["message"] and "llama" in diags[0]["help"]
 
 
 def test_dropout_is_a_warning_and_the_spec_goes_to_stdout(tmp_path, capsys):

@@ -142,7 +142,8 @@ class Attention(Op):
         attrs = {
             "dim": d, "seq": seq, "heads": heads, "kv_heads": kv, "head_dim": hd, "causal": args.causal,
             "rotary": args.rotary, "rotary_base": args.rotary_base,
-            "rope_scaling": args.rope_scaling.model_dump() if args.rope_scaling is not None else None, "bias": bool(args.bias), "o_bias": args.bias is True,
+            "rope_scaling": args.rope_scaling.model_dump() if args.rope_scaling is not None else None,
+            "bias": bool(args.bias), "o_bias": args.bias is True,
             "dropout": args.dropout, "qk_norm": args.qk_norm, "qk_norm_eps": args.qk_norm_eps,
         }
         return OpResult(TensorType(x.shape, x.axes, x.dtype), tuple(params), attrs, flops=proj + scores)

@@ -39,6 +39,7 @@ from typing import Any
 
 from ..graph import Node, RepeatNode
 from ..ops import OPS
+from ..ops.mlp import SILU_GATE
 from ..planner.plan import Plan
 from ..planner.sizes import DTYPE_BYTES
 from ..planner.states import precision_setup, zero_dim
@@ -179,10 +180,10 @@ def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
 
     ops: set[str] = set()  # operators the model uses; `<op>_rng` for those that draw random numbers
     activations: dict[str, set[str]] = {}  # by operator (mlp, moe): the activations its layers use
-    rotary = rope_scaled = qk_norm = False
+    rotary = rope_scaled = qk_norm = rms_offset = gelu_gate = False
 
     def annotate(layer: dict[str, Any], vars_: dict[str, str]) -> dict[str, Any]:
-        nonlocal rotary, rope_scaled, qk_norm
+        nonlocal rotary, rope_scaled, qk_norm, rms_offset, gelu_gate
         layer["var"] = vars_[layer["name"]]
         layer["input_vars"] = [vars_[n] for n in layer["inputs"]]
         if layer["op"] in OPS:  # not a repeat
@@ -197,6 +198,8 @@ def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
             rotary |= bool(attrs.get("rotary"))
             rope_scaled |= bool(attrs.get("rope_scaling"))
             qk_norm |= bool(attrs.get("qk_norm"))
+            rms_offset |= bool(attrs.get("weight_offset"))
+            gelu_gate |= attrs.get("gate_activation", SILU_GATE) != SILU_GATE
         return layer
 
     # block classes: never a name the program uses for something else, nor a builtin (`Exception`)
@@ -311,6 +314,8 @@ def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
             "rotary": rotary,
             "rope_scaled": rope_scaled,  # an attention layer scales its rotary frequencies (rope_scaling)
             "qk_norm": qk_norm,  # an attention layer normalises each head of q and k (HeadNorm)
+            "rms_offset": rms_offset,  # an rms_norm adds an offset to its weight (Gemma's 1 + weight)
+            "gelu_gate": gelu_gate,  # a swiglu mlp gates with gelu (GeGLU)
             "has_buffers": bool(ctx["buffers"]),
             "aux_loss": any(OPS[o].has_aux_loss for o in ops if o in OPS),  # the model adds a layer's loss
             # where the current micro-batch sits (dropout masks, batch-norm bookkeeping read it)
