@@ -252,6 +252,66 @@ def _llama(c: _Config, seq: int) -> tuple[dict, list[str], str]:
     return dims, [("decoder", block)], layers
 
 
+def _gemma2(c: _Config, seq: int):
+    """Gemma 2: Gemma's GeGLU, (1 + weight) RMS norms and scaled embeddings, with a norm before and after
+    each sub-layer, attention scores scaled by query_pre_attn_scalar ** -0.5 and soft-capped, alternating
+    sliding-window layers (exact when the window is at least the sequence) and soft-capped final logits."""
+    d, heads = c.need("hidden_size"), c.need("num_attention_heads")
+    kv = c.get("num_key_value_heads") or heads
+    dims = {"vocab": c.need("vocab_size"), "seq": seq, "d": d, "heads": heads, "kv_heads": kv,
+            "ff": c.need("intermediate_size"), "layers": c.need("num_hidden_layers")}
+    head_dim = c.get("head_dim") or d // heads
+    c.only("hidden_activation", (None, "gelu_pytorch_tanh", "gelu_new"), "Gemma's GeGLU gate imports with the "
+           "tanh gelu", "use gelu_pytorch_tanh")
+    c.only("hidden_act", (None, "gelu_pytorch_tanh", "gelu_new"), "Gemma's GeGLU gate imports with the tanh gelu",
+           "use gelu_pytorch_tanh")
+    c.only("use_bidirectional_attention", (None, False), "the imported attention is causal", "remove it")
+    c.only("mlp_bias", (False,), "the spec's swiglu has no biases", "only bias-free MLPs import", False)
+    eps = c.get("rms_norm_eps", 1e-6)
+    theta, scaling = _rope(c)
+    bias = "true" if c.get("attention_bias", False) else "false"
+    # (absent fields take Gemma2Config's defaults, as transformers reads the config)
+    scalar = c.get("query_pre_attn_scalar", 256)
+    cap, final_cap = c.get("attn_logit_softcapping", 50.0), c.get("final_logit_softcapping", 30.0)
+    window, types = c.get("sliding_window", 4096), c.get("layer_types")
+    if (types is None or "sliding_attention" in types) and window is not None and window < seq:
+        c.refuse("sliding_window", f"a window of {window} tokens is shorter than the sequence ({seq}): sliding-"
+                 "window attention is not in the spec language", f"import with --seq {window} or less")
+    if types is not None and any(t not in ("full_attention", "sliding_attention") for t in types):
+        c.refuse("layer_types", "only full and sliding-window attention layers import", "check the config")
+    c.no_dropout("attention_dropout")
+    tie = bool(c.get("tie_word_embeddings", True))
+    c.get("max_position_embeddings")
+    c.get("cache_implementation")  # how generate() caches keys and values: the same model
+    attn = (f"{{op: attention, name: self_attn, heads: heads, kv_heads: kv_heads, causal: true, rotary: true, "
+            f"rotary_base: {_num(theta)}, bias: {bias}, scale: {json.dumps(float(scalar) ** -0.5)}"
+            + (f", softcap: {_num(cap)}" if cap else "") + (f", head_dim: {head_dim}" if head_dim * heads != d else "")
+            + (f", rope_scaling: {_flow(scaling)}" if scaling else "") + "}")
+    norm = f"eps: {_num(eps)}, weight_offset: 1.0"  # x / rms(x) * (1 + weight)
+    block = [
+        f"{{op: rms_norm, name: input_layernorm, {norm}}}",
+        attn,
+        f"{{op: rms_norm, name: post_attention_layernorm, {norm}}}",
+        "{op: add, name: res1, inputs: [block_input, post_attention_layernorm]}",
+        f"{{op: rms_norm, name: pre_feedforward_layernorm, {norm}}}",
+        "{op: mlp, name: mlp, hidden: ff, activation: swiglu, gate_activation: gelu}",
+        f"{{op: rms_norm, name: post_feedforward_layernorm, {norm}}}",
+        "{op: add, name: res2, inputs: [res1, post_feedforward_layernorm]}",
+    ]
+    layers = [
+        f"{{op: embedding, name: embed_tokens, vocab: vocab, dim: d, input: tokens, scale: {json.dumps(d ** 0.5)}}}",
+        "{repeat: layers, block: decoder, name: layers}",
+        f"{{op: rms_norm, name: norm, {norm}}}",
+        "{op: linear, name: lm_head, dimension: vocab, bias: false" + (", tie: embed_tokens}" if tie else "}"),
+    ]
+    if final_cap:
+        layers.append(f"{{op: tanh, name: {_FINAL_CAP}, cap: {_num(final_cap)}}}  # soft-capped logits")
+    return dims, [("decoder", block)], layers
+
+
+_FINAL_CAP = "final_logit_softcapping"  # the layer of soft-capped logits (Gemma 2), which the loss reads
+
+
 def _gpt2(c: _Config, seq: int):
     """GPT-2: learned positions, pre-norm blocks with biased attention and a gelu (tanh) MLP, tied head."""
     d = c.need("n_embd")
@@ -344,11 +404,9 @@ def _bert(c: _Config, seq: int):
 
 
 FAMILIES: dict[str, Callable] = {"llama": _llama, "mistral": _llama, "qwen2": _llama, "qwen3": _llama,
-                                 "gemma": _llama, "gpt2": _gpt2, "bert": _bert}
+                                 "gemma": _llama, "gemma2": _gemma2, "gpt2": _gpt2, "bert": _bert}
 # Families close to those that import, and what the spec language lacks for them (E070 at model_type)
 NOT_YET = {
-    "gemma2": "its attention and final logit soft-capping, alternating sliding-window layers, query_pre_attn_scalar "
-    "and post-norms are not imported yet (gemma, without them, imports)",
     "gemma3_text": "its sliding-window layers, q/k norms with (1 + weight) and local rope base are not imported yet "
     "(gemma imports)",
     "mixtral": "its SwiGLU experts without biases and dropless routing (softmax, top-k, renormalised) are not in "
@@ -357,7 +415,8 @@ NOT_YET = {
     "qwen3_moe": "its SwiGLU experts and dropless routing are not in the moe operator",
 }
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                 "qwen3": "Qwen3ForCausalLM", "gemma": "GemmaForCausalLM", "gpt2": "GPT2LMHeadModel",
+                 "qwen3": "Qwen3ForCausalLM", "gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM",
+                 "gpt2": "GPT2LMHeadModel",
                  "bert": "BertForSequenceClassification"}
 
 
@@ -368,7 +427,8 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "
 _QKV = ("q", "k", "v")
 _LLAMA = (
     (r"embed_tokens\.weight", "model.embed_tokens.weight", False, None),
-    (r"layers\.(\d+)\.(input_layernorm|post_attention_layernorm)\.weight", "model.layers.{0}.{1}.weight", False, None),
+    (r"layers\.(\d+)\.(input_layernorm|post_attention_layernorm|pre_feedforward_layernorm|post_feedforward_layernorm)"
+     r"\.weight", "model.layers.{0}.{1}.weight", False, None),
     (r"layers\.(\d+)\.self_attn\.([qkvo])\.(weight|bias)", "model.layers.{0}.self_attn.{1}_proj.{2}", True, None),
     (r"layers\.(\d+)\.self_attn\.([qk]_norm)\.weight", "model.layers.{0}.self_attn.{1}.weight", False, None),  # qwen3
     (r"layers\.(\d+)\.mlp\.(gate|up|down)\.weight", "model.layers.{0}.mlp.{1}_proj.weight", True, None),
@@ -396,10 +456,10 @@ _BERT = (
     (r"pooler\.(weight|bias)", "bert.pooler.dense.{0}", True, None),
     (r"classifier\.(weight|bias)", "classifier.{0}", True, None),
 )
-NAME_RULES = {"llama": _LLAMA, "mistral": _LLAMA, "qwen2": _LLAMA, "qwen3": _LLAMA, "gemma": _LLAMA, "gpt2": _GPT2,
-              "bert": _BERT}
+NAME_RULES = {"llama": _LLAMA, "mistral": _LLAMA, "qwen2": _LLAMA, "qwen3": _LLAMA, "gemma": _LLAMA, "gemma2": _LLAMA,
+              "gpt2": _GPT2, "bert": _BERT}
 PREFIXES = {"llama": "model.", "mistral": "model.", "qwen2": "model.", "qwen3": "model.", "gemma": "model.",
-            "gpt2": "transformer.", "bert": "bert."}
+            "gemma2": "model.", "gpt2": "transformer.", "bert": "bert."}
 
 
 def hf_name(model_type: str, name: str, ndim: int) -> tuple[str, bool, int, int] | None:
@@ -451,12 +511,12 @@ def hf_context(plan) -> dict[str, Any] | None:
             "block_names": block_names, "prefix": PREFIXES[hf.model_type]}
 
 
-def _inputs(family: str) -> tuple[list[str], str]:
+def _inputs(family: str, logits: str = "lm_head") -> tuple[list[str], str]:
     if family == "bert":
         return (["tokens: {shape: [batch, seq], dtype: int32}", "token_type_ids: {shape: [batch, seq], dtype: int32}",
                  "labels: {shape: [batch], dtype: int32}"], "{op: cross_entropy, logits: classifier, targets: labels}")
     return (["tokens: {shape: [batch, seq], dtype: int32}", "targets: {shape: [batch, seq], dtype: int32}"],
-            "{op: cross_entropy, logits: lm_head, targets: targets}")
+            f"{{op: cross_entropy, logits: {logits}, targets: targets}}")
 
 
 def config_path(path: Path) -> Path:
@@ -490,7 +550,8 @@ def import_hf(path: Path, name: str | None = None, seq: int | None = None, mesh:
     if errors:
         raise DiagnosticError(c.diags)
     name = _sanitize(name or (path.name if path.is_dir() else path.parent.name))
-    inputs, loss = _inputs(kind)
+    capped = any(f"name: {_FINAL_CAP}" in x for x in layers)
+    inputs, loss = _inputs(kind, _FINAL_CAP if capped else "lm_head")
     lines = [
         f"# Imported by `mithril-spec import hf` from {cfg_file} ({kind}).",
         "# Layer names follow the transformers modules (docs/fine-tuning.md in mithril-spec).",

@@ -37,6 +37,11 @@ FAMILIES = {  # name -> (config class, fields, model class)
                 "Qwen2ForCausalLM"),
     # Gemma: GeGLU (tanh gelu gate), (1 + weight) RMS norms, embeddings scaled by sqrt(hidden_size), tied head
     "gemma": ("GemmaConfig", {"head_dim": 16}, "GemmaForCausalLM"),
+    # Gemma 2: norms before and after each sub-layer, scores scaled by query_pre_attn_scalar ** -0.5 and
+    # soft-capped, alternating sliding-window layers (a window of the sequence: exact), soft-capped logits. Small
+    # caps, so that the capping shows in the logits
+    "gemma2": ("Gemma2Config", {"head_dim": 16, "attn_logit_softcapping": 0.5, "final_logit_softcapping": 0.3,
+                                "query_pre_attn_scalar": 24, "sliding_window": 16}, "Gemma2ForCausalLM"),
     # a window as long as the sequence cuts nothing: exact (a shorter one is E070)
     "mistral-window": ("MistralConfig", {"sliding_window": 16}, "MistralForCausalLM"),
 }
@@ -78,7 +83,7 @@ def test_qwen3_imports_with_qk_norm():
 
 
 CASES = [(name, runs, mesh) for name in FAMILIES for runs in (tr, jr) for mesh in ("data=1", "tensor=2")]
-CASES += [(name, mr, "data=1") for name in ("qwen3", "qwen3-bias-tied", "gemma")]
+CASES += [(name, mr, "data=1") for name in ("qwen3", "qwen3-bias-tied", "gemma", "gemma2")]
 
 
 @pytest.mark.slow
@@ -116,16 +121,17 @@ def test_qwen3_trains_and_exports_a_checkpoint_transformers_loads(runs, mesh):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("runs, mesh", [(tr, "tensor=2"), (jr, "tensor=2")], ids=["torch-tensor2", "jax-tensor2"])
-def test_gemma_trains_and_exports_a_checkpoint_transformers_loads(runs, mesh):
-    directory, spec = model("gemma")
-    tag = f"gemma-{runs.__name__}-{mesh.replace('=', '')}"
+@pytest.mark.parametrize("name", ["gemma", "gemma2"])
+def test_gemma_trains_and_exports_a_checkpoint_transformers_loads(runs, mesh, name):
+    directory, spec = model(name)
+    tag = f"{name}-{runs.__name__}-{mesh.replace('=', '')}"
     export, after = jr.WORK / "hf-families" / f"{tag}-export", jr.WORK / "hf-families" / f"{tag}-after.npy"
     runs.run(runs.build(spec, mesh), "--steps", "3", "--init-params", str(directory), "--export-hf", str(export),
              "--logits", str(after))
-    _, info = transformers.GemmaForCausalLM.from_pretrained(export, output_loading_info=True)
+    _, info = getattr(transformers, FAMILIES[name][2]).from_pretrained(export, output_loading_info=True)
     assert not any(info.values()), info
-    d = float(np.abs(np.load(after) - reference("gemma", export)).max())
-    moved = float(np.abs(np.load(after) - reference("gemma")).max())
+    d = float(np.abs(np.load(after) - reference(name, export)).max())
+    moved = float(np.abs(np.load(after) - reference(name)).max())
     jr.report(f"hf {tag}: after 3 steps, export vs program", max_abs=d, moved=moved)
     assert d < 1e-4 and moved > 1e-3
 
@@ -147,6 +153,16 @@ def test_qwen3_norm_weights_train_alike_on_every_mesh():
             assert d < 1e-4, (tag, key, d)
 
 
+def test_gemma2_window_shorter_than_the_sequence_is_refused(tmp_path, capsys):
+    directory, _ = model("gemma2")
+    config = json.loads((directory / "config.json").read_text())
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**config, "sliding_window": 8}, indent=1))
+    rc = cli(["import", "hf", str(path), "-o", "-", "--seq", "16", "--format", "json"])
+    diags = json.loads(capsys.readouterr().out)
+    assert rc == 1 and [d["code"] for d in diags] == ["E070"] and "sliding_window" in diags[0]["message"]
+
+
 def test_mlx_refuses_qk_norm_with_tensor_parallelism(capsys):
     _, spec = model("qwen3")
     rc = cli(["build", str(spec), "--target", "mlx", "--mesh", "tensor=2", "-o", str(jr.WORK / "mlx-qk")])
@@ -157,7 +173,7 @@ def test_mlx_refuses_qk_norm_with_tensor_parallelism(capsys):
 @pytest.mark.slow
 @pytest.mark.parametrize("runs, mesh", [(tr, "data=1"), (tr, "tensor=2"), (jr, "data=1")],
                          ids=["torch", "torch-tensor2", "jax"])
-@pytest.mark.parametrize("name", ["qwen3", "gemma"])
+@pytest.mark.parametrize("name", ["qwen3", "gemma", "gemma2"])
 def test_generate_decodes_as_the_training_forward_pass(runs, mesh, name):
     """generate.py's cached decode of Qwen3 (qk_norm) and Gemma (scaled embeddings, offset norms, GeGLU)
     equals the training forward pass (--check)."""
@@ -175,3 +191,16 @@ def test_generate_decodes_as_the_training_forward_pass(runs, mesh, name):
     check = got["json"]["check"]
     assert check["argmax_differs"] == [] and check["max_abs_diff"] < 1e-4, check
     jr.report(f"hf {name} {runs.__name__} {mesh} generate --check", max_abs=check["max_abs_diff"])
+
+
+@pytest.mark.parametrize("edit, code, named", [
+    (("causal: true,", "causal: true, dropout: 0.1,"), "E030", "dropout"),
+    (("activation: swiglu, gate_activation: gelu", "activation: gelu, gate_activation: gelu"), "E030",
+     "gate_activation"),
+])
+def test_new_attributes_refuse_what_they_do_not_combine_with(capsys, edit, code, named):
+    _, spec = model("gemma2")
+    bad = jr.spec_variant(spec, (edit,))
+    rc = cli(["validate", str(bad)])
+    err = capsys.readouterr().err
+    assert rc == 1 and code in err and named in err, err

@@ -70,6 +70,12 @@ class AttentionArgs(LayerArgs):
     rope_scaling: Optional[RopeScaling] = Field(
         None, description="scaled rotary frequencies (needs rotary): {type: linear, factor} or {type: llama3, "
         "factor, low_freq_factor, high_freq_factor, original_max_position_embeddings}, as transformers computes them")
+    scale: Optional[float] = Field(
+        None, gt=0, description="multiplies the scores q k^T; default 1 / sqrt(head_dim) (Gemma 2: "
+        "query_pre_attn_scalar ** -0.5)")
+    softcap: Optional[float] = Field(
+        None, gt=0, description="caps the scaled scores at +-softcap: softcap * tanh(scores / softcap), before the "
+        "mask (Gemma 2's attn_logit_softcapping); the targets then compute the probabilities themselves")
     qk_norm: bool = Field(
         False, description="an RMS norm over each head of q and of k (weights q_norm.weight, k_norm.weight "
         "[head_dim], shared by the heads) before the rotary embeddings, as Qwen3")
@@ -113,6 +119,8 @@ class Attention(Op):
             hd = d // heads
         if args.rotary and hd % 2:
             raise OpError("E030", f"rotary embeddings need an even head_dim, got {hd}", "rotary")
+        if (args.softcap or args.scale) and args.dropout:
+            raise OpError("E030", "scale and softcap do not combine with attention dropout", "dropout")
         if args.rope_scaling is not None and not args.rotary:
             raise OpError("E030", "rope_scaling scales rotary embeddings: set rotary: true", "rope_scaling")
         if isinstance(args.rope_scaling, Llama3RopeScaling) and (
@@ -145,6 +153,7 @@ class Attention(Op):
             "rope_scaling": args.rope_scaling.model_dump() if args.rope_scaling is not None else None,
             "bias": bool(args.bias), "o_bias": args.bias is True,
             "dropout": args.dropout, "qk_norm": args.qk_norm, "qk_norm_eps": args.qk_norm_eps,
+            "scale": args.scale, "softcap": args.softcap,
         }
         return OpResult(TensorType(x.shape, x.axes, x.dtype), tuple(params), attrs, flops=proj + scores)
 
@@ -158,7 +167,13 @@ class Attention(Op):
         return "attention with dropout above rate 0 (masks per micro-batch and stage)" if self.is_random(attrs) else None
 
     def fused_kernel(self, attrs):
-        return not self.is_random(attrs)  # with dropout every target computes the probabilities itself
+        # with dropout or a softcap every target computes the probabilities itself
+        return not self.is_random(attrs) and not attrs.get("softcap")
+
+    def context_role(self, attrs):
+        if attrs.get("softcap") or attrs.get("scale"):
+            return None  # ring attention scales its blocks by 1 / sqrt(head_dim), uncapped
+        return super().context_role(attrs)
 
     def input_projections(self, attrs):
         return ("q.weight", "k.weight", "v.weight")

@@ -180,10 +180,10 @@ def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
 
     ops: set[str] = set()  # operators the model uses; `<op>_rng` for those that draw random numbers
     activations: dict[str, set[str]] = {}  # by operator (mlp, moe): the activations its layers use
-    rotary = rope_scaled = qk_norm = rms_offset = gelu_gate = False
+    rotary = rope_scaled = qk_norm = rms_offset = gelu_gate = score_scale = softcap = False
 
     def annotate(layer: dict[str, Any], vars_: dict[str, str]) -> dict[str, Any]:
-        nonlocal rotary, rope_scaled, qk_norm, rms_offset, gelu_gate
+        nonlocal rotary, rope_scaled, qk_norm, rms_offset, gelu_gate, score_scale, softcap
         layer["var"] = vars_[layer["name"]]
         layer["input_vars"] = [vars_[n] for n in layer["inputs"]]
         if layer["op"] in OPS:  # not a repeat
@@ -198,6 +198,8 @@ def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
             rotary |= bool(attrs.get("rotary"))
             rope_scaled |= bool(attrs.get("rope_scaling"))
             qk_norm |= bool(attrs.get("qk_norm"))
+            score_scale |= bool(attrs.get("scale")) and bool(attrs.get("heads"))  # (an attention's)
+            softcap |= bool(attrs.get("softcap"))
             rms_offset |= bool(attrs.get("weight_offset"))
             gelu_gate |= attrs.get("gate_activation", SILU_GATE) != SILU_GATE
         return layer
@@ -316,6 +318,8 @@ def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
             "qk_norm": qk_norm,  # an attention layer normalises each head of q and k (HeadNorm)
             "rms_offset": rms_offset,  # an rms_norm adds an offset to its weight (Gemma's 1 + weight)
             "gelu_gate": gelu_gate,  # a swiglu mlp gates with gelu (GeGLU)
+            "score_scale": score_scale,  # an attention layer scales its scores other than by 1 / sqrt(head_dim)
+            "softcap": softcap,  # an attention layer caps its scores
             "has_buffers": bool(ctx["buffers"]),
             "aux_loss": any(OPS[o].has_aux_loss for o in ops if o in OPS),  # the model adds a layer's loss
             # where the current micro-batch sits (dropout masks, batch-norm bookkeeping read it)
