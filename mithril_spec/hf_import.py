@@ -409,8 +409,10 @@ FAMILIES: dict[str, Callable] = {"llama": _llama, "mistral": _llama, "qwen2": _l
 NOT_YET = {
     "gemma3_text": "its sliding-window layers, q/k norms with (1 + weight) and local rope base are not imported yet "
     "(gemma imports)",
-    "mixtral": "its SwiGLU experts without biases and dropless routing (softmax, top-k, renormalised) are not in "
-    "the moe operator (gelu/relu/silu experts with biases, capacity-based routing)",
+    "mixtral": "its experts are bias-free SwiGLU MLPs with renormalised top-k gates, stored fused "
+    "(experts.gate_up_proj, experts.down_proj); the moe operator's experts are gelu/relu/silu MLPs with biases "
+    "and gates not renormalised (its capacity-based routing would be dropless with capacity_factor = experts / "
+    "top_k), and those checkpoint names are not mapped yet",
     "qwen2_moe": "its shared expert and dropless routing are not in the moe operator",
     "qwen3_moe": "its SwiGLU experts and dropless routing are not in the moe operator",
 }
