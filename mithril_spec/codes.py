@@ -339,7 +339,7 @@ _TEXTS: dict[str, tuple[str, str]] = {
             "run: in torch, a layer name that clashes with `torch.nn.Module`, a parameter or input split over `data` beyond the batch, "
             "tensor parallelism that is not a column-parallel linear followed by a row-parallel one, "
             "`training.zero` with an axis other than `data`, `expert` with an axis other than `data`; in mlx, "
-            "`training.zero` or `precision.master_weights`; a model one "
+            "`training.zero` or `precision.master_weights`, an attention's `qk_norm` with `tensor`; a model one "
             "target cannot pipeline (docs/program.md, pipeline stages). The message says what the target "
             "supports; docs/targets.md lists every target's capabilities and limits (generated from the "
             "target registry)."
@@ -417,7 +417,8 @@ _TEXTS: dict[str, tuple[str, str]] = {
         (
             "`mithril-spec import hf` found a setting in the model's config.json that the spec language cannot "
             "express exactly (a rope scaling kind, sliding-window attention shorter than the sequence, an "
-            "activation or position embedding other than the supported ones, ...). The import stops rather than "
+            "activation or position embedding other than the supported ones, a field the import does not read, "
+            "a family not imported yet such as Mixtral, ...). The import stops rather than "
             "approximate the model: the diagnostic names the field and what would import (often another value, "
             "or a shorter `--seq`)."
         ),
@@ -426,8 +427,8 @@ _TEXTS: dict[str, tuple[str, str]] = {
         "not an importable model config",
         (
             "The config.json given to `mithril-spec import hf` is not one of the families that import (Llama, "
-            "Mistral, Qwen2, GPT-2, BERT: its `model_type`), or lacks a field that family needs (sizes such as "
-            "`hidden_size` must be positive integers)."
+            "Mistral, Qwen2, Qwen3, Gemma, Gemma 2, GPT-2, BERT: its `model_type`), or lacks a field that family needs "
+            "(sizes such as `hidden_size` must be positive integers)."
         ),
     ),
     "E072": (
@@ -1029,7 +1030,7 @@ hf:
     "E070": Example(
         '{"model_type": "llama", "vocab_size": 100, "hidden_size": 32, "intermediate_size": 64,\n'
         ' "num_hidden_layers": 2, "num_attention_heads": 4,\n'
-        ' "rope_scaling": {"rope_type": "linear", "factor": 2.0}}\n',
+        ' "rope_scaling": {"rope_type": "yarn", "factor": 2.0}}\n',
         args=("-o", "spec.yaml"), file="config.json", command=_IMPORT),
     "E071": Example('{"model_type": "t5", "d_model": 32}\n', args=("-o", "spec.yaml"), file="config.json",
                     command=_IMPORT),

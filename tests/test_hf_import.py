@@ -31,6 +31,9 @@ def configs():
         ("llama-bias-headdim", t.LlamaConfig(**SMALL, attention_bias=True, head_dim=16), t.LlamaForCausalLM),
         ("mistral", t.MistralConfig(**SMALL, num_key_value_heads=2, sliding_window=None), t.MistralForCausalLM),
         ("qwen2", t.Qwen2Config(**SMALL, num_key_value_heads=2, rope_theta=1e6), t.Qwen2ForCausalLM),
+        ("qwen3", t.Qwen3Config(**SMALL, num_key_value_heads=2, head_dim=16), t.Qwen3ForCausalLM),
+        ("qwen3-bias-tied", t.Qwen3Config(**SMALL, num_key_value_heads=2, head_dim=8, attention_bias=True,
+                                          tie_word_embeddings=True), t.Qwen3ForCausalLM),
         ("gpt2", t.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=100, n_positions=64), t.GPT2LMHeadModel),
         ("bert", t.BertConfig(**SMALL, num_labels=3), t.BertForSequenceClassification),
     ]
@@ -85,11 +88,44 @@ def _diags(capsys, path, *args):
 
 
 def test_rope_scaling_is_refused_at_the_field(tmp_path, capsys):
-    path = _config(tmp_path, rope_scaling={"rope_type": "linear", "factor": 2.0})
+    path = _config(tmp_path, rope_scaling={"rope_type": "yarn", "factor": 2.0})
     rc, diags = _diags(capsys, path)
     assert rc == 1 and [d["code"] for d in diags] == ["E070"]
     line = path.read_text().splitlines()[diags[0]["line"] - 1]
-    assert '"rope_scaling"' in line and "rope_scaling" in diags[0]["message"]
+    assert '"rope_scaling"' in line and "rope_scaling" in diags[0]["message"] and "yarn" in diags[0]["message"]
+    # transformers 5's layout: rope_parameters
+    path = _config(tmp_path, rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4})
+    rc, diags = _diags(capsys, path)
+    assert rc == 1 and [d["code"] for d in diags] == ["E070"] and "rope_parameters" in diags[0]["message"]
+
+
+def test_rope_theta_in_both_layouts(tmp_path, capsys):
+    for fields in ({"rope_theta": 500000.0}, {"rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}}):
+        rc = cli(["import", "hf", str(_config(tmp_path, **fields)), "-o", "-"])
+        out, err = capsys.readouterr()
+        assert rc == 0 and "rotary_base: 500000.0" in out, err
+
+
+@pytest.mark.parametrize("fields, named", [
+    ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
+     "rope_parameters.partial_rotary_factor"),
+    ({"layer_types": ["sliding_attention", "full_attention"]}, "layer_types"),
+    ({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping"),  # a field the import does not know
+    ({"mlp_bias": True}, "mlp_bias"),
+    ({"hidden_act": "gelu"}, "hidden_act"),
+])
+def test_a_field_that_changes_the_model_is_honoured_or_refused(tmp_path, capsys, fields, named):
+    rc, diags = _diags(capsys, _config(tmp_path, **fields))
+    assert rc == 1 and [d["code"] for d in diags] == ["E070"] and f"`{named}`" in diags[0]["message"], diags
+
+
+def test_gpt2_untied_head_is_refused(tmp_path, capsys):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "gpt2", "n_layer": 2, "n_embd": 32, "n_head": 4, "vocab_size": 100,
+                                "n_positions": 64, "tie_word_embeddings": False}))
+    rc, diags = _diags(capsys, path)
+    assert rc == 1 and [d["code"] for d in diags] == ["E070"] and "tie_word_embeddings" in diags[0]["message"]
 
 
 def test_sliding_window_shorter_than_the_sequence(tmp_path, capsys):
@@ -106,6 +142,13 @@ def test_unknown_family_and_missing_sizes(tmp_path, capsys):
     path = _config(tmp_path, hidden_size=0)
     rc, diags = _diags(capsys, path)
     assert rc == 1 and diags[0]["code"] == "E071" and "hidden_size" in diags[0]["message"]
+
+
+@pytest.mark.parametrize("family", ["gemma3_text", "mixtral"])
+def test_families_not_yet_imported_are_refused_with_the_reason(tmp_path, capsys, family):
+    rc, diags = _diags(capsys, _config(tmp_path, model_type=family))
+    assert rc == 1 and [d["code"] for d in diags] == ["E070"] and family in diags[0]["message"]
+    assert "not imported yet" in diags[0]["message"] and "llama" in diags[0]["help"]
 
 
 def test_dropout_is_a_warning_and_the_spec_goes_to_stdout(tmp_path, capsys):

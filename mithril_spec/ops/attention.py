@@ -4,12 +4,59 @@ that tensor parallelism splits heads."""
 
 from __future__ import annotations
 
-from typing import Literal, Optional, Union
+import math
+from typing import Annotated, Literal, Optional, Union
 
 from pydantic import Field
 
-from ..spec.common import Size
+from ..spec.common import Size, Strict
 from .base import MASK_BYTES, LayerArgs, Op, OpError, OpResult, ParamDef, TensorType, expect_float
+
+
+class LinearRopeScaling(Strict):
+    """Position interpolation: every rotary frequency divided by `factor` (transformers' `linear`)."""
+
+    type: Literal["linear"]
+    factor: float = Field(gt=0, description="the frequencies are divided by it")
+
+
+class Llama3RopeScaling(Strict):
+    """Llama 3.1's frequency-dependent scaling (transformers' `llama3`): wavelengths above
+    original_max_position_embeddings / low_freq_factor are divided by `factor`, those below
+    original_max_position_embeddings / high_freq_factor kept, and the ones between interpolated smoothly."""
+
+    type: Literal["llama3"]
+    factor: float = Field(gt=0)
+    low_freq_factor: float = Field(gt=0)
+    high_freq_factor: float = Field(gt=0)
+    original_max_position_embeddings: int = Field(gt=0)
+
+
+RopeScaling = Annotated[Union[LinearRopeScaling, Llama3RopeScaling], Field(discriminator="type")]
+# the rope_scaling kinds -> their fields (besides `type`), in order: transformers' rope_type and its fields
+ROPE_SCALING_FIELDS = {m.model_fields["type"].annotation.__args__[0]: tuple(f for f in m.model_fields if f != "type")
+                       for m in (LinearRopeScaling, Llama3RopeScaling)}
+
+
+def rope_inv_freq(base: float, head_dim: int, scaling: dict | None = None) -> list[float]:
+    """The rotary inverse frequencies, as the programs compute them (float64): base ** (-2i / head_dim) for
+    i < head_dim / 2, then scaled as transformers scales them (ROPE_INIT_FUNCTIONS: `linear`, `llama3`)."""
+    inv = [base ** (-2 * i / head_dim) for i in range(head_dim // 2)]
+    if not scaling:
+        return inv
+    if scaling["type"] == "linear":
+        return [f / scaling["factor"] for f in inv]
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old = scaling["original_max_position_embeddings"]
+    out = []
+    for f in inv:
+        wavelen = 2 * math.pi / f
+        scaled = f / factor if wavelen > old / low else f
+        if not wavelen < old / high and not wavelen > old / low:  # medium frequencies: smoothed
+            smooth = (old / wavelen - low) / (high - low)
+            scaled = (1 - smooth) * scaled / factor + smooth * scaled
+        out.append(scaled)
+    return out
 
 
 class AttentionArgs(LayerArgs):
@@ -20,6 +67,19 @@ class AttentionArgs(LayerArgs):
     causal: bool = False
     rotary: bool = False
     rotary_base: float = Field(10000.0, gt=1)
+    rope_scaling: Optional[RopeScaling] = Field(
+        None, description="scaled rotary frequencies (needs rotary): {type: linear, factor} or {type: llama3, "
+        "factor, low_freq_factor, high_freq_factor, original_max_position_embeddings}, as transformers computes them")
+    scale: Optional[float] = Field(
+        None, gt=0, description="multiplies the scores q k^T; default 1 / sqrt(head_dim) (Gemma 2: "
+        "query_pre_attn_scalar ** -0.5)")
+    softcap: Optional[float] = Field(
+        None, gt=0, description="caps the scaled scores at +-softcap: softcap * tanh(scores / softcap), before the "
+        "mask (Gemma 2's attn_logit_softcapping); the targets then compute the probabilities themselves")
+    qk_norm: bool = Field(
+        False, description="an RMS norm over each head of q and of k (weights q_norm.weight, k_norm.weight "
+        "[head_dim], shared by the heads) before the rotary embeddings, as Qwen3")
+    qk_norm_eps: float = Field(1e-6, gt=0, description="the q/k norms' epsilon")
     bias: Union[bool, Literal["qkv"]] = Field(
         False, description="biases on the q, k, v and o projections (true), on q, k and v only (qkv, as Qwen2), or none")
     dropout: float = Field(
@@ -59,6 +119,13 @@ class Attention(Op):
             hd = d // heads
         if args.rotary and hd % 2:
             raise OpError("E030", f"rotary embeddings need an even head_dim, got {hd}", "rotary")
+        if (args.softcap or args.scale) and args.dropout:
+            raise OpError("E030", "scale and softcap do not combine with attention dropout", "dropout")
+        if args.rope_scaling is not None and not args.rotary:
+            raise OpError("E030", "rope_scaling scales rotary embeddings: set rotary: true", "rope_scaling")
+        if isinstance(args.rope_scaling, Llama3RopeScaling) and (
+                args.rope_scaling.high_freq_factor <= args.rope_scaling.low_freq_factor):
+            raise OpError("E030", "rope_scaling: high_freq_factor must be above low_freq_factor", "rope_scaling")
         emb = x.axes[-1]
         q_out, kv_out = heads * hd, kv * hd
         params = [
@@ -75,12 +142,18 @@ class Attention(Op):
             ]
             if args.bias is True:
                 params.append(ParamDef("o.bias", (d,), (emb,), init="zeros"))
-        proj = 2 * seq * d * (2 * q_out + 2 * kv_out)
+        if args.qk_norm:  # one weight per head dimension, shared by every head: whole on every rank
+            params += [ParamDef("q_norm.weight", (hd,), (None,), init="ones"),
+                       ParamDef("k_norm.weight", (hd,), (None,), init="ones")]
+        proj = 2 * seq * d * (2 * q_out + 2 * kv_out) + (5 * seq * (q_out + kv_out) if args.qk_norm else 0)
         scores = 2 * 2 * seq * seq * heads * hd  # q@k^T and p@v
         attrs = {
             "dim": d, "seq": seq, "heads": heads, "kv_heads": kv, "head_dim": hd, "causal": args.causal,
-            "rotary": args.rotary, "rotary_base": args.rotary_base, "bias": bool(args.bias), "o_bias": args.bias is True,
-            "dropout": args.dropout,
+            "rotary": args.rotary, "rotary_base": args.rotary_base,
+            "rope_scaling": args.rope_scaling.model_dump() if args.rope_scaling is not None else None,
+            "bias": bool(args.bias), "o_bias": args.bias is True,
+            "dropout": args.dropout, "qk_norm": args.qk_norm, "qk_norm_eps": args.qk_norm_eps,
+            "scale": args.scale, "softcap": args.softcap,
         }
         return OpResult(TensorType(x.shape, x.axes, x.dtype), tuple(params), attrs, flops=proj + scores)
 
@@ -94,7 +167,13 @@ class Attention(Op):
         return "attention with dropout above rate 0 (masks per micro-batch and stage)" if self.is_random(attrs) else None
 
     def fused_kernel(self, attrs):
-        return not self.is_random(attrs)  # with dropout every target computes the probabilities itself
+        # with dropout or a softcap every target computes the probabilities itself
+        return not self.is_random(attrs) and not attrs.get("softcap")
+
+    def context_role(self, attrs):
+        if attrs.get("softcap") or attrs.get("scale"):
+            return None  # ring attention scales its blocks by 1 / sqrt(head_dim), uncapped
+        return super().context_role(attrs)
 
     def input_projections(self, attrs):
         return ("q.weight", "k.weight", "v.weight")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Literal, Optional
 
 from pydantic import Field
 
@@ -35,7 +35,22 @@ def _unary(kind: str, flops: int, doc: str):
 
 Relu = _unary("relu", 1, "max(x, 0)")
 Silu = _unary("silu", 4, "x * sigmoid(x)")
-Tanh = _unary("tanh", 4, "tanh(x)")
+class TanhArgs(LayerArgs):
+    """tanh(x), or with `cap`: cap * tanh(x / cap) (soft-capping, as Gemma 2's final logits)."""
+
+    op: Literal["tanh"]
+    cap: Optional[float] = Field(None, gt=0, description="cap * tanh(x / cap): values soft-capped at +-cap")
+
+
+class Tanh(_Unary):
+    kind = "tanh"
+    Args = TanhArgs
+    flops_per_element = 4
+
+    def attrs(self, args):
+        return {"cap": args.cap}
+
+
 Sigmoid = _unary("sigmoid", 4, "1 / (1 + exp(-x))")
 
 

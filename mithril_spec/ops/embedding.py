@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Optional
 
 from pydantic import Field
 
@@ -14,6 +14,7 @@ class EmbeddingArgs(LayerArgs):
     op: Literal["embedding"]
     vocab: Size
     dim: Size
+    scale: Optional[float] = Field(None, gt=0, description="multiplies the rows looked up (Gemma: sqrt(dim))")
 
 
 class Embedding(Op):
@@ -31,7 +32,8 @@ class Embedding(Op):
         vocab, dim = size("vocab"), size("dim")
         out = TensorType(x.shape + (dim,), x.axes + ("embed",), "float32")
         params = (ParamDef("weight", (vocab, dim), ("vocab", "embed")),)
-        return OpResult(out, params, {"vocab": vocab, "dim": dim}, flops=0)
+        return OpResult(out, params, {"vocab": vocab, "dim": dim, "scale": args.scale},
+                        flops=x.numel * dim if args.scale else 0)
 
     def decodes(self, attrs):
         return True  # a row per position

@@ -7,7 +7,10 @@ from typing import Literal, Optional
 from pydantic import Field
 
 from ..spec.common import Size
-from .base import LayerArgs, Op, OpResult, ParamDef, expect_features, expect_float
+from .base import LayerArgs, Op, OpError, OpResult, ParamDef, expect_features, expect_float
+
+
+SILU_GATE = "silu"  # swiglu's own gate (gate_activation's default)
 
 
 class MlpArgs(LayerArgs):
@@ -15,6 +18,8 @@ class MlpArgs(LayerArgs):
     hidden: Size
     activation: Literal["gelu", "relu", "silu", "swiglu"] = "gelu"
     bias: Optional[bool] = Field(None, description="default: true, false for swiglu")
+    gate_activation: Literal["silu", "gelu"] = Field(
+        "silu", description="swiglu's gate: silu, or gelu (the tanh approximation: GeGLU, as Gemma)")
 
 
 class Mlp(Op):
@@ -33,6 +38,9 @@ class Mlp(Op):
         expect_features(x, "mlp")
         d, h, emb = x.shape[-1], size("hidden"), x.axes[-1]
         tokens = x.numel // d
+        if args.gate_activation != "silu" and args.activation != "swiglu":
+            raise OpError("E030", "gate_activation is the gate of a swiglu mlp: set activation: swiglu",
+                          "gate_activation")
         if args.activation == "swiglu":
             bias = bool(args.bias)
             names = (("gate", (d, h), (emb, "mlp")), ("up", (d, h), (emb, "mlp")), ("down", (h, d), ("mlp", emb)))
@@ -46,7 +54,8 @@ class Mlp(Op):
             params.append(ParamDef(f"{n}.weight", shape, axes))
             if bias:
                 params.append(ParamDef(f"{n}.bias", (shape[1],), (axes[1],), init="zeros"))
-        return OpResult(x, tuple(params), {"dim": d, "hidden": h, "activation": args.activation, "bias": bias},
+        return OpResult(x, tuple(params), {"dim": d, "hidden": h, "activation": args.activation, "bias": bias,
+                                          "gate_activation": args.gate_activation},
                         flops=flops)
 
     def decodes(self, attrs):

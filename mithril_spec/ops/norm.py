@@ -36,6 +36,9 @@ class LayerNorm(SavesInputs):
 class RmsNormArgs(LayerArgs):
     op: Literal["rms_norm"]
     eps: float = Field(1e-6, gt=0)
+    weight_offset: float = Field(
+        0.0, description="added to the weight: x / rms(x) * (weight_offset + weight); Gemma's norms use 1 (their "
+        "weight then starts at zeros)")
 
 
 class RmsNorm(SavesInputs):
@@ -50,8 +53,9 @@ class RmsNorm(SavesInputs):
         expect_float(x, "rms_norm")
         expect_features(x, "rms_norm")
         d, ax = x.shape[-1], x.axes[-1]
-        params = (ParamDef("weight", (d,), (ax,), init="ones"),)
-        return OpResult(x, params, {"dim": d, "eps": args.eps}, flops=5 * x.numel)
+        params = (ParamDef("weight", (d,), (ax,), init="zeros" if args.weight_offset == 1 else "ones"),)
+        return OpResult(x, params, {"dim": d, "eps": args.eps, "weight_offset": args.weight_offset},
+                        flops=5 * x.numel)
 
 
 class BatchNormArgs(LayerArgs):

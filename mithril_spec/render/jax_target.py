@@ -229,7 +229,9 @@ def model_context(plan: Plan, ctx: dict[str, Any], model_names: set[str]) -> dic
 HASH_OMITS = {"extends", "description", "targets", "mesh", "meshes", "devices", "sharding", "pipeline", "data",
               "eval", "hardware"}
 HASH_OMITS_TRAINING = {"steps", "checkpoint", "remat", "zero", "grad_accum"}
-ADDED_LAYER_FIELDS = dict(dropout=0.0, device=None)  # layer field -> its default (attention's dropout, placement)
+# layer field -> its default (attention's dropout and rope_scaling, placement)
+ADDED_LAYER_FIELDS = dict(dropout=0.0, device=None, rope_scaling=None, qk_norm=False, qk_norm_eps=1e-6,
+                          gate_activation="silu", weight_offset=0.0, scale=None, softcap=None, cap=None)
 
 
 def spec_hash(plan: Plan) -> str:

@@ -123,6 +123,10 @@ def sampling_context(plan: Plan, ctx: dict[str, Any], target: str) -> dict[str, 
         "blocks": blocks,
         "caches": caches,
         "rotary": any(c["rotary"] for entry in caches for c in entry["layers"]),
+        "rope_scaled": any(c["rope_scaling"] for entry in caches for c in entry["layers"]),
+        "qk_norm": any(c["qk_norm"] for entry in caches for c in entry["layers"]),
+        "score_scale": any(c["scale"] for entry in caches for c in entry["layers"]),
+        "softcap": any(c["softcap"] for entry in caches for c in entry["layers"]),
         "ops": sorted(ops),  # the operators of its layers (and "repeat")
         "tensor": tensor,
         "local_modules": tuple(sorted(set(local_modules))),
@@ -139,5 +143,9 @@ def _cache(plan: Plan, layer: dict[str, Any], prefix: str) -> dict[str, Any]:
         "kv_heads": a["kv_heads"],
         "head_dim": a["head_dim"],
         "rotary": bool(a["rotary"]),
+        "rope_scaling": a["rope_scaling"],
+        "qk_norm": a["qk_norm"],
+        "scale": a["scale"],
+        "softcap": a["softcap"],
         "heads_layout": heads_axes or None,  # mesh axes the heads are split over (JAX)
     }

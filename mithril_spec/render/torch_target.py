@@ -39,6 +39,7 @@ from typing import Any
 
 from ..graph import Node, RepeatNode
 from ..ops import OPS
+from ..ops.mlp import SILU_GATE
 from ..planner.plan import Plan
 from ..planner.sizes import DTYPE_BYTES
 from ..planner.states import precision_setup, zero_dim
@@ -90,6 +91,9 @@ def _styles(ctx_tp: dict[str, str], prefix: str, nodes, sp: bool) -> dict[str, s
             if mine:
                 out[prefix + node.name] = "experts_sp" if sp and kind == "experts" else kind
             continue
+        if mine and node.attrs.get("qk_norm"):
+            # the q/k norms see this rank's heads: whole weights on head shards, their gradients summed
+            out.update({f"{prefix}{node.name}.{n}": "heads_norm" for n in ("q_norm", "k_norm")})
         if not sp:
             out.update({prefix + k: v for k, v in mine.items()})
             if len(OPS[node.op].input_projections(node.attrs)) > 1 and mine:
@@ -176,10 +180,10 @@ def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
 
     ops: set[str] = set()  # operators the model uses; `<op>_rng` for those that draw random numbers
     activations: dict[str, set[str]] = {}  # by operator (mlp, moe): the activations its layers use
-    rotary = False
+    rotary = rope_scaled = qk_norm = rms_offset = gelu_gate = score_scale = softcap = False
 
     def annotate(layer: dict[str, Any], vars_: dict[str, str]) -> dict[str, Any]:
-        nonlocal rotary
+        nonlocal rotary, rope_scaled, qk_norm, rms_offset, gelu_gate, score_scale, softcap
         layer["var"] = vars_[layer["name"]]
         layer["input_vars"] = [vars_[n] for n in layer["inputs"]]
         if layer["op"] in OPS:  # not a repeat
@@ -192,6 +196,12 @@ def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
             if attrs.get("activation"):
                 activations.setdefault(layer["op"], set()).add(attrs["activation"])
             rotary |= bool(attrs.get("rotary"))
+            rope_scaled |= bool(attrs.get("rope_scaling"))
+            qk_norm |= bool(attrs.get("qk_norm"))
+            score_scale |= bool(attrs.get("scale")) and bool(attrs.get("heads"))  # (an attention's)
+            softcap |= bool(attrs.get("softcap"))
+            rms_offset |= bool(attrs.get("weight_offset"))
+            gelu_gate |= attrs.get("gate_activation", SILU_GATE) != SILU_GATE
         return layer
 
     # block classes: never a name the program uses for something else, nor a builtin (`Exception`)
@@ -301,6 +311,12 @@ def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
             "ops": sorted(ops),
             "activations": {op: sorted(a) for op, a in activations.items()},  # mlp / moe activations in use
             "rotary": rotary,
+            "rope_scaled": rope_scaled,  # an attention layer scales its rotary frequencies (rope_scaling)
+            "qk_norm": qk_norm,  # an attention layer normalises each head of q and k (HeadNorm)
+            "rms_offset": rms_offset,  # an rms_norm adds an offset to its weight (Gemma's 1 + weight)
+            "gelu_gate": gelu_gate,  # a swiglu mlp gates with gelu (GeGLU)
+            "score_scale": score_scale,  # an attention layer scales its scores other than by 1 / sqrt(head_dim)
+            "softcap": softcap,  # an attention layer caps its scores
             "has_buffers": bool(ctx["buffers"]),
             "aux_loss": any(OPS[o].has_aux_loss for o in ops if o in OPS),  # the model adds a layer's loss
             # where the current micro-batch sits (dropout masks, batch-norm bookkeeping read it)

@@ -96,6 +96,11 @@ class MlxTarget(Target):
                         "E049", f"`{node.name}`: the mlx target runs no dropout above rate 0 in a tensor-parallel "
                         "build (its masks on split features would differ from the one-device run)",
                         doc.pos(node.path + ("rate",)), help="set the rate to 0, or drop the `tensor` axis"))
+                if op is not None and node.attrs.get("qk_norm"):
+                    out.append(Diagnostic(
+                        "E049", f"`{node.name}`: the mlx target does not run q/k norms (qk_norm) in a tensor-parallel "
+                        "build (each process's heads give a part of the norms' gradients, which it does not sum)",
+                        doc.pos(node.path + ("qk_norm",)), help="drop the `tensor` axis (or use jax or torch)"))
         for n in plan.graph.layers:
             if n.is_repeat and len(n.out.shape) == 2 and n.out.axes[0] and "tensor" in plan.rule(n.out.axes[0]):
                 out.append(Diagnostic(

@@ -1,0 +1,206 @@
+"""Qwen3, Qwen2.5 and Mistral (sliding window) imported from tiny random transformers models.
+
+Each model is built and saved locally by transformers (nothing is downloaded), imported with `mithril-spec
+import hf --seq 16`; the programs' logits (`--steps 0 --init-params DIR --logits`) equal transformers' within
+1e-4 (float32): torch and jax on one device and with tensor=2, mlx on one device. Qwen3's q/k norms are the
+attention's qk_norm; a tensor=2 torch run trains 3 steps and exports a checkpoint transformers loads with
+the program's logits (the norms' gradients summed over the heads' ranks).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import jax_runs as jr
+import mlx_runs as mr
+import numpy as np
+import pytest
+import torch_runs as tr
+from test_jax_program import synthetic_samples
+
+from mithril_spec.cli import main as cli
+
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+
+SMALL = {"vocab_size": 100, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64}
+FAMILIES = {  # name -> (config class, fields, model class)
+    "qwen3": ("Qwen3Config", {"head_dim": 16}, "Qwen3ForCausalLM"),
+    "qwen3-bias-tied": ("Qwen3Config", {"head_dim": 8, "attention_bias": True, "tie_word_embeddings": True,
+                                        "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}},
+                        "Qwen3ForCausalLM"),
+    # Qwen2.5: the qwen2 family with its q/k/v biases, tied embeddings, a window it does not use
+    "qwen2.5": ("Qwen2Config", {"tie_word_embeddings": True, "use_sliding_window": False, "sliding_window": 8,
+                                "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}},
+                "Qwen2ForCausalLM"),
+    # Gemma: GeGLU (tanh gelu gate), (1 + weight) RMS norms, embeddings scaled by sqrt(hidden_size), tied head
+    "gemma": ("GemmaConfig", {"head_dim": 16}, "GemmaForCausalLM"),
+    # Gemma 2: norms before and after each sub-layer, scores scaled by query_pre_attn_scalar ** -0.5 and
+    # soft-capped, alternating sliding-window layers (a window of the sequence: exact), soft-capped logits. Small
+    # caps, so that the capping shows in the logits
+    "gemma2": ("Gemma2Config", {"head_dim": 16, "attn_logit_softcapping": 0.5, "final_logit_softcapping": 0.3,
+                                "query_pre_attn_scalar": 24, "sliding_window": 16}, "Gemma2ForCausalLM"),
+    # a window as long as the sequence cuts nothing: exact (a shorter one is E070)
+    "mistral-window": ("MistralConfig", {"sliding_window": 16}, "MistralForCausalLM"),
+}
+
+
+@functools.cache
+def model(name: str):
+    """(model directory, spec) of the family's tiny random model (memoised)."""
+    config, fields, cls = FAMILIES[name]
+    torch.manual_seed(0)
+    directory = jr.WORK / "hf-families" / name
+    m = getattr(transformers, cls)(getattr(transformers, config)(**SMALL, **fields))
+    with torch.no_grad():  # norms away from their initial ones, so that a weight read wrongly shows
+        for n, p in m.named_parameters():
+            if "norm" in n:
+                p.add_(0.5 * torch.randn_like(p))
+    m.save_pretrained(directory)
+    spec = jr.WORK / "hf-families" / f"{name}.yaml"
+    assert cli(["import", "hf", str(directory), "-o", str(spec), "--seq", "16"]) == 0
+    spec.write_text(spec.read_text().replace("lr: 2.0e-5", "lr: 1.0e-2"))
+    return directory, spec
+
+
+def reference(name: str, directory=None) -> np.ndarray:
+    default, spec = model(name)
+    samples = synthetic_samples(spec, 8)
+    m = getattr(transformers, FAMILIES[name][2]).from_pretrained(directory or default).eval()
+    with torch.no_grad():
+        return m(input_ids=torch.tensor(samples["tokens"]).long()).logits.float().numpy()
+
+
+def test_qwen3_imports_with_qk_norm():
+    text = model("qwen3")[1].read_text()
+    assert "qk_norm: true, qk_norm_eps: 1e-06" in text and "head_dim: 16" in text and "bias: false" in text
+    assert "bias: true" in model("qwen3-bias-tied")[1].read_text()
+    assert "bias: qkv" in model("qwen2.5")[1].read_text()
+    gemma = model("gemma")[1].read_text()
+    assert "gate_activation: gelu" in gemma and "weight_offset: 1.0" in gemma and "scale: 5.656854249492381" in gemma
+
+
+CASES = [(name, runs, mesh) for name in FAMILIES for runs in (tr, jr) for mesh in ("data=1", "tensor=2")]
+CASES += [(name, mr, "data=1") for name in ("qwen3", "qwen3-bias-tied", "gemma", "gemma2")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, runs, mesh", CASES, ids=[f"{n}-{r.__name__[:-5]}-{m}" for n, r, m in CASES])
+def test_logits_equal_transformers(name, runs, mesh):
+    directory, spec = model(name)
+    out = jr.WORK / "hf-families" / f"{name}-{runs.__name__}-{mesh.replace('=', '')}.npy"
+    program = runs.build(spec, mesh)
+    (jr if runs is mr else runs).run(program, "--steps", "0", "--init-params", str(directory), "--logits", str(out))
+    d = float(np.abs(np.load(out) - reference(name)).max())
+    jr.report(f"hf {name} {runs.__name__} {mesh}: logits vs transformers", max_abs=d)
+    assert d < 1e-4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("runs, mesh", [(tr, "tensor=2"), (jr, "tensor=2"), (tr, "data=1")],
+                         ids=["torch-tensor2", "jax-tensor2", "torch-one"])
+def test_qwen3_trains_and_exports_a_checkpoint_transformers_loads(runs, mesh):
+    """3 steps from the checkpoint: the same parameters on one device and with the heads split (the q/k
+    norms' gradients summed over the heads' ranks), and the export loads in transformers."""
+    directory, spec = model("qwen3")
+    tag = f"qwen3-{runs.__name__}-{mesh.replace('=', '')}"
+    export, after = jr.WORK / "hf-families" / f"{tag}-export", jr.WORK / "hf-families" / f"{tag}-after.npy"
+    runs.run(runs.build(spec, mesh), "--steps", "3", "--init-params", str(directory), "--export-hf", str(export),
+             "--logits", str(after))
+    _, info = transformers.Qwen3ForCausalLM.from_pretrained(export, output_loading_info=True)
+    assert not any(info.values()), info
+    d = float(np.abs(np.load(after) - reference("qwen3", export)).max())
+    moved = float(np.abs(np.load(after) - reference("qwen3")).max())
+    written = json.loads((export / "config.json").read_text())
+    assert written["model_type"] == "qwen3" and written["architectures"] == ["Qwen3ForCausalLM"]
+    jr.report(f"hf {tag}: after 3 steps, export vs program", max_abs=d, moved=moved)
+    assert d < 1e-4 and moved > 1e-3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("runs, mesh", [(tr, "tensor=2"), (jr, "tensor=2")], ids=["torch-tensor2", "jax-tensor2"])
+@pytest.mark.parametrize("name", ["gemma", "gemma2"])
+def test_gemma_trains_and_exports_a_checkpoint_transformers_loads(runs, mesh, name):
+    directory, spec = model(name)
+    tag = f"{name}-{runs.__name__}-{mesh.replace('=', '')}"
+    export, after = jr.WORK / "hf-families" / f"{tag}-export", jr.WORK / "hf-families" / f"{tag}-after.npy"
+    runs.run(runs.build(spec, mesh), "--steps", "3", "--init-params", str(directory), "--export-hf", str(export),
+             "--logits", str(after))
+    _, info = getattr(transformers, FAMILIES[name][2]).from_pretrained(export, output_loading_info=True)
+    assert not any(info.values()), info
+    d = float(np.abs(np.load(after) - reference(name, export)).max())
+    moved = float(np.abs(np.load(after) - reference(name)).max())
+    jr.report(f"hf {tag}: after 3 steps, export vs program", max_abs=d, moved=moved)
+    assert d < 1e-4 and moved > 1e-3
+
+
+@pytest.mark.slow
+def test_qwen3_norm_weights_train_alike_on_every_mesh():
+    """After 3 steps the exported q/k norm weights of tensor=2 (torch, jax) equal those of one device."""
+    from safetensors.numpy import load_file
+
+    got = {}
+    for runs, mesh in [(tr, "tensor=2"), (jr, "tensor=2"), (tr, "data=1")]:
+        test_qwen3_trains_and_exports_a_checkpoint_transformers_loads(runs, mesh)
+        tag = f"qwen3-{runs.__name__}-{mesh.replace('=', '')}"
+        got[tag] = load_file(str(jr.WORK / "hf-families" / f"{tag}-export" / "model.safetensors"))
+    one = got.pop("qwen3-torch_runs-data1")
+    for tag, tensors in got.items():
+        for key in [k for k in one if "_norm" in k]:
+            d = float(np.abs(tensors[key] - one[key]).max())
+            assert d < 1e-4, (tag, key, d)
+
+
+def test_gemma2_window_shorter_than_the_sequence_is_refused(tmp_path, capsys):
+    directory, _ = model("gemma2")
+    config = json.loads((directory / "config.json").read_text())
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**config, "sliding_window": 8}, indent=1))
+    rc = cli(["import", "hf", str(path), "-o", "-", "--seq", "16", "--format", "json"])
+    diags = json.loads(capsys.readouterr().out)
+    assert rc == 1 and [d["code"] for d in diags] == ["E070"] and "sliding_window" in diags[0]["message"]
+
+
+def test_mlx_refuses_qk_norm_with_tensor_parallelism(capsys):
+    _, spec = model("qwen3")
+    rc = cli(["build", str(spec), "--target", "mlx", "--mesh", "tensor=2", "-o", str(jr.WORK / "mlx-qk")])
+    err = capsys.readouterr().err
+    assert rc == 1 and "E049" in err and "qk_norm" in err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("runs, mesh", [(tr, "data=1"), (tr, "tensor=2"), (jr, "data=1")],
+                         ids=["torch", "torch-tensor2", "jax"])
+@pytest.mark.parametrize("name", ["qwen3", "gemma", "gemma2"])
+def test_generate_decodes_as_the_training_forward_pass(runs, mesh, name):
+    """generate.py's cached decode of Qwen3 (qk_norm) and Gemma (scaled embeddings, offset norms, GeGLU)
+    equals the training forward pass (--check)."""
+    from test_generate import _generate
+
+    directory, spec = model(name)
+    program = runs.build(spec, mesh)
+    params = jr.WORK / "hf-families" / f"{name}-{runs.__name__}.safetensors"
+    runs.run(runs.build(spec, "data=1"), "--steps", "0", "--init-params", str(directory), "--export-params",
+             str(params), export=False)
+    got = _generate("jax" if runs is jr else "torch", program,
+                    ("--params", str(params), "--prompt-ids", "1,2,3", "--temperature", "0", "--check", "--json"),
+                    ranks=2 if mesh == "tensor=2" else 1)
+    assert got["rc"] == 0, got["stderr"][-3000:]
+    check = got["json"]["check"]
+    assert check["argmax_differs"] == [] and check["max_abs_diff"] < 1e-4, check
+    jr.report(f"hf {name} {runs.__name__} {mesh} generate --check", max_abs=check["max_abs_diff"])
+
+
+@pytest.mark.parametrize("edit, code, named", [
+    (("causal: true,", "causal: true, dropout: 0.1,"), "E030", "dropout"),
+    (("activation: swiglu, gate_activation: gelu", "activation: gelu, gate_activation: gelu"), "E030",
+     "gate_activation"),
+])
+def test_new_attributes_refuse_what_they_do_not_combine_with(capsys, edit, code, named):
+    _, spec = model("gemma2")
+    bad = jr.spec_variant(spec, (edit,))
+    rc = cli(["validate", str(bad)])
+    err = capsys.readouterr().err
+    assert rc == 1 and code in err and named in err, err
