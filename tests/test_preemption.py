@@ -63,7 +63,7 @@ def wait_rows(path: Path, n: int, p: subprocess.Popen, timeout: float = 120) -> 
 def run(program: Path, target: str, cwd: Path, *args: str, rc: int = 0, launcher: bool = False,
         env: dict | None = None) -> str:
     cmd = [str(program / "launch.sh")] if launcher else [PY, str(program / "train.py")]
-    p = subprocess.run([*cmd, *args], cwd=cwd, env=env_for(target, env), capture_output=True, text=True, timeout=300)
+    p = subprocess.run([*cmd, *args], check=False, cwd=cwd, env=env_for(target, env), capture_output=True, text=True, timeout=300)
     assert p.returncode == rc, f"{' '.join(cmd + list(args))}: exit {p.returncode}, expected {rc}\n{(p.stdout + p.stderr)[-4000:]}"
     return p.stdout + p.stderr
 
@@ -115,7 +115,7 @@ def test_resume_drops_metrics_rows_past_the_checkpoint():
 
 
 def alive(program: Path) -> str:
-    return subprocess.run(["pgrep", "-af", str(program / "train.py")], capture_output=True, text=True).stdout
+    return subprocess.run(["pgrep", "-af", str(program / "train.py")], check=False, capture_output=True, text=True).stdout
 
 
 def test_killing_the_torch_launcher_stops_every_rank():
@@ -143,7 +143,7 @@ def test_torch_restart_after_a_rank_dies():
                          text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     wait_rows(cwd / "m.jsonl", 5, p)
     # launch.sh execs torchrun, whose children are the ranks
-    ranks = [int(pid) for pid in subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()]
+    ranks = [int(pid) for pid in subprocess.run(["pgrep", "-P", str(p.pid)], check=False, capture_output=True, text=True).stdout.split()]
     assert len(ranks) == 2, ranks
     os.kill(max(ranks), signal.SIGKILL)
     # (two restarts allowed: on 2 shared cores gloo's reconnection after a restart has timed out once)
