@@ -26,6 +26,7 @@ import hashlib
 import json
 import math
 import os
+import signal
 import sys
 import time
 import zlib
@@ -1188,8 +1189,11 @@ def state_arrays(tree):
 
 
 def save_checkpoint(manager, step, state):
-    """DIR/<step>, replacing a checkpoint of that step (one that --resume of this directory found unusable)."""
+    """DIR/<step>, replacing a checkpoint of that step (one that --resume of this directory found unusable);
+    returns that directory."""
     import orbax.checkpoint as ocp
+
+    began = time.perf_counter()
 
     if step in manager.all_steps():
         manager.delete(step)
@@ -1197,13 +1201,14 @@ def save_checkpoint(manager, step, state):
     manager.wait_until_finished()
     if jax.process_count() > 1:
         multihost_utils.sync_global_devices(f"checkpoint {step} written")
+    final = os.path.join(str(manager.directory), str(step))
     if jax.process_index() == 0:
-        write_manifest(
-            os.path.join(str(manager.directory), str(step)),
-            step,
-            state_arrays(state),
-            stack_order=stack_order(),
+        write_manifest(final, step, state_arrays(state), stack_order=stack_order())
+        print(
+            f"checkpoint: step {step} saved in {final} ({time.perf_counter() - began:.1f} s)",
+            flush=True,
         )
+    return final
 
 
 def stack_order():
@@ -1600,8 +1605,16 @@ def check_paths(args):
 class Metrics:
     """JSON lines, one per optimizer step, written by the first process only."""
 
-    def __init__(self, path, enabled, append=False):
-        # A resumed run appends to the metrics of the run it continues; a fresh run starts the file anew.
+    def __init__(self, path, enabled, append=False, start=0):
+        # A resumed run appends to the metrics of the run it continues (at step `start`), less the rows of
+        # later steps (that run went on past its checkpoint before it stopped): the file is rewritten without
+        # them, atomically. A fresh run starts the file anew.
+        if path and enabled and append and os.path.isfile(path):
+            with open(path) as f:
+                rows = [line for line in f if line.endswith("\n") and kept_row(line, start)]
+            with open(path + ".tmp", "w") as f:
+                f.writelines(rows)
+            os.replace(path + ".tmp", path)
         self.f = open(path, "a" if append else "w") if (path and enabled) else None  # noqa: SIM115 (open for the run)
 
     def log(self, **row):
@@ -1612,6 +1625,15 @@ class Metrics:
     def close(self):
         if self.f:
             self.f.close()
+
+
+def kept_row(line, start):
+    """Whether a metrics row of the run a resumed run continues at step `start` stays: one of step `start`
+    or before (a line that is no JSON row, the last one of a killed run, does not)."""
+    try:
+        return json.loads(line)["step"] <= start
+    except (ValueError, KeyError, TypeError):
+        return False
 
 
 # Peak dense FLOP/s per device (bfloat16/float16, float32) of the accelerators whose name the program can
@@ -1648,13 +1670,14 @@ def duration(s):
     )
 
 
-def tensorboard_writer(directory):
-    """--tensorboard DIR: a tensorboardX writer (an optional dependency: exit 2 when it is missing)."""
+def tensorboard_writer(directory, start=0):
+    """--tensorboard DIR: a tensorboardX writer (an optional dependency: exit 2 when it is missing). A run
+    resumed at step `start` purges the scalars of later steps that the run it continues wrote."""
     try:
         from tensorboardX import SummaryWriter
     except ImportError:
         require(False, "--tensorboard needs tensorboardX: pip install tensorboardX")
-    return SummaryWriter(directory)
+    return SummaryWriter(directory, purge_step=start + 1 if start else None)
 
 
 def wandb_run(project):
@@ -1688,7 +1711,9 @@ class Console:
         self.enabled, self.start, self.steps = enabled, start, args.steps
         self.devices, self.peak, self.memory, self.compiles = devices, peak, memory, compiles
         self.times, self.last, self.began = [], {}, time.perf_counter()
-        self.writer = tensorboard_writer(args.tensorboard) if enabled and args.tensorboard else None
+        self.writer = (
+            tensorboard_writer(args.tensorboard, start) if enabled and args.tensorboard else None
+        )
         self.wandb = wandb_run(args.wandb) if enabled and args.wandb else None
 
     def say(self, line):
@@ -1763,18 +1788,60 @@ class Console:
 
 def resolve_resume(args, say):
     """--resume auto: the checkpoint directory when it holds checkpoints (--resume then takes the newest
-    usable one), else a fresh start; `say` prints which, in one line."""
+    usable one), else a fresh start, which `say` prints in one line."""
+    # a restart (torchrun --max-restarts, launch.sh's MAX_RESTARTS) continues from the newest checkpoint
+    restart = int(
+        os.environ.get("TORCHELASTIC_RESTART_COUNT") or os.environ.get("MITHRIL_RESTART") or 0
+    )
+    if restart and args.checkpoint_dir:
+        say(f"restart {restart}: continuing as --resume auto")
+        args.resume = "auto"
     if args.resume != "auto":
         return
     where = args.checkpoint_dir
     require(where, "--resume auto: this spec saves no checkpoints; pass --checkpoint-dir DIR")
     found = checkpoint_dirs(where, step_of) if os.path.isdir(where) else {}
     args.resume = where if found else None
-    say(
-        f"--resume auto: continuing from the newest usable checkpoint in {where} (newest: step {max(found)})"
-        if found
-        else f"--resume auto: no checkpoint in {where}: starting fresh"
-    )
+    if not found:  # (what it found is said once checked: `resumed from DIR at step N`)
+        say(f"--resume auto: no checkpoint in {where}: starting fresh")
+
+
+# The exit code of a run that a signal stopped once its checkpoint was saved (docs/program.md "Errors").
+PREEMPTED = 3
+
+
+class Preemption:
+    """SIGTERM or SIGUSR1 (how SLURM ends a job at its time limit or preempts it) asks the run to stop: the
+    current step finishes, every process agrees to stop after the same step (`stop`), the program saves its
+    checkpoint and exits PREEMPTED (`exit`). A second signal changes nothing."""
+
+    def __init__(self):
+        self.signal = None
+        for s in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(s, self.ask)
+
+    def ask(self, signum, frame):
+        self.signal = self.signal or signal.Signals(signum).name
+
+    def stop(self, combine=None):
+        """Whether to stop after this step: asked on any process (`combine(flag)`: the processes' flags
+        combined, the same verdict on every one; a single process alone only looks at its own)."""
+        asked = self.signal is not None
+        return combine(asked) if combine else asked
+
+    def exit(self, step, saved, say):
+        """After stopping at `step`: one line, and the exit code (PREEMPTED once the checkpoint `saved` is
+        written; without a checkpoint directory, 128 + the signal's number, as if it had killed the run)."""
+        signum = self.signal and getattr(signal, self.signal, signal.SIGTERM)
+        say(
+            f"stopped by {self.signal or 'a signal on another process'} after step {step}: "
+            + (
+                f"checkpoint saved in {saved}; continue with --resume auto"
+                if saved
+                else "no checkpoint directory (--checkpoint-dir), nothing saved"
+            )
+        )
+        return PREEMPTED if saved else 128 + int(signum or signal.SIGTERM)
 
 
 def require(ok, message, local=False):
@@ -1865,12 +1932,15 @@ def dry_run(mesh, shardings, abstract):
 # Main
 # ----------------------------------------------------------------------------
 def main(args):
+    preempt = Preemption()  # SIGTERM / SIGUSR1: stop after the current step, saved
     setup_devices(args)  # before anything touches a device
     mesh = make_mesh()
     with jax.set_mesh(mesh):  # the model's sharding constraints name axes of this mesh
-        train(args, mesh)
+        code = train(args, mesh, preempt)
     if jax.process_count() > 1:
         jax.distributed.shutdown()
+    if code:
+        sys.exit(code)
 
 
 def layouts(mesh, optimizer):
@@ -1934,7 +2004,16 @@ def init_state(args, optimizer, shardings, abstract):
     }
 
 
-def train(args, mesh):
+def any_process(flag):
+    """Whether `flag` holds on any process, on every process (a collective when there are several)."""
+    return (
+        bool(flag)
+        if jax.process_count() == 1
+        else bool(multihost_utils.process_allgather(np.int32(flag)).any())
+    )
+
+
+def train(args, mesh, preempt):
     is_first = jax.process_index() == 0  # the first process alone prints and writes files
     require(
         not args.data,
@@ -1985,13 +2064,14 @@ def train(args, mesh):
         donate_argnums=0,  # the new state reuses the old state's memory
     )
     data = Data(args.data, seed=args.seed + 1)
-    metrics = Metrics(args.metrics, is_first, append=bool(args.resume))
+    metrics = Metrics(args.metrics, is_first, append=bool(args.resume), start=start)
     batch = global_batch(data, start, batch_shardings) if start < args.steps else None
     profiler = StepProfiler(args, start)  # --profile
     console.compiling()
     # A step's figures are read one iteration late, once the next step is queued behind it: the devices
     # never wait while the host logs. `since`: when the previous step's figures were read.
     queued, since = None, time.perf_counter()
+    stop = False
     for step in range(start, args.steps):
         profiler.begin(step, state)
         state, m, *grads = step_fn(
@@ -2009,21 +2089,32 @@ def train(args, mesh):
             metrics.log(**row)
             console.step(row)
         done, queued = step + 1, (step + 1, m)
+        # a signal on any process: every process stops after this step (with several processes, one number
+        # gathered from each, per step)
+        stop = preempt.stop(any_process)
         save = checkpoints and (
-            done == args.steps or (args.checkpoint_every > 0 and done % args.checkpoint_every == 0)
+            stop
+            or done == args.steps
+            or (args.checkpoint_every > 0 and done % args.checkpoint_every == 0)
         )
-        if done == args.steps or save:  # the last step, or its state is saved now: wait for it
+        if (
+            done == args.steps or save or stop
+        ):  # the last step, or its state is saved now: wait for it
             row, _ = step_row(*queued, since)
             metrics.log(**row)
             console.step(row)
             if save:
-                save_checkpoint(checkpoints, done, state)
+                saved = save_checkpoint(checkpoints, done, state)
             # the next step's time leaves the save out
             queued, since = None, time.perf_counter()
+        if stop:
+            break
     metrics.close()
     console.summary()
     if checkpoints:
         checkpoints.close()
+    if stop:  # preempted: exit once the checkpoint is saved
+        return preempt.exit(done, checkpoints and saved, console.say)
     if args.export_params:
         exported = gather_params(state["params"])  # every process takes part; the first one writes
         if is_first:

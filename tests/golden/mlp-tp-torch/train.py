@@ -14,12 +14,14 @@ Several machines: launch.sh (torchrun rendezvous) or launch.sbatch (SLURM). gloo
 """
 
 import argparse
+import ctypes
 import hashlib
 import json
 import logging
 import math
 import os
 import shutil
+import signal
 import sys
 import time
 import warnings
@@ -901,6 +903,8 @@ def state_arrays(state):
 
 
 def save_checkpoint(root, step, model, optimizer, scheduler):
+    """Saves the train state after `step` as `root`/step_<step>; returns that directory."""
+    began = time.perf_counter()
     final = os.path.join(root, f"step_{step:08d}")
     tmp = os.path.join(root, f".tmp_step_{step:08d}")
     if is_first():
@@ -920,6 +924,8 @@ def save_checkpoint(root, step, model, optimizer, scheduler):
         for old in saved_steps(root)[:-KEEP_CHECKPOINTS]:
             shutil.rmtree(os.path.join(root, f"step_{old:08d}"), ignore_errors=True)
     dist.barrier()
+    log(f"checkpoint: step {step} saved in {final} ({time.perf_counter() - began:.1f} s)")
+    return final
 
 
 def step_of(name):
@@ -1280,8 +1286,16 @@ def check_paths(args):
 class Metrics:
     """JSON lines, one per optimizer step, written by the first process only."""
 
-    def __init__(self, path, enabled, append=False):
-        # A resumed run appends to the metrics of the run it continues; a fresh run starts the file anew.
+    def __init__(self, path, enabled, append=False, start=0):
+        # A resumed run appends to the metrics of the run it continues (at step `start`), less the rows of
+        # later steps (that run went on past its checkpoint before it stopped): the file is rewritten without
+        # them, atomically. A fresh run starts the file anew.
+        if path and enabled and append and os.path.isfile(path):
+            with open(path) as f:
+                rows = [line for line in f if line.endswith("\n") and kept_row(line, start)]
+            with open(path + ".tmp", "w") as f:
+                f.writelines(rows)
+            os.replace(path + ".tmp", path)
         self.f = open(path, "a" if append else "w") if (path and enabled) else None  # noqa: SIM115 (open for the run)
 
     def log(self, **row):
@@ -1292,6 +1306,15 @@ class Metrics:
     def close(self):
         if self.f:
             self.f.close()
+
+
+def kept_row(line, start):
+    """Whether a metrics row of the run a resumed run continues at step `start` stays: one of step `start`
+    or before (a line that is no JSON row, the last one of a killed run, does not)."""
+    try:
+        return json.loads(line)["step"] <= start
+    except (ValueError, KeyError, TypeError):
+        return False
 
 
 # Peak dense FLOP/s per device (bfloat16/float16, float32) of the accelerators whose name the program can
@@ -1328,13 +1351,14 @@ def duration(s):
     )
 
 
-def tensorboard_writer(directory):
-    """--tensorboard DIR: a tensorboardX writer (an optional dependency: exit 2 when it is missing)."""
+def tensorboard_writer(directory, start=0):
+    """--tensorboard DIR: a tensorboardX writer (an optional dependency: exit 2 when it is missing). A run
+    resumed at step `start` purges the scalars of later steps that the run it continues wrote."""
     try:
         from tensorboardX import SummaryWriter
     except ImportError:
         require(False, "--tensorboard needs tensorboardX: pip install tensorboardX")
-    return SummaryWriter(directory)
+    return SummaryWriter(directory, purge_step=start + 1 if start else None)
 
 
 def wandb_run(project):
@@ -1368,7 +1392,9 @@ class Console:
         self.enabled, self.start, self.steps = enabled, start, args.steps
         self.devices, self.peak, self.memory, self.compiles = devices, peak, memory, compiles
         self.times, self.last, self.began = [], {}, time.perf_counter()
-        self.writer = tensorboard_writer(args.tensorboard) if enabled and args.tensorboard else None
+        self.writer = (
+            tensorboard_writer(args.tensorboard, start) if enabled and args.tensorboard else None
+        )
         self.wandb = wandb_run(args.wandb) if enabled and args.wandb else None
 
     def say(self, line):
@@ -1443,18 +1469,60 @@ class Console:
 
 def resolve_resume(args, say):
     """--resume auto: the checkpoint directory when it holds checkpoints (--resume then takes the newest
-    usable one), else a fresh start; `say` prints which, in one line."""
+    usable one), else a fresh start, which `say` prints in one line."""
+    # a restart (torchrun --max-restarts, launch.sh's MAX_RESTARTS) continues from the newest checkpoint
+    restart = int(
+        os.environ.get("TORCHELASTIC_RESTART_COUNT") or os.environ.get("MITHRIL_RESTART") or 0
+    )
+    if restart and args.checkpoint_dir:
+        say(f"restart {restart}: continuing as --resume auto")
+        args.resume = "auto"
     if args.resume != "auto":
         return
     where = args.checkpoint_dir
     require(where, "--resume auto: this spec saves no checkpoints; pass --checkpoint-dir DIR")
     found = checkpoint_dirs(where, step_of) if os.path.isdir(where) else {}
     args.resume = where if found else None
-    say(
-        f"--resume auto: continuing from the newest usable checkpoint in {where} (newest: step {max(found)})"
-        if found
-        else f"--resume auto: no checkpoint in {where}: starting fresh"
-    )
+    if not found:  # (what it found is said once checked: `resumed from DIR at step N`)
+        say(f"--resume auto: no checkpoint in {where}: starting fresh")
+
+
+# The exit code of a run that a signal stopped once its checkpoint was saved (docs/program.md "Errors").
+PREEMPTED = 3
+
+
+class Preemption:
+    """SIGTERM or SIGUSR1 (how SLURM ends a job at its time limit or preempts it) asks the run to stop: the
+    current step finishes, every process agrees to stop after the same step (`stop`), the program saves its
+    checkpoint and exits PREEMPTED (`exit`). A second signal changes nothing."""
+
+    def __init__(self):
+        self.signal = None
+        for s in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(s, self.ask)
+
+    def ask(self, signum, frame):
+        self.signal = self.signal or signal.Signals(signum).name
+
+    def stop(self, combine=None):
+        """Whether to stop after this step: asked on any process (`combine(flag)`: the processes' flags
+        combined, the same verdict on every one; a single process alone only looks at its own)."""
+        asked = self.signal is not None
+        return combine(asked) if combine else asked
+
+    def exit(self, step, saved, say):
+        """After stopping at `step`: one line, and the exit code (PREEMPTED once the checkpoint `saved` is
+        written; without a checkpoint directory, 128 + the signal's number, as if it had killed the run)."""
+        signum = self.signal and getattr(signal, self.signal, signal.SIGTERM)
+        say(
+            f"stopped by {self.signal or 'a signal on another process'} after step {step}: "
+            + (
+                f"checkpoint saved in {saved}; continue with --resume auto"
+                if saved
+                else "no checkpoint directory (--checkpoint-dir), nothing saved"
+            )
+        )
+        return PREEMPTED if saved else 128 + int(signum or signal.SIGTERM)
 
 
 def is_first():
@@ -1527,20 +1595,41 @@ def setup(dry_run=False):
     return device, mesh, dp_rank
 
 
-def shutdown():
+def shutdown(code=0):
     sys.stdout.flush()
     sys.stderr.flush()
     # under gloo the interpreter sometimes aborts while tearing down after FSDP2 work (SIGABRT);
     # once every rank has finished, skip that teardown
     dist.barrier()
     dist.destroy_process_group()
-    os._exit(0)
+    os._exit(code)
+
+
+def die_with_launcher():
+    """torchrun starts each rank in a session of its own: killing the launcher's process group (kill -9 of
+    launch.sh, a closed terminal) would leave the ranks training, and writing checkpoints. On Linux each
+    rank has the kernel send it SIGKILL when its parent, torchrun, dies (prctl PR_SET_PDEATHSIG)."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # 1: PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # torchrun died before the call: nothing would tell this rank
+        os._exit(1)
+
+
+def any_rank(flag, device):
+    """Whether `flag` holds on any rank, on every rank (a collective of one number: every rank calls it)."""
+    x = torch.tensor(float(flag), device=device)
+    dist.all_reduce(x)
+    return x.item() > 0
 
 
 # ----------------------------------------------------------------------------
 # Main
 # ----------------------------------------------------------------------------
 def main(args):
+    die_with_launcher()
+    preempt = Preemption()  # SIGTERM / SIGUSR1: stop after the current step, saved
     device, mesh, dp_rank = setup(args.dry_run)
     # the model on the meta device, parallelised there (each parameter becomes the shard this
     # rank holds); then only what this rank holds is allocated, and filled
@@ -1566,7 +1655,7 @@ def main(args):
     data = Data(args.data, seed=args.seed + 1)
     per_rank = MICRO_BATCH // 2  # samples of each micro-batch this rank reads
     profiler = StepProfiler(args, device, start)  # --profile
-    metrics = Metrics(args.metrics, is_first(), append=bool(args.resume))
+    metrics = Metrics(args.metrics, is_first(), append=bool(args.resume), start=start)
     cuda = device.type == "cuda"
     console = Console(
         args,
@@ -1589,6 +1678,7 @@ def main(args):
     # a step's time is the whole loop iteration, from the end of the one before (its logging included);
     # evaluations and checkpoint saves are not steps, and are left out
     tick = time.perf_counter()
+    stop = False
     for step in range(start, args.steps):
         profiler.begin(step)
         loss_sum = torch.zeros((), device=device)
@@ -1627,13 +1717,21 @@ def main(args):
         metrics.log(**row)
         console.step(row)
         done = step + 1
+        # a signal on any rank: every rank stops after this step (one number all-reduced per step)
+        stop = preempt.stop(lambda asked: any_rank(asked, device))
         if args.checkpoint_dir and (
-            (args.checkpoint_every > 0 and done % args.checkpoint_every == 0) or done == args.steps
+            stop
+            or (args.checkpoint_every > 0 and done % args.checkpoint_every == 0)
+            or done == args.steps
         ):
-            save_checkpoint(args.checkpoint_dir, done, model, optimizer, scheduler)
+            saved = save_checkpoint(args.checkpoint_dir, done, model, optimizer, scheduler)
             tick = time.perf_counter()
+        if stop:
+            break
     metrics.close()
     console.summary()
+    if stop:  # preempted: exit once the checkpoint is saved
+        return shutdown(preempt.exit(done, args.checkpoint_dir and saved, log))
     if args.export_params:
         export_params(model, args.export_params)
     shutdown()
