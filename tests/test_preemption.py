@@ -151,3 +151,31 @@ def test_torch_restart_after_a_rank_dies():
     assert p.returncode == 0, out[-4000:]
     assert "restart 1: continuing as --resume auto" in out, out[-4000:]
     np.testing.assert_allclose(losses(cwd / "m.jsonl"), losses(cwd / "ref.jsonl"), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("target", ["torch", "jax", "mlx"])
+def test_resume_with_another_lr(target):
+    """Only the optimizer's settings changed (lr, weight decay): the resume goes on, with a note, on the
+    new settings (the lr column of a fresh run of the new spec); another model is still refused."""
+    program = build(target, "single")
+    spec = WORK / "mlp-dp-lr.yaml"
+    spec.write_text(SPEC.read_text().replace("lr: 1.0e-3, weight_decay: 0.01", "lr: 5.0e-4, weight_decay: 0.02"))
+    other = WORK / f"{target}-lr"
+    if not other.exists():
+        render.build(compile_file(spec, "single"), target, other, str(spec))
+    cwd = Path(tempfile.mkdtemp(dir=WORK))
+    run(other, target, cwd, "--steps", "8", "--metrics", "ref.jsonl", "--checkpoint-dir", "")
+    run(program, target, cwd, "--steps", "4", "--checkpoint-dir", "ck")
+    out = run(other, target, cwd, "--steps", "8", "--metrics", "m.jsonl", "--checkpoint-dir", "ck", "--resume", "auto")
+    assert "note: lr 0.001 -> 0.0005, weight_decay 0.01 -> 0.02 (the checkpoint's -> this program's)" in out, out[-3000:]
+    assert [r["step"] for r in rows(cwd / "m.jsonl")] == [5, 6, 7, 8]
+    assert [r["lr"] for r in rows(cwd / "m.jsonl")] == pytest.approx([r["lr"] for r in rows(cwd / "ref.jsonl")][4:], rel=1e-6)
+    assert rows(cwd / "m.jsonl")[-1]["loss"] != pytest.approx(rows(cwd / "ref.jsonl")[-1]["loss"], abs=0)
+
+    wider = WORK / "mlp-dp-wide.yaml"
+    wider.write_text(SPEC.read_text().replace("hidden: 256", "hidden: 128"))
+    refused = WORK / f"{target}-wide"
+    if not refused.exists():
+        render.build(compile_file(wider, "single"), target, refused, str(wider))
+    out = run(refused, target, cwd, "--steps", "8", "--checkpoint-dir", "ck", "--resume", "auto", rc=2)
+    assert "it is a checkpoint of another version of the spec 'mlp-dp'" in out, out[-3000:]

@@ -446,6 +446,16 @@ MANIFEST = "train_state.json"  # the manifest (below), the last file of a checkp
 # whole shape, dtype) and every other file's size and sha256. --resume takes the newest checkpoint whose
 # manifest agrees with its files and with this program, and whose values are finite.
 SPEC_HASH = "1d22f3071ca1be72"  # the spec less where and how it runs (mesh, sharding, pipeline, data, steps)
+# SPEC_HASH less the optimizer settings below, which a resumed run may change (a note says which changed)
+MODEL_HASH = "4a11eccc17f257d4"
+OPTIMIZER_SETTINGS = {
+    "lr": 0.001,
+    "weight_decay": 0.01,
+    "schedule.name": "linear-warmup",
+    "schedule.warmup_steps": 5,
+    "schedule.min_lr_ratio": 0.0,
+    "clip_grad_norm": 1.0,
+}
 KEEP_CHECKPOINTS = 2  # the newest ones are kept; older ones are deleted after each save
 
 
@@ -475,6 +485,8 @@ def write_manifest(path, step, arrays, **extra):
     manifest = {
         "spec": SPEC_NAME,
         "spec_hash": SPEC_HASH,
+        "model_hash": MODEL_HASH,
+        "settings": OPTIMIZER_SETTINGS,
         "mesh": MESH,
         "step": step,
         **extra,
@@ -506,8 +518,9 @@ def verify_manifest(path, step, arrays, more=lambda manifest: None):
                 f"it is a checkpoint of the spec {m['spec']!r}, not of {SPEC_NAME!r}"
                 + other_model(m["arrays"], want),
             ),
+            # (only the optimizer settings differ: the same MODEL_HASH; settings_note says which)
             (
-                m["spec_hash"] != SPEC_HASH,
+                m["spec_hash"] != SPEC_HASH and m.get("model_hash") != MODEL_HASH,
                 f"it is a checkpoint of another version of the spec {SPEC_NAME!r} (spec "
                 f"hash {m['spec_hash']}, this program's {SPEC_HASH}): its model or training settings differ"
                 + other_model(m["arrays"], want),
@@ -591,11 +604,35 @@ def resume_from(path, found, verify, restore, say=True):
                     file=sys.stderr,
                     flush=True,
                 )
+            if say and (note := settings_note(found[step])):
+                print(note, flush=True)
             return step, state
         skipped.append((found[step], why))
     require(
         False,
         f"--resume {path}: no usable checkpoint: " + "; ".join(f"{w}: {why}" for w, why in skipped),
+    )
+
+
+def settings_note(path):
+    """The note of a resume with other optimizer settings than the checkpoint `path`'s, or None."""
+    try:
+        with open(os.path.join(path, MANIFEST)) as f:
+            saved = json.load(f).get("settings") or {}
+    except (OSError, ValueError):
+        return None
+    changed = [
+        f"{k} {saved[k]} -> {v}"
+        for k, v in OPTIMIZER_SETTINGS.items()
+        if k in saved and saved[k] != v
+    ]
+    return (
+        (
+            f"note: {', '.join(changed)} (the checkpoint's -> this program's): the run continues with this "
+            "program's optimizer settings"
+        )
+        if changed
+        else None
     )
 
 
