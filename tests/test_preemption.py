@@ -179,3 +179,19 @@ def test_resume_with_another_lr(target):
         render.build(compile_file(wider, "single"), target, refused, str(wider))
     out = run(refused, target, cwd, "--steps", "8", "--checkpoint-dir", "ck", "--resume", "auto", rc=2)
     assert "it is a checkpoint of another version of the spec 'mlp-dp'" in out, out[-3000:]
+
+
+@pytest.mark.parametrize("target", ["torch", "jax"])
+def test_async_checkpoints_resume_exactly(target):
+    """--async-checkpoint: saves complete in the background (a line says how long training waited), and
+    --resume continues on the uninterrupted run's losses."""
+    program = build(target, "single")
+    cwd = Path(tempfile.mkdtemp(dir=WORK))
+    run(program, target, cwd, "--steps", "12", "--metrics", "ref.jsonl", "--checkpoint-dir", "")
+    out = run(program, target, cwd, "--steps", "10", "--metrics", "m.jsonl", "--checkpoint-dir", "ck",
+              "--checkpoint-every", "4", "--async-checkpoint")
+    assert "checkpoint: step 4 saved in " in out and "(asynchronous: training waited " in out, out[-3000:]
+    assert "checkpoint: step 10 saved in " in out, out[-3000:]  # the last one: synchronous
+    shutil.rmtree(cwd / "ck" / ("step_00000010" if target == "torch" else "10"))  # resume from step 8's
+    run(program, target, cwd, "--steps", "12", "--metrics", "m.jsonl", "--checkpoint-dir", "ck", "--resume", "auto")
+    np.testing.assert_allclose(losses(cwd / "m.jsonl"), losses(cwd / "ref.jsonl"), rtol=0, atol=1e-6)

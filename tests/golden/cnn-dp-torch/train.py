@@ -913,8 +913,15 @@ def state_arrays(state):
     return {n: v for part in all_ranks(mine) for n, v in part.items()}
 
 
-def save_checkpoint(root, step, model, optimizer, scheduler):
-    """Saves the train state after `step` as `root`/step_<step>; returns that directory."""
+PENDING_SAVES = []  # the asynchronous save still writing (--async-checkpoint), completed by finish_saves
+
+
+def save_checkpoint(root, step, model, optimizer, scheduler, background=False):
+    """Saves the train state after `step` as `root`/step_<step>; returns that directory. `background`
+    (--async-checkpoint): DCP's async_save copies the state to host memory and writes it in a thread while
+    training goes on; the save is completed (train_state.json, manifest, rename) by finish_saves, at the
+    next save or at the end."""
+    finish_saves()  # one save at a time
     began = time.perf_counter()
     final = os.path.join(root, f"step_{step:08d}")
     tmp = os.path.join(root, f".tmp_step_{step:08d}")
@@ -923,20 +930,65 @@ def save_checkpoint(root, step, model, optimizer, scheduler):
         shutil.rmtree(tmp, ignore_errors=True)
     dist.barrier()
     state = train_state(model, optimizer)
+    meta = {"step": step, "scheduler": scheduler.state_dict(), "spec": SPEC_NAME, "mesh": MESH}
+
+    def finish(arrays):
+        """Once every rank has written its shards: rank 0 writes train_state.json and the manifest, and
+        renames the directory (a step_* directory exists only once it is complete)."""
+        if is_first():
+            Path(tmp, "train_state.json").write_text(json.dumps(meta))
+            write_manifest(tmp, step, arrays)
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(tmp, final)
+            for old in saved_steps(root)[:-KEEP_CHECKPOINTS]:
+                shutil.rmtree(os.path.join(root, f"step_{old:08d}"), ignore_errors=True)
+        dist.barrier()
+
+    if background:
+        arrays = state_arrays(state)
+        future = dcp.async_save(state, checkpoint_id=tmp, process_group=checkpoint_group())
+        written = []  # when the thread has written this rank's shards
+        future.add_done_callback(lambda _: written.append(time.perf_counter()))
+        PENDING_SAVES.append(
+            (
+                future,
+                lambda: finish(arrays),
+                step,
+                final,
+                began,
+                time.perf_counter() - began,
+                written,
+            )
+        )
+        return final
     dcp.save(state, checkpoint_id=tmp)
-    arrays = state_arrays(state)  # (once every rank has written its shards)
-    if is_first():
-        meta = {"step": step, "scheduler": scheduler.state_dict(), "spec": SPEC_NAME, "mesh": MESH}
-        Path(tmp, "train_state.json").write_text(json.dumps(meta))
-        write_manifest(tmp, step, arrays)
-        # a step_* directory exists only once it is complete
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        for old in saved_steps(root)[:-KEEP_CHECKPOINTS]:
-            shutil.rmtree(os.path.join(root, f"step_{old:08d}"), ignore_errors=True)
-    dist.barrier()
+    finish(state_arrays(state))  # (a collective: once every rank has written its shards)
     log(f"checkpoint: step {step} saved in {final} ({time.perf_counter() - began:.1f} s)")
     return final
+
+
+def finish_saves():
+    """Waits for the asynchronous save still writing (every rank), and completes it."""
+    while PENDING_SAVES:
+        future, finish, step, final, began, blocked, written = PENDING_SAVES.pop()
+        future.result()
+        finish()
+        took = (written[0] if written else time.perf_counter()) - began
+        log(
+            f"checkpoint: step {step} saved in {final} (asynchronous: training waited {blocked:.2f} s, the "
+            f"save took {took:.2f} s)"
+        )
+
+
+def checkpoint_group():
+    """The gloo process group of asynchronous saves: DCP's thread runs its collectives there, beside the
+    training's (created at the first one, which every rank makes)."""
+    if not PENDING_SAVES and "group" not in CHECKPOINT_GROUP:
+        CHECKPOINT_GROUP["group"] = dist.new_group(backend="gloo")
+    return CHECKPOINT_GROUP["group"]
+
+
+CHECKPOINT_GROUP = {}
 
 
 def step_of(name):
@@ -1230,6 +1282,13 @@ def parse_args(argv=None):
     ap.add_argument("--checkpoint-dir", default=CHECKPOINT_DIR, help="where to save checkpoints")
     ap.add_argument(
         "--checkpoint-every", type=int, default=CHECKPOINT_EVERY, help="steps between checkpoints"
+    )
+    ap.add_argument(
+        "--async-checkpoint",
+        action="store_true",
+        help="write checkpoints in the background while "
+        "training goes on (torch.distributed.checkpoint.async_save; a save "
+        "on SIGTERM / SIGUSR1 is synchronous)",
     )
     ap.add_argument("--data", help="not used: this program draws synthetic data")
     ap.add_argument("--seed", type=int, default=SEED)
@@ -1742,10 +1801,18 @@ def main(args):
             or (args.checkpoint_every > 0 and done % args.checkpoint_every == 0)
             or done == args.steps
         ):
-            saved = save_checkpoint(args.checkpoint_dir, done, model, optimizer, scheduler)
+            saved = save_checkpoint(
+                args.checkpoint_dir,
+                done,
+                model,
+                optimizer,
+                scheduler,
+                background=args.async_checkpoint and not stop and done < args.steps,
+            )
             tick = time.perf_counter()
         if stop:
             break
+    finish_saves()  # (a preemption's save is synchronous: only an earlier one may still be writing)
     metrics.close()
     console.summary()
     if stop:  # preempted: exit once the checkpoint is saved

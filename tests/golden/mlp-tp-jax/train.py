@@ -813,11 +813,13 @@ def check_start(args, start, saved):
     )
 
 
-def checkpoint_manager(directory):
+def checkpoint_manager(directory, background=False):
+    """`background` (--async-checkpoint): orbax's asynchronous checkpointing (a save copies the state to
+    host memory and returns; orbax writes it in a thread)."""
     import orbax.checkpoint as ocp
 
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=KEEP_CHECKPOINTS, create=True, enable_async_checkpointing=False
+        max_to_keep=KEEP_CHECKPOINTS, create=True, enable_async_checkpointing=background
     )
     return ocp.CheckpointManager(os.path.abspath(directory), options=options)
 
@@ -835,27 +837,52 @@ def state_arrays(tree):
     }
 
 
-def save_checkpoint(manager, step, state):
+PENDING_SAVES = []  # the asynchronous save still writing (--async-checkpoint), completed by finish_saves
+
+
+def save_checkpoint(manager, step, state, background=False):
     """DIR/<step>, replacing a checkpoint of that step (one that --resume of this directory found unusable);
-    returns that directory."""
+    returns that directory. `background` (a manager of checkpoint_manager(DIR, background=True)): training
+    goes on while orbax writes; the manifest is written by finish_saves, at the next save or at the end."""
     import orbax.checkpoint as ocp
 
+    finish_saves()  # one save at a time
     began = time.perf_counter()
-
     if step in manager.all_steps():
         manager.delete(step)
     manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state)), force=True)
-    manager.wait_until_finished()
-    if jax.process_count() > 1:
-        multihost_utils.sync_global_devices(f"checkpoint {step} written")
-    final = os.path.join(str(manager.directory), str(step))
+    final, arrays = os.path.join(str(manager.directory), str(step)), state_arrays(state)
+
+    def finish():
+        manager.wait_until_finished()
+        if jax.process_count() > 1:
+            multihost_utils.sync_global_devices(f"checkpoint {step} written")
+        if jax.process_index() == 0:
+            write_manifest(final, step, arrays)
+
+    if background:
+        PENDING_SAVES.append((finish, step, final, began, time.perf_counter() - began))
+        return final
+    finish()
     if jax.process_index() == 0:
-        write_manifest(final, step, state_arrays(state))
         print(
             f"checkpoint: step {step} saved in {final} ({time.perf_counter() - began:.1f} s)",
             flush=True,
         )
     return final
+
+
+def finish_saves():
+    """Waits for the asynchronous save still writing (every process), and writes its manifest."""
+    while PENDING_SAVES:
+        finish, step, final, began, blocked = PENDING_SAVES.pop()
+        finish()
+        if jax.process_index() == 0:
+            print(
+                f"checkpoint: step {step} saved in {final} (asynchronous: training waited {blocked:.2f} s, the "
+                f"save was complete {time.perf_counter() - began:.2f} s after it began)",
+                flush=True,
+            )
 
 
 def agree(value):
@@ -1148,6 +1175,13 @@ def parse_args(argv=None):
     ap.add_argument("--checkpoint-dir", default=CHECKPOINT_DIR, help="where to save checkpoints")
     ap.add_argument(
         "--checkpoint-every", type=int, default=CHECKPOINT_EVERY, help="steps between checkpoints"
+    )
+    ap.add_argument(
+        "--async-checkpoint",
+        action="store_true",
+        help="write checkpoints in the background while "
+        "training goes on (orbax's asynchronous checkpointing; a save "
+        "on SIGTERM / SIGUSR1 is synchronous)",
     )
     ap.add_argument("--data", help="not used: this program draws synthetic data")
     ap.add_argument("--seed", type=int, default=SEED)
@@ -1653,7 +1687,11 @@ def train(args, mesh, preempt):
     resolve_resume(args, print if is_first else lambda line: None)
     state = init_state(args, optimizer, shardings, abstract)
     start = int(state["step"])
-    checkpoints = checkpoint_manager(args.checkpoint_dir) if args.checkpoint_dir else None
+    checkpoints = (
+        checkpoint_manager(args.checkpoint_dir, args.async_checkpoint)
+        if args.checkpoint_dir
+        else None
+    )
     check_start(args, start, checkpoints.all_steps() if checkpoints else [])
     if is_first:
         # optimizer: arrays with ndim > 0 only (optax's step counters are not counted)
@@ -1730,11 +1768,18 @@ def train(args, mesh, preempt):
             metrics.log(**row)
             console.step(row)
             if save:
-                saved = save_checkpoint(checkpoints, done, state)
+                # (a preemption's save, and the last one, are synchronous)
+                saved = save_checkpoint(
+                    checkpoints,
+                    done,
+                    state,
+                    args.async_checkpoint and not stop and done < args.steps,
+                )
             # the next step's time leaves the save out
             queued, since = None, time.perf_counter()
         if stop:
             break
+    finish_saves()
     metrics.close()
     console.summary()
     if checkpoints:
