@@ -370,6 +370,7 @@ def save_params(path, arrays):
         np.savez(tmp, **arrays)
     os.chmod(tmp, 0o644)  # (safetensors creates its files readable by their owner only)
     os.replace(tmp, path)
+    print(f"wrote {path} ({len(arrays)} arrays)", flush=True)
 
 
 # ----------------------------------------------------------------------------
@@ -1185,6 +1186,8 @@ def init_state(args, optimizers, rank):
     }
     init_optimizer(optimizers, params)
     if not args.resume:
+        if args.init_params and rank == 0:
+            print(f"parameters: loaded from {args.init_params}", flush=True)
         return 0, params, buffers
     want = {
         n: (a.shape, dtype_name(a)) for n, a in state_arrays(params, buffers, optimizers).items()

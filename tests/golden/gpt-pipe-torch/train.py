@@ -603,6 +603,7 @@ def save_params(path, arrays):
         np.savez(tmp, **arrays)
     os.chmod(tmp, 0o644)  # (safetensors creates its files readable by their owner only)
     os.replace(tmp, path)
+    print(f"wrote {path} ({len(arrays)} arrays)", flush=True)
 
 
 def canonical(name, tensor):
@@ -1830,6 +1831,8 @@ def main(args):
         source = load_params(args.init_params) if args.init_params else initial_params(args.seed)
         for stage in stages:
             fill_model(stage, source, args.seed)
+        if args.init_params:
+            log(f"parameters: loaded from {args.init_params}")
     if args.compile:
         # in place, per block: module FQNs stay canonical (torch.compile(model) would add `_orig_mod.`)
         for block in [*getattr(model, "blocks", {}).values()]:

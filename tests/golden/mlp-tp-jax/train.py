@@ -449,6 +449,7 @@ def save_params(path, arrays):
         np.savez(tmp, **arrays)
     os.chmod(tmp, 0o644)  # (safetensors creates its files readable by their owner only)
     os.replace(tmp, path)
+    print(f"wrote {path} ({len(arrays)} arrays)", flush=True)
 
 
 def state_shape(name, table):
@@ -1648,6 +1649,8 @@ def init_state(args, optimizer, shardings, abstract):
         name: place(src, name, a.shape, shardings["params"][name], PARAM_DTYPE)
         for name, a in abstract["params"].items()
     }
+    if args.init_params and jax.process_index() == 0:
+        print(f"parameters: loaded from {args.init_params}", flush=True)
     init_opt = jax.jit(lambda p: init_optimizer(optimizer, p), out_shardings=shardings["opt_state"])
     buffers = {
         name: InitTensor(name, shape, kind, 0.0, args.seed)

@@ -389,6 +389,7 @@ def save_params(path, arrays):
         np.savez(tmp, **arrays)
     os.chmod(tmp, 0o644)  # (safetensors creates its files readable by their owner only)
     os.replace(tmp, path)
+    print(f"wrote {path} ({len(arrays)} arrays)", flush=True)
 
 
 def canonical(name, tensor):
@@ -1750,6 +1751,8 @@ def main(args):
             load_params(args.init_params) if args.init_params else initial_params(args.seed),
             args.seed,
         )
+        if args.init_params:
+            log(f"parameters: loaded from {args.init_params}")
     runner = model
     if args.compile:
         model.compile()  # in place: module FQNs stay canonical
