@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -103,14 +104,14 @@ def test_sigterm_saves_exits_3_and_resumes(target):
 
 def test_resume_drops_metrics_rows_past_the_checkpoint():
     """A run killed after its checkpoint of step 4 wrote rows 5-6: the resumed run replaces them."""
-    program = build("torch", "single")
+    program = build("mlx", "single")  # (the same code in every target, common/cli.py.j2; mlx starts fastest)
     cwd = Path(tempfile.mkdtemp(dir=WORK))
-    run(program, "torch", cwd, "--steps", "8", "--metrics", "ref.jsonl", "--checkpoint-dir", "")
-    run(program, "torch", cwd, "--steps", "6", "--metrics", "m.jsonl", "--checkpoint-dir", "ck", "--checkpoint-every", "4")
+    run(program, "mlx", cwd, "--steps", "8", "--metrics", "ref.jsonl", "--checkpoint-dir", "")
+    run(program, "mlx", cwd, "--steps", "6", "--metrics", "m.jsonl", "--checkpoint-dir", "ck", "--checkpoint-every", "4")
     shutil.rmtree(cwd / "ck" / "step_00000006")  # as if killed before its save
     with open(cwd / "m.jsonl", "a") as f:
         f.write('{"step": 7, "loss"')  # and in the middle of a row
-    run(program, "torch", cwd, "--steps", "8", "--metrics", "m.jsonl", "--checkpoint-dir", "ck", "--resume", "auto")
+    run(program, "mlx", cwd, "--steps", "8", "--metrics", "m.jsonl", "--checkpoint-dir", "ck", "--resume", "auto")
     np.testing.assert_allclose(losses(cwd / "m.jsonl"), losses(cwd / "ref.jsonl"), rtol=0, atol=1e-6)
 
 
@@ -148,8 +149,10 @@ def test_torch_restart_after_a_rank_dies():
     os.kill(max(ranks), signal.SIGKILL)
     # (two restarts allowed: on 2 shared cores gloo's reconnection after a restart has timed out once)
     out = p.communicate(timeout=240)[0]
+    (cwd / "out.log").write_text(out)
     assert p.returncode == 0, out[-4000:]
-    assert "restart 1: continuing as --resume auto" in out, out[-4000:]
+    # (restart 2 after a restart whose gloo connection failed: torchrun's restarts on 2 busy cores)
+    assert re.search(r"restart [12]: continuing as --resume auto", out), out[-4000:]
     np.testing.assert_allclose(losses(cwd / "m.jsonl"), losses(cwd / "ref.jsonl"), rtol=0, atol=1e-6)
 
 
