@@ -90,8 +90,11 @@ def test_jax_console_tensorboard_and_resume_auto(tmp_path):
     more = jr.run(program, "--steps", "4", "--checkpoint-dir", str(ckpt), "--resume", "auto", "--wandb", "proj",
                   env={"PYTHONPATH": str(fake), "FAKE_WANDB_LOG": str(tmp_path / "wandb.jsonl")})
     calls = [json.loads(line) for line in (tmp_path / "wandb.jsonl").read_text().splitlines()]
+    # a resumed run continues the W&B run whose id its checkpoint directory keeps
+    run_id = (ckpt / "wandb_run_id").read_text()
     assert calls[0] == ["init", {"project": "proj", "name": "mlp-dp", "config": {"spec": "mlp-dp", "mesh": {},
-                                                                                 "steps": 2}}]  # (one device)
+                                                                                 "steps": 2},  # (one device)
+                                 "id": run_id, "resume": "allow"}]
     assert calls[1][0] == "log" and calls[1][2] == 4 and calls[1][1]["loss"] == pytest.approx(more.metrics[-1]["loss"])
     assert calls[2:] == [["finish"]]
     # what --resume auto found is said once checked and restored, and each save says where it went

@@ -1647,12 +1647,26 @@ def tensorboard_writer(directory, start=0):
     return SummaryWriter(directory, purge_step=start + 1 if start else None)
 
 
-def wandb_run(project):
-    """--wandb PROJECT: a Weights & Biases run holding the spec's name and mesh (an optional dependency)."""
+def wandb_run(project, checkpoint_dir=None, start=0):
+    """--wandb PROJECT: a Weights & Biases run holding the spec's name and mesh (an optional dependency). With
+    a checkpoint directory, the run's id is kept there (wandb_run_id), and a run resumed at step `start`
+    continues that W&B run (resume="allow"; W&B ignores a step it already holds)."""
     import wandb
 
+    resume = {}
+    if checkpoint_dir:
+        path = os.path.join(checkpoint_dir, "wandb_run_id")
+        if not (start and os.path.isfile(path)):
+            os.makedirs(checkpoint_dir, exist_ok=True)
+            with open(path, "w") as f:
+                f.write(os.urandom(8).hex())
+        with open(path) as f:
+            resume = {"id": f.read().strip(), "resume": "allow"}
     return wandb.init(
-        project=project, name=SPEC_NAME, config={"spec": SPEC_NAME, "mesh": MESH, "steps": STEPS}
+        project=project,
+        name=SPEC_NAME,
+        config={"spec": SPEC_NAME, "mesh": MESH, "steps": STEPS},
+        **resume,
     )
 
 
@@ -1681,7 +1695,9 @@ class Console:
         self.writer = (
             tensorboard_writer(args.tensorboard, start) if enabled and args.tensorboard else None
         )
-        self.wandb = wandb_run(args.wandb) if enabled and args.wandb else None
+        self.wandb = (
+            wandb_run(args.wandb, args.checkpoint_dir, start) if enabled and args.wandb else None
+        )
 
     def say(self, line):
         if self.enabled and line:
