@@ -159,7 +159,9 @@ def damaged(target: str, base: Path, root: Path) -> dict[str, tuple[Path, str]]:
             why = ("it is a checkpoint of the spec 'cnn-dp', not of 'mlp-dp'. For a warm start from its parameters, "
                    "export them with that spec's program (--resume DIR --export-params FILE) and pass --init-params")
         elif case == "other_version":
-            manifest(target, where, spec_hash="0123456789abcdef")
+            # (another model: a checkpoint whose model_hash is this program's differs in optimizer settings only,
+            # which resume: tests/test_preemption.py)
+            manifest(target, where, spec_hash="0123456789abcdef", model_hash="fedcba9876543210")
             why = "it is a checkpoint of another version of the spec 'mlp-dp' (spec hash 0123456789abcdef"
         elif case == "step":
             manifest(target, where, step=6)
@@ -249,6 +251,7 @@ def test_manifest_records_the_spec_the_step_the_arrays_and_every_file(runs, targ
     assert [s for n, (s, _) in params.items() if n.endswith("fc1.weight")] in ([[64, 256]], [[256, 64]])
     # the spec's hash is the same in every target's checkpoints
     assert len({manifest(t, step_dir(t, runs[t]["base"], 4))["spec_hash"] for t in TARGETS}) == 1
+    assert len({manifest(t, step_dir(t, runs[t]["base"], 4))["model_hash"] for t in TARGETS}) == 1
 
 
 @pytest.mark.slow

@@ -90,12 +90,17 @@ def test_jax_console_tensorboard_and_resume_auto(tmp_path):
     more = jr.run(program, "--steps", "4", "--checkpoint-dir", str(ckpt), "--resume", "auto", "--wandb", "proj",
                   env={"PYTHONPATH": str(fake), "FAKE_WANDB_LOG": str(tmp_path / "wandb.jsonl")})
     calls = [json.loads(line) for line in (tmp_path / "wandb.jsonl").read_text().splitlines()]
+    # a resumed run continues the W&B run whose id its checkpoint directory keeps
+    run_id = (ckpt / "wandb_run_id").read_text()
     assert calls[0] == ["init", {"project": "proj", "name": "mlp-dp", "config": {"spec": "mlp-dp", "mesh": {},
-                                                                                 "steps": 2}}]  # (one device)
+                                                                                 "steps": 2},  # (one device)
+                                 "id": run_id, "resume": "allow"}]
     assert calls[1][0] == "log" and calls[1][2] == 4 and calls[1][1]["loss"] == pytest.approx(more.metrics[-1]["loss"])
     assert calls[2:] == [["finish"]]
-    assert f"--resume auto: continuing from the newest usable checkpoint in {ckpt} (newest: step 3)" in more.output
+    # what --resume auto found is said once checked and restored, and each save says where it went
+    assert "--resume auto:" not in more.output
     assert f"resumed from {ckpt} at step 3" in more.output
+    assert f"checkpoint: step 4 saved in {ckpt / '4'} (" in more.output
     assert [r["step"] for r in more.metrics] == [4] and "step 4/4 |" in more.output
 
     fresh = jr.run(program, "--steps", "2", "--checkpoint-dir", str(ckpt), expect_rc=2)
@@ -114,7 +119,7 @@ def test_torch_and_mlx_console(tmp_path):
         torch_run.output
     assert [s for s, _ in scalars(tb)["loss"]] == [1, 2]
     more = tr.run(program, "--steps", "3", "--checkpoint-dir", str(ckpt), "--resume", "auto")
-    assert "--resume auto: continuing from the newest usable checkpoint" in more.output
+    assert f"resumed from {ckpt} at step 2" in more.output
     assert [r["step"] for r in more.metrics] == [3]
     # the real wandb, offline: the run is kept under WANDB_DIR
     mlx_run = mr.run(mr.build(SPECS / "mlp-dp.yaml", "data=1"), "--steps", "2", "--wandb", "proj",

@@ -234,12 +234,39 @@ ADDED_LAYER_FIELDS = dict(dropout=0.0, device=None, rope_scaling=None, qk_norm=F
                           gate_activation="silu", weight_offset=0.0, scale=None, softcap=None, cap=None)
 
 
-def spec_hash(plan: Plan) -> str:
+# The optimizer's settings that a resumed run may change (docs/program.md "Checkpoints"): its train state
+# holds nothing of them, the program's own apply from the step it resumes at.
+OPTIMIZER_SETTINGS = ("lr", "weight_decay")
+TRAINING_SETTINGS = ("schedule", "clip_grad_norm")
+
+
+def optimizer_settings(plan: Plan) -> dict[str, Any]:
+    """The settings a resumed run may change, by name (`lr`, `weight_decay`, `schedule.warmup_steps`, ...),
+    which the checkpoints record (OPTIMIZER_SETTINGS in the program)."""
+    training = plan.spec.model_dump(mode="json")["training"]
+    out = {k: v for k, v in training["optimizer"].items() if k in OPTIMIZER_SETTINGS}
+    out.update({f"schedule.{k}": v for k, v in training["schedule"].items()})
+    out["clip_grad_norm"] = training.get("clip_grad_norm")
+    return out
+
+
+def model_hash(plan: Plan) -> str:
+    """The hash of what a checkpoint must agree with (MODEL_HASH): the spec hash's content less the optimizer
+    settings a resumed run may change (optimizer_settings)."""
+    return spec_hash(plan, settings=False)
+
+
+def spec_hash(plan: Plan, settings: bool = True) -> str:
     """The spec's hash that every target's checkpoints record (SPEC_HASH): the first 16 hex digits of the
-    sha256 of the merged spec's canonical JSON, less HASH_OMITS. The same for every mesh and target."""
+    sha256 of the merged spec's canonical JSON, less HASH_OMITS. The same for every mesh and target.
+    `settings=False`: less the optimizer settings a resumed run may change too (model_hash)."""
     spec = plan.spec.model_dump(mode="json")
     kept = {k: v for k, v in spec.items() if k not in HASH_OMITS}
     kept["training"] = {k: v for k, v in spec["training"].items() if k not in HASH_OMITS_TRAINING}
+    if not settings:
+        kept["training"] = {k: v for k, v in kept["training"].items() if k not in TRAINING_SETTINGS}
+        kept["training"]["optimizer"] = {k: v for k, v in kept["training"]["optimizer"].items()
+                                         if k not in OPTIMIZER_SETTINGS}
     # precision settings left out (None: loss_scale, scaler) hash as before they existed: a spec that does not
     # use them keeps its hash, and its checkpoints stay resumable; tf32 says how a GPU runs float32 matmuls,
     # not what is trained (a checkpoint resumes with it on or off)
@@ -272,6 +299,8 @@ def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
     return {
         **{k: model[k] for k in ("inputs", "layers", "blocks", "loss")},
         "spec_hash": spec_hash(plan),
+        "model_hash": model_hash(plan),
+        "optimizer_settings": optimizer_settings(plan),
         "jax": {
             **{k: model[k] for k in ("ops", "op_attrs", "has_dropout", "has_buffers", "has_aux", "train_arg")},
             "pipeline": pipeline,

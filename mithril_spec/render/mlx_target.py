@@ -15,7 +15,7 @@ from ..ops import OPS
 from ..planner.plan import Plan
 from ..targets.base import linear_style, tensor_dims
 from ..targets.costing import Costing
-from .jax_target import model_context, spec_hash
+from .jax_target import model_context, model_hash, optimizer_settings, spec_hash
 
 # Names the generated model code uses inside the functions that hold tensor variables.
 MODEL_NAMES = {
@@ -53,6 +53,8 @@ def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
     return {
         **{k: model[k] for k in ("inputs", "layers", "blocks", "loss")},
         "spec_hash": spec_hash(plan),
+        "model_hash": model_hash(plan),
+        "optimizer_settings": optimizer_settings(plan),
         "mlx": {
             **{k: model[k] for k in ("ops", "op_attrs", "has_dropout", "has_buffers", "train_arg")},
             # tensor parallelism (a mesh of `tensor` alone): the processes split these dimensions

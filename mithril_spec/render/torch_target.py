@@ -50,7 +50,7 @@ from ..targets.torch import pipeline_flow, relaid_inputs, shard_axis
 from ..targets.torch import sequence_parallel as torch_sequence_parallel
 from .communication import torch_comm
 from .context import RESERVED, rename_vars
-from .jax_target import spec_hash
+from .jax_target import model_hash, optimizer_settings, spec_hash
 
 # Names the generated forward methods use besides tensor variables.
 MODEL_NAMES = {"F", "torch", "nn", "np", "math", "self", "block", "rope", "zlib", "checkpoint", "layers",
@@ -306,6 +306,8 @@ def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
         "top_params": top_params,
         "repeats": repeats,
         "spec_hash": spec_hash(plan),
+        "model_hash": model_hash(plan),
+        "optimizer_settings": optimizer_settings(plan),
         "torch": {
             # what the program holds: only what its spec runs
             "ops": sorted(ops),

@@ -10,7 +10,9 @@
 # it), MLX_PORT the ring's first port (default: a free one). mlx.launch itself exits 0 whatever its processes
 # do: this script returns the first failure's code
 # (2 when the processes refuse what they were asked: the first one says why, in one line), and leaves out
-# mlx.launch's own lines about which process exited how.
+# mlx.launch's own lines about which process exited how. MAX_RESTARTS=N runs the processes again after a
+# failure (not after exit 2 or 3), up to N times, each time from the newest checkpoint; SIGTERM / SIGUSR1
+# has train.py save a checkpoint and exit 3.
 set -euo pipefail
 # SIGUSR1, SLURM's warning before a job's time limit (launch.sbatch), is for train.py to act on: the launchers
 # ignore it, and so does a train.py that sets no handler of its own (the ignoring is inherited).
@@ -30,32 +32,67 @@ if [[ -n "${MITHRIL_STATUS_DIR:-}" ]]; then  # one process under mlx.launch: run
   fi
   exit "$rc"
 fi
-if (( 4 == 1 )) && [[ -z "${MLX_HOSTS:-}" ]]; then
-  exec "$python" "$here/train.py" "$@"
+restarts="${MAX_RESTARTS:-0}"
+if ! [[ "$restarts" =~ ^[0-9]+$ ]]; then
+  echo "launch.sh: MAX_RESTARTS=$restarts must be a number of restarts (0 or more)" >&2
+  exit 2
 fi
-if [[ -n "${MLX_HOSTS:-}" ]]; then
-  where=(--hosts "$MLX_HOSTS")
-else
-  where=(-n 4)
-fi
-# the ring's ports: MLX_PORT and the ports after it (one per process), else a free one the system picks (mlx.launch's
-# fixed default would join two jobs started at once on this machine into one ring, which then hangs)
-port="${MLX_PORT:-$("$python" -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')}"
 status_dir="$(mktemp -d)"
 trap 'rm -rf "$status_dir"' EXIT
-# every process runs this script again (bash), which runs train.py and notes its exit code; mlx.launch's
-# stderr passes through a filter that drops its "[WARN] Node with rank N exited with code C / was killed"
-# lines. Their coloured "[WARN]" tag can be written before a process's own line and the rest of the warning
-# after it, so a line starting with the tag loses it (and is dropped when nothing else is left).
-rc=0
-{ "$launcher" --backend ring --starting-port "$port" "${where[@]}" --python "$(command -v bash)" --env "MITHRIL_STATUS_DIR=$status_dir" \
-    --env "PYTHON=$python" "$here/launch.sh" "$@" 2>&1 1>&3 3>&- |
-    awk '{ tag = sub(/^\033\[[0-9;]*m\[WARN\](\033\[[0-9;]*m)?/, "") }
-         /Node with rank [0-9]+ (exited with code|was killed)/ || (tag && /^[ \t]*$/) { next }
-         { print; fflush() }' >&2
-} 3>&1 || rc=$?
-(( rc == 0 )) || exit "$rc"  # mlx.launch itself failed
-for f in "$status_dir"/*; do
-  [[ -e "$f" ]] && exit "$(cat "$f")"
+
+# Runs the processes once; returns the first failure's code.
+run_once() {
+  if (( 4 == 1 )) && [[ -z "${MLX_HOSTS:-}" ]]; then
+    # SIGTERM / SIGUSR1 goes on to train.py, which saves a checkpoint and exits 3 (a wait that the signal
+    # interrupted is waited again)
+    "$python" "$here/train.py" "$@" &
+    local pid=$! rc
+    trap 'signalled=1; kill -TERM "$pid" 2>/dev/null || true' TERM
+    trap 'signalled=1; kill -USR1 "$pid" 2>/dev/null || true' USR1
+    while :; do
+      signalled=0
+      rc=0
+      wait "$pid" || rc=$?
+      (( signalled && rc > 128 )) || return "$rc"
+    done
+  fi
+  rm -f "$status_dir"/*
+  if [[ -n "${MLX_HOSTS:-}" ]]; then
+    where=(--hosts "$MLX_HOSTS")
+  else
+    where=(-n 4)
+  fi
+  # the ring's ports: MLX_PORT and the ports after it (one per process), else a free one the system picks (mlx.launch's
+  # fixed default would join two jobs started at once on this machine into one ring, which then hangs)
+  port="${MLX_PORT:-$("$python" -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')}"
+  # every process runs this script again (bash), which runs train.py and notes its exit code; mlx.launch's
+  # stderr passes through a filter that drops its "[WARN] Node with rank N exited with code C / was killed"
+  # lines. Their coloured "[WARN]" tag can be written before a process's own line and the rest of the warning
+  # after it, so a line starting with the tag loses it (and is dropped when nothing else is left).
+  rc=0
+  { "$launcher" --backend ring --starting-port "$port" "${where[@]}" --python "$(command -v bash)" --env "MITHRIL_STATUS_DIR=$status_dir" \
+      --env "PYTHON=$python" "$here/launch.sh" "$@" 2>&1 1>&3 3>&- |
+      awk '{ tag = sub(/^\033\[[0-9;]*m\[WARN\](\033\[[0-9;]*m)?/, "") }
+           /Node with rank [0-9]+ (exited with code|was killed)/ || (tag && /^[ \t]*$/) { next }
+           { print; fflush() }' >&2
+  } 3>&1 || rc=$?
+  (( rc == 0 )) || return "$rc"  # mlx.launch itself failed
+  for f in "$status_dir"/*; do
+    [[ -e "$f" ]] && return "$(cat "$f")"
+  done
+  return 0
+}
+
+# MAX_RESTARTS=N: after a failure, run the processes again (up to N times), each time continuing from the
+# newest checkpoint (MITHRIL_RESTART tells train.py, which then resumes as with --resume auto); not after
+# exit 2 (what it was asked is refused: a restart would be refused too) nor 3 (stopped by a signal, saved).
+attempt=0
+while :; do
+  status=0
+  MITHRIL_RESTART="$attempt" run_once "$@" || status=$?
+  if (( status == 0 || status == 2 || status == 3 || attempt >= restarts )); then
+    exit "$status"
+  fi
+  attempt=$(( attempt + 1 ))
+  echo "launch.sh: a process failed with exit code $status: restart $attempt of $restarts, from the newest checkpoint" >&2
 done
-exit 0

@@ -20,6 +20,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import sys
 import time
 import zlib
@@ -369,6 +370,7 @@ def save_params(path, arrays):
         np.savez(tmp, **arrays)
     os.chmod(tmp, 0o644)  # (safetensors creates its files readable by their owner only)
     os.replace(tmp, path)
+    print(f"wrote {path} ({len(arrays)} arrays)", flush=True)
 
 
 # ----------------------------------------------------------------------------
@@ -451,6 +453,15 @@ MANIFEST = "train_state.json"  # the manifest (below), the last file of a checkp
 # whole shape, dtype) and every other file's size and sha256. --resume takes the newest checkpoint whose
 # manifest agrees with its files and with this program, and whose values are finite.
 SPEC_HASH = "99da9411074f3196"  # the spec less where and how it runs (mesh, sharding, pipeline, data, steps)
+# SPEC_HASH less the optimizer settings below, which a resumed run may change (a note says which changed)
+MODEL_HASH = "4ed52b6fabf18356"
+OPTIMIZER_SETTINGS = {
+    "lr": 0.01,
+    "schedule.name": "constant",
+    "schedule.warmup_steps": 0,
+    "schedule.min_lr_ratio": 0.0,
+    "clip_grad_norm": None,
+}
 KEEP_CHECKPOINTS = 2  # the newest ones are kept; older ones are deleted after each save
 
 
@@ -480,6 +491,8 @@ def write_manifest(path, step, arrays, **extra):
     manifest = {
         "spec": SPEC_NAME,
         "spec_hash": SPEC_HASH,
+        "model_hash": MODEL_HASH,
+        "settings": OPTIMIZER_SETTINGS,
         "mesh": MESH,
         "step": step,
         **extra,
@@ -511,8 +524,9 @@ def verify_manifest(path, step, arrays, more=lambda manifest: None):
                 f"it is a checkpoint of the spec {m['spec']!r}, not of {SPEC_NAME!r}"
                 + other_model(m["arrays"], want),
             ),
+            # (only the optimizer settings differ: the same MODEL_HASH; settings_note says which)
             (
-                m["spec_hash"] != SPEC_HASH,
+                m["spec_hash"] != SPEC_HASH and m.get("model_hash") != MODEL_HASH,
                 f"it is a checkpoint of another version of the spec {SPEC_NAME!r} (spec "
                 f"hash {m['spec_hash']}, this program's {SPEC_HASH}): its model or training settings differ"
                 + other_model(m["arrays"], want),
@@ -596,11 +610,35 @@ def resume_from(path, found, verify, restore, say=True):
                     file=sys.stderr,
                     flush=True,
                 )
+            if say and (note := settings_note(found[step])):
+                print(note, flush=True)
             return step, state
         skipped.append((found[step], why))
     require(
         False,
         f"--resume {path}: no usable checkpoint: " + "; ".join(f"{w}: {why}" for w, why in skipped),
+    )
+
+
+def settings_note(path):
+    """The note of a resume with other optimizer settings than the checkpoint `path`'s, or None."""
+    try:
+        with open(os.path.join(path, MANIFEST)) as f:
+            saved = json.load(f).get("settings") or {}
+    except (OSError, ValueError):
+        return None
+    changed = [
+        f"{k} {saved[k]} -> {v}"
+        for k, v in OPTIMIZER_SETTINGS.items()
+        if k in saved and saved[k] != v
+    ]
+    return (
+        (
+            f"note: {', '.join(changed)} (the checkpoint's -> this program's): the run continues with this "
+            "program's optimizer settings"
+        )
+        if changed
+        else None
     )
 
 
@@ -646,6 +684,8 @@ def dtype_name(a):
 
 
 def save_checkpoint(directory, step, arrays):
+    """Saves the train state `arrays` after `step` as DIR/step_<step>; returns that directory."""
+    began = time.perf_counter()
     final, tmp = (
         os.path.join(directory, f"step_{step:08d}"),
         os.path.join(directory, f".tmp_step_{step:08d}"),
@@ -658,6 +698,11 @@ def save_checkpoint(directory, step, arrays):
     os.replace(tmp, final)
     for old in sorted(step_dirs(directory))[:-KEEP_CHECKPOINTS]:
         shutil.rmtree(step_dirs(directory)[old], ignore_errors=True)
+    print(
+        f"checkpoint: step {step} saved in {final} ({time.perf_counter() - began:.1f} s)",
+        flush=True,
+    )
+    return final
 
 
 def state_arrays(params, buffers, optimizers):
@@ -835,8 +880,16 @@ def check_paths(args):
 class Metrics:
     """JSON lines, one per optimizer step, written by the first process only."""
 
-    def __init__(self, path, enabled, append=False):
-        # A resumed run appends to the metrics of the run it continues; a fresh run starts the file anew.
+    def __init__(self, path, enabled, append=False, start=0):
+        # A resumed run appends to the metrics of the run it continues (at step `start`), less the rows of
+        # later steps (that run went on past its checkpoint before it stopped): the file is rewritten without
+        # them, atomically. A fresh run starts the file anew.
+        if path and enabled and append and os.path.isfile(path):
+            with open(path) as f:
+                rows = [line for line in f if line.endswith("\n") and kept_row(line, start)]
+            with open(path + ".tmp", "w") as f:
+                f.writelines(rows)
+            os.replace(path + ".tmp", path)
         self.f = open(path, "a" if append else "w") if (path and enabled) else None  # noqa: SIM115 (open for the run)
 
     def log(self, **row):
@@ -847,6 +900,15 @@ class Metrics:
     def close(self):
         if self.f:
             self.f.close()
+
+
+def kept_row(line, start):
+    """Whether a metrics row of the run a resumed run continues at step `start` stays: one of step `start`
+    or before (a line that is no JSON row, the last one of a killed run, does not)."""
+    try:
+        return json.loads(line)["step"] <= start
+    except (ValueError, KeyError, TypeError):
+        return False
 
 
 # Peak dense FLOP/s per device (bfloat16/float16, TensorFloat-32, float32) of the accelerators whose name the
@@ -887,21 +949,36 @@ def duration(s):
     )
 
 
-def tensorboard_writer(directory):
-    """--tensorboard DIR: a tensorboardX writer (an optional dependency: exit 2 when it is missing)."""
+def tensorboard_writer(directory, start=0):
+    """--tensorboard DIR: a tensorboardX writer (an optional dependency: exit 2 when it is missing). A run
+    resumed at step `start` purges the scalars of later steps that the run it continues wrote."""
     try:
         from tensorboardX import SummaryWriter
     except ImportError:
         require(False, "--tensorboard needs tensorboardX: pip install tensorboardX")
-    return SummaryWriter(directory)
+    return SummaryWriter(directory, purge_step=start + 1 if start else None)
 
 
-def wandb_run(project):
-    """--wandb PROJECT: a Weights & Biases run holding the spec's name and mesh (an optional dependency)."""
+def wandb_run(project, checkpoint_dir=None, start=0):
+    """--wandb PROJECT: a Weights & Biases run holding the spec's name and mesh (an optional dependency). With
+    a checkpoint directory, the run's id is kept there (wandb_run_id), and a run resumed at step `start`
+    continues that W&B run (resume="allow"; W&B ignores a step it already holds)."""
     import wandb
 
+    resume = {}
+    if checkpoint_dir:
+        path = os.path.join(checkpoint_dir, "wandb_run_id")
+        if not (start and os.path.isfile(path)):
+            os.makedirs(checkpoint_dir, exist_ok=True)
+            with open(path, "w") as f:
+                f.write(os.urandom(8).hex())
+        with open(path) as f:
+            resume = {"id": f.read().strip(), "resume": "allow"}
     return wandb.init(
-        project=project, name=SPEC_NAME, config={"spec": SPEC_NAME, "mesh": MESH, "steps": STEPS}
+        project=project,
+        name=SPEC_NAME,
+        config={"spec": SPEC_NAME, "mesh": MESH, "steps": STEPS},
+        **resume,
     )
 
 
@@ -927,8 +1004,12 @@ class Console:
         self.enabled, self.start, self.steps = enabled, start, args.steps
         self.devices, self.peak, self.memory, self.compiles = devices, peak, memory, compiles
         self.times, self.last, self.began = [], {}, time.perf_counter()
-        self.writer = tensorboard_writer(args.tensorboard) if enabled and args.tensorboard else None
-        self.wandb = wandb_run(args.wandb) if enabled and args.wandb else None
+        self.writer = (
+            tensorboard_writer(args.tensorboard, start) if enabled and args.tensorboard else None
+        )
+        self.wandb = (
+            wandb_run(args.wandb, args.checkpoint_dir, start) if enabled and args.wandb else None
+        )
 
     def say(self, line):
         if self.enabled and line:
@@ -1002,18 +1083,60 @@ class Console:
 
 def resolve_resume(args, say):
     """--resume auto: the checkpoint directory when it holds checkpoints (--resume then takes the newest
-    usable one), else a fresh start; `say` prints which, in one line."""
+    usable one), else a fresh start, which `say` prints in one line."""
+    # a restart (torchrun --max-restarts, launch.sh's MAX_RESTARTS) continues from the newest checkpoint
+    restart = int(
+        os.environ.get("TORCHELASTIC_RESTART_COUNT") or os.environ.get("MITHRIL_RESTART") or 0
+    )
+    if restart and args.checkpoint_dir:
+        say(f"restart {restart}: continuing as --resume auto")
+        args.resume = "auto"
     if args.resume != "auto":
         return
     where = args.checkpoint_dir
     require(where, "--resume auto: this spec saves no checkpoints; pass --checkpoint-dir DIR")
     found = checkpoint_dirs(where, step_of) if os.path.isdir(where) else {}
     args.resume = where if found else None
-    say(
-        f"--resume auto: continuing from the newest usable checkpoint in {where} (newest: step {max(found)})"
-        if found
-        else f"--resume auto: no checkpoint in {where}: starting fresh"
-    )
+    if not found:  # (what it found is said once checked: `resumed from DIR at step N`)
+        say(f"--resume auto: no checkpoint in {where}: starting fresh")
+
+
+# The exit code of a run that a signal stopped once its checkpoint was saved (docs/program.md "Errors").
+PREEMPTED = 3
+
+
+class Preemption:
+    """SIGTERM or SIGUSR1 (how SLURM ends a job at its time limit or preempts it) asks the run to stop: the
+    current step finishes, every process agrees to stop after the same step (`stop`), the program saves its
+    checkpoint and exits PREEMPTED (`exit`). A second signal changes nothing."""
+
+    def __init__(self):
+        self.signal = None
+        for s in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(s, self.ask)
+
+    def ask(self, signum, frame):
+        self.signal = self.signal or signal.Signals(signum).name
+
+    def stop(self, combine=None):
+        """Whether to stop after this step: asked on any process (`combine(flag)`: the processes' flags
+        combined, the same verdict on every one; a single process alone only looks at its own)."""
+        asked = self.signal is not None
+        return combine(asked) if combine else asked
+
+    def exit(self, step, saved, say):
+        """After stopping at `step`: one line, and the exit code (PREEMPTED once the checkpoint `saved` is
+        written; without a checkpoint directory, 128 + the signal's number, as if it had killed the run)."""
+        signum = self.signal and getattr(signal, self.signal, signal.SIGTERM)
+        say(
+            f"stopped by {self.signal or 'a signal on another process'} after step {step}: "
+            + (
+                f"checkpoint saved in {saved}; continue with --resume auto"
+                if saved
+                else "no checkpoint directory (--checkpoint-dir), nothing saved"
+            )
+        )
+        return PREEMPTED if saved else 128 + int(signum or signal.SIGTERM)
 
 
 def require(ok, message, local=False):
@@ -1083,6 +1206,8 @@ def init_state(args, optimizers, rank):
     }
     init_optimizer(optimizers, params)
     if not args.resume:
+        if args.init_params and rank == 0:
+            print(f"parameters: loaded from {args.init_params}", flush=True)
         return 0, params, buffers
     want = {
         n: (a.shape, dtype_name(a)) for n, a in state_arrays(params, buffers, optimizers).items()
@@ -1109,6 +1234,7 @@ def export_grads(path, grads, is_first):
 
 
 def main(args):
+    preempt = Preemption()  # SIGTERM / SIGUSR1: stop after the current step, saved
     if args.dry_run:  # nothing is allocated and no other process is needed
         return dry_run()
     world = join_processes()
@@ -1143,7 +1269,8 @@ def main(args):
     console.say(schedule_note(args.steps, lr_schedule))
 
     data = Data(args.data, seed=args.seed + 1)
-    metrics = Metrics(args.metrics, is_first, append=bool(args.resume))
+    metrics = Metrics(args.metrics, is_first, append=bool(args.resume), start=start)
+    stop = saved = False
     for step in range(start, args.steps):
         t0 = time.perf_counter()
         batches = local_batches(data, step, world.rank())
@@ -1170,17 +1297,34 @@ def main(args):
         }
         metrics.log(**row)
         console.step(row)
-        if (
-            is_first
-            and args.checkpoint_dir
-            and (
-                done == args.steps
-                or (args.checkpoint_every > 0 and done % args.checkpoint_every == 0)
+        # a signal on any process: every process stops after this step (one number summed over the processes)
+        stop = preempt.stop(
+            lambda asked: (
+                asked
+                if world.size() == 1
+                else mx.distributed.all_sum(mx.array(float(asked)), group=world).item() > 0
             )
+        )
+        if args.checkpoint_dir and (
+            stop
+            or done == args.steps
+            or (args.checkpoint_every > 0 and done % args.checkpoint_every == 0)
         ):
-            save_checkpoint(args.checkpoint_dir, done, state_arrays(params, buffers, optimizers))
+            saved = (
+                save_checkpoint(
+                    args.checkpoint_dir, done, state_arrays(params, buffers, optimizers)
+                )
+                if is_first
+                else True
+            )
+        if stop:
+            break
     metrics.close()
     console.summary()
+    if stop:  # preempted: exit once the checkpoint is saved (the others wait for the first process's save)
+        if world.size() > 1:
+            mx.eval(mx.distributed.all_sum(mx.array(1.0), group=world))
+        sys.exit(preempt.exit(done, saved, console.say))
     if args.export_params and is_first:
         save_params(args.export_params, {name: np.array(w) for name, w in params.items()})
     if (

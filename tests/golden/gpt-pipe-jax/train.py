@@ -26,6 +26,7 @@ import hashlib
 import json
 import math
 import os
+import signal
 import sys
 import time
 import zlib
@@ -797,6 +798,7 @@ def save_params(path, arrays):
         np.savez(tmp, **arrays)
     os.chmod(tmp, 0o644)  # (safetensors creates its files readable by their owner only)
     os.replace(tmp, path)
+    print(f"wrote {path} ({len(arrays)} arrays)", flush=True)
 
 
 def stack_of(name):
@@ -987,6 +989,16 @@ MANIFEST = "manifest.json"
 # whole shape, dtype) and every other file's size and sha256. --resume takes the newest checkpoint whose
 # manifest agrees with its files and with this program, and whose values are finite.
 SPEC_HASH = "d8a676412d4b201f"  # the spec less where and how it runs (mesh, sharding, pipeline, data, steps)
+# SPEC_HASH less the optimizer settings below, which a resumed run may change (a note says which changed)
+MODEL_HASH = "709254903ab8e915"
+OPTIMIZER_SETTINGS = {
+    "lr": 0.001,
+    "weight_decay": 0.1,
+    "schedule.name": "cosine",
+    "schedule.warmup_steps": 2,
+    "schedule.min_lr_ratio": 0.0,
+    "clip_grad_norm": 1.0,
+}
 KEEP_CHECKPOINTS = 2  # the newest ones are kept; older ones are deleted after each save
 
 
@@ -1016,6 +1028,8 @@ def write_manifest(path, step, arrays, **extra):
     manifest = {
         "spec": SPEC_NAME,
         "spec_hash": SPEC_HASH,
+        "model_hash": MODEL_HASH,
+        "settings": OPTIMIZER_SETTINGS,
         "mesh": MESH,
         "step": step,
         **extra,
@@ -1047,8 +1061,9 @@ def verify_manifest(path, step, arrays, more=lambda manifest: None):
                 f"it is a checkpoint of the spec {m['spec']!r}, not of {SPEC_NAME!r}"
                 + other_model(m["arrays"], want),
             ),
+            # (only the optimizer settings differ: the same MODEL_HASH; settings_note says which)
             (
-                m["spec_hash"] != SPEC_HASH,
+                m["spec_hash"] != SPEC_HASH and m.get("model_hash") != MODEL_HASH,
                 f"it is a checkpoint of another version of the spec {SPEC_NAME!r} (spec "
                 f"hash {m['spec_hash']}, this program's {SPEC_HASH}): its model or training settings differ"
                 + other_model(m["arrays"], want),
@@ -1132,11 +1147,35 @@ def resume_from(path, found, verify, restore, say=True):
                     file=sys.stderr,
                     flush=True,
                 )
+            if say and (note := settings_note(found[step])):
+                print(note, flush=True)
             return step, state
         skipped.append((found[step], why))
     require(
         False,
         f"--resume {path}: no usable checkpoint: " + "; ".join(f"{w}: {why}" for w, why in skipped),
+    )
+
+
+def settings_note(path):
+    """The note of a resume with other optimizer settings than the checkpoint `path`'s, or None."""
+    try:
+        with open(os.path.join(path, MANIFEST)) as f:
+            saved = json.load(f).get("settings") or {}
+    except (OSError, ValueError):
+        return None
+    changed = [
+        f"{k} {saved[k]} -> {v}"
+        for k, v in OPTIMIZER_SETTINGS.items()
+        if k in saved and saved[k] != v
+    ]
+    return (
+        (
+            f"note: {', '.join(changed)} (the checkpoint's -> this program's): the run continues with this "
+            "program's optimizer settings"
+        )
+        if changed
+        else None
     )
 
 
@@ -1166,11 +1205,13 @@ def check_start(args, start, saved):
     )
 
 
-def checkpoint_manager(directory):
+def checkpoint_manager(directory, background=False):
+    """`background` (--async-checkpoint): orbax's asynchronous checkpointing (a save copies the state to
+    host memory and returns; orbax writes it in a thread)."""
     import orbax.checkpoint as ocp
 
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=KEEP_CHECKPOINTS, create=True, enable_async_checkpointing=False
+        max_to_keep=KEEP_CHECKPOINTS, create=True, enable_async_checkpointing=background
     )
     return ocp.CheckpointManager(os.path.abspath(directory), options=options)
 
@@ -1188,23 +1229,52 @@ def state_arrays(tree):
     }
 
 
-def save_checkpoint(manager, step, state):
-    """DIR/<step>, replacing a checkpoint of that step (one that --resume of this directory found unusable)."""
+PENDING_SAVES = []  # the asynchronous save still writing (--async-checkpoint), completed by finish_saves
+
+
+def save_checkpoint(manager, step, state, background=False):
+    """DIR/<step>, replacing a checkpoint of that step (one that --resume of this directory found unusable);
+    returns that directory. `background` (a manager of checkpoint_manager(DIR, background=True)): training
+    goes on while orbax writes; the manifest is written by finish_saves, at the next save or at the end."""
     import orbax.checkpoint as ocp
 
+    finish_saves()  # one save at a time
+    began = time.perf_counter()
     if step in manager.all_steps():
         manager.delete(step)
     manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state)), force=True)
-    manager.wait_until_finished()
-    if jax.process_count() > 1:
-        multihost_utils.sync_global_devices(f"checkpoint {step} written")
+    final, arrays = os.path.join(str(manager.directory), str(step)), state_arrays(state)
+
+    def finish():
+        manager.wait_until_finished()
+        if jax.process_count() > 1:
+            multihost_utils.sync_global_devices(f"checkpoint {step} written")
+        if jax.process_index() == 0:
+            write_manifest(final, step, arrays, stack_order=stack_order())
+
+    if background:
+        PENDING_SAVES.append((finish, step, final, began, time.perf_counter() - began))
+        return final
+    finish()
     if jax.process_index() == 0:
-        write_manifest(
-            os.path.join(str(manager.directory), str(step)),
-            step,
-            state_arrays(state),
-            stack_order=stack_order(),
+        print(
+            f"checkpoint: step {step} saved in {final} ({time.perf_counter() - began:.1f} s)",
+            flush=True,
         )
+    return final
+
+
+def finish_saves():
+    """Waits for the asynchronous save still writing (every process), and writes its manifest."""
+    while PENDING_SAVES:
+        finish, step, final, began, blocked = PENDING_SAVES.pop()
+        finish()
+        if jax.process_index() == 0:
+            print(
+                f"checkpoint: step {step} saved in {final} (asynchronous: training waited {blocked:.2f} s, the "
+                f"save was complete {time.perf_counter() - began:.2f} s after it began)",
+                flush=True,
+            )
 
 
 def stack_order():
@@ -1518,6 +1588,13 @@ def parse_args(argv=None):
     ap.add_argument(
         "--checkpoint-every", type=int, default=CHECKPOINT_EVERY, help="steps between checkpoints"
     )
+    ap.add_argument(
+        "--async-checkpoint",
+        action="store_true",
+        help="write checkpoints in the background while "
+        "training goes on (orbax's asynchronous checkpointing; a save "
+        "on SIGTERM / SIGUSR1 is synchronous)",
+    )
     ap.add_argument("--data", help="not used: this program draws synthetic data")
     ap.add_argument("--seed", type=int, default=SEED)
     ap.add_argument(
@@ -1601,8 +1678,16 @@ def check_paths(args):
 class Metrics:
     """JSON lines, one per optimizer step, written by the first process only."""
 
-    def __init__(self, path, enabled, append=False):
-        # A resumed run appends to the metrics of the run it continues; a fresh run starts the file anew.
+    def __init__(self, path, enabled, append=False, start=0):
+        # A resumed run appends to the metrics of the run it continues (at step `start`), less the rows of
+        # later steps (that run went on past its checkpoint before it stopped): the file is rewritten without
+        # them, atomically. A fresh run starts the file anew.
+        if path and enabled and append and os.path.isfile(path):
+            with open(path) as f:
+                rows = [line for line in f if line.endswith("\n") and kept_row(line, start)]
+            with open(path + ".tmp", "w") as f:
+                f.writelines(rows)
+            os.replace(path + ".tmp", path)
         self.f = open(path, "a" if append else "w") if (path and enabled) else None  # noqa: SIM115 (open for the run)
 
     def log(self, **row):
@@ -1613,6 +1698,15 @@ class Metrics:
     def close(self):
         if self.f:
             self.f.close()
+
+
+def kept_row(line, start):
+    """Whether a metrics row of the run a resumed run continues at step `start` stays: one of step `start`
+    or before (a line that is no JSON row, the last one of a killed run, does not)."""
+    try:
+        return json.loads(line)["step"] <= start
+    except (ValueError, KeyError, TypeError):
+        return False
 
 
 # Peak dense FLOP/s per device (bfloat16/float16, TensorFloat-32, float32) of the accelerators whose name the
@@ -1653,21 +1747,36 @@ def duration(s):
     )
 
 
-def tensorboard_writer(directory):
-    """--tensorboard DIR: a tensorboardX writer (an optional dependency: exit 2 when it is missing)."""
+def tensorboard_writer(directory, start=0):
+    """--tensorboard DIR: a tensorboardX writer (an optional dependency: exit 2 when it is missing). A run
+    resumed at step `start` purges the scalars of later steps that the run it continues wrote."""
     try:
         from tensorboardX import SummaryWriter
     except ImportError:
         require(False, "--tensorboard needs tensorboardX: pip install tensorboardX")
-    return SummaryWriter(directory)
+    return SummaryWriter(directory, purge_step=start + 1 if start else None)
 
 
-def wandb_run(project):
-    """--wandb PROJECT: a Weights & Biases run holding the spec's name and mesh (an optional dependency)."""
+def wandb_run(project, checkpoint_dir=None, start=0):
+    """--wandb PROJECT: a Weights & Biases run holding the spec's name and mesh (an optional dependency). With
+    a checkpoint directory, the run's id is kept there (wandb_run_id), and a run resumed at step `start`
+    continues that W&B run (resume="allow"; W&B ignores a step it already holds)."""
     import wandb
 
+    resume = {}
+    if checkpoint_dir:
+        path = os.path.join(checkpoint_dir, "wandb_run_id")
+        if not (start and os.path.isfile(path)):
+            os.makedirs(checkpoint_dir, exist_ok=True)
+            with open(path, "w") as f:
+                f.write(os.urandom(8).hex())
+        with open(path) as f:
+            resume = {"id": f.read().strip(), "resume": "allow"}
     return wandb.init(
-        project=project, name=SPEC_NAME, config={"spec": SPEC_NAME, "mesh": MESH, "steps": STEPS}
+        project=project,
+        name=SPEC_NAME,
+        config={"spec": SPEC_NAME, "mesh": MESH, "steps": STEPS},
+        **resume,
     )
 
 
@@ -1693,8 +1802,12 @@ class Console:
         self.enabled, self.start, self.steps = enabled, start, args.steps
         self.devices, self.peak, self.memory, self.compiles = devices, peak, memory, compiles
         self.times, self.last, self.began = [], {}, time.perf_counter()
-        self.writer = tensorboard_writer(args.tensorboard) if enabled and args.tensorboard else None
-        self.wandb = wandb_run(args.wandb) if enabled and args.wandb else None
+        self.writer = (
+            tensorboard_writer(args.tensorboard, start) if enabled and args.tensorboard else None
+        )
+        self.wandb = (
+            wandb_run(args.wandb, args.checkpoint_dir, start) if enabled and args.wandb else None
+        )
 
     def say(self, line):
         if self.enabled and line:
@@ -1768,18 +1881,60 @@ class Console:
 
 def resolve_resume(args, say):
     """--resume auto: the checkpoint directory when it holds checkpoints (--resume then takes the newest
-    usable one), else a fresh start; `say` prints which, in one line."""
+    usable one), else a fresh start, which `say` prints in one line."""
+    # a restart (torchrun --max-restarts, launch.sh's MAX_RESTARTS) continues from the newest checkpoint
+    restart = int(
+        os.environ.get("TORCHELASTIC_RESTART_COUNT") or os.environ.get("MITHRIL_RESTART") or 0
+    )
+    if restart and args.checkpoint_dir:
+        say(f"restart {restart}: continuing as --resume auto")
+        args.resume = "auto"
     if args.resume != "auto":
         return
     where = args.checkpoint_dir
     require(where, "--resume auto: this spec saves no checkpoints; pass --checkpoint-dir DIR")
     found = checkpoint_dirs(where, step_of) if os.path.isdir(where) else {}
     args.resume = where if found else None
-    say(
-        f"--resume auto: continuing from the newest usable checkpoint in {where} (newest: step {max(found)})"
-        if found
-        else f"--resume auto: no checkpoint in {where}: starting fresh"
-    )
+    if not found:  # (what it found is said once checked: `resumed from DIR at step N`)
+        say(f"--resume auto: no checkpoint in {where}: starting fresh")
+
+
+# The exit code of a run that a signal stopped once its checkpoint was saved (docs/program.md "Errors").
+PREEMPTED = 3
+
+
+class Preemption:
+    """SIGTERM or SIGUSR1 (how SLURM ends a job at its time limit or preempts it) asks the run to stop: the
+    current step finishes, every process agrees to stop after the same step (`stop`), the program saves its
+    checkpoint and exits PREEMPTED (`exit`). A second signal changes nothing."""
+
+    def __init__(self):
+        self.signal = None
+        for s in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(s, self.ask)
+
+    def ask(self, signum, frame):
+        self.signal = self.signal or signal.Signals(signum).name
+
+    def stop(self, combine=None):
+        """Whether to stop after this step: asked on any process (`combine(flag)`: the processes' flags
+        combined, the same verdict on every one; a single process alone only looks at its own)."""
+        asked = self.signal is not None
+        return combine(asked) if combine else asked
+
+    def exit(self, step, saved, say):
+        """After stopping at `step`: one line, and the exit code (PREEMPTED once the checkpoint `saved` is
+        written; without a checkpoint directory, 128 + the signal's number, as if it had killed the run)."""
+        signum = self.signal and getattr(signal, self.signal, signal.SIGTERM)
+        say(
+            f"stopped by {self.signal or 'a signal on another process'} after step {step}: "
+            + (
+                f"checkpoint saved in {saved}; continue with --resume auto"
+                if saved
+                else "no checkpoint directory (--checkpoint-dir), nothing saved"
+            )
+        )
+        return PREEMPTED if saved else 128 + int(signum or signal.SIGTERM)
 
 
 def require(ok, message, local=False):
@@ -1873,12 +2028,15 @@ def dry_run(mesh, shardings, abstract):
 # Main
 # ----------------------------------------------------------------------------
 def main(args):
+    preempt = Preemption()  # SIGTERM / SIGUSR1: stop after the current step, saved
     setup_devices(args)  # before anything touches a device
     mesh = make_mesh()
     with jax.set_mesh(mesh):  # the model's sharding constraints name axes of this mesh
-        train(args, mesh)
+        code = train(args, mesh, preempt)
     if jax.process_count() > 1:
         jax.distributed.shutdown()
+    if code:
+        sys.exit(code)
 
 
 def layouts(mesh, optimizer):
@@ -1926,6 +2084,8 @@ def init_state(args, optimizer, shardings, abstract):
         name: place(src, name, a.shape, shardings["params"][name], PARAM_DTYPE)
         for name, a in abstract["params"].items()
     }
+    if args.init_params and jax.process_index() == 0:
+        print(f"parameters: loaded from {args.init_params}", flush=True)
     init_opt = jax.jit(lambda p: init_optimizer(optimizer, p), out_shardings=shardings["opt_state"])
     buffers = {
         name: InitTensor(name, shape, kind, 0.0, args.seed)
@@ -1942,7 +2102,16 @@ def init_state(args, optimizer, shardings, abstract):
     }
 
 
-def train(args, mesh):
+def any_process(flag):
+    """Whether `flag` holds on any process, on every process (a collective when there are several)."""
+    return (
+        bool(flag)
+        if jax.process_count() == 1
+        else bool(multihost_utils.process_allgather(np.int32(flag)).any())
+    )
+
+
+def train(args, mesh, preempt):
     is_first = jax.process_index() == 0  # the first process alone prints and writes files
     require(
         not args.data,
@@ -1956,7 +2125,11 @@ def train(args, mesh):
     resolve_resume(args, print if is_first else lambda line: None)
     state = init_state(args, optimizer, shardings, abstract)
     start = int(state["step"])
-    checkpoints = checkpoint_manager(args.checkpoint_dir) if args.checkpoint_dir else None
+    checkpoints = (
+        checkpoint_manager(args.checkpoint_dir, args.async_checkpoint)
+        if args.checkpoint_dir
+        else None
+    )
     check_start(args, start, checkpoints.all_steps() if checkpoints else [])
     if is_first:
         # optimizer: arrays with ndim > 0 only (optax's step counters are not counted)
@@ -1993,13 +2166,14 @@ def train(args, mesh):
         donate_argnums=0,  # the new state reuses the old state's memory
     )
     data = Data(args.data, seed=args.seed + 1)
-    metrics = Metrics(args.metrics, is_first, append=bool(args.resume))
+    metrics = Metrics(args.metrics, is_first, append=bool(args.resume), start=start)
     batch = global_batch(data, start, batch_shardings) if start < args.steps else None
     profiler = StepProfiler(args, start)  # --profile
     console.compiling()
     # A step's figures are read one iteration late, once the next step is queued behind it: the devices
     # never wait while the host logs. `since`: when the previous step's figures were read.
     queued, since = None, time.perf_counter()
+    stop = False
     for step in range(start, args.steps):
         profiler.begin(step, state)
         state, m, *grads = step_fn(
@@ -2017,21 +2191,39 @@ def train(args, mesh):
             metrics.log(**row)
             console.step(row)
         done, queued = step + 1, (step + 1, m)
+        # a signal on any process: every process stops after this step (with several processes, one number
+        # gathered from each, per step)
+        stop = preempt.stop(any_process)
         save = checkpoints and (
-            done == args.steps or (args.checkpoint_every > 0 and done % args.checkpoint_every == 0)
+            stop
+            or done == args.steps
+            or (args.checkpoint_every > 0 and done % args.checkpoint_every == 0)
         )
-        if done == args.steps or save:  # the last step, or its state is saved now: wait for it
+        if (
+            done == args.steps or save or stop
+        ):  # the last step, or its state is saved now: wait for it
             row, _ = step_row(*queued, since)
             metrics.log(**row)
             console.step(row)
             if save:
-                save_checkpoint(checkpoints, done, state)
+                # (a preemption's save, and the last one, are synchronous)
+                saved = save_checkpoint(
+                    checkpoints,
+                    done,
+                    state,
+                    args.async_checkpoint and not stop and done < args.steps,
+                )
             # the next step's time leaves the save out
             queued, since = None, time.perf_counter()
+        if stop:
+            break
+    finish_saves()
     metrics.close()
     console.summary()
     if checkpoints:
         checkpoints.close()
+    if stop:  # preempted: exit once the checkpoint is saved
+        return preempt.exit(done, checkpoints and saved, console.say)
     if args.export_params:
         exported = gather_params(state["params"])  # every process takes part; the first one writes
         if is_first:

@@ -14,12 +14,14 @@ Several machines: launch.sh (torchrun rendezvous) or launch.sbatch (SLURM). gloo
 """
 
 import argparse
+import ctypes
 import hashlib
 import json
 import logging
 import math
 import os
 import shutil
+import signal
 import sys
 import time
 import warnings
@@ -388,6 +390,7 @@ def save_params(path, arrays):
         np.savez(tmp, **arrays)
     os.chmod(tmp, 0o644)  # (safetensors creates its files readable by their owner only)
     os.replace(tmp, path)
+    print(f"wrote {path} ({len(arrays)} arrays)", flush=True)
 
 
 def canonical(name, tensor):
@@ -689,6 +692,15 @@ MANIFEST = "manifest.json"
 # whole shape, dtype) and every other file's size and sha256. --resume takes the newest checkpoint whose
 # manifest agrees with its files and with this program, and whose values are finite.
 SPEC_HASH = "def2d37b651ad0e4"  # the spec less where and how it runs (mesh, sharding, pipeline, data, steps)
+# SPEC_HASH less the optimizer settings below, which a resumed run may change (a note says which changed)
+MODEL_HASH = "bd6e87aa35aae335"
+OPTIMIZER_SETTINGS = {
+    "lr": 0.001,
+    "schedule.name": "cosine",
+    "schedule.warmup_steps": 2,
+    "schedule.min_lr_ratio": 0.0,
+    "clip_grad_norm": None,
+}
 KEEP_CHECKPOINTS = 2  # the newest ones are kept; older ones are deleted after each save
 
 
@@ -718,6 +730,8 @@ def write_manifest(path, step, arrays, **extra):
     manifest = {
         "spec": SPEC_NAME,
         "spec_hash": SPEC_HASH,
+        "model_hash": MODEL_HASH,
+        "settings": OPTIMIZER_SETTINGS,
         "mesh": MESH,
         "step": step,
         **extra,
@@ -749,8 +763,9 @@ def verify_manifest(path, step, arrays, more=lambda manifest: None):
                 f"it is a checkpoint of the spec {m['spec']!r}, not of {SPEC_NAME!r}"
                 + other_model(m["arrays"], want),
             ),
+            # (only the optimizer settings differ: the same MODEL_HASH; settings_note says which)
             (
-                m["spec_hash"] != SPEC_HASH,
+                m["spec_hash"] != SPEC_HASH and m.get("model_hash") != MODEL_HASH,
                 f"it is a checkpoint of another version of the spec {SPEC_NAME!r} (spec "
                 f"hash {m['spec_hash']}, this program's {SPEC_HASH}): its model or training settings differ"
                 + other_model(m["arrays"], want),
@@ -834,11 +849,35 @@ def resume_from(path, found, verify, restore, say=True):
                     file=sys.stderr,
                     flush=True,
                 )
+            if say and (note := settings_note(found[step])):
+                print(note, flush=True)
             return step, state
         skipped.append((found[step], why))
     require(
         False,
         f"--resume {path}: no usable checkpoint: " + "; ".join(f"{w}: {why}" for w, why in skipped),
+    )
+
+
+def settings_note(path):
+    """The note of a resume with other optimizer settings than the checkpoint `path`'s, or None."""
+    try:
+        with open(os.path.join(path, MANIFEST)) as f:
+            saved = json.load(f).get("settings") or {}
+    except (OSError, ValueError):
+        return None
+    changed = [
+        f"{k} {saved[k]} -> {v}"
+        for k, v in OPTIMIZER_SETTINGS.items()
+        if k in saved and saved[k] != v
+    ]
+    return (
+        (
+            f"note: {', '.join(changed)} (the checkpoint's -> this program's): the run continues with this "
+            "program's optimizer settings"
+        )
+        if changed
+        else None
     )
 
 
@@ -901,7 +940,16 @@ def state_arrays(state):
     return {n: v for part in all_ranks(mine) for n, v in part.items()}
 
 
-def save_checkpoint(root, step, model, optimizer, scheduler):
+PENDING_SAVES = []  # the asynchronous save still writing (--async-checkpoint), completed by finish_saves
+
+
+def save_checkpoint(root, step, model, optimizer, scheduler, background=False):
+    """Saves the train state after `step` as `root`/step_<step>; returns that directory. `background`
+    (--async-checkpoint): DCP's async_save copies the state to host memory and writes it in a thread while
+    training goes on; the save is completed (train_state.json, manifest, rename) by finish_saves, at the
+    next save or at the end."""
+    finish_saves()  # one save at a time
+    began = time.perf_counter()
     final = os.path.join(root, f"step_{step:08d}")
     tmp = os.path.join(root, f".tmp_step_{step:08d}")
     if is_first():
@@ -909,18 +957,65 @@ def save_checkpoint(root, step, model, optimizer, scheduler):
         shutil.rmtree(tmp, ignore_errors=True)
     dist.barrier()
     state = train_state(model, optimizer)
+    meta = {"step": step, "scheduler": scheduler.state_dict(), "spec": SPEC_NAME, "mesh": MESH}
+
+    def finish(arrays):
+        """Once every rank has written its shards: rank 0 writes train_state.json and the manifest, and
+        renames the directory (a step_* directory exists only once it is complete)."""
+        if is_first():
+            Path(tmp, "train_state.json").write_text(json.dumps(meta))
+            write_manifest(tmp, step, arrays)
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(tmp, final)
+            for old in saved_steps(root)[:-KEEP_CHECKPOINTS]:
+                shutil.rmtree(os.path.join(root, f"step_{old:08d}"), ignore_errors=True)
+        dist.barrier()
+
+    if background:
+        arrays = state_arrays(state)
+        future = dcp.async_save(state, checkpoint_id=tmp, process_group=checkpoint_group())
+        written = []  # when the thread has written this rank's shards
+        future.add_done_callback(lambda _: written.append(time.perf_counter()))
+        PENDING_SAVES.append(
+            (
+                future,
+                lambda: finish(arrays),
+                step,
+                final,
+                began,
+                time.perf_counter() - began,
+                written,
+            )
+        )
+        return final
     dcp.save(state, checkpoint_id=tmp)
-    arrays = state_arrays(state)  # (once every rank has written its shards)
-    if is_first():
-        meta = {"step": step, "scheduler": scheduler.state_dict(), "spec": SPEC_NAME, "mesh": MESH}
-        Path(tmp, "train_state.json").write_text(json.dumps(meta))
-        write_manifest(tmp, step, arrays)
-        # a step_* directory exists only once it is complete
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        for old in saved_steps(root)[:-KEEP_CHECKPOINTS]:
-            shutil.rmtree(os.path.join(root, f"step_{old:08d}"), ignore_errors=True)
-    dist.barrier()
+    finish(state_arrays(state))  # (a collective: once every rank has written its shards)
+    log(f"checkpoint: step {step} saved in {final} ({time.perf_counter() - began:.1f} s)")
+    return final
+
+
+def finish_saves():
+    """Waits for the asynchronous save still writing (every rank), and completes it."""
+    while PENDING_SAVES:
+        future, finish, step, final, began, blocked, written = PENDING_SAVES.pop()
+        future.result()
+        finish()
+        took = (written[0] if written else time.perf_counter()) - began
+        log(
+            f"checkpoint: step {step} saved in {final} (asynchronous: training waited {blocked:.2f} s, the "
+            f"save took {took:.2f} s)"
+        )
+
+
+def checkpoint_group():
+    """The gloo process group of asynchronous saves: DCP's thread runs its collectives there, beside the
+    training's (created at the first one, which every rank makes)."""
+    if not PENDING_SAVES and "group" not in CHECKPOINT_GROUP:
+        CHECKPOINT_GROUP["group"] = dist.new_group(backend="gloo")
+    return CHECKPOINT_GROUP["group"]
+
+
+CHECKPOINT_GROUP = {}
 
 
 def step_of(name):
@@ -941,6 +1036,11 @@ def load_checkpoint(path, model, optimizer, scheduler):
     verifies the manifest and tells the others. Returns the step to continue from."""
     state = train_state(model, optimizer)
     want = state_arrays(state)
+    # this program's optimizer settings (weight decay, kernel, ...; the lr below), which a resume may change
+    settings = [
+        {k: v for k, v in group.items() if k not in ("params", "lr")}
+        for group in optimizer.param_groups
+    ]
 
     def verify(step, where):
         return all_ranks(verify_manifest(where, step, want) if is_first() else None)[0]
@@ -970,12 +1070,16 @@ def load_checkpoint(path, model, optimizer, scheduler):
         optim_state_dict=state["optim"],
         options=FLAT_OPTIMIZER_STATE,
     )
-    kernel = update_kernel(
-        model.parameters()
-    )  # this program's, not the one the checkpoint's writer used
-    for group in optimizer.param_groups:
-        group.update(kernel)
-    scheduler.load_state_dict(meta["scheduler"])
+    scheduler.load_state_dict(
+        meta["scheduler"]
+    )  # its step; then this program's lr and schedule at that step
+    scheduler.base_lrs = [s["initial_lr"] for s in settings]
+    for group, kept, base, lr_of in zip(
+        optimizer.param_groups, settings, scheduler.base_lrs, scheduler.lr_lambdas
+    ):
+        group.update(kept)
+        group["lr"] = base * lr_of(scheduler.last_epoch)  # (as LambdaLR computes it)
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
     return step
 
 
@@ -1206,6 +1310,13 @@ def parse_args(argv=None):
     ap.add_argument(
         "--checkpoint-every", type=int, default=CHECKPOINT_EVERY, help="steps between checkpoints"
     )
+    ap.add_argument(
+        "--async-checkpoint",
+        action="store_true",
+        help="write checkpoints in the background while "
+        "training goes on (torch.distributed.checkpoint.async_save; a save "
+        "on SIGTERM / SIGUSR1 is synchronous)",
+    )
     ap.add_argument("--data", help="not used: this program draws synthetic data")
     ap.add_argument("--seed", type=int, default=SEED)
     ap.add_argument(
@@ -1281,8 +1392,16 @@ def check_paths(args):
 class Metrics:
     """JSON lines, one per optimizer step, written by the first process only."""
 
-    def __init__(self, path, enabled, append=False):
-        # A resumed run appends to the metrics of the run it continues; a fresh run starts the file anew.
+    def __init__(self, path, enabled, append=False, start=0):
+        # A resumed run appends to the metrics of the run it continues (at step `start`), less the rows of
+        # later steps (that run went on past its checkpoint before it stopped): the file is rewritten without
+        # them, atomically. A fresh run starts the file anew.
+        if path and enabled and append and os.path.isfile(path):
+            with open(path) as f:
+                rows = [line for line in f if line.endswith("\n") and kept_row(line, start)]
+            with open(path + ".tmp", "w") as f:
+                f.writelines(rows)
+            os.replace(path + ".tmp", path)
         self.f = open(path, "a" if append else "w") if (path and enabled) else None  # noqa: SIM115 (open for the run)
 
     def log(self, **row):
@@ -1293,6 +1412,15 @@ class Metrics:
     def close(self):
         if self.f:
             self.f.close()
+
+
+def kept_row(line, start):
+    """Whether a metrics row of the run a resumed run continues at step `start` stays: one of step `start`
+    or before (a line that is no JSON row, the last one of a killed run, does not)."""
+    try:
+        return json.loads(line)["step"] <= start
+    except (ValueError, KeyError, TypeError):
+        return False
 
 
 # Peak dense FLOP/s per device (bfloat16/float16, TensorFloat-32, float32) of the accelerators whose name the
@@ -1333,21 +1461,36 @@ def duration(s):
     )
 
 
-def tensorboard_writer(directory):
-    """--tensorboard DIR: a tensorboardX writer (an optional dependency: exit 2 when it is missing)."""
+def tensorboard_writer(directory, start=0):
+    """--tensorboard DIR: a tensorboardX writer (an optional dependency: exit 2 when it is missing). A run
+    resumed at step `start` purges the scalars of later steps that the run it continues wrote."""
     try:
         from tensorboardX import SummaryWriter
     except ImportError:
         require(False, "--tensorboard needs tensorboardX: pip install tensorboardX")
-    return SummaryWriter(directory)
+    return SummaryWriter(directory, purge_step=start + 1 if start else None)
 
 
-def wandb_run(project):
-    """--wandb PROJECT: a Weights & Biases run holding the spec's name and mesh (an optional dependency)."""
+def wandb_run(project, checkpoint_dir=None, start=0):
+    """--wandb PROJECT: a Weights & Biases run holding the spec's name and mesh (an optional dependency). With
+    a checkpoint directory, the run's id is kept there (wandb_run_id), and a run resumed at step `start`
+    continues that W&B run (resume="allow"; W&B ignores a step it already holds)."""
     import wandb
 
+    resume = {}
+    if checkpoint_dir:
+        path = os.path.join(checkpoint_dir, "wandb_run_id")
+        if not (start and os.path.isfile(path)):
+            os.makedirs(checkpoint_dir, exist_ok=True)
+            with open(path, "w") as f:
+                f.write(os.urandom(8).hex())
+        with open(path) as f:
+            resume = {"id": f.read().strip(), "resume": "allow"}
     return wandb.init(
-        project=project, name=SPEC_NAME, config={"spec": SPEC_NAME, "mesh": MESH, "steps": STEPS}
+        project=project,
+        name=SPEC_NAME,
+        config={"spec": SPEC_NAME, "mesh": MESH, "steps": STEPS},
+        **resume,
     )
 
 
@@ -1373,8 +1516,12 @@ class Console:
         self.enabled, self.start, self.steps = enabled, start, args.steps
         self.devices, self.peak, self.memory, self.compiles = devices, peak, memory, compiles
         self.times, self.last, self.began = [], {}, time.perf_counter()
-        self.writer = tensorboard_writer(args.tensorboard) if enabled and args.tensorboard else None
-        self.wandb = wandb_run(args.wandb) if enabled and args.wandb else None
+        self.writer = (
+            tensorboard_writer(args.tensorboard, start) if enabled and args.tensorboard else None
+        )
+        self.wandb = (
+            wandb_run(args.wandb, args.checkpoint_dir, start) if enabled and args.wandb else None
+        )
 
     def say(self, line):
         if self.enabled and line:
@@ -1448,18 +1595,60 @@ class Console:
 
 def resolve_resume(args, say):
     """--resume auto: the checkpoint directory when it holds checkpoints (--resume then takes the newest
-    usable one), else a fresh start; `say` prints which, in one line."""
+    usable one), else a fresh start, which `say` prints in one line."""
+    # a restart (torchrun --max-restarts, launch.sh's MAX_RESTARTS) continues from the newest checkpoint
+    restart = int(
+        os.environ.get("TORCHELASTIC_RESTART_COUNT") or os.environ.get("MITHRIL_RESTART") or 0
+    )
+    if restart and args.checkpoint_dir:
+        say(f"restart {restart}: continuing as --resume auto")
+        args.resume = "auto"
     if args.resume != "auto":
         return
     where = args.checkpoint_dir
     require(where, "--resume auto: this spec saves no checkpoints; pass --checkpoint-dir DIR")
     found = checkpoint_dirs(where, step_of) if os.path.isdir(where) else {}
     args.resume = where if found else None
-    say(
-        f"--resume auto: continuing from the newest usable checkpoint in {where} (newest: step {max(found)})"
-        if found
-        else f"--resume auto: no checkpoint in {where}: starting fresh"
-    )
+    if not found:  # (what it found is said once checked: `resumed from DIR at step N`)
+        say(f"--resume auto: no checkpoint in {where}: starting fresh")
+
+
+# The exit code of a run that a signal stopped once its checkpoint was saved (docs/program.md "Errors").
+PREEMPTED = 3
+
+
+class Preemption:
+    """SIGTERM or SIGUSR1 (how SLURM ends a job at its time limit or preempts it) asks the run to stop: the
+    current step finishes, every process agrees to stop after the same step (`stop`), the program saves its
+    checkpoint and exits PREEMPTED (`exit`). A second signal changes nothing."""
+
+    def __init__(self):
+        self.signal = None
+        for s in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(s, self.ask)
+
+    def ask(self, signum, frame):
+        self.signal = self.signal or signal.Signals(signum).name
+
+    def stop(self, combine=None):
+        """Whether to stop after this step: asked on any process (`combine(flag)`: the processes' flags
+        combined, the same verdict on every one; a single process alone only looks at its own)."""
+        asked = self.signal is not None
+        return combine(asked) if combine else asked
+
+    def exit(self, step, saved, say):
+        """After stopping at `step`: one line, and the exit code (PREEMPTED once the checkpoint `saved` is
+        written; without a checkpoint directory, 128 + the signal's number, as if it had killed the run)."""
+        signum = self.signal and getattr(signal, self.signal, signal.SIGTERM)
+        say(
+            f"stopped by {self.signal or 'a signal on another process'} after step {step}: "
+            + (
+                f"checkpoint saved in {saved}; continue with --resume auto"
+                if saved
+                else "no checkpoint directory (--checkpoint-dir), nothing saved"
+            )
+        )
+        return PREEMPTED if saved else 128 + int(signum or signal.SIGTERM)
 
 
 def is_first():
@@ -1535,20 +1724,41 @@ def setup(dry_run=False):
     return device, mesh, dp_rank
 
 
-def shutdown():
+def shutdown(code=0):
     sys.stdout.flush()
     sys.stderr.flush()
     # under gloo the interpreter sometimes aborts while tearing down after FSDP2 work (SIGABRT);
     # once every rank has finished, skip that teardown
     dist.barrier()
     dist.destroy_process_group()
-    os._exit(0)
+    os._exit(code)
+
+
+def die_with_launcher():
+    """torchrun starts each rank in a session of its own: killing the launcher's process group (kill -9 of
+    launch.sh, a closed terminal) would leave the ranks training, and writing checkpoints. On Linux each
+    rank has the kernel send it SIGKILL when its parent, torchrun, dies (prctl PR_SET_PDEATHSIG)."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # 1: PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # torchrun died before the call: nothing would tell this rank
+        os._exit(1)
+
+
+def any_rank(flag, device):
+    """Whether `flag` holds on any rank, on every rank (a collective of one number: every rank calls it)."""
+    x = torch.tensor(float(flag), device=device)
+    dist.all_reduce(x)
+    return x.item() > 0
 
 
 # ----------------------------------------------------------------------------
 # Main
 # ----------------------------------------------------------------------------
 def main(args):
+    die_with_launcher()
+    preempt = Preemption()  # SIGTERM / SIGUSR1: stop after the current step, saved
     device, mesh, dp_rank = setup(args.dry_run)
     # the model on the meta device, parallelised there (each parameter becomes the shard this
     # rank holds); then only what this rank holds is allocated, and filled
@@ -1565,6 +1775,8 @@ def main(args):
             load_params(args.init_params) if args.init_params else initial_params(args.seed),
             args.seed,
         )
+        if args.init_params:
+            log(f"parameters: loaded from {args.init_params}")
     runner = model
     if args.compile:
         model.compile()  # in place: module FQNs stay canonical
@@ -1574,7 +1786,7 @@ def main(args):
     data = Data(args.data, seed=args.seed + 1)
     per_rank = MICRO_BATCH // 2  # samples of each micro-batch this rank reads
     profiler = StepProfiler(args, device, start)  # --profile
-    metrics = Metrics(args.metrics, is_first(), append=bool(args.resume))
+    metrics = Metrics(args.metrics, is_first(), append=bool(args.resume), start=start)
     cuda = device.type == "cuda"
     console = Console(
         args,
@@ -1597,6 +1809,7 @@ def main(args):
     # a step's time is the whole loop iteration, from the end of the one before (its logging included);
     # evaluations and checkpoint saves are not steps, and are left out
     tick = time.perf_counter()
+    stop = False
     for step in range(start, args.steps):
         profiler.begin(step)
         loss_sum = torch.zeros((), device=device)
@@ -1635,13 +1848,29 @@ def main(args):
         metrics.log(**row)
         console.step(row)
         done = step + 1
+        # a signal on any rank: every rank stops after this step (one number all-reduced per step)
+        stop = preempt.stop(lambda asked: any_rank(asked, device))
         if args.checkpoint_dir and (
-            (args.checkpoint_every > 0 and done % args.checkpoint_every == 0) or done == args.steps
+            stop
+            or (args.checkpoint_every > 0 and done % args.checkpoint_every == 0)
+            or done == args.steps
         ):
-            save_checkpoint(args.checkpoint_dir, done, model, optimizer, scheduler)
+            saved = save_checkpoint(
+                args.checkpoint_dir,
+                done,
+                model,
+                optimizer,
+                scheduler,
+                background=args.async_checkpoint and not stop and done < args.steps,
+            )
             tick = time.perf_counter()
+        if stop:
+            break
+    finish_saves()  # (a preemption's save is synchronous: only an earlier one may still be writing)
     metrics.close()
     console.summary()
+    if stop:  # preempted: exit once the checkpoint is saved
+        return shutdown(preempt.exit(done, args.checkpoint_dir and saved, log))
     if args.export_params:
         export_params(model, args.export_params)
     shutdown()
