@@ -18,8 +18,9 @@
 # checkpoint (pass --checkpoint-every to bound what a restart repeats). SIGTERM or SIGUSR1 to this script
 # (or to its process group, as SLURM sends it): the ranks save a checkpoint and it exits 3.
 set -euo pipefail
-# SIGUSR1, SLURM's warning before a job's time limit (launch.sbatch), is for train.py to act on: the launchers
-# ignore it, and so does a train.py that sets no handler of its own (the ignoring is inherited).
+# SIGUSR1, SLURM's warning before a job's time limit (launch.sbatch), is for train.py to act on (it saves a
+# checkpoint and exits 3): the launchers ignore it where they do not pass it on themselves (the ignoring is
+# inherited: mlx.launch, which SLURM signals with the rest of the process group, does not die of it).
 trap '' USR1
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

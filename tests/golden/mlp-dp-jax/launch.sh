@@ -17,8 +17,9 @@
 # (under SLURM: MITHRIL_PROCESS_ID=$SLURM_PROCID MITHRIL_NUM_PROCESSES=$SLURM_NTASKS), and a checkpoint
 # directory on a filesystem that every host shares.
 set -euo pipefail
-# SIGUSR1, SLURM's warning before a job's time limit (launch.sbatch), is for train.py to act on: the launchers
-# ignore it, and so does a train.py that sets no handler of its own (the ignoring is inherited).
+# SIGUSR1, SLURM's warning before a job's time limit (launch.sbatch), is for train.py to act on (it saves a
+# checkpoint and exits 3): the launchers ignore it where they do not pass it on themselves (the ignoring is
+# inherited: mlx.launch, which SLURM signals with the rest of the process group, does not die of it).
 trap '' USR1
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
