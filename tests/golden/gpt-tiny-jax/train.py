@@ -1880,8 +1880,10 @@ def dry_run(mesh, shardings, abstract):
 # Main
 # ----------------------------------------------------------------------------
 def main(args):
-    preempt = Preemption()  # SIGTERM / SIGUSR1: stop after the current step, saved
     setup_devices(args)  # before anything touches a device
+    # SIGTERM / SIGUSR1: stop after the current step, saved (set after jax.distributed.initialize, whose
+    # preemption notifier takes SIGTERM for itself)
+    preempt = Preemption()
     mesh = make_mesh()
     with jax.set_mesh(mesh):  # the model's sharding constraints name axes of this mesh
         code = train(args, mesh, preempt)
