@@ -2,7 +2,7 @@
 can execute (docs/program.md; the templates gate every optional feature on the plan).
 
 `coverage_of(target, spec)` builds the spec's program for `target` (on `mesh_of(spec)`), runs 2 steps measured by coverage.py with
---metrics, --checkpoint-dir, --tensorboard, --profile and --export-params (.safetensors), then `--steps 0 --init-params` of that file
+--metrics, --checkpoint-dir (--async-checkpoint, every step), --tensorboard, --profile and --export-params (.safetensors), then `--steps 0 --init-params` of that file
 (so both parameter-file paths run as well as the initialisation), then `--resume auto` of its checkpoint directory
 for one more step (checkpoint verification and restore; --export-grads of that step), and returns the statements of its
 train.py and those that never ran in either run. A target is one entry of RUNNERS: a function (spec) -> (train.py, coverage data file) that builds and
@@ -22,7 +22,9 @@ import coverage
 ROOT = Path(__file__).resolve().parent.parent
 # every example (its TOML twin builds the same program: tests/test_twins.py)
 SPECS = sorted(p for p in (ROOT / "specs").iterdir() if p.suffix == ".yaml" and not p.name.startswith("_"))
-THRESHOLD = 90.0  # percent of train.py's statements that the short run executes
+# percent of train.py's statements that the short run executes (90 until the programs learnt to stop on a
+# signal, restart and resume a W&B run: those paths, about 3% of a program, run in tests/test_preemption.py)
+THRESHOLD = 87.5
 STEPS = "2"
 # The mesh each spec's program is measured on: its default, or where the spec names a smaller mesh with the same
 # axes above 1 (`four`: data=4 for data=8, data=2 x tensor=2 for data=2 x tensor=4, ...) that one: the program
@@ -62,7 +64,8 @@ def _jax(spec: Path) -> tuple[Path, list[Path]]:
     program = build(spec, mesh_of(spec))
     exported = program.parent / f"{program.name}-params.safetensors"
     got = run(program, "--steps", STEPS, "--checkpoint-dir", "ckpt", "--export-params", str(exported),
-              "--tensorboard", "tb", "--profile", "prof", coverage=True, export=False)
+              "--tensorboard", "tb", "--profile", "prof", "--async-checkpoint", "--checkpoint-every", "1",
+              coverage=True, export=False)
     assert len(got.metrics) == int(STEPS) and (got.cwd / "ckpt").is_dir() and exported.is_file(), got.output[-3000:]
     again = run(program, "--steps", "0", "--init-params", str(exported), coverage=True, export=False)
     resumed = run(program, "--steps", str(int(STEPS) + 1), "--resume", "auto", "--checkpoint-dir",

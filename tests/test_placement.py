@@ -74,8 +74,8 @@ def test_devices_give_the_stages_stage_fields_give(tmp_path):
     by_device = spec(tmp_path, "dev", inp="device: 0", fc="device: 1")
     by_stage = spec(tmp_path, "stage", inp="stage: 0", blocks="stage: 1")
     assert stages(by_device) == stages(by_stage) == {0: (0, ("inp",)), 1: (1, ("blocks[0:4]", "mid", "head"))}
-    # the torch programs are the same but for the spec's name and hash
-    strip = re.compile(r"^(SPEC_HASH|SPEC_FILE) = .*$", re.M)
+    # the torch programs are the same but for the spec's name and hashes
+    strip = re.compile(r"^(SPEC_HASH|MODEL_HASH|SPEC_FILE) = .*$", re.M)
     a, b = (strip.sub("", render_files(compile_file(p, "two"), "torch", "x")["train.py"]) for p in (by_device, by_stage))
     assert a == b
     # interleaved: devices 0, 1, 0, 1 are stages 0-3 on pipe 2 x virtual_stages 2

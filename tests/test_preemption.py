@@ -140,19 +140,19 @@ def test_torch_restart_after_a_rank_dies():
     steps = "40"
     run(program, "torch", cwd, "--steps", steps, "--metrics", "ref.jsonl", "--checkpoint-dir", "", launcher=True)
     args = ["--steps", steps, "--metrics", "m.jsonl", "--checkpoint-dir", "ck", "--checkpoint-every", "1", "--resume", "auto"]
-    p = subprocess.Popen([str(program / "launch.sh"), *args], cwd=cwd, env=env_for("torch", {"MAX_RESTARTS": "2"}),
+    p = subprocess.Popen([str(program / "launch.sh"), *args], cwd=cwd, env=env_for("torch", {"MAX_RESTARTS": "3"}),
                          text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     wait_rows(cwd / "m.jsonl", 5, p)
     # launch.sh execs torchrun, whose children are the ranks
     ranks = [int(pid) for pid in subprocess.run(["pgrep", "-P", str(p.pid)], check=False, capture_output=True, text=True).stdout.split()]
     assert len(ranks) == 2, ranks
     os.kill(max(ranks), signal.SIGKILL)
-    # (two restarts allowed: on 2 shared cores gloo's reconnection after a restart has timed out once)
+    # (three restarts allowed: on 2 shared cores gloo's connection after a restart has failed, once twice in a row)
     out = p.communicate(timeout=240)[0]
     (cwd / "out.log").write_text(out)
     assert p.returncode == 0, out[-4000:]
     # (restart 2 after a restart whose gloo connection failed: torchrun's restarts on 2 busy cores)
-    assert re.search(r"restart [12]: continuing as --resume auto", out), out[-4000:]
+    assert re.search(r"restart [123]: continuing as --resume auto", out), out[-4000:]
     np.testing.assert_allclose(losses(cwd / "m.jsonl"), losses(cwd / "ref.jsonl"), rtol=0, atol=1e-6)
 
 
