@@ -1,8 +1,8 @@
 """Preemption, restarts and resume hygiene (docs/program.md "Checkpoints", "Errors"): SIGTERM sent to a
 run's process group, as SLURM sends it, stops every rank after the same step with a checkpoint saved and
 exit code 3; `--resume auto` then continues on the uninterrupted run's losses, with one metrics row per
-step. Killing the torch launcher leaves no rank alive; a rank killed under MAX_RESTARTS restarts from
-the newest checkpoint."""
+step. Killing a launcher (torch, jax, mlx) leaves no process alive; a process killed under MAX_RESTARTS
+restarts from the newest checkpoint (torchrun's restarts; the jax and mlx launchers' loop)."""
 
 from __future__ import annotations
 
@@ -119,11 +119,16 @@ def alive(program: Path) -> str:
     return subprocess.run(["pgrep", "-af", str(program / "train.py")], check=False, capture_output=True, text=True).stdout
 
 
-def test_killing_the_torch_launcher_stops_every_rank():
-    program = build("torch", "data=2")
+# (jax: launch.sh's NPROC processes; mlx: mlx.launch's)
+LAUNCH_ENV = {"torch": {}, "jax": {"NPROC": "2"}, "mlx": {}}
+
+
+@pytest.mark.parametrize("target", ["torch", "jax", "mlx"])
+def test_killing_the_launcher_stops_every_process(target):
+    program = build(target, "data=2")
     cwd = Path(tempfile.mkdtemp(dir=WORK))
     p = subprocess.Popen([str(program / "launch.sh"), "--steps", "100000", "--metrics", "m.jsonl", "--checkpoint-dir", ""],
-                         cwd=cwd, env=env_for("torch"), start_new_session=True, text=True,
+                         cwd=cwd, env=env_for(target, LAUNCH_ENV[target]), start_new_session=True, text=True,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_rows(cwd / "m.jsonl", 3, p)
     os.killpg(p.pid, signal.SIGKILL)
@@ -132,6 +137,29 @@ def test_killing_the_torch_launcher_stops_every_rank():
     while alive(program) and time.monotonic() < end:
         time.sleep(0.1)
     assert not alive(program), alive(program)
+
+
+@pytest.mark.parametrize("target", ["jax", "mlx"])
+def test_restart_after_a_process_dies(target):
+    """The jax and mlx launchers' loop: a process killed mid-run under MAX_RESTARTS=1 stops the others, and
+    the run starts again from the newest checkpoint to the uninterrupted losses."""
+    program = build(target, "data=2")
+    cwd = Path(tempfile.mkdtemp(dir=WORK))
+    steps = "60"
+    run(program, target, cwd, "--steps", steps, "--metrics", "ref.jsonl", "--checkpoint-dir", "", launcher=True,
+        env=LAUNCH_ENV[target])
+    args = ["--steps", steps, "--metrics", "m.jsonl", "--checkpoint-dir", "ck", "--checkpoint-every", "1"]
+    p = subprocess.Popen([str(program / "launch.sh"), *args], cwd=cwd,
+                         env=env_for(target, {"MAX_RESTARTS": "1", **LAUNCH_ENV[target]}),
+                         text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    wait_rows(cwd / "m.jsonl", 5, p)
+    pids = [int(line.split()[0]) for line in alive(program).splitlines()]
+    assert len(pids) == 2, alive(program)
+    os.kill(max(pids), signal.SIGKILL)
+    out = p.communicate(timeout=240)[0]
+    assert p.returncode == 0, out[-4000:]
+    assert "restart 1: continuing as --resume auto" in out, out[-4000:]
+    np.testing.assert_allclose(losses(cwd / "m.jsonl"), losses(cwd / "ref.jsonl"), rtol=0, atol=1e-6)
 
 
 def test_torch_restart_after_a_rank_dies():
