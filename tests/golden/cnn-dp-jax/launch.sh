@@ -64,7 +64,7 @@ wait_next() {
   done
 }
 
-# Runs the processes once; `status`: the first failure's code (0 when every process succeeded).
+# Runs the processes once; returns the first failure's code (0 when every process succeeded).
 run_once() {
   pids=()
   if (( nproc == 1 )); then
@@ -95,6 +95,7 @@ run_once() {
     kill "${pids[@]}" 2>/dev/null || true
     wait 2>/dev/null || true
   fi
+  return "$status"
 }
 
 # MAX_RESTARTS=N: after a failure, run the processes again (up to N times), each time continuing from the
@@ -102,7 +103,8 @@ run_once() {
 # exit 2 (what it was asked is refused: a restart would be refused too) nor 3 (stopped by a signal, saved).
 attempt=0
 while :; do
-  MITHRIL_RESTART="$attempt" run_once "$@"
+  status=0
+  MITHRIL_RESTART="$attempt" run_once "$@" || status=$?
   if (( status == 0 || status == 2 || status == 3 || attempt >= restarts )); then
     exit "$status"
   fi
