@@ -76,7 +76,9 @@ class SlurmCluster:
             f"SlurmdPort={_free_port()}",
             "SlurmUser=root",
             "SlurmdUser=root",
-            f"AuthInfo=socket={sock}",
+            # cred_expire: a job step's credential lifetime, which is also how long SLURM holds a requeued job
+            # back (a restart before it has expired is killed: "Job credential revoked"); 120 s by default
+            f"AuthInfo=socket={sock},cred_expire=10",
             "AuthType=auth/munge",
             "CredType=cred/munge",
             f"StateSaveLocation={r / 'state'}",
@@ -92,6 +94,9 @@ class SlurmCluster:
             "SelectType=select/cons_tres",
             "SelectTypeParameters=CR_Core",
             "SchedulerType=sched/backfill",
+            # a pending job that became eligible (a requeued one, once its begin time is past) starts within
+            # seconds, not at the next of the default 60 s (main) / 30 s (backfill) scheduling passes
+            "SchedulerParameters=sched_interval=2,bf_interval=2",
             "MpiDefault=none",
             "ReturnToService=2",
             "JobRequeue=1",

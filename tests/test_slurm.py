@@ -139,13 +139,20 @@ def test_a_signalled_job_saves_is_requeued_and_ends_on_the_uninterrupted_losses(
             assert time.monotonic() < deadline, f"{target}: no steps after 120 s\n{(where / 'job.out').read_text()}"
             time.sleep(0.02)
         subprocess.run(["scancel", "--signal=TERM", job], env=cluster.env, check=True)
+        seen, deadline = [], time.monotonic() + 240  # the requeued run: SLURM's requeue, the restart, 300 steps
         while (state := job_state(cluster, job))["JobState"] != "COMPLETED" or state.get("Restarts") == "0":
-            # (no check of the states on the way: between the requeue and the restart SLURM has shown FAILED)
-            assert time.monotonic() < deadline + 120, f"{target}: not done\n{(where / 'job.out').read_text()[-4000:]}"
-            if state["JobState"] == "PENDING" and state.get("Reason") == "BeginTime":
-                # SLURM holds a requeued job back for a while (its begin time): the test lets it start now
-                subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=cluster.env, check=False)
+            # (SLURM holds the requeued job back until the first run's credential has expired: cred_expire in
+            # tests/slurm_cluster.py; starting it earlier, `scontrol update StartTime=now`, ends it FAILED)
+            assert state["JobState"] not in ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"), f"{target}: {seen}"
+            now = (state["JobState"], state.get("Reason"), state.get("Restarts"), state.get("EligibleTime"))
+            if not seen or seen[-1][1:] != now:
+                seen.append((round(time.monotonic() - deadline + 240, 1), *now))
+            assert time.monotonic() < deadline, (
+                f"{target}: not done; states (s, state, reason, restarts, eligible): {seen}\n"
+                f"{(where / 'job.out').read_text()[-3000:]}\nslurmctld.log:\n"
+                f"{(cluster.root / 'slurmctld.log').read_text()[-3000:]}")
             time.sleep(0.5)
+        print(f"{target}: states after the signal (s, state, reason, restarts, eligible): {seen}")
         output = (where / "job.out").read_text()
         assert "stopped by SIGTERM after step" in output and "requeueing job" in output, output[-4000:]
         rows = [json.loads(line) for line in metrics.read_text().splitlines()]
