@@ -45,3 +45,68 @@ def pytest_collection_modifyitems(config, items):
     if os.environ.get("PYTEST_XDIST_WORKER"):  # (each worker sorts the same collection the same way)
         rank = {name: i for i, name in enumerate(LONGEST)}
         items.sort(key=lambda item: rank.get(_unit(item.nodeid), len(rank)))
+
+
+# ------------------------------------------------------------------ the fast tier (scripts/test.sh --fast)
+# `--fast` runs `-m "not slow and not runs"` with MITHRIL_FAST=1: the compiler's tests only, no generated program
+# and no framework. So that the tier stays what it says, a test in it fails if it starts a program
+# (train.py, generate.py, a launcher, torchrun, sbatch) or imports a framework (torch, jax, mlx): mark such a
+# test `runs` (or `slow`) instead.
+FAST = os.environ.get("MITHRIL_FAST") == "1"
+PROGRAMS = {"train.py", "generate.py", "launch.sh", "launch.sbatch", "torchrun", "mlx.launch", "sbatch", "srun",
+            "torch.distributed.run", "program_zygote.py", "gpu_bench.py"}
+FRAMEWORKS = ("torch", "jax", "mlx", "transformers")
+
+
+def _program_in(args) -> str | None:
+    argv = [args] if isinstance(args, str | bytes | os.PathLike) else list(args)
+    for a in argv:
+        for word in str(a).split():
+            if os.path.basename(word) in PROGRAMS or ("/templates/" in word and word.endswith(".py")):
+                return os.path.basename(word)  # (templates/: the calibration programs)
+    return None
+
+
+@pytest.fixture(autouse=FAST)
+def _fast_tier_runs_no_program(monkeypatch):
+    import subprocess
+    import sys
+
+    popen_init = subprocess.Popen.__init__
+
+    def guarded(self, args, *a, **kw):
+        if name := _program_in(args):
+            pytest.fail(f"the fast tier starts no program, and this test starts {name}: mark it `runs`")
+        popen_init(self, args, *a, **kw)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", guarded)
+    before = {m for m in FRAMEWORKS if m in sys.modules}
+    yield
+    if imported := [m for m in FRAMEWORKS if m in sys.modules and m not in before]:
+        pytest.fail(f"the fast tier imports no framework, and this test imports {', '.join(imported)}: mark it `runs`")
+
+
+def _imports_a_framework(path, seen=None) -> bool:
+    """Whether the test module at `path` imports a framework when it is collected: at its top level, or through
+    a helper module of tests/ that does."""
+    import ast
+    from pathlib import Path
+
+    path, seen = Path(path), seen if seen is not None else set()
+    if path in seen or not path.exists():
+        return False
+    seen.add(path)
+    roots = set()
+    for node in ast.parse(path.read_text()).body:  # (module level only: imports inside tests run as they run)
+        if isinstance(node, ast.Import):
+            roots |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            roots.add(node.module.split(".")[0])
+    return any(r in FRAMEWORKS or _imports_a_framework(path.parent / f"{r}.py", seen) for r in roots)
+
+
+def pytest_ignore_collect(collection_path, config):
+    """The fast tier leaves out the test modules that import a framework as they load."""
+    if FAST and collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
+        return True if _imports_a_framework(collection_path) else None
+    return None
