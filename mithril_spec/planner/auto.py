@@ -41,7 +41,7 @@ from ..graph import Graph
 from ..ops import OPS
 from ..source import Document
 from ..spec.root import Spec
-from ..spec.sharding import MESH_AXES
+from ..axes import MESH_AXES
 from .costs import REMAT_MODES, CostOptions, Costs, estimate, estimate_remats
 from .hardware import Hardware
 from .plan import Plan, make_plan
@@ -1054,7 +1054,7 @@ def fit_hints(spec: Spec, doc: Document, graph: Graph, plan: Plan, hardware: Har
                 out.append(f"`training.zero: {z}` (peak {_human(c.peak)})")
                 break
     # 3. more fsdp (move the data axis onto fsdp)
-    if mesh.sizes["data"] > 1:
+    if mesh.data > 1:
         sizes = dict(mesh.sizes)
         sizes["fsdp"] *= sizes["data"]
         sizes["data"] = 1

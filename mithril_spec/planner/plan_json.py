@@ -29,7 +29,7 @@ def plan_document(plan: Plan, costs: Costs) -> doc.PlanDocument:
     return doc.PlanDocument(
         format=2,
         name=plan.spec.name,
-        mesh=doc.Mesh(name=plan.mesh.name, axes={a: plan.mesh.sizes[a] for a in plan.mesh.axes},
+        mesh=doc.Mesh(name=plan.mesh.name, axes={a: plan.mesh.size(a) for a in plan.mesh.axes},
                       devices=plan.mesh.devices),
         batch=doc.Batch(**{"global": tr.batch_size}, grad_accum=tr.grad_accum, micro_batch=plan.micro_batch,
                         axes=list(plan.batch_axes), data_parallel=plan.dp_degree,

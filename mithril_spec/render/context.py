@@ -258,7 +258,7 @@ def make_context(plan: Plan, target: str, spec_file: str, costing: Costing) -> d
         "spec_file": spec_file,
         "mesh": {
             "name": mesh.name,
-            "axes": [[a, mesh.sizes[a]] for a in mesh.axes],
+            "axes": [[a, mesh.size(a)] for a in mesh.axes],
             "devices": mesh.devices,
             "sizes": dict(mesh.sizes),
         },

@@ -312,7 +312,7 @@ def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
             "merged": pipeline["repeats"][1:] if pipeline else [],
             "zero": tr.zero,  # not in the shared context (yet)
             # context parallelism: the ranks of the `context` axis (None without it; planner/context.py)
-            "context": plan.mesh.sizes["context"] if plan.sequence_axis else None,
+            "context": plan.mesh.context if plan.sequence_axis else None,
             # a float32 master copy of 16-bit parameters in the optimizer state
             "master_weights": bool(tr.precision.master_weights and tr.precision.params != "float32"),
             "accum": accum,

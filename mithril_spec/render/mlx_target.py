@@ -48,7 +48,7 @@ def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
         rep = next(n for n in plan.graph.layers if isinstance(n, RepeatNode) and n.block == block["name"])
         for layer in block["layers"]:
             layer["tp"] = _tp_style(plan, f"{rep.name}.0.{layer['name']}", layer)
-    tensor = plan.mesh.sizes.get("tensor", 1)
+    tensor = plan.mesh.tensor
     held = costing.held
     return {
         **{k: model[k] for k in ("inputs", "layers", "blocks", "loss")},
@@ -59,7 +59,7 @@ def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
             **{k: model[k] for k in ("ops", "op_attrs", "has_dropout", "has_buffers", "train_arg")},
             # tensor parallelism (a mesh of `tensor` alone): the processes split these dimensions
             "tensor": tensor,
-            "data": plan.mesh.sizes.get("data", 1),
+            "data": plan.mesh.data,
             # per-device bytes the build's costing predicts (plan.json); the program reports what it holds
             "planned": {"params": held.params, "optimizer": held.optimizer, "buffers": held.buffers},
         },

@@ -60,7 +60,7 @@ def sampling_context(plan: Plan, ctx: dict[str, Any], target: str) -> dict[str, 
     layers = _decode_scope(ctx["layers"], top_names, reserved)
     token_var = rename_vars(top_names, reserved)[lm.tokens]
     prediction_var = rename_vars(top_names, reserved)[ctx["loss"]["prediction"]]
-    tensor = plan.mesh.sizes.get("tensor", 1)
+    tensor = plan.mesh.tensor
 
     def split(layer: dict[str, Any], styles: dict[str, str]) -> str | None:
         """torch: how a layer's weights stay split over `tensor` while decoding: colwise / rowwise (a linear

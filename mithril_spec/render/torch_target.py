@@ -167,8 +167,8 @@ def _pipeline(plan: Plan, layers: list[dict[str, Any]], top_vars: dict[str, str]
 
 def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str, Any]:
     """`costing`: the build's one costing (targets/costing.py); the program's planned bytes are its states."""
-    sizes = plan.mesh.sizes
-    D, Fs, T = sizes.get("data", 1), sizes.get("fsdp", 1), sizes.get("tensor", 1)
+    mesh = plan.mesh
+    D, Fs, T = mesh.data, mesh.fsdp, mesh.tensor
 
     # ---- variables
     top = {i["name"]: i["var"] for i in ctx["inputs"]}
@@ -235,7 +235,7 @@ def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
 
     # ---- data parallelism (the expert axis splits the batch too: DDP over data x expert). Pipeline stages
     # replicate over data with FSDP2 (fsdp = 1), not DDP: DDP's reducer fails under the interleaved schedule.
-    P, X, C = sizes.get("pipe", 1), sizes.get("expert", 1), sizes.get("context", 1)
+    P, X, C = mesh.pipe, mesh.expert, mesh.context
     dp = torch_data_parallel(plan)
 
     # ---- tensor (and sequence) parallelism
@@ -329,7 +329,7 @@ def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
             "distributed": devices > 1,
             "dp": dp,
             "fsdp": fsdp,  # FSDP2 fully_shard (dp fsdp or hsdp)
-            "sharded": sizes.get(axis, 1) > 1,  # FSDP2 shards over an fsdp (or data) axis larger than 1
+            "sharded": mesh.size(axis) > 1,  # FSDP2 shards over an fsdp (or data) axis larger than 1
             "shard_axis": axis,  # the mesh axis FSDP2 shards over
             # sharding.inputs other than rows of the batch: name -> mesh axes per dimension (read as laid out,
             # redistributed to the rows: templates/torch/data.py.j2 relayout)
@@ -341,12 +341,12 @@ def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
                               for n in plan.graph.layers),
             "vocab_parallel": bool(vocab_tables) or "colwise_logits" in tp_plan.values(),
             # batch_norm under data parallelism: statistics over the ranks of these batch axes (SyncBatchNorm)
-            "sync_bn": [a for a in plan.batch_axes if plan.mesh.sizes.get(a, 1) > 1]
+            "sync_bn": [a for a in plan.batch_axes if plan.mesh.size(a) > 1]
             if any(OPS[o].batch_statistics for o in ops if o in OPS) else [],
             # parameters the plan keeps whole under fsdp (no dimension divides; over `data`: those not split
             # over it): FSDP2 ignores them (its dimension-0 padding would hold other bytes than the plan),
             # reduce_whole_grads averages theirs
-            "whole": sizes.get(axis, 1) > 1 and any(p["torch_fsdp_dim"] is None for p in rows),
+            "whole": mesh.size(axis) > 1 and any(p["torch_fsdp_dim"] is None for p in rows),
             "mixed": mixed,  # compute dtype differs from the parameters' dtype
             "autocast": mixed and not fsdp,  # torch.autocast (FSDP2 casts with its MixedPrecisionPolicy)
             "tp_plan": tp_plan,

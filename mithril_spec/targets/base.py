@@ -11,6 +11,7 @@ import dataclasses
 import fnmatch
 from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
+from ..axes import MESH_AXES  # noqa: F401 (the targets' mesh_axes)
 from ..diagnostics import Diagnostic
 from ..ops import OPS
 from ..ops.loss import LOSSES
@@ -19,7 +20,6 @@ if TYPE_CHECKING:
     from ..planner.plan import Plan
     from ..source import Document
 
-MESH_AXES = ("pipe", "data", "fsdp", "expert", "context", "tensor")  # canonical order (spec/sharding.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -253,7 +253,7 @@ class Target:
                                   pos or doc.pos(path), help=help))
 
         for axis in plan.mesh.axes:
-            if axis not in cap.mesh_axes and plan.mesh.sizes.get(axis, 1) > 1:
+            if axis not in cap.mesh_axes and plan.mesh.size(axis) > 1:
                 refuse(None, f"the `{axis}` mesh axis", cap.reason(axis, f"supported axes: {', '.join(cap.mesh_axes)}"),
                        pos=doc.pos(plan.mesh.source))
         if "context" in cap.mesh_axes:
@@ -289,7 +289,7 @@ class Target:
                     if not node.is_repeat and node.op not in cap.ops:
                         refuse(node.path + ("op",), f"the `{node.op}` operator",
                                cap.reason(node.op, f"operators it renders: {', '.join(sorted(cap.ops))}"))
-        if not cap.data_param_layouts and plan.mesh.sizes.get("data", 1) > 1:
+        if not cap.data_param_layouts and plan.mesh.data > 1:
             split = next((pp for pp in plan.params if any("data" in d for d in pp.spec)), None)
             if split is not None:
                 glob = next((g for g in plan.spec.sharding.params if fnmatch.fnmatchcase(split.name, g)), None)

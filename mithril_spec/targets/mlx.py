@@ -80,10 +80,10 @@ class MlxTarget(Target):
     )
 
     def check_more(self, plan: Plan, doc: Document) -> list[Diagnostic]:
-        sizes = plan.mesh.sizes
-        if sizes.get("tensor", 1) <= 1:
+        mesh = plan.mesh
+        if mesh.tensor <= 1:
             return []
-        if sizes.get("data", 1) > 1:
+        if mesh.data > 1:
             return [Diagnostic("E049", "the mlx target does not combine the `tensor` mesh axis with `data`",
                                doc.pos(plan.mesh.source),
                                help=_ONE_GROUP + ": use a mesh of `tensor` alone, or of `data` alone")]

@@ -158,7 +158,7 @@ class TorchTarget(Target):
         blocks). DDP's buckets and ZeRO-2 are left at one call."""
         if data_parallel(plan) not in ("hsdp", "fsdp"):
             return None
-        pipe = plan.mesh.sizes.get("pipe", 1)
+        pipe = plan.mesh.pipe
         copies = sum(n.count for n in plan.graph.layers if n.is_repeat)
         return -(-copies // pipe) + 1
 
@@ -166,7 +166,7 @@ class TorchTarget(Target):
         """parallelize_module makes each layer whose parameters the plan splits over `tensor` a DTensor module
         (colwise, rowwise, vocab-parallel), and in a sequence-parallel block every layer with parameters
         (SequenceParallel norms): every copy of a repeated block's, on a pipe rank its share."""
-        if plan.mesh.sizes.get("tensor", 1) == 1:
+        if plan.mesh.tensor == 1:
             return 0
         split = [p for p in plan.params if any("tensor" in axes for axes in p.spec)]
         modules = {p.name.rsplit(".", 1)[0] for p in split}
@@ -175,7 +175,7 @@ class TorchTarget(Target):
             if node.is_repeat and sequence_parallel(plan, node):
                 for i in range(node.count):
                     modules |= {f"{node.name}.{i}.{layer.name}" for layer in node.layers if layer.params} - split_layers
-        return -(-len(modules) // plan.mesh.sizes.get("pipe", 1))
+        return -(-len(modules) // plan.mesh.pipe)
 
     def check_more(self, plan: Plan, doc: Document) -> list[Diagnostic]:
         return (_checks(plan, doc) + _zero(plan, doc) + _data_split(plan, doc) + _input_layouts(plan, doc)
@@ -209,7 +209,7 @@ FSDP_MODULE_ATTRS = {
 
 def _checks(plan: Plan, doc: Document) -> list[Diagnostic]:
     out: list[Diagnostic] = []
-    tp = plan.mesh.sizes["tensor"] > 1
+    tp = plan.mesh.tensor > 1
 
     def err(node, msg, help=None):
         out.append(Diagnostic("E049", msg, doc.pos(node.path + ("name",)), help=help))
@@ -254,12 +254,12 @@ def _checks(plan: Plan, doc: Document) -> list[Diagnostic]:
 def _zero(plan: Plan, doc: Document) -> list[Diagnostic]:
     """E049 for `training.zero` on a mesh axis the torch program's ZeRO does not combine with (ZERO_LIMITS)."""
     out: list[Diagnostic] = []
-    sizes = plan.mesh.sizes
+    mesh = plan.mesh
     tr = plan.spec.training
     if tr.zero:
         for axis, (what, why) in zip(("fsdp", "tensor", "expert"), ZERO_LIMITS):
             # (tensor alone splits no batch: ZeRO has nothing to split over, and the program is the plain one)
-            if sizes.get(axis, 1) > 1 and (axis != "tensor" or sizes.get("data", 1) > 1):
+            if mesh.size(axis) > 1 and (axis != "tensor" or mesh.data > 1):
                 out.append(Diagnostic(
                     "E049", f"the torch target does not support `training.zero: {tr.zero}` with {what}",
                     doc.pos(("training", "zero")),
@@ -273,10 +273,10 @@ def _experts(plan: Plan, doc: Document) -> list[Diagnostic]:
     DTensor Shard(0)), tokens sent to them with all-to-all; everything else data parallel (DDP) over
     data x expert. So the expert axis goes with data alone, and only the experts are split over it."""
     out: list[Diagnostic] = []
-    sizes = plan.mesh.sizes
-    if sizes.get("expert", 1) <= 1:
+    mesh = plan.mesh
+    if mesh.expert <= 1:
         return out
-    others = [a for a in ("pipe", "fsdp", "tensor") if sizes.get(a, 1) > 1]
+    others = [a for a in ("pipe", "fsdp", "tensor") if mesh.size(a) > 1]
     if others:
         out.append(Diagnostic(
             "E049", f"the torch target combines the `expert` mesh axis with `data` only, not with "
@@ -341,14 +341,14 @@ def _whole_under_fsdp(plan: Plan, doc: Document) -> list[Diagnostic]:
     a whole one would meet 16-bit activations in float32."""
     pr = plan.spec.training.precision
     axis = shard_axis(plan)  # (parameters split over `data`: FSDP2 shards over data, and leaves the others whole)
-    if plan.mesh.sizes.get(axis, 1) <= 1 or pr.compute == pr.params:
+    if plan.mesh.size(axis) <= 1 or pr.compute == pr.params:
         return []
     whole = next((pp for pp in plan.params if pp.param.trainable and not any(axis in d for d in pp.spec)), None)
     if whole is None:
         return []
     why = "no dimension divides" if axis == "fsdp" else "not split over it"
     return [Diagnostic(
-        "E049", f"`{whole.name}` {list(whole.param.shape)} stays whole over {axis}={plan.mesh.sizes[axis]} ({why}), "
+        "E049", f"`{whole.name}` {list(whole.param.shape)} stays whole over {axis}={plan.mesh.size(axis)} ({why}), "
         f"and the torch target's FSDP2 casts only the parameters it shards to {pr.compute}", doc.pos(whole.param.path),
         help=f"choose sizes that the {axis} axis divides, or compute in the parameters' dtype" if axis == "fsdp" else
         "split every trainable parameter over `data`, or compute in the parameters' dtype")]
@@ -360,7 +360,7 @@ def _data_split(plan: Plan, doc: Document) -> list[Diagnostic]:
     split = split_over_data(plan)
     if split is None:
         return []
-    sizes = plan.mesh.sizes
+    mesh = plan.mesh
     glob = next((g for g in plan.spec.sharding.params if fnmatch.fnmatchcase(split.name, g)), None)
     where = doc.pos(split.param.path if glob is None else ("sharding", "params", glob))
     what = f"parameters split over the `data` axis (`{split.name}` is laid out as {layout_text(split.spec)})"
@@ -372,7 +372,7 @@ def _data_split(plan: Plan, doc: Document) -> list[Diagnostic]:
                               help=f"{why}; {help}"))
 
     for axis, words, why in DATA_SPLIT_LIMITS:
-        if sizes.get(axis, 1) > 1:
+        if mesh.size(axis) > 1:
             refuse(f"with {words}", why)
     if out:
         return out
@@ -411,7 +411,7 @@ def _input_layouts(plan: Plan, doc: Document) -> list[Diagnostic]:
     for name, layout in relaid.items():
         where = doc.pos(("sharding", "inputs", name))
         what = f"the layout {layout_text(layout)} of input `{name}`"
-        if plan.mesh.sizes.get("pipe", 1) > 1:
+        if plan.mesh.pipe > 1:
             out.append(Diagnostic("E049", f"the torch target does not support {what} with a `pipe` axis", where,
                                   help="the pipeline feeds each stage's micro-batches by rows of the batch; leave "
                                   f"`{name}` out of `sharding.inputs`"))
@@ -429,7 +429,7 @@ def _input_layouts(plan: Plan, doc: Document) -> list[Diagnostic]:
 
 def split_over_data(plan: Plan):
     """The first parameter the plan splits over a `data` axis larger than 1 (None: none is)."""
-    if plan.mesh.sizes.get("data", 1) <= 1:
+    if plan.mesh.data <= 1:
         return None
     return next((pp for pp in plan.params if any("data" in d for d in pp.spec)), None)
 
@@ -437,8 +437,8 @@ def split_over_data(plan: Plan):
 def shard_axis(plan: Plan) -> str:
     """The mesh axis FSDP2 shards parameters over: `data` where parameters are split over it (and the plan is
     one the torch program runs so: _data_split), else `fsdp`."""
-    sizes = plan.mesh.sizes
-    if split_over_data(plan) is not None and all(sizes.get(a, 1) <= 1 for a, _, _ in DATA_SPLIT_LIMITS):
+    mesh = plan.mesh
+    if split_over_data(plan) is not None and all(mesh.size(a) <= 1 for a, _, _ in DATA_SPLIT_LIMITS):
         return "data"
     return "fsdp"
 
@@ -564,7 +564,7 @@ def sequence_parallel(plan: Plan, rep: RepeatNode) -> bool:
     """Does the plan split the sequence axis of this repeat's residual stream ([seq, dim]) over `tensor`?
     The torch target then runs the block sequence-parallel (SequenceParallel between the tensor-parallel
     layers), the way the plan's costs assume."""
-    t = plan.mesh.sizes.get("tensor", 1)
+    t = plan.mesh.tensor
     if t <= 1 or len(rep.out.shape) != 2 or not rep.out.axes[0]:
         return False
     return "tensor" in plan.rule(rep.out.axes[0]) and rep.out.shape[0] % t == 0
@@ -576,9 +576,9 @@ def data_parallel(plan: Plan) -> str:
     and data x pipe, with an fsdp axis of size 1, which keeps the tensor-parallel DTensors DTensors and
     survives the interleaved schedules), "zero2" (replicated over data, gradients reduce-scattered onto the
     ranks that update them), "ddp" (DistributedDataParallel over data x expert) or "none"."""
-    sizes = plan.mesh.sizes
-    D, Fs, T = sizes.get("data", 1), sizes.get("fsdp", 1), sizes.get("tensor", 1)
-    P, X = sizes.get("pipe", 1), sizes.get("expert", 1)
+    mesh = plan.mesh
+    D, Fs, T = mesh.data, mesh.fsdp, mesh.tensor
+    P, X = mesh.pipe, mesh.expert
     if shard_axis(plan) == "data":
         return "fsdp"  # parameters split over `data`: FSDP2 over the data axis
     if Fs > 1 or (T > 1 and D > 1) or (P > 1 and D > 1):
