@@ -13,6 +13,7 @@ from ..ops import TensorType
 from ..ops import OPS
 from ..source import Document
 from ..spec.root import Spec
+from ..targets import TARGETS
 from . import context
 from .data_check import check_data, data_files
 from .layouts import DEFAULT_RULES, Layout, Rules, batch_axes, check_layout, local_shape, param_layouts, read_rules
@@ -20,6 +21,7 @@ from ..axes import MESH_AXES
 from .mesh import Mesh, select_mesh
 from .pipeline import PipelinePlan, plan_pipeline
 from .sizes import DTYPE_BYTES, OPTIMIZER_SLOTS  # noqa: F401 (re-exported)
+from .language_model import language_model
 from .states import state_memory
 
 REPLICATED_WARN_NUMEL = 1 << 20
@@ -126,9 +128,7 @@ class Plan:
     @functools.cached_property
     def language_model(self):
         """A language model the programs can sample from (generate.py), or None (planner/language_model.py)."""
-        from .language_model import language_model
-
-        return language_model(self)
+        return language_model(self.graph, self.pipeline, self.sequence_axis)
 
     @property
     def top_params(self) -> tuple[ParamPlan, ...]:
@@ -163,9 +163,6 @@ class Plan:
     def states_for(self, target: str):
         """The training state per device (states.StateMemory) of `target`'s program where it holds more than
         the stage split (see `memory_for`), the same on every pipe rank; None where it holds the split."""
-        from ..targets import TARGETS
-        from .states import state_memory
-
         cap = TARGETS[target].capabilities
         if self.pipeline is None or not cap.pipeline_outside_everywhere:
             return None

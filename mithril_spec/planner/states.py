@@ -5,12 +5,41 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Optional
+from typing import Any, Optional, Protocol
 
 from .sizes import DTYPE_BYTES, OPTIMIZER_SLOTS
 
-if TYPE_CHECKING:
-    from .plan import ParamPlan, Plan
+
+
+class ParamPlan(Protocol):
+    """What the state counts of one parameter or buffer (planner.plan.ParamPlan is one: this module sits
+    below the plan, which calls it)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def spec(self) -> Any: ...
+
+    @property
+    def local_shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def dtype(self) -> str: ...
+
+    @property
+    def local_bytes(self) -> int: ...
+
+
+class Plan(Protocol):
+    """What the state counts of a plan (planner.plan.Plan is one)."""
+
+    spec: Any
+    mesh: Any
+    pipeline: Any
+    params: tuple[ParamPlan, ...]
+    buffers: tuple[ParamPlan, ...]
+    batch_axes: tuple[str, ...]
 
 
 @dataclasses.dataclass(frozen=True)

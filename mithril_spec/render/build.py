@@ -22,8 +22,9 @@ from ..atomic import OutputError, check_directory, replace_directory
 from ..diagnostics import Diagnostic, DiagnosticError
 from ..frontend import Compiled
 from ..planner.plan_json import plan_to_json
+from ..lowering import LOWERINGS
 from ..targets import TARGETS
-from ..targets.costing import costing
+from ..lowering.costing import costing
 from .context import make_context
 from .environment import environment
 from .sampling import sampling_context
@@ -46,7 +47,7 @@ def render_files(compiled: Compiled, target: str, spec_path: str, overrides: Seq
     `PLANNED_BYTES`) are that one costing's, and `plan --target TARGET` prints the same. `build_dir` (absolute)
     and `python` are what launch.sbatch runs by default (it is copied to a spool directory under SLURM)."""
     entry = TARGETS[target]
-    diags: list[Diagnostic] = entry.check(compiled.plan, compiled.doc)
+    diags: list[Diagnostic] = LOWERINGS[target].check(compiled.plan, compiled.doc)
     if diags:
         raise DiagnosticError(diags)
     cost = costing(compiled.plan, target)

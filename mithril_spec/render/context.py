@@ -19,8 +19,8 @@ from ..hf_import import hf_context
 from ..ops import OPS
 from ..ops.loss import LOSSES
 from ..planner.plan import Plan
-from ..targets.base import linear_style, tensor_dims
-from ..targets.costing import Costing
+from ..lowering.base import linear_style, tensor_dims
+from ..lowering.costing import Costing
 from .environment import template_dirs
 from .predicted import predicted
 

@@ -34,7 +34,7 @@ from typing import Any
 from ..graph import RepeatNode
 from ..ops import OPS, TensorType
 from ..planner.plan import Plan
-from ..targets.costing import Costing
+from ..lowering.costing import Costing
 from .communication import jax_comm
 from .context import RESERVED, rename_vars
 
@@ -75,7 +75,7 @@ def _pipeline(plan: Plan, layers: list[dict[str, Any]]) -> dict[str, Any] | None
     pp = plan.pipeline
     if pp is None or pp.pipe <= 1:
         return None
-    from ..targets.jax import pipelined_repeats
+    from ..lowering.jax import pipelined_repeats
 
     reps = [r.name for r in pipelined_repeats(plan)]
     name = reps[0]

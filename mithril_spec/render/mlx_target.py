@@ -13,8 +13,8 @@ from typing import Any
 from ..graph import RepeatNode
 from ..ops import OPS
 from ..planner.plan import Plan
-from ..targets.base import linear_style, tensor_dims
-from ..targets.costing import Costing
+from ..lowering.base import linear_style, tensor_dims
+from ..lowering.costing import Costing
 from .jax_target import model_context, model_hash, optimizer_settings, spec_hash
 
 # Names the generated model code uses inside the functions that hold tensor variables.

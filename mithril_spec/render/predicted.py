@@ -10,7 +10,7 @@ from typing import Any
 
 from ..planner import hardware as hw
 from ..planner.costs import KINDS
-from ..targets.costing import Costing
+from ..lowering.costing import Costing
 
 # A device name the program reads (torch.cuda.get_device_name, jax's device_kind) -> the built-in profile.
 DEVICE_PROFILES = (("H200", "h200-141gb"), ("H100", "h100-sxm-80gb"), ("A100", "a100-80gb"), ("TPU v5", "tpu-v5e"),

@@ -43,11 +43,11 @@ from ..ops.mlp import SILU_GATE
 from ..planner.plan import Plan
 from ..planner.sizes import DTYPE_BYTES
 from ..planner.states import precision_setup, zero_dim
-from ..targets.base import vocab_parallel_layers
-from ..targets.costing import Costing
-from ..targets.torch import data_parallel as torch_data_parallel
-from ..targets.torch import pipeline_flow, relaid_inputs, shard_axis
-from ..targets.torch import sequence_parallel as torch_sequence_parallel
+from ..lowering.base import vocab_parallel_layers
+from ..lowering.costing import Costing
+from ..lowering.torch import data_parallel as torch_data_parallel
+from ..lowering.torch import pipeline_flow, relaid_inputs, shard_axis
+from ..lowering.torch import sequence_parallel as torch_sequence_parallel
 from .communication import torch_comm
 from .context import RESERVED, rename_vars
 from .jax_target import model_hash, optimizer_settings, spec_hash

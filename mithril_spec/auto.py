@@ -36,15 +36,15 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from ..diagnostics import Diagnostic, DiagnosticError
-from ..graph import Graph
-from ..ops import OPS
-from ..source import Document
-from ..spec.root import Spec
-from ..axes import MESH_AXES
-from .costs import REMAT_MODES, CostOptions, Costs, estimate, estimate_remats
-from .hardware import Hardware
-from .plan import Plan, make_plan
+from .diagnostics import Diagnostic, DiagnosticError
+from .graph import Graph
+from .ops import OPS
+from .source import Document
+from .spec.root import Spec
+from .axes import MESH_AXES
+from .planner.costs import REMAT_MODES, CostOptions, Costs, estimate, estimate_remats
+from .planner.hardware import Hardware
+from .planner.plan import Plan, make_plan
 
 REFINE = 3  # meshes refined by coordinate descent: the best, and as many of the fastest (fitting or not)
 LISTED = 50  # candidates kept (best first)
@@ -72,7 +72,7 @@ class Allowed:
 
     @classmethod
     def of(cls, targets) -> Allowed:
-        from ..targets import TARGETS
+        from .targets import TARGETS
 
         caps = [TARGETS[t].capabilities for t in targets]
         return cls(tuple(targets),
@@ -89,7 +89,7 @@ class Allowed:
 
 def refusal(plan: Plan, doc: Document, targets) -> Diagnostic | None:
     """The first E049 any of `targets` reports for `plan` (None: every target builds it)."""
-    from ..targets import check_target
+    from .lowering import check_target
 
     for t in targets:
         for d in check_target(plan, doc, t):
@@ -192,7 +192,7 @@ def _pipeline_initial(ctx: Context):
 
 
 def _set_pipeline(spec: Spec, value, seq=None) -> Spec:
-    from ..spec.pipeline import Pipeline
+    from .spec.pipeline import Pipeline
 
     if value is None:
         return spec.model_copy(update={"pipeline": None})
@@ -308,7 +308,7 @@ def _offload_initial(ctx: Context):
 
 
 def _set_offload(spec: Spec, threshold, seq=None) -> Spec:
-    from ..spec.training import Offload
+    from .spec.training import Offload
 
     return _training(spec, offload=None if threshold is None else Offload(activations=True, threshold=threshold))
 
@@ -356,7 +356,7 @@ def _compression_initial(ctx: Context):
 
 
 def _set_compression(spec: Spec, value, seq=None) -> Spec:
-    from ..spec.communication import PowerSGD
+    from .spec.communication import PowerSGD
 
     c = value if isinstance(value, str) else PowerSGD(name="powersgd", rank=value[1], start_step=value[2])
     return spec.model_copy(update={"communication": spec.communication.model_copy(update={"compression": c})})
@@ -532,7 +532,7 @@ def factorizations(n: int, k: int) -> list[tuple[int, ...]]:
 def searched_axes(spec: Spec, graph: Graph, allowed: Allowed) -> tuple[str, ...]:
     """Mesh axes every target runs, less pipe without a block to pipeline, expert without moe layers and
     context without a sequence that attention attends over (planner/context.py)."""
-    from .context import sequence_axis as attended_sequence
+    from .planner.context import sequence_axis as attended_sequence
 
     axes = []
     for a in allowed.mesh_axes:
@@ -586,7 +586,7 @@ def _experts(graph: Graph) -> list[int]:
 class Search:
     def __init__(self, spec: Spec, doc: Document, graph: Graph, devices: int, hardware: Hardware,
                  options: CostOptions | None = None, targets=None):
-        from .layouts import batch_axes, read_rules
+        from .planner.layouts import batch_axes, read_rules
 
         self.doc, self.graph, self.devices, self.hw = doc, graph, devices, hardware
         self.options = options or CostOptions()
@@ -608,7 +608,7 @@ class Search:
 
     # -- one mesh
     def context(self, sizes: dict) -> Context:
-        from .mesh import Mesh
+        from .planner.mesh import Mesh
 
         mesh = Mesh("cli", sizes, ("cli",))
         dp = mesh.degree(self._batch_axes(self.rules, mesh))
@@ -910,7 +910,7 @@ def written_spec(spec: Spec, graph: Graph, c: Candidate, path, base, command: st
     """The text of a spec at `path` that extends `base` (the spec searched) with the candidate's settings."""
     import yaml
 
-    from ..extends import relative_base
+    from .extends import relative_base
 
     t = c.costs.time
     head = [f"# Written by `{command} --write {path}`: the best candidate,",
@@ -997,7 +997,7 @@ def bottleneck_warning(c: Candidate) -> str | None:
 
 
 def _human(n: float) -> str:
-    from .table import human_bytes
+    from .planner.table import human_bytes
 
     return human_bytes(int(n))
 

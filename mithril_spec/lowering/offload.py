@@ -10,7 +10,7 @@ from ..diagnostics import Diagnostic
 if TYPE_CHECKING:
     from ..planner.plan import Plan
     from ..source import Document
-    from .base import Target
+    from ..targets.base import Target
 
 
 def offload_errors(target: Target, plan: Plan, doc: Document) -> list[Diagnostic]:

@@ -12,7 +12,7 @@ from ..diagnostics import Diagnostic
 if TYPE_CHECKING:
     from ..planner.plan import Plan
     from ..source import Document
-    from .base import Target
+    from ..targets.base import Target
 
 SECTION = "communication"
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from ..planner.costs import CostOptions
 from ..planner.plan import Plan
-from . import TARGETS
+from . import LOWERINGS
 
 
 def cost_options(plan: Plan, target: str) -> CostOptions:
-    t = TARGETS[target]
+    t = LOWERINGS[target]
     return CostOptions(reduction_calls=t.reduction_calls(plan), sharded_layers=t.sharded_layers(plan))

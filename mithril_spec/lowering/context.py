@@ -24,16 +24,6 @@ if TYPE_CHECKING:
 
 AXIS = CONTEXT  # the mesh axis (axes.py)
 
-# what the jax and torch targets refuse with context parallelism (docs/targets.md)
-LIMIT = ("Context parallelism (the `context` axis splits the sequence; ring attention) combines with `data`, "
-         "`fsdp` and `tensor`, not with `pipe` or `expert`, `training.zero` above 0, `remat: selective`, rules or "
-         "layouts naming `context` or the sequence axis, an imported model (`hf`), nor with layers that mix "
-         "sequence positions (convolutions, pooling, reshapes); dropout (layers and attention) keeps the "
-         "one-device masks, batch_norm normalises each rank's positions and a moe layer gathers the whole "
-         "sequence over `context` (its capacity is filled in token order); the sequence must split into 2 x "
-         "context chunks.")
-
-
 def context_errors(plan: Plan, doc: Document, target: str) -> list[Diagnostic]:
     """E049 for a plan over `context` (degree > 1) that `target`'s programs cannot run."""
     n = plan.mesh.size(AXIS)

@@ -145,12 +145,12 @@ def refusal(spec: dict, mesh: str, target: str) -> Optional[str]:
     from ..diagnostics import DiagnosticError
     from ..frontend import compile_document
     from ..source import load_text
-    from . import TARGETS
+    from . import check_target
 
     doc = load_text(json.dumps({**spec, "targets": [target]}, indent=1), f"matrix-{target}.yaml")
     try:
         compiled = compile_document(doc, mesh)
-        problems = [d for d in TARGETS[target].check(compiled.plan, doc)]
+        problems = check_target(compiled.plan, doc, target)
     except DiagnosticError as e:
         problems = e.diagnostics
     if not problems:

@@ -17,7 +17,7 @@ import dataclasses
 from ..planner.costs import CostOptions, Costs, StateMemory, estimate_targets, step_time
 from ..planner.hardware import Hardware
 from ..planner.plan import Plan
-from . import attention_kernels
+from ..targets import attention_kernels
 from .cost_options import cost_options
 
 
