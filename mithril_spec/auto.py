@@ -1054,7 +1054,7 @@ def fit_hints(spec: Spec, doc: Document, graph: Graph, plan: Plan, hardware: Har
                 out.append(f"`training.zero: {z}` (peak {_human(c.peak)})")
                 break
     # 3. more fsdp (move the data axis onto fsdp)
-    if mesh.data > 1:
+    if mesh.data_enabled:
         sizes = dict(mesh.sizes)
         sizes["fsdp"] *= sizes["data"]
         sizes["data"] = 1

@@ -153,7 +153,8 @@ def test_no_import_cycles():
 # and the layers below. A module belongs to the layer of the longest prefix that names it (`NAME=`: that
 # module alone, not its submodules).
 LAYERS = (
-    ("source", ("codes", "diagnostics", "syntax", "limits", "source", "pyast", "atomic", "axes", "extends")),
+    ("source", ("codes", "diagnostics", "syntax", "limits", "source", "pyast", "atomic", "axes", "extends",
+                "template_files")),
     ("operators", ("ops", "spec.common", "spec=")),  # `spec=`: the package's (empty) __init__ alone
     ("capabilities", ("targets",)),  # what each target declares it can run: below the spec, which names them
     ("spec", ("spec", "validate", "hf_import")),

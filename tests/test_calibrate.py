@@ -329,10 +329,10 @@ def dataclasses_replace_remat(remat):
 
 
 def test_a_build_embeds_what_plan_target_predicts():
-    """The prediction a program carries (render/predicted.py, printed by its --profile) is costed with the
+    """The prediction a program carries (lowering/predicted.py, printed by its --profile) is costed with the
     target's own options, as `plan --target`: torch's FSDP2 reduces the gradients in one call per block and
     one for the root, and the step time of each built-in profile includes those calls' latency."""
-    from mithril_spec.render.predicted import predicted
+    from mithril_spec.lowering.predicted import predicted
     from mithril_spec.lowering import LOWERINGS
     from mithril_spec.lowering.costing import costing
 

@@ -12,7 +12,7 @@ from ..ops import OPS
 from ..ops.loss import LOSSES
 from ..targets.base import Capabilities, Target
 from .communication import communication_errors
-from .context import context_errors
+from .context_parallel import context_errors
 from .offload import offload_errors
 
 if TYPE_CHECKING:
@@ -221,7 +221,7 @@ class Lowering:
                     if not node.is_repeat and node.op not in cap.ops:
                         refuse(node.path + ("op",), f"the `{node.op}` operator",
                                cap.reason(node.op, f"operators it renders: {', '.join(sorted(cap.ops))}"))
-        if not cap.data_param_layouts and plan.mesh.data > 1:
+        if not cap.data_param_layouts and plan.mesh.data_enabled:
             split = next((pp for pp in plan.params if any("data" in d for d in pp.spec)), None)
             if split is not None:
                 glob = next((g for g in plan.spec.sharding.params if fnmatch.fnmatchcase(split.name, g)), None)

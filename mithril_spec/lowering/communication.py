@@ -37,7 +37,7 @@ def communication_errors(target: Target, plan: Plan, doc: Document) -> list[Diag
         refuse("bucket_mb", "`bucket_mb`", "leave `bucket_mb` out")
     if replicas and comm.overlap is not None and comm.overlap not in cap.overlap:
         refuse("overlap", f"`overlap: {str(comm.overlap).lower()}`", "leave `overlap` out")
-    if plan.mesh.fsdp > 1 and comm.prefetch is not None and not cap.fsdp_prefetch:
+    if plan.mesh.fsdp_enabled and comm.prefetch is not None and not cap.fsdp_prefetch:
         refuse("prefetch", "`prefetch`", "leave `prefetch` out")
     return out
 
@@ -60,7 +60,7 @@ def torch_communication_errors(plan: Plan, doc: Document, dp: str, axis: str = "
             refuse("compression", f"`{kind}` compression with `training.zero: 2`",
                    "ZeRO-2 reduce-scatters the gradients itself, with no communication hook to compress them; use "
                    "`training.zero: 0` or 1 (DDP)")
-        elif plan.mesh.expert > 1:
+        elif plan.mesh.expert_enabled:
             refuse("compression", f"`{kind}` compression with an `expert` axis",
                    "the experts' gradients are reduced apart from DDP's (reduce_expert_grads), uncompressed; "
                    "leave `compression` out")
@@ -119,7 +119,7 @@ def jax_communication_errors(plan: Plan, doc: Document) -> list[Diagnostic]:
     if split is not None:
         refuse(f"`{split}` split over `data`", "each replica holds every parameter whole; split parameters over "
                "`fsdp` or `tensor` instead")
-    for ip in plan.inputs if mesh.data > 1 else ():
+    for ip in plan.inputs if mesh.data_enabled else ():
         if "data" not in ip.spec[0] or any("data" in d for d in ip.spec[1:]):
             refuse(f"input `{ip.input.name}` not split over `data` by its samples",
                    "each replica reads whole samples: leave the input's batch dimension to the `data` axis")

@@ -19,9 +19,9 @@ class MlxLowering(Lowering):
 
     def check_more(self, plan: Plan, doc: Document) -> list[Diagnostic]:
         mesh = plan.mesh
-        if mesh.tensor <= 1:
+        if not mesh.tensor_enabled:
             return []
-        if mesh.data > 1:
+        if mesh.data_enabled:
             return [Diagnostic("E049", "the mlx target does not combine the `tensor` mesh axis with `data`",
                                doc.pos(plan.mesh.source),
                                help=_ONE_GROUP + ": use a mesh of `tensor` alone, or of `data` alone")]

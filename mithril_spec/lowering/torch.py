@@ -46,7 +46,7 @@ class TorchLowering(Lowering):
         """parallelize_module makes each layer whose parameters the plan splits over `tensor` a DTensor module
         (colwise, rowwise, vocab-parallel), and in a sequence-parallel block every layer with parameters
         (SequenceParallel norms): every copy of a repeated block's, on a pipe rank its share."""
-        if plan.mesh.tensor == 1:
+        if not plan.mesh.tensor_enabled:
             return 0
         split = [p for p in plan.params if any("tensor" in axes for axes in p.spec)]
         modules = {p.name.rsplit(".", 1)[0] for p in split}
@@ -64,7 +64,7 @@ class TorchLowering(Lowering):
 
 def _checks(plan: Plan, doc: Document) -> list[Diagnostic]:
     out: list[Diagnostic] = []
-    tp = plan.mesh.tensor > 1
+    tp = plan.mesh.tensor_enabled
 
     def err(node, msg, help=None):
         out.append(Diagnostic("E049", msg, doc.pos(node.path + ("name",)), help=help))
@@ -114,7 +114,7 @@ def _zero(plan: Plan, doc: Document) -> list[Diagnostic]:
     if tr.zero:
         for axis, (what, why) in zip(("fsdp", "tensor", "expert"), ZERO_LIMITS):
             # (tensor alone splits no batch: ZeRO has nothing to split over, and the program is the plain one)
-            if mesh.size(axis) > 1 and (axis != "tensor" or mesh.data > 1):
+            if mesh.size(axis) > 1 and (axis != "tensor" or mesh.data_enabled):
                 out.append(Diagnostic(
                     "E049", f"the torch target does not support `training.zero: {tr.zero}` with {what}",
                     doc.pos(("training", "zero")),
@@ -129,7 +129,7 @@ def _experts(plan: Plan, doc: Document) -> list[Diagnostic]:
     data x expert. So the expert axis goes with data alone, and only the experts are split over it."""
     out: list[Diagnostic] = []
     mesh = plan.mesh
-    if mesh.expert <= 1:
+    if not mesh.expert_enabled:
         return out
     others = [a for a in ("pipe", "fsdp", "tensor") if mesh.size(a) > 1]
     if others:
@@ -266,7 +266,7 @@ def _input_layouts(plan: Plan, doc: Document) -> list[Diagnostic]:
     for name, layout in relaid.items():
         where = doc.pos(("sharding", "inputs", name))
         what = f"the layout {layout_text(layout)} of input `{name}`"
-        if plan.mesh.pipe > 1:
+        if plan.mesh.pipe_enabled:
             out.append(Diagnostic("E049", f"the torch target does not support {what} with a `pipe` axis", where,
                                   help="the pipeline feeds each stage's micro-batches by rows of the batch; leave "
                                   f"`{name}` out of `sharding.inputs`"))
@@ -284,7 +284,7 @@ def _input_layouts(plan: Plan, doc: Document) -> list[Diagnostic]:
 
 def split_over_data(plan: Plan):
     """The first parameter the plan splits over a `data` axis larger than 1 (None: none is)."""
-    if plan.mesh.data <= 1:
+    if not plan.mesh.data_enabled:
         return None
     return next((pp for pp in plan.params if any("data" in d for d in pp.spec)), None)
 

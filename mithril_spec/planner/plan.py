@@ -259,8 +259,8 @@ def make_plan(spec: Spec, doc: Document, graph: Graph, mesh_choice: Optional[str
     files = data_files(spec, doc)
     data_warnings: list[Diagnostic] = []
     check_data(spec, graph, doc, files, diags, data_warnings)
-    if getattr(spec.data, "mask", None) is not None and (mesh.pipe > 1 or context.degree(mesh) > 1):
-        axis = "pipe" if mesh.pipe > 1 else context.AXIS
+    if getattr(spec.data, "mask", None) is not None and (mesh.pipe_enabled or context.degree(mesh) > 1):
+        axis = "pipe" if mesh.pipe_enabled else context.AXIS
         diags.append(Diagnostic(
             "E013", f"`data.mask` on a mesh with `{axis}`: no target masks the loss across {axis} ranks yet",
             doc.pos(("data", "mask"), key=True), help=f"use a mesh without `{axis}` (data, fsdp, tensor mask the loss)"))

@@ -21,7 +21,7 @@ def _layout(spec) -> doc.Layout:
 
 def plan_document(plan: Plan, costs: Costs) -> doc.PlanDocument:
     """The `plan --format json` document of `plan`, as a model. `costs`: the command's one costing of it
-    (targets/costing.py; with a hardware profile, its step time), never estimated here: a document that
+    (lowering/costing.py; with a hardware profile, its step time), never estimated here: a document that
     costed the plan itself could disagree with what the command prints beside it."""
     tr = plan.spec.training
     mem = plan.memory

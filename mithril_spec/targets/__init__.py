@@ -1,5 +1,5 @@
 """The target registry: `TARGETS[name]` gives a target's declaration (its capabilities, template files and
-render adapter), below the planner. The spec's `targets` values, the CLI's `--target` choices, the JSON
+template files), below the planner. The spec's `targets` values, the CLI's `--target` choices, the JSON
 Schema, E049 messages and the capability table in docs/targets.md all come from here. A target's checks and
 its lowering to a Program are its `Lowering` (mithril_spec/lowering/, `LOWERINGS[name]`), above the planner."""
 

@@ -69,10 +69,10 @@ class Capabilities:
     # backward pass (the plan's activations follow it: planner/costs CostOptions.fused_attention)
     fused_attention: bool = False
     # activation offload (training.offload): the remat settings it offloads under (empty: none), and the mesh
-    # axes it does not offload on (targets/offload.py checks them)
+    # axes it does not offload on (lowering/offload.py checks them)
     offload_remat: tuple[str, ...] = ()
     offload_without: tuple[str, ...] = ()
-    # the `communication` settings it realises (targets/communication.py checks them): gradient compressions,
+    # the `communication` settings it realises (lowering/communication.py checks them): gradient compressions,
     # collective algorithms, `bucket_mb`, the `overlap` values it can honour, fsdp `prefetch` depth
     compression: tuple[str, ...] = ("none",)
     collective_algorithms: tuple[str, ...] = ("auto",)
@@ -97,7 +97,6 @@ class Target:
     # output files rendered only for some plans: (file, the Plan attribute that must be set, not None or
     # false, for it), e.g. ("generate.py", "language_model") (planner/language_model.py)
     conditional_files: ClassVar[tuple[tuple[str, str], ...]] = ()
-    adapter: ClassVar[str]  # the module under mithril_spec/render/ that builds its render context
     imports: ClassVar[str]  # what its programs import besides the standard library
     limits: ClassVar[tuple[str, ...]] = ()  # what its lowering's `check_more` refuses, in words (docs/targets.md)
 

@@ -29,7 +29,7 @@ class JaxTarget(Target):
         pipelined_ops=frozenset({"dropout", "attention", "moe", "batch_norm"}),
         # NCCL_ALGO and XLA's combine thresholds and latency-hiding scheduler, set by the program
         collective_algorithms=("auto", "ring", "tree"),
-        # the replicas' gradients reduced by the program in 16 bits (targets/communication.py: which builds)
+        # the replicas' gradients reduced by the program in 16 bits (lowering/communication.py: which builds)
         compression=("none", "fp16", "bf16", "powersgd"),
         bucket_size=True,
         overlap=(True, False),
@@ -44,7 +44,6 @@ class JaxTarget(Target):
              ("jax/README.md.j2", "README.md"),
              ("jax/generate.py.j2", "generate.py"))
     conditional_files = (("generate.py", "language_model"),)  # sampling from a language model
-    adapter = "jax_target"
     imports = "numpy, jax, optax, orbax-checkpoint"
     pipeline_limit_field = ("op",)
     limits = (

@@ -60,7 +60,6 @@ class MlxTarget(Target):
     )
     files = (("mlx/train.py.j2", "train.py"), ("mlx/launch.sh.j2", "launch.sh"), ("mlx/launch.sbatch.j2", "launch.sbatch"),
              ("mlx/README.md.j2", "README.md"))
-    adapter = "mlx_target"
     imports = "numpy, mlx"
     limits = (
         "Tensor parallelism (Megatron's: a column-parallel linear, element-wise layers, a row-parallel linear; "

@@ -95,7 +95,6 @@ class TorchTarget(Target):
         ("torch/generate.py.j2", "generate.py"),
     )
     conditional_files = (("generate.py", "language_model"),)  # sampling from a language model
-    adapter = "torch_target"
     imports = "numpy, torch"
     limits = (
         "Layer names may not shadow `torch.nn.Module` or FSDP2 `FSDPModule` attributes, nor start with `_`.",

@@ -1,4 +1,4 @@
-"""Context the torch templates need beyond the shared context (render/context.py).
+"""Context the torch templates need beyond the shared context (lowering/common.py).
 
 - Tensor variables never shadow a name the generated forward methods use themselves (`self`, `F`,
   `torch`, the block loop variable, helper functions): such a variable gets a trailing `_`.
@@ -43,14 +43,14 @@ from ..ops.mlp import SILU_GATE
 from ..planner.plan import Plan
 from ..planner.sizes import DTYPE_BYTES
 from ..planner.states import precision_setup, zero_dim
-from ..lowering.base import vocab_parallel_layers
-from ..lowering.costing import Costing
-from ..lowering.torch import data_parallel as torch_data_parallel
-from ..lowering.torch import pipeline_flow, relaid_inputs, shard_axis
-from ..lowering.torch import sequence_parallel as torch_sequence_parallel
-from .communication import torch_comm
-from .context import RESERVED, rename_vars
-from .jax_target import model_hash, optimizer_settings, spec_hash
+from .base import vocab_parallel_layers
+from .costing import Costing
+from .torch import data_parallel as torch_data_parallel
+from .torch import pipeline_flow, relaid_inputs, shard_axis
+from .torch import sequence_parallel as torch_sequence_parallel
+from .comm import torch_comm
+from .common import RESERVED, rename_vars
+from .jax_program import model_hash, optimizer_settings, spec_hash
 
 # Names the generated forward methods use besides tensor variables.
 MODEL_NAMES = {"F", "torch", "nn", "np", "math", "self", "block", "rope", "zlib", "checkpoint", "layers",
@@ -166,7 +166,7 @@ def _pipeline(plan: Plan, layers: list[dict[str, Any]], top_vars: dict[str, str]
 
 
 def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str, Any]:
-    """`costing`: the build's one costing (targets/costing.py); the program's planned bytes are its states."""
+    """`costing`: the build's one costing (lowering/costing.py); the program's planned bytes are its states."""
     mesh = plan.mesh
     D, Fs, T = mesh.data, mesh.fsdp, mesh.tensor
 
@@ -265,7 +265,7 @@ def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
                     tp_plan[last] = "split_and_gather" if node.count == 1 else "gather_sequence"
 
     # ---- parameters: the torch-side fields of the table rows (one per parameter outside the repeats and per
-    # block parameter, render/context.py), which the config tables (common/tables.py.j2) render
+    # block parameter, lowering/common.py), which the config tables (common/tables.py.j2) render
     # ZeRO (over `data` alone: the torch target refuses it with other axes): the degree each parameter's
     # optimizer state is split over, on the dimension the planner counts (planner/states.py zero_dim)
     tr = plan.spec.training
