@@ -41,7 +41,7 @@ from .graph import Graph
 from .ops import OPS
 from .source import Document
 from .spec.root import Spec
-from .axes import MESH_AXES
+from .axes import MESH_AXES, ParallelDims
 from .planner.costs import REMAT_MODES, CostOptions, Costs, estimate, estimate_remats
 from .planner.hardware import Hardware
 from .planner.plan import Plan, make_plan
@@ -102,8 +102,9 @@ def refusal(plan: Plan, doc: Document, targets) -> Diagnostic | None:
 
 
 @dataclasses.dataclass(frozen=True)
-class Context:
-    """What the knobs need to know about the spec and the mesh being searched."""
+class Context(ParallelDims):
+    """What the knobs need to know about the spec and the mesh being searched (a ParallelDims: `ctx.pipe`,
+    `ctx.tensor_enabled`)."""
 
     spec: Spec
     graph: Graph
@@ -161,7 +162,7 @@ def _micro_per_rank(ctx: Context, settings: dict) -> int:
 
 
 def _pipeline_values(ctx: Context, settings: dict) -> list:
-    pipe = ctx.sizes["pipe"]
+    pipe = ctx.pipe
     if pipe <= 1:
         return [None]
     per = _micro_per_rank(ctx, settings)
@@ -215,8 +216,8 @@ def _show_pipeline(value) -> str:
 
 
 def _zero_values(ctx: Context, settings: dict) -> list:
-    replicated = ctx.sizes["data"] * ctx.sizes["expert"] > 1  # ZeRO shards over the batch axes that replicate
-    if not replicated or (ctx.sizes["pipe"] > 1 and not ctx.allowed.zero_with_pipeline):
+    replicated = ctx.data * ctx.expert > 1  # ZeRO shards over the batch axes that replicate
+    if not replicated or (ctx.pipe_enabled and not ctx.allowed.zero_with_pipeline):
         return [0]
     return list(ctx.allowed.zero_stages)
 
@@ -235,7 +236,7 @@ def _accum_values(ctx: Context, settings: dict) -> list:
 
 def _accum_initial(ctx: Context) -> int:
     g = ctx.spec.training.grad_accum
-    if ctx.sizes["pipe"] > 1:
+    if ctx.pipe_enabled:
         return 1  # pipeline micro-batches do what accumulation would, and shrink the bubble besides
     return g if ctx.spec.training.batch_size % (g * ctx.dp) == 0 else 1
 
@@ -253,7 +254,7 @@ def _sp_now(spec: Spec, axis: str | None) -> bool:
 
 def _sp_values(ctx: Context, settings: dict) -> list:
     rules = _rules(ctx.spec)
-    if ctx.sizes["tensor"] <= 1 or ctx.seq_axis is None or rules is None:
+    if not ctx.tensor_enabled or ctx.seq_axis is None or rules is None:
         return [_sp_now(ctx.spec, ctx.seq_axis)]
     if ctx.seq_axis in rules and not _sp_now(ctx.spec, ctx.seq_axis):
         return [False]  # the spec rules the sequence to other axes: not the search's to change
@@ -288,7 +289,7 @@ def _stream_elements(ctx: Context, settings: dict) -> int:
     per_sample = max((math.prod(t.shape) for t in outs), default=0)
     pipe = settings.get("pipeline") or (None, 1, 1)
     micro = max(_micro_per_rank(ctx, settings) // pipe[2], 1)
-    split = ctx.sizes["context"] * (ctx.sizes["tensor"] if settings.get("sequence_parallel") else 1)
+    split = ctx.context * (ctx.tensor if settings.get("sequence_parallel") else 1)
     return micro * per_sample // split
 
 
@@ -296,7 +297,7 @@ def _offload_values(ctx: Context, settings: dict) -> list:
     """Off, or on with thresholds derived from the stream's elements per device: 0 (every saved tensor moves),
     the stream's size (the block inputs and anything as large: the mlp hidden, attention scores) and four times
     it (only the largest)."""
-    if not ctx.allowed.offload_remat or any(ctx.sizes[a] > 1 for a in ctx.allowed.offload_without):
+    if not ctx.allowed.offload_remat or any(ctx.size(a) > 1 for a in ctx.allowed.offload_without):
         return [None]
     s = _stream_elements(ctx, settings)
     return [None] + sorted({0, s, 4 * s} if s else {0})

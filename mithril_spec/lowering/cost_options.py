@@ -1,7 +1,7 @@
-"""The cost model's options for one target's program, from its registry entry: how the program issues the
-data-parallel gradient reduction (`Target.reduction_calls`) and which layers it dispatches as sharded tensors
-(`Target.sharded_layers`). Read by `costing.costing`, the one costing that `plan --target` and a build for the
-target share. (Apart from targets/base.py: the registry stays below the cost model in the import graph.)"""
+"""The cost model's options for one target's program, from its lowering (`LOWERINGS[target]`): how the program issues the
+data-parallel gradient reduction (`Lowering.reduction_calls`) and which layers it dispatches as sharded tensors
+(`Lowering.sharded_layers`). Read by `costing.costing`, the one costing that `plan --target` and a build for the
+target share (and `lower`, lowering/program.py, for the Program)."""
 
 from __future__ import annotations
 
