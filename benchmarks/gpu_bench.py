@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from mithril_spec import cli
 from mithril_spec.planner import hardware
-from mithril_spec.render.predicted import DEVICE_PROFILES
+from mithril_spec.lowering.predicted import DEVICE_PROFILES
 
 SPEC = ROOT / "specs" / "gpt-tiny.yaml"
 HANDWRITTEN = ROOT / "benchmarks" / "handwritten_torch_gpt.py"

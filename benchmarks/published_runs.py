@@ -80,7 +80,7 @@ class Row:
 
 def predict(name: str, run_auto: bool) -> Row:
     from mithril_spec.frontend import compile_file
-    from mithril_spec.planner.auto import refusal, search
+    from mithril_spec.auto import refusal, search
     from mithril_spec.planner.costs import CostOptions, estimate
     from mithril_spec.planner.hardware import lookup
     from mithril_spec.targets import attention_kernels

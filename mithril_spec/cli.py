@@ -420,7 +420,7 @@ def _check_meshes(s: _Spec, args) -> list[Diagnostic]:
     """Plans a resolved spec for `--mesh` or, without it, for every named mesh (not only the default one,
     which may fail on its own): the planner's diagnostics, what the spec's targets refuse (E049) and, with
     `--hardware`, whether each device's memory suffices (E050). On named meshes each diagnostic says which."""
-    from .planner.auto import fit_diagnostics
+    from .auto import fit_diagnostics
     from .planner.costs import CostOptions, estimate
     from .planner.hardware import lookup
     from .targets import attention_kernels
@@ -450,7 +450,7 @@ def _check_meshes(s: _Spec, args) -> list[Diagnostic]:
 
 def _target_checks(c: Compiled) -> list[Diagnostic]:
     """What `build` would refuse (E049) for each target the spec names, so that CI catches it too."""
-    from .targets import check_target
+    from .lowering import check_target
 
     out: list[Diagnostic] = []
     for target in c.spec.targets:
@@ -477,11 +477,11 @@ def _hardware(c: Compiled, name: str):
 
 
 def cmd_plan(args) -> int:
-    from .planner.auto import fit_diagnostics
+    from .auto import fit_diagnostics
     from .planner.costs import CostOptions
     from .planner.plan_json import plan_to_json
     from .planner.table import render_plan
-    from .targets.costing import costing
+    from .lowering.costing import costing
 
     if args.report:
         _check_report(Path(args.report))  # (a usage error before any work)
@@ -539,7 +539,7 @@ def _write_report(path: Path, c: Compiled, costs) -> None:
 
 
 def _plan_auto(args) -> int:
-    from .planner.auto import search
+    from .auto import search
     from .planner.costs import CostOptions
     from .planner.table import human_bytes, human_seconds
     from .targets import attention_kernels
@@ -568,7 +568,7 @@ def _plan_auto(args) -> int:
                  options=CostOptions(fused_attention=all(attention_kernels(c.spec.targets).values())))
     best = res.fitting[: max(args.top, 1)]
     if args.report and best:
-        from .planner.auto import candidate_spec
+        from .auto import candidate_spec
         from .planner.plan import make_plan
 
         spec = candidate_spec(c.spec, c.graph, best[0])
@@ -645,7 +645,7 @@ def _check_write(path: Path, spec: Path, args) -> None:
 
 def _write_auto(path: Path, spec_path: Path, c: Compiled, cand, args, devices: int, hw: str) -> None:
     from .atomic import write_atomic
-    from .planner.auto import written_spec
+    from .auto import written_spec
 
     command = f"mithril-spec plan {spec_path} --auto --devices {devices} --hardware {hw}"
     write_atomic(path, written_spec(c.spec, c.graph, cand, path, spec_path, command), create_parents=False)

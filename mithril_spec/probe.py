@@ -86,7 +86,7 @@ def probe_terms(dims: tuple[int, int, int, int, int], fields: dict, target: str,
     from .frontend import compile_document
     from .planner.hardware import lookup
     from .source import load_text
-    from .targets.costing import costing
+    from .lowering.costing import costing
 
     entry = {**fields, "efficiency": efficiency}
     c = compile_document(load_text(probe_spec(dims, entry, tensor), "calibration-probe.yaml"))

@@ -1,7 +1,7 @@
 """Structural rules of the compiler (the architecture issue): an operator's knowledge lives in its `ops/`
 file, so no other module compares operator names; and the modules of `mithril_spec` import each other
-without cycles (the spec language at the bottom, the CLI at the top); and every operator has its macros in
-each target's ops template."""
+without cycles, counting every import, in layers that import one way (source, operators, capabilities,
+spec, graph, plan, lowering, render, cli); and every operator has its macros in each target's ops template."""
 
 from __future__ import annotations
 
@@ -66,17 +66,13 @@ def test_no_operator_name_comparisons_outside_ops():
 
 
 def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
-    """Modules of the package that `name` imports when it runs (not those imported for type checking)."""
+    """Every module of the package that `name` imports: at module level, for type checking (under `if
+    TYPE_CHECKING:`) and inside functions alike (a function-local or type-only import is a dependency too,
+    and hid the planner <-> targets circle the issue found)."""
     tree = ast.parse(path.read_text(), str(path))
     is_pkg = path.name == "__init__.py"
-    skip: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            skip.update(id(n) for child in node.body for n in ast.walk(child))
     out = set()
     for node in ast.walk(tree):
-        if id(node) in skip:
-            continue
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names if a.name in modules)
         elif isinstance(node, ast.ImportFrom):
@@ -99,12 +95,17 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     return out
 
 
-def test_no_import_cycles():
+def import_graph() -> dict[str, set[str]]:
+    """module -> the package's modules it imports (every import: see `_imports`)."""
     modules = _modules()
     graph = {name: _imports(name, path, modules) for name, path in modules.items()}
     # a package's own __init__ importing its submodules is how packages work, not a cycle
     for name in graph:
         graph[name] = {m for m in graph[name] if not name.startswith(m + ".")}
+    return graph
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     state: dict[str, int] = {}
     stack: list[str] = []
     cycles = []
@@ -123,7 +124,70 @@ def test_no_import_cycles():
     for n in sorted(graph):
         if n not in state:
             visit(n)
+    return cycles
+
+
+def test_the_import_reader_counts_every_import(tmp_path):
+    pkg = tmp_path / "mithril_spec"
+    (pkg / "sub").mkdir(parents=True)
+    for f in ("__init__.py", "a.py", "b.py", "c.py", "sub/__init__.py", "sub/d.py"):
+        (pkg / f).write_text("")
+    (pkg / "a.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .b import X\n"
+                              "def f():\n    from . import c\n    import mithril_spec.sub.d\n")
+    modules = {"mithril_spec": pkg / "__init__.py", "mithril_spec.a": pkg / "a.py", "mithril_spec.b": pkg / "b.py",
+               "mithril_spec.c": pkg / "c.py", "mithril_spec.sub": pkg / "sub/__init__.py",
+               "mithril_spec.sub.d": pkg / "sub/d.py"}
+    assert _imports("mithril_spec.a", pkg / "a.py", modules) == {
+        "mithril_spec", "mithril_spec.b", "mithril_spec.c", "mithril_spec.sub", "mithril_spec.sub.d"}
+    assert find_cycles({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b", "a"]]
+
+
+def test_no_import_cycles():
+    """No circle between the package's modules, counting every import (module-level, type-only and
+    function-local)."""
+    cycles = find_cycles(import_graph())
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+# The layers of the compiler, lowest first (docs/architecture.md): a module imports only from its own layer
+# and the layers below. A module belongs to the layer of the longest prefix that names it (`NAME=`: that
+# module alone, not its submodules).
+LAYERS = (
+    ("source", ("codes", "diagnostics", "syntax", "limits", "source", "pyast", "atomic", "axes", "extends",
+                "template_files")),
+    ("operators", ("ops", "spec.common", "spec=")),  # `spec=`: the package's (empty) __init__ alone
+    ("capabilities", ("targets",)),  # what each target declares it can run: below the spec, which names them
+    ("spec", ("spec", "validate", "hf_import")),
+    ("graph", ("graph",)),
+    ("plan", ("planner", "overrides", "frontend", "schema", "data_prepare")),  # target-neutral
+    ("lowering", ("lowering", "auto", "probe")),  # per target: checks (E049), costs, the Program
+    ("render", ("render", "calibrate")),
+    ("cli", ("cli", "docs_gen")),
+)
+
+
+def layer_of(module: str) -> int:
+    rel = module.removeprefix("mithril_spec").removeprefix(".")
+    best, length = 0 if rel == "" else None, -1
+    for i, (_, prefixes) in enumerate(LAYERS):
+        for p in prefixes:
+            exact = p.endswith("=")
+            p = p.rstrip("=")
+            if (rel == p or (not exact and rel.startswith(p + "."))) and len(p) + exact > length:
+                best, length = i, len(p) + exact
+    assert best is not None, f"{module} is in no layer of LAYERS"
+    return best
+
+
+def test_layers_import_one_way():
+    """source -> operators -> capabilities -> spec -> graph -> plan -> lowering -> render -> cli: no module
+    imports (in any way) from a layer above its own."""
+    upward = []
+    for mod, imported in sorted(import_graph().items()):
+        for m in sorted(imported):
+            if layer_of(m) > layer_of(mod):
+                upward.append(f"{mod} ({LAYERS[layer_of(mod)][0]}) imports {m} ({LAYERS[layer_of(m)][0]})")
+    assert not upward, "imports against the layers:\n" + "\n".join(upward)
 
 
 def test_target_names_come_from_the_registry():
@@ -137,11 +201,11 @@ def test_target_names_come_from_the_registry():
 
 
 def test_targets_doc_is_generated_from_the_registry():
-    from mithril_spec.targets.docs import capability_markdown
+    from mithril_spec.lowering.docs import capability_markdown
 
     committed = (PKG.parent / "docs" / "targets.md").read_text()
     assert committed == capability_markdown(), (
-        "docs/targets.md is stale: run `python -m mithril_spec.targets.docs > docs/targets.md`")
+        "docs/targets.md is stale: run `python -m mithril_spec.lowering.docs > docs/targets.md`")
     for t in TARGETS.values():
         assert f"`{t.name}`" in committed
 

@@ -12,7 +12,7 @@ import pytest
 
 from mithril_spec import cli
 from mithril_spec.frontend import compile_file
-from mithril_spec.planner.auto import KNOBS, factorizations, fit_hints, rank_key, search, spread
+from mithril_spec.auto import KNOBS, factorizations, fit_hints, rank_key, search, spread
 from mithril_spec.planner.costs import CostOptions, estimate
 from mithril_spec.planner.hardware import lookup
 from mithril_spec.planner.plan import make_plan
@@ -277,7 +277,7 @@ def test_every_candidate_plans_to_the_same_figures():
     c = compile_file(GPT)
     hw = lookup("h100")
     res = search(c.spec, c.doc, c.graph, 8, hw)
-    from mithril_spec.planner.auto import candidate_spec
+    from mithril_spec.auto import candidate_spec
 
     for cand in res.candidates[:3]:
         spec = candidate_spec(c.spec, c.graph, cand)
@@ -309,7 +309,7 @@ def test_warning_names_the_bottleneck(tmp_path):
     assert res.warning is None
     # compute repeated on every device of an axis that does not split the batch (the rules give the batch
     # to `data` alone, and only fsdp shards the parameters enough): named with its factor
-    from mithril_spec.planner.auto import Candidate, bottleneck
+    from mithril_spec.auto import Candidate, bottleneck
 
     text = path.read_text().replace("rules: {", "rules: {batch: data, ")
     path.write_text(text.replace("training:", "mesh: {fsdp: 4}\ntraining:", 1).replace("mesh: {data: 1}\n", ""))

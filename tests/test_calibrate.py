@@ -285,21 +285,21 @@ def test_sharded_layer_overhead(tmp_path):
     charges the profile's cost of one per layer, pipe rank and micro-batch; jax (one compiled program) and a
     plan without a target charge none."""
     from mithril_spec.planner.costs import CostOptions
-    from mithril_spec.targets import TARGETS
+    from mithril_spec.lowering import LOWERINGS
 
     prof = tmp_path / "p.yaml"
     prof.write_text("hardware:\n  - {name: p, base: cpu, sharded_layer_overhead_us: 1000}\n")
     hw = lookup(str(prof))
     plan = compile_file(GPT, "data=1,tensor=2").plan
     # q, k, v, o, fc, proj per copy of the block (specs/gpt-tiny.yaml: 4 copies)
-    assert TARGETS["torch"].sharded_layers(plan) == 4 * 6
-    assert TARGETS["jax"].sharded_layers(plan) == 0 and TARGETS["mlx"].sharded_layers(plan) == 0
-    assert TARGETS["torch"].sharded_layers(compile_file(GPT, "data=2").plan) == 0  # no tensor axis
+    assert LOWERINGS["torch"].sharded_layers(plan) == 4 * 6
+    assert LOWERINGS["jax"].sharded_layers(plan) == 0 and LOWERINGS["mlx"].sharded_layers(plan) == 0
+    assert LOWERINGS["torch"].sharded_layers(compile_file(GPT, "data=2").plan) == 0  # no tensor axis
     # sequence parallel: the norms of the block (ln1, ln2) run as SequenceParallel DTensor modules too
     from torch_runs import SP_EDITS, spec_variant
 
     sp = compile_file(spec_variant(GPT, SP_EDITS), "data=1,tensor=2").plan
-    assert TARGETS["torch"].sharded_layers(sp) == 4 * (6 + 2)
+    assert LOWERINGS["torch"].sharded_layers(sp) == 4 * (6 + 2)
     plain = estimate(plan, hw)
     torch_ = estimate(plan, hw, CostOptions(sharded_layers=24))
     assert plain.time.sharded_layers == 0 and torch_.time.sharded_layers == 24 * torch_.micro_batches
@@ -329,12 +329,12 @@ def dataclasses_replace_remat(remat):
 
 
 def test_a_build_embeds_what_plan_target_predicts():
-    """The prediction a program carries (render/predicted.py, printed by its --profile) is costed with the
+    """The prediction a program carries (lowering/predicted.py, printed by its --profile) is costed with the
     target's own options, as `plan --target`: torch's FSDP2 reduces the gradients in one call per block and
     one for the root, and the step time of each built-in profile includes those calls' latency."""
-    from mithril_spec.render.predicted import predicted
-    from mithril_spec.targets import TARGETS
-    from mithril_spec.targets.costing import costing
+    from mithril_spec.lowering.predicted import predicted
+    from mithril_spec.lowering import LOWERINGS
+    from mithril_spec.lowering.costing import costing
 
     c = compile_file(GPT, "data=2,tensor=2")  # (torch: FSDP2 over data, DTensor modules over tensor)
     for target in ("torch", "jax"):
@@ -347,7 +347,7 @@ def test_a_build_embeds_what_plan_target_predicts():
         assert embedded["comm_calls"]["all-reduce"] == calls
         assert embedded["profiles"]["h100-sxm-80gb"]["step_s"] == pytest.approx(costs["time"]["step_s"], rel=1e-3)
     # torch issues more calls than one of all the gradients (jax's one psum)
-    assert TARGETS["torch"].reduction_calls(c.plan) > 1
+    assert LOWERINGS["torch"].reduction_calls(c.plan) > 1
     calls = {t: predicted(costing(c.plan, t))["comm_calls"]["all-reduce"] for t in ("torch", "jax")}
     assert calls["torch"] > calls["jax"]
 
@@ -356,7 +356,7 @@ def test_overlap_collectives(tmp_path):
     """A profile whose collectives do not overlap compute exposes all the data-parallel communication; the
     calibration decides it from a burst alone, then an all-reduce, and the all-reduce beside the burst."""
     from mithril_spec.planner.costs import CostOptions
-    from mithril_spec.targets import TARGETS
+    from mithril_spec.lowering import LOWERINGS
 
     assert cal.overlaps(0.02, 0.03, 0.021) and not cal.overlaps(0.02, 0.03, 0.029)  # 9 of 10 ms hidden; 1 of 10
     assert cal.overlaps(0.02, 0.019, 0.02)  # an all-reduce adding no time: nothing to expose
@@ -379,9 +379,9 @@ def test_overlap_collectives(tmp_path):
     # torch FSDP2 (data x tensor: hsdp) reduces each fully_shard unit on its own: the block's copies and the root,
     # each call a share of the gradients and paying the latency
     plan2 = compile_file(GPT, "data=2,tensor=2").plan
-    calls = TARGETS["torch"].reduction_calls(plan2)
-    assert calls == 4 + 1 and TARGETS["jax"].reduction_calls(plan2) is None
-    assert TARGETS["torch"].reduction_calls(plan) is None  # data=2 alone: DDP, its buckets not modelled
+    calls = LOWERINGS["torch"].reduction_calls(plan2)
+    assert calls == 4 + 1 and LOWERINGS["jax"].reduction_calls(plan2) is None
+    assert LOWERINGS["torch"].reduction_calls(plan) is None  # data=2 alone: DDP, its buckets not modelled
     one = estimate(plan2, off)
     split = estimate(plan2, off, CostOptions(reduction_calls=calls))
     grad1 = [c for c in one.collectives if c.what.startswith("gradient all-reduce")]

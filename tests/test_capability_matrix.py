@@ -25,7 +25,7 @@ from gradients import assert_same_gradients
 
 from mithril_spec.frontend import compile_file
 from mithril_spec.targets import TARGETS
-from mithril_spec.targets import matrix as mx
+from mithril_spec.lowering import matrix as mx
 
 STEPS = "3"
 CELLS = mx.cells(list(TARGETS))
@@ -237,4 +237,4 @@ def test_every_refusal_is_an_e049_with_a_reason_and_in_the_docs():
     assert refused, "nothing refused: the matrix would not show a refusal"
     for c, t, why in refused:
         assert "(" in why, f"{t} refuses {c.parallelism} x {c.feature} without a reason: {why}"
-    assert mx.table(list(TARGETS)) in docs, "docs/targets.md's matrix is stale: python -m mithril_spec.targets.docs"
+    assert mx.table(list(TARGETS)) in docs, "docs/targets.md's matrix is stale: python -m mithril_spec.lowering.docs"

@@ -27,7 +27,7 @@ from mithril_spec.frontend import compile_file
 from mithril_spec.planner.costs import collective_time, costs_to_json, estimate, ring_time, tree_time
 from mithril_spec.planner.hardware import BUILTIN
 from mithril_spec.render.build import render_files
-from mithril_spec.targets import check_target
+from mithril_spec.lowering import check_target
 
 GPT = TESTS.parent / "specs" / "gpt-tiny.yaml"
 MOE = TESTS.parent / "specs" / "moe-dp.yaml"

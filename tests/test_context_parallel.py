@@ -32,7 +32,7 @@ import torch_runs
 from mithril_spec.frontend import compile_document, compile_file
 from mithril_spec.planner.costs import estimate
 from mithril_spec.source import load_text
-from mithril_spec.targets import TARGETS
+from mithril_spec.lowering import LOWERINGS
 
 SPEC = jax_runs.ROOT / "tests" / "specs" / "gpt-context.yaml"
 STEPS = 3
@@ -166,7 +166,7 @@ def _refusals(mesh, edits=(), target="jax"):
         assert old in text, old
         text = text.replace(old, new)
     c = compile_document(load_text(text, str(SPEC)), mesh)
-    return [d.message + " | " + (d.help or "") for d in TARGETS[target].check(c.plan, c.doc) if d.code == "E049"]
+    return [d.message + " | " + (d.help or "") for d in LOWERINGS[target].check(c.plan, c.doc) if d.code == "E049"]
 
 
 MOE = ("{op: mlp, name: mlp, hidden: ff, activation: gelu}", "{op: moe, name: mlp, experts: 4, top_k: 2, hidden: ff}")

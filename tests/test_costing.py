@@ -1,4 +1,4 @@
-"""One costing per build (mithril_spec/targets/costing.py): for every example spec, each of its meshes, and
+"""One costing per build (mithril_spec/lowering/costing.py): for every example spec, each of its meshes, and
 every target that builds it, the figures of the build's plan.json, those embedded in its program
 (`PREDICTED`, `PLANNED_BYTES`), and what `plan --target T --format json` prints (with its `--report`, and with
 `--hardware NAME` its step time) come from one computation. Builds only: no program runs."""
@@ -14,7 +14,9 @@ import pytest
 from mithril_spec import cli
 from mithril_spec.frontend import compile_file
 from mithril_spec.planner.table import human_bytes
-from mithril_spec.render.build import render_files
+from mithril_spec.lowering.program import Program, lower
+from mithril_spec.render.build import render_files, render_program
+from mithril_spec.lowering import LOWERINGS
 from mithril_spec.targets import TARGETS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,8 +34,8 @@ def _cases() -> list[tuple[Path, str | None, str]]:
         for mesh in [None, *[m for m in (compile_file(spec).spec.meshes or {}) if m != "default"]]:
             c = compile_file(spec, mesh)
             assert c.plan is not None, (spec, mesh)
-            for target, entry in TARGETS.items():
-                refused = entry.check(c.plan, c.doc)
+            for target in TARGETS:
+                refused = LOWERINGS[target].check(c.plan, c.doc)
                 assert not (refused and target in c.spec.targets), (spec.name, mesh, target, refused)
                 if not refused:
                     out.append((spec, mesh, target))
@@ -66,7 +68,7 @@ def _plan(capsys, spec: Path, *extra: str) -> dict:
 
 
 def _seconds(x: float) -> float:
-    return float(f"{x:.4g}")  # as the program's config rounds them (render/predicted.py)
+    return float(f"{x:.4g}")  # as the program's config rounds them (lowering/predicted.py)
 
 
 def test_the_cases_cover_every_example_and_target():
@@ -101,6 +103,14 @@ def test_build_program_and_plan_share_one_costing(case, capsys, tmp_path):
     # `plan --target T --format json` prints the build's plan.json; its --report shows the same peak
     report = tmp_path / "report.html"
     assert _plan(capsys, spec, *on_mesh, "--target", target, "--report", str(report)) == built
+
+    # the build is a rendering of the target's Program (lowering/program.py): plan.json and PREDICTED are
+    # views of its one costing
+    program = lower(compiled.plan, compiled.doc, target, spec.name)
+    assert isinstance(program, Program) and program.target == target == program.costing.target
+    assert program.plan_json == built
+    assert program.predicted == (predicted if predicted is not None else program.predicted)
+    assert render_program(program) == files
     assert costs["target"] == target, "a build costs the plan as its target's program runs it"
     peak = f'<div class="k">peak memory / device</div><div class="v">{human_bytes(costs["peak_bytes"])}</div>'
     assert peak in report.read_text(encoding="utf-8")

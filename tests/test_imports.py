@@ -1,4 +1,4 @@
-"""`mithril_spec` never imports jax or torch (or optax): the CLI must answer in a fraction of a second
+"""`mithril_spec` never imports jax, torch or mlx (or optax): the CLI must answer in a fraction of a second
 on a machine without them, and CI must not pay for them."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-HEAVY = ("jax", "jaxlib", "torch", "optax", "orbax", "flax", "numpy")
+HEAVY = ("jax", "jaxlib", "torch", "optax", "orbax", "flax", "numpy", "mlx")
 
 SCRIPT = textwrap.dedent(
     """

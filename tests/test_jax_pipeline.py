@@ -22,7 +22,7 @@ from jax_runs import SPECS, WORK, build, max_diff, max_param_diff, report, run, 
 from pipeline_edits import BATCH_NORM, GPIPE, REMAT
 
 from mithril_spec.frontend import compile_file
-from mithril_spec.targets import check_target
+from mithril_spec.lowering import check_target
 
 # the example moves to specs/ once both targets run it
 GPT_PIPE = SPECS / "gpt-pipe.yaml"

@@ -1,4 +1,4 @@
-"""Spec names never shadow Python names in the generated programs (render/context.py, RESERVED).
+"""Spec names never shadow Python names in the generated programs (lowering/common.py, RESERVED).
 
 A spec whose layers are named after every Python builtin (`range`, `len`, `print`, `__import__`, ...) and
 every name a generated program defines at module level or imports (np, jax, jnp, torch, nn, F, dist, mx,
@@ -28,7 +28,7 @@ import pytest
 import torch_runs as tr
 
 from mithril_spec.cli import main as cli
-from mithril_spec.render.context import RESERVED
+from mithril_spec.lowering.common import RESERVED
 from mithril_spec.spec.common import IDENT_PATTERN
 from mithril_spec.targets.torch import FSDP_MODULE_ATTRS, TORCH_MODULE_ATTRS
 

@@ -14,7 +14,7 @@ import torch_runs as tr
 from mithril_spec.frontend import compile_file
 from mithril_spec.planner.costs import estimate
 from mithril_spec.planner.hardware import BUILTIN, lookup
-from mithril_spec.targets import check_target
+from mithril_spec.lowering import check_target
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"
 MLP = SPECS / "mlp-dp.yaml"

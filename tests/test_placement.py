@@ -11,7 +11,7 @@ import pytest
 from mithril_spec.diagnostics import DiagnosticError
 from mithril_spec.frontend import compile_file
 from mithril_spec.render.build import render_files
-from mithril_spec.targets import check_target
+from mithril_spec.lowering import check_target
 
 SPEC = """\
 version: 1

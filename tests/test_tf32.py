@@ -13,7 +13,7 @@ import pytest
 from mithril_spec.frontend import compile_file
 from mithril_spec.planner.hardware import lookup
 from mithril_spec.render.build import render_files
-from mithril_spec.targets.costing import costing
+from mithril_spec.lowering.costing import costing
 
 GPT = Path(__file__).resolve().parent.parent / "specs" / "gpt-tiny.yaml"
 

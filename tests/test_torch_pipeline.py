@@ -24,7 +24,7 @@ from pipeline_edits import BATCH_NORM, GPIPE, REMAT
 from torch_runs import SPECS, WORK, build, max_diff, max_param_diff, report, run, run_many, spec_variant
 
 from mithril_spec.frontend import compile_file
-from mithril_spec.targets import check_target
+from mithril_spec.lowering import check_target
 
 GPT_PIPE = SPECS / "gpt-pipe.yaml"
 STEPS = 5

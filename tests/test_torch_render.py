@@ -14,7 +14,7 @@ from torch_runs import ROOT, SPECS, TESTS, spec_variant
 from mithril_spec.diagnostics import DiagnosticError
 from mithril_spec.frontend import compile_file
 from mithril_spec.render.build import render_files
-from mithril_spec.render.torch_target import attr_path
+from mithril_spec.lowering.torch_program import attr_path
 
 GPT = SPECS / "gpt-tiny.yaml"
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Optional
 
+from ..axes import CONTEXT
 from ..graph import Graph, RepeatNode
 from ..ops import OPS
 
-AXIS = "context"
+AXIS = CONTEXT  # the mesh axis (axes.py)
 
 
 def layers(graph: Graph):
@@ -34,4 +35,4 @@ def sequence_axis(graph: Graph) -> Optional[str]:
 
 
 def degree(mesh) -> int:
-    return mesh.sizes.get(AXIS, 1)
+    return mesh.size(AXIS)

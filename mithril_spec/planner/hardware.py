@@ -18,7 +18,7 @@ from typing import Optional
 from ..diagnostics import Diagnostic, DiagnosticError, did_you_mean
 from ..source import Document
 from ..spec.root import Spec
-from ..spec.sharding import MESH_AXES
+from ..axes import MESH_AXES
 from .mesh import Mesh, UsageError
 
 T, G = 1e12, 1e9
@@ -282,7 +282,7 @@ def axis_strides(mesh: Mesh) -> dict[str, int]:
     strides, s = {}, 1
     for a in reversed(MESH_AXES):
         strides[a] = s
-        s *= mesh.sizes[a]
+        s *= mesh.size(a)
     return strides
 
 
@@ -291,7 +291,7 @@ def intra_node(mesh: Mesh, axes, hw: Hardware) -> bool:
     strides = axis_strides(mesh)
     span = 1
     for a in axes:
-        span = max(span, strides[a] * mesh.sizes[a])
+        span = max(span, strides[a] * mesh.size(a))
     return span <= hw.devices_per_node
 
 

@@ -16,14 +16,12 @@ A plan qualifies when
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import Optional
 
-from ..graph import Node
+from ..graph import Graph, Node
 from ..ops import OPS
 from ..ops.loss import LOSSES
-
-if TYPE_CHECKING:
-    from .plan import Plan
+from .pipeline import PipelinePlan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,15 +33,16 @@ class LanguageModel:
     dropout: bool  # a dropout layer with a rate above 0 (the identity when sampling)
 
 
-def language_model(plan: Plan) -> LanguageModel | None:
-    """The plan's language model (see the module's docstring), or None when it is not one."""
-    graph = plan.graph
+def language_model(graph: Graph, pipeline: Optional[PipelinePlan], sequence_axis: Optional[str]
+                   ) -> LanguageModel | None:
+    """The language model of a plan of `graph` with `pipeline` and `sequence_axis` (Plan.language_model; see
+    the module's docstring), or None when it is not one."""
     loss = graph.loss
     if not LOSSES[loss.op].class_targets:  # cross_entropy: the logits of the next token's classes
         return None
-    if plan.pipeline is not None and len(plan.pipeline.stages) > 1:
+    if pipeline is not None and len(pipeline.stages) > 1:
         return None
-    if plan.sequence_axis is not None:  # context parallelism: the programs hold a sequence in a balanced order
+    if sequence_axis is not None:  # context parallelism: the programs hold a sequence in a balanced order
         return None
     ints = [i for i in graph.inputs if i.type.is_int]
     if not ints or len(ints[0].type.shape) != 1:

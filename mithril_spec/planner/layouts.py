@@ -22,7 +22,7 @@ from ..diagnostics import Diagnostic, did_you_mean
 from ..graph import Graph, Param
 from ..source import Document
 from ..spec.root import Spec
-from ..spec.sharding import MESH_AXES
+from ..axes import MESH_AXES
 from .mesh import Mesh
 
 PSpec = tuple[tuple[str, ...], ...]
@@ -39,7 +39,7 @@ class Rules:
         if logical is None:
             return ()
         axes = self.table.get(logical, DEFAULT_RULES.get(logical, ()))
-        return tuple(a for a in axes if mesh.sizes.get(a, 1) > 1)
+        return tuple(a for a in axes if mesh.size(a) > 1)
 
 
 def _as_axes(v) -> tuple[str, ...]:
@@ -87,11 +87,11 @@ class Layout:
 def batch_axes(rules: Rules, mesh: Mesh) -> tuple[str, ...]:
     if "batch" in rules.table:
         return rules.mesh_axes("batch", mesh)
-    return tuple(a for a in DEFAULT_BATCH_AXES if mesh.sizes[a] > 1)
+    return tuple(a for a in DEFAULT_BATCH_AXES if mesh.size(a) > 1)
 
 
 def _explicit(layout: list, mesh: Mesh) -> PSpec:
-    return tuple(tuple(a for a in _as_axes(entry) if mesh.sizes.get(a, 1) > 1) for entry in layout)
+    return tuple(tuple(a for a in _as_axes(entry) if mesh.size(a) > 1) for entry in layout)
 
 
 def param_layouts(graph: Graph, spec: Spec, doc: Document, mesh: Mesh, rules: Rules,
@@ -151,7 +151,7 @@ def param_layouts(graph: Graph, spec: Spec, doc: Document, mesh: Mesh, rules: Ru
 
 def _fill_fsdp(p: Param, layout: Layout, mesh: Mesh) -> Layout:
     """ZeRO-3: shard over fsdp on the first dimension that takes it, if no rule already did."""
-    f = mesh.sizes["fsdp"]
+    f = mesh.fsdp
     if f == 1 or not p.trainable or any("fsdp" in d for d in layout.spec):
         return layout  # buffers (batch-norm statistics) stay replicated, as FSDP2 leaves them
     units = p.units or p.shape
@@ -190,7 +190,7 @@ def check_layout(name: str, shape: tuple[int, ...], units: Optional[tuple[int, .
                 seen.add(key)
                 diags.append(Diagnostic(
                     "E042", f"{what} {units[i]} of `{name}` (dimension {i}) is not divisible by "
-                    f"{' x '.join(f'{a}={mesh.sizes[a]}' for a in d)} = {deg}", doc.pos(origin),
+                    f"{' x '.join(f'{a}={mesh.size(a)}' for a in d)} = {deg}", doc.pos(origin),
                     help="change the mesh, the size, or the rule that shards this dimension"))
             ok = False
     return ok

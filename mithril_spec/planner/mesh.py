@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 
 from ..diagnostics import Diagnostic, DiagnosticError, did_you_mean
 from ..source import Document
 from ..spec.root import Spec
-from ..spec.sharding import MESH_AXES
+from ..axes import MESH_AXES, ParallelDims
 
 
 class UsageError(Exception):
@@ -17,26 +16,13 @@ class UsageError(Exception):
 
 
 @dataclasses.dataclass(frozen=True)
-class Mesh:
+class Mesh(ParallelDims):
+    """The mesh a plan is for: the size of every axis (ParallelDims: `mesh.tensor`, `mesh.tensor_enabled`,
+    `mesh.axes`, `mesh.devices`, `mesh.degree(axes)`), its name and where it is defined."""
+
     name: str
     sizes: dict[str, int]  # every known axis, 1 when absent
     source: tuple  # spec path of the mesh definition ("cli" when given on the command line)
-
-    @property
-    def axes(self) -> tuple[str, ...]:
-        """The axes that split something (size > 1), in canonical order."""
-        return tuple(a for a in MESH_AXES if self.sizes[a] > 1)
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.sizes[a] for a in self.axes)
-
-    @property
-    def devices(self) -> int:
-        return math.prod(self.sizes.values())
-
-    def degree(self, axes) -> int:
-        return math.prod(self.sizes.get(a, 1) for a in axes)
 
     def describe(self) -> str:
         return ", ".join(f"{a}={self.sizes[a]}" for a in self.axes) or "a single device"

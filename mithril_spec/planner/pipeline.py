@@ -50,7 +50,7 @@ class PipelinePlan:
 def plan_pipeline(spec: Spec, doc: Document, graph: Graph, mesh: Mesh, micro_batch: int, dp: int,
                   diags: list[Diagnostic]) -> Optional[PipelinePlan]:
     cfg = spec.pipeline
-    pipe = mesh.sizes["pipe"]
+    pipe = mesh.pipe
     if cfg is None:
         if pipe > 1:
             diags.append(Diagnostic("E053", f"the mesh has a `pipe` axis of size {pipe} but the spec has no "

@@ -13,13 +13,15 @@ from ..ops import TensorType
 from ..ops import OPS
 from ..source import Document
 from ..spec.root import Spec
+from ..targets import TARGETS
 from . import context
 from .data_check import check_data, data_files
 from .layouts import DEFAULT_RULES, Layout, Rules, batch_axes, check_layout, local_shape, param_layouts, read_rules
-from ..spec.sharding import MESH_AXES
+from ..axes import MESH_AXES
 from .mesh import Mesh, select_mesh
 from .pipeline import PipelinePlan, plan_pipeline
 from .sizes import DTYPE_BYTES, OPTIMIZER_SLOTS  # noqa: F401 (re-exported)
+from .language_model import language_model
 from .states import state_memory
 
 REPLICATED_WARN_NUMEL = 1 << 20
@@ -126,9 +128,7 @@ class Plan:
     @functools.cached_property
     def language_model(self):
         """A language model the programs can sample from (generate.py), or None (planner/language_model.py)."""
-        from .language_model import language_model
-
-        return language_model(self)
+        return language_model(self.graph, self.pipeline, self.sequence_axis)
 
     @property
     def top_params(self) -> tuple[ParamPlan, ...]:
@@ -163,9 +163,6 @@ class Plan:
     def states_for(self, target: str):
         """The training state per device (states.StateMemory) of `target`'s program where it holds more than
         the stage split (see `memory_for`), the same on every pipe rank; None where it holds the split."""
-        from ..targets import TARGETS
-        from .states import state_memory
-
         cap = TARGETS[target].capabilities
         if self.pipeline is None or not cap.pipeline_outside_everywhere:
             return None
@@ -187,7 +184,7 @@ class Plan:
                 ruled = self.rule(t.axes[i])
                 if t.axes[i] is not None and t.axes[i] == self.sequence_axis:
                     ruled = (context.AXIS,) + tuple(ruled)  # context parallelism splits the sequence
-                axes = tuple(a for a in ruled if self.mesh.sizes.get(a, 1) > 1 and a not in used)
+                axes = tuple(a for a in ruled if self.mesh.size(a) > 1 and a not in used)
                 if axes and t.shape[i] % self.mesh.degree(axes) == 0:
                     used.update(axes)
                     dims[i] = axes
@@ -255,15 +252,15 @@ def make_plan(spec: Spec, doc: Document, graph: Graph, mesh_choice: Optional[str
     if tr.batch_size % tr.grad_accum or (tr.batch_size // tr.grad_accum) % dp:
         diags.append(Diagnostic(
             "E043", f"global batch {tr.batch_size} does not split into grad_accum={tr.grad_accum} micro-batches "
-            f"over a data-parallel degree of {dp} ({' x '.join(f'{a}={mesh.sizes[a]}' for a in baxes) or '1'})",
+            f"over a data-parallel degree of {dp} ({' x '.join(f'{a}={mesh.size(a)}' for a in baxes) or '1'})",
             doc.pos(("training", "batch_size")),
             help=f"use a batch size divisible by {tr.grad_accum * dp}"))
     micro = tr.batch_size // tr.grad_accum
     files = data_files(spec, doc)
     data_warnings: list[Diagnostic] = []
     check_data(spec, graph, doc, files, diags, data_warnings)
-    if getattr(spec.data, "mask", None) is not None and (mesh.sizes.get("pipe", 1) > 1 or context.degree(mesh) > 1):
-        axis = "pipe" if mesh.sizes.get("pipe", 1) > 1 else context.AXIS
+    if getattr(spec.data, "mask", None) is not None and (mesh.pipe_enabled or context.degree(mesh) > 1):
+        axis = "pipe" if mesh.pipe_enabled else context.AXIS
         diags.append(Diagnostic(
             "E013", f"`data.mask` on a mesh with `{axis}`: no target masks the loss across {axis} ranks yet",
             doc.pos(("data", "mask"), key=True), help=f"use a mesh without `{axis}` (data, fsdp, tensor mask the loss)"))
@@ -349,7 +346,7 @@ def _check_experts(graph: Graph, doc: Document, mesh: Mesh, layouts, diags) -> s
                 reported.add(node.path)
                 diags.append(Diagnostic(
                     "E055", f"`{node.name}`: {node.attrs['experts']} experts do not split over "
-                    f"{' x '.join(f'{a}={mesh.sizes[a]}' for a in axes)} = {deg}", doc.pos(node.path + ("experts",)),
+                    f"{' x '.join(f'{a}={mesh.size(a)}' for a in axes)} = {deg}", doc.pos(node.path + ("experts",)),
                     help=f"use a number of experts divisible by {deg}, or a smaller expert axis"))
     return skip
 

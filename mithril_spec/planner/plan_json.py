@@ -21,7 +21,7 @@ def _layout(spec) -> doc.Layout:
 
 def plan_document(plan: Plan, costs: Costs) -> doc.PlanDocument:
     """The `plan --format json` document of `plan`, as a model. `costs`: the command's one costing of it
-    (targets/costing.py; with a hardware profile, its step time), never estimated here: a document that
+    (lowering/costing.py; with a hardware profile, its step time), never estimated here: a document that
     costed the plan itself could disagree with what the command prints beside it."""
     tr = plan.spec.training
     mem = plan.memory
@@ -29,7 +29,7 @@ def plan_document(plan: Plan, costs: Costs) -> doc.PlanDocument:
     return doc.PlanDocument(
         format=2,
         name=plan.spec.name,
-        mesh=doc.Mesh(name=plan.mesh.name, axes={a: plan.mesh.sizes[a] for a in plan.mesh.axes},
+        mesh=doc.Mesh(name=plan.mesh.name, axes={a: plan.mesh.size(a) for a in plan.mesh.axes},
                       devices=plan.mesh.devices),
         batch=doc.Batch(**{"global": tr.batch_size}, grad_accum=tr.grad_accum, micro_batch=plan.micro_batch,
                         axes=list(plan.batch_axes), data_parallel=plan.dp_degree,

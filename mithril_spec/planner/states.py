@@ -5,12 +5,41 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Optional
+from typing import Any, Optional, Protocol
 
 from .sizes import DTYPE_BYTES, OPTIMIZER_SLOTS
 
-if TYPE_CHECKING:
-    from .plan import ParamPlan, Plan
+
+
+class ParamPlan(Protocol):
+    """What the state counts of one parameter or buffer (planner.plan.ParamPlan is one: this module sits
+    below the plan, which calls it)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def spec(self) -> Any: ...
+
+    @property
+    def local_shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def dtype(self) -> str: ...
+
+    @property
+    def local_bytes(self) -> int: ...
+
+
+class Plan(Protocol):
+    """What the state counts of a plan (planner.plan.Plan is one)."""
+
+    spec: Any
+    mesh: Any
+    pipeline: Any
+    params: tuple[ParamPlan, ...]
+    buffers: tuple[ParamPlan, ...]
+    batch_axes: tuple[str, ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +104,7 @@ def state_memory(plan: Plan, outside_everywhere: bool = False, padded: bool = Fa
     the stages to one shape): each pipe rank virtual_stages x that many, whoever's copies they are."""
     zero, master, slots, slot_bytes = precision_setup(plan.spec)
     batch = set(plan.batch_axes)
-    pipe = plan.mesh.sizes.get("pipe", 1)
+    pipe = plan.mesh.pipe
     ranks = [[0, 0, 0, 0, 0] for _ in range(pipe)]
     pl = plan.pipeline if outside_everywhere else None
     split = {r for s in pl.stage_repeats for r, _, _ in s} if pl is not None else set()
@@ -96,7 +125,7 @@ def state_memory(plan: Plan, outside_everywhere: bool = False, padded: bool = Fa
         vals = cache.get(key)
         if vals is None:
             layout = {a for d in pp.spec for a in d}
-            deg = math.prod(plan.mesh.sizes[a] for a in batch - layout)
+            deg = math.prod(plan.mesh.size(a) for a in batch - layout)
             vals = cache[key] = param_state_bytes(pp, deg, zero, master, slots, slot_bytes)[:4]
         held, times = holders(pp.name, getattr(pp, "stage", 0))
         for acc in held:

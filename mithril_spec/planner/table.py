@@ -154,7 +154,7 @@ def render_costs(costs) -> str:
 
 
 def render_plan(plan: Plan, costs) -> str:
-    """`plan`'s text output, with `costs`: the command's one costing of the plan (targets/costing.py)."""
+    """`plan`'s text output, with `costs`: the command's one costing of the plan (lowering/costing.py)."""
     mesh = plan.mesh
     tr = plan.spec.training
     lines = [

@@ -7,7 +7,6 @@ failed or killed build never leaves a partial program, or a mixture of two build
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import os
 import shlex
@@ -19,61 +18,40 @@ from pathlib import Path
 
 from .. import pyast
 from ..atomic import OutputError, check_directory, replace_directory
-from ..diagnostics import Diagnostic, DiagnosticError
 from ..frontend import Compiled
-from ..planner.plan_json import plan_to_json
+from ..lowering.program import BUILD_DIR_PLACEHOLDER, PYTHON_PLACEHOLDER, Program, lower
 from ..targets import TARGETS
-from ..targets.costing import costing
-from .context import make_context
 from .environment import environment
-from .sampling import sampling_context
 
 
 class RenderError(Exception):
     pass
 
 
-# What launch.sbatch records of the build that wrote it (its directory, the Python that ran the build) where
-# render_files is not told: the golden files hold these, a build the real ones (`build` passes them).
-BUILD_DIR_PLACEHOLDER = "@BUILD_DIR@"
-PYTHON_PLACEHOLDER = "@PYTHON@"
-
-
 def render_files(compiled: Compiled, target: str, spec_path: str, overrides: Sequence[str] = (),
                  build_dir: str = BUILD_DIR_PLACEHOLDER, python: str = PYTHON_PLACEHOLDER) -> dict[str, str]:
-    """Returns {relative file name: text} without writing anything. The plan is costed once, as `target`'s
-    program runs it (targets/costing.py): plan.json and the figures the program embeds (`PREDICTED`,
-    `PLANNED_BYTES`) are that one costing's, and `plan --target TARGET` prints the same. `build_dir` (absolute)
-    and `python` are what launch.sbatch runs by default (it is copied to a spool directory under SLURM)."""
-    entry = TARGETS[target]
-    diags: list[Diagnostic] = entry.check(compiled.plan, compiled.doc)
-    if diags:
-        raise DiagnosticError(diags)
-    cost = costing(compiled.plan, target)
-    ctx = make_context(compiled.plan, target, origin(spec_path, overrides), cost)
-    adapter = importlib.import_module(f"{__package__}.{entry.adapter}")
-    ctx.update(adapter.extra_context(compiled.plan, ctx, cost))
-    ctx["sampling"] = sampling_context(compiled.plan, ctx, target)  # generate.py (a language model), or None
-    ctx["slurm"] = slurm_context(compiled.plan.mesh.devices, compiled.plan.spec.name, build_dir, python)
+    """Returns {relative file name: text} without writing anything: `target`'s Program of the plan
+    (lowering/program.py `lower`: E049 where the target refuses it, the plan costed once as the program runs
+    it), rendered. plan.json and the figures the program embeds (`PREDICTED`, `PLANNED_BYTES`) are that one
+    costing's, and `plan --target TARGET` prints the same. `build_dir` (absolute) and `python` are what
+    launch.sbatch runs by default (it is copied to a spool directory under SLURM)."""
+    program = lower(compiled.plan, compiled.doc, target, origin(spec_path, overrides), build_dir, python)
+    return render_program(program)
+
+
+def render_program(program: Program) -> dict[str, str]:
+    """The files of a Program: each template rendered from the Program's fields (Python formatted), and
+    plan.json."""
     env = environment()
+    ctx = program.context()
     out: dict[str, str] = {}
-    for template, name in entry.files_for(compiled.plan):
+    for template, name in program.files:
         text = env.get_template(template).render(**ctx)
         if name.endswith(".py"):
             text = format_python(text, name)
         out[name] = text
-    out["plan.json"] = json.dumps(plan_to_json(compiled.plan, cost.costs), indent=2) + "\n"
+    out["plan.json"] = json.dumps(program.plan_json, indent=2) + "\n"
     return out
-
-
-def slurm_context(devices: int, spec_name: str, build_dir: str, python: str) -> dict[str, object]:
-    """launch.sbatch's figures: nodes x ranks per node (at most 8, a divisor of the mesh's devices: GPUs per
-    node on a GPU cluster, one core each on a CPU one), the job's name, and the build's directory and Python."""
-    per_node = min(devices, 8)
-    while devices % per_node:
-        per_node -= 1
-    return {"nodes": devices // per_node, "per_node": per_node, "build_dir": build_dir, "python": python,
-            "job_name": "".join(c if c.isalnum() or c in "_.-" else "-" for c in spec_name)}
 
 
 def origin(spec_path: str, overrides: Sequence[str] = ()) -> str:

@@ -6,18 +6,11 @@ from __future__ import annotations
 import functools
 import json
 import math
-from pathlib import Path
 from typing import Any
 
 import jinja2
 
-_PKG = Path(__file__).resolve().parent.parent
-
-
-def template_dirs() -> list[Path]:
-    """Inside an installed wheel templates live in the package; in a checkout at the repository root."""
-    return [d for d in (_PKG / "templates", _PKG.parent / "templates") if d.is_dir()]
-
+from ..template_files import template_dirs
 
 def py(value: Any) -> str:
     """A Python literal for a plain value (repr-escaped; floats round-trip exactly)."""

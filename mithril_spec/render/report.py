@@ -44,7 +44,7 @@ def _coords(plan: Plan, limit: int = MAX_DEVICES_DRAWN) -> list[dict[str, int]]:
     """Mesh coordinates of the first `limit` device ids (row-major over the mesh axes, the last innermost):
     the devices drawn. (Never every device: a mesh may have millions.)"""
     axes = plan.mesh.axes
-    sizes = [plan.mesh.sizes[a] for a in axes]
+    sizes = [plan.mesh.size(a) for a in axes]
     out = []
     for d in range(min(plan.mesh.devices, limit)):
         c, rem = {}, d
@@ -69,7 +69,7 @@ def _grid_shape(plan: Plan) -> tuple[list[str], list[str]]:
 def _index(coord: dict[str, int], axes, plan: Plan) -> int:
     i = 0
     for a in axes:
-        i = i * plan.mesh.sizes[a] + coord.get(a, 0)
+        i = i * plan.mesh.size(a) + coord.get(a, 0)
     return i
 
 

@@ -6,9 +6,9 @@ from typing import Annotated, Union
 
 from pydantic import Field, StrictStr
 
+from ..axes import MESH_AXES  # noqa: F401 (re-exported: the canonical order)
 from .common import IDENT_PATTERN, Strict
 
-MESH_AXES = ("pipe", "data", "fsdp", "expert", "context", "tensor")  # canonical order, outermost first
 
 AxisName = StrictStr
 MeshAxes = Union[AxisName, list[AxisName]]

@@ -4,16 +4,7 @@ and a shard_map pipeline of the copies of one repeated block over `pipe` (the pl
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from ..diagnostics import Diagnostic
-from .base import MESH_AXES, Capabilities, Target
-from .communication import jax_communication_errors
-from .context import LIMIT as CONTEXT_LIMIT
-
-if TYPE_CHECKING:
-    from ..planner.plan import Plan
-    from ..source import Document
+from .base import CONTEXT_LIMIT, MESH_AXES, Capabilities, Target
 
 
 class JaxTarget(Target):
@@ -38,7 +29,7 @@ class JaxTarget(Target):
         pipelined_ops=frozenset({"dropout", "attention", "moe", "batch_norm"}),
         # NCCL_ALGO and XLA's combine thresholds and latency-hiding scheduler, set by the program
         collective_algorithms=("auto", "ring", "tree"),
-        # the replicas' gradients reduced by the program in 16 bits (targets/communication.py: which builds)
+        # the replicas' gradients reduced by the program in 16 bits (lowering/communication.py: which builds)
         compression=("none", "fp16", "bf16", "powersgd"),
         bucket_size=True,
         overlap=(True, False),
@@ -53,7 +44,6 @@ class JaxTarget(Target):
              ("jax/README.md.j2", "README.md"),
              ("jax/generate.py.j2", "generate.py"))
     conditional_files = (("generate.py", "language_model"),)  # sampling from a language model
-    adapter = "jax_target"
     imports = "numpy, jax, optax, orbax-checkpoint"
     pipeline_limit_field = ("op",)
     limits = (
@@ -65,72 +55,3 @@ class JaxTarget(Target):
         "layers and the model inputs, never the layers before it (those run apart, on every pipe rank).",
         CONTEXT_LIMIT,
     )
-
-    def check_more(self, plan: Plan, doc: Document) -> list[Diagnostic]:
-        out = jax_communication_errors(plan, doc)
-        pp = plan.pipeline
-        if pp is None or pp.pipe <= 1:
-            return out
-        return out + _pipeline(plan, doc)
-
-
-def pipelined_repeats(plan: Plan) -> list:
-    """The repeats whose copies the jax pipeline runs: every repeated block of the model (targets/jax.py
-    `_pipeline` accepts one block, repeated in consecutive repeats, each reading the one before)."""
-    return [n for n in plan.graph.layers if n.is_repeat]
-
-
-def _pipeline(plan: Plan, doc: Document) -> list[Diagnostic]:
-    """The jax target pipelines the copies of one repeated block (the planner's even split, or `stage:` /
-    `device:` placement: consecutive repeats of one block, possibly uneven, each stage padded to the largest
-    stage's copies; templates/jax/pipeline.py.j2). The layers before and after them run outside the pipeline
-    on every pipe rank, so they may not read what the other side computes."""
-    out: list[Diagnostic] = []
-
-    def err(path, msg, help):
-        out.append(Diagnostic("E049", msg, doc.pos(path), help=help))
-
-    reps = pipelined_repeats(plan)
-    if not reps:
-        err(plan.graph.layers[0].path + ("name",), "the jax target pipelines the copies of a repeated block, and "
-            "this model has none", help="write the layers to pipeline as a `repeat:` of a block")
-        return out
-    rep = reps[0]
-    name = rep.name
-    at = next(i for i, n in enumerate(plan.graph.layers) if n.name == name)
-    for k, n in enumerate(reps[1:], 1):
-        prev = reps[k - 1]
-        if n.block != rep.block:
-            err(n.path + ("block",), f"`{n.name}` repeats block `{n.block}` and `{name}` block `{rep.block}`: the jax "
-                "target pipelines the copies of one block", help=f"repeat `{rep.block}` in every pipelined repeat, or "
-                "build for the torch target, which pipelines any layers")
-        elif plan.graph.layers[at + k] is not n:
-            between = plan.graph.layers[at + k]
-            err(between.path + ("name",), f"`{between.name}` runs between the repeats `{prev.name}` and `{n.name}`: the "
-                "jax target pipelines consecutive copies of one block", help=f"move `{between.name}` before "
-                f"`{name}` or after `{reps[-1].name}`, or build for the torch target")
-        elif tuple(n.inputs) != (prev.name,) or n.in_types != rep.in_types:
-            err(n.path + ("name",), f"`{n.name}` does not read `{prev.name}` alone: the jax target pipelines a chain "
-                "of copies, each reading the one before", help=f"let `{n.name}` take `{prev.name}`'s output")
-    if out:
-        return out
-    at_last = at + len(reps) - 1
-    if len(rep.inputs) != 1:
-        err(rep.path + ("name",), f"`{name}`: the jax target pipelines a repeated block with one input",
-            help="give the block one input (block_input)")
-    # the layers after the block run in the last stage (1f1b) or after the pipeline: they see the block's
-    # output, later layers and the model inputs, never the layers before the block
-    # (and the pipelined repeats but the last: their outputs stay inside the pipeline)
-    before = {n.name for n in plan.graph.layers[:at_last]}
-    for n in plan.graph.layers[at_last + 1:]:
-        bad = [i for i in n.inputs if i in before]
-        if bad:
-            err(n.path + ("name",), f"`{n.name}` reads `{bad[0]}` from before the pipelined block `{name}`: the jax "
-                "target runs the layers after the block apart from those before it",
-                help="let the layers after the block read only its output, later layers and the model inputs")
-    loss = plan.graph.loss
-    for role, t in (("prediction", loss.prediction), ("targets", loss.targets)):
-        if t in before:
-            err(("model", "loss"), f"the loss reads `{t}` ({role}) from before the pipelined block `{name}`",
-                help="compute the loss from the layers after the block or the model inputs")
-    return out

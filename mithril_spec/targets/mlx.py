@@ -5,15 +5,8 @@ same programs, which is how the tests run them."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from ..diagnostics import Diagnostic
 from ..ops import OPS
-from .base import Capabilities, Target, scopes, tensor_parallel_errors
-
-if TYPE_CHECKING:
-    from ..planner.plan import Plan
-    from ..source import Document
+from .base import Capabilities, Target
 
 # mx.distributed's ring backend (the one every MLX install has) cannot split its group into sub-groups, so
 # a program has one communicator: every process is a data-parallel replica.
@@ -67,7 +60,6 @@ class MlxTarget(Target):
     )
     files = (("mlx/train.py.j2", "train.py"), ("mlx/launch.sh.j2", "launch.sh"), ("mlx/launch.sbatch.j2", "launch.sbatch"),
              ("mlx/README.md.j2", "README.md"))
-    adapter = "mlx_target"
     imports = "numpy, mlx"
     limits = (
         "Tensor parallelism (Megatron's: a column-parallel linear, element-wise layers, a row-parallel linear; "
@@ -78,33 +70,3 @@ class MlxTarget(Target):
         "to have `validate` check it too (`build --target mlx` always does).",
         "One process per device; over `data` every process holds the whole model and optimizer state.",
     )
-
-    def check_more(self, plan: Plan, doc: Document) -> list[Diagnostic]:
-        sizes = plan.mesh.sizes
-        if sizes.get("tensor", 1) <= 1:
-            return []
-        if sizes.get("data", 1) > 1:
-            return [Diagnostic("E049", "the mlx target does not combine the `tensor` mesh axis with `data`",
-                               doc.pos(plan.mesh.source),
-                               help=_ONE_GROUP + ": use a mesh of `tensor` alone, or of `data` alone")]
-        out = tensor_parallel_errors(plan, doc, "mlx", "MLX")
-        for prefix, nodes in scopes(plan):
-            for node in nodes:
-                op = None if node.is_repeat else OPS[node.op]
-                if op is not None and op.is_random(node.attrs) and not op.random_tensor_parallel:
-                    out.append(Diagnostic(
-                        "E049", f"`{node.name}`: the mlx target runs no dropout above rate 0 in a tensor-parallel "
-                        "build (its masks on split features would differ from the one-device run)",
-                        doc.pos(node.path + ("rate",)), help="set the rate to 0, or drop the `tensor` axis"))
-                if op is not None and node.attrs.get("qk_norm"):
-                    out.append(Diagnostic(
-                        "E049", f"`{node.name}`: the mlx target does not run q/k norms (qk_norm) in a tensor-parallel "
-                        "build (each process's heads give a part of the norms' gradients, which it does not sum)",
-                        doc.pos(node.path + ("qk_norm",)), help="drop the `tensor` axis (or use jax or torch)"))
-        for n in plan.graph.layers:
-            if n.is_repeat and len(n.out.shape) == 2 and n.out.axes[0] and "tensor" in plan.rule(n.out.axes[0]):
-                out.append(Diagnostic(
-                    "E049", f"`{n.name}`: the mlx target does not split the sequence over `tensor` (sequence "
-                    "parallelism)", doc.pos(n.path + ("name",)),
-                    help="do not rule the sequence axis to `tensor`"))
-        return out

@@ -54,7 +54,7 @@ def elementwise_seconds(stage: StageCosts, costs: Costs, hw: Hardware) -> float:
 
 def kernel_count(stage: StageCosts, costs: Costs, plan: Plan) -> int:
     """Kernels one device of this pipe rank launches per step (see the module's docstring)."""
-    pipe = plan.mesh.sizes.get("pipe", 1)
+    pipe = plan.mesh.pipe
     layers = -(-layer_count(plan) // pipe)
     recomputed = -(-layer_count(plan, repeated_only=True) // pipe) if costs.remat == "full" else 0
     calls = sum(c.count for c in stage.collectives)

@@ -65,7 +65,7 @@ def step_time(costs: Costs, plan: Plan, hw: Hardware, options: CostOptions) -> S
     st = costs.worst.states
     optimizer = (st.params + st.grads + 2 * st.optimizer + st.params) / hw.hbm_bytes_per_s
     pl = plan.pipeline
-    bubble = pipeline_bubble(plan.mesh.sizes.get("pipe", 1), pl.microbatches, pl.virtual) if pl else 0.0
+    bubble = pipeline_bubble(plan.mesh.pipe, pl.microbatches, pl.virtual) if pl else 0.0
     step = busy / (1 - bubble) + optimizer
     devices = plan.mesh.devices
     mfu = costs.flops.model / (step * devices * peak) if step > 0 else 0.0

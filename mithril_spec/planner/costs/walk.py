@@ -13,7 +13,7 @@ from ...ops import LOSSES, OPS, TensorType
 from ..plan import ParamPlan, Plan
 from ..sizes import DTYPE_BYTES
 from ..states import param_state_bytes, precision_setup
-from ..context import AXIS as CONTEXT
+from ...axes import CONTEXT
 from .collectives import Collective
 from .compression import gradient_bytes, label
 from .offload import offloadable
@@ -115,9 +115,9 @@ class Walk:
         self.mesh = plan.mesh
         self.batch = frozenset(plan.batch_axes)
         # context parallelism: parameters whole over `context`, their gradients reduced over it like a batch's
-        self.context = frozenset({CONTEXT}) if plan.mesh.sizes.get(CONTEXT, 1) > 1 else frozenset()
+        self.context = frozenset({CONTEXT}) if plan.mesh.size(CONTEXT) > 1 else frozenset()
         pl = plan.pipeline
-        self.pipe = plan.mesh.sizes.get("pipe", 1)
+        self.pipe = plan.mesh.pipe
         self.n_micro = pl.microbatches if pl is not None else 1  # pipeline micro-batches per grad_accum step
         # samples per device per (pipeline) micro-batch
         self.b = max(plan.micro_batch // max(plan.dp_degree, 1) // self.n_micro, 1)
@@ -156,7 +156,7 @@ class Walk:
         return hit
 
     def deg(self, axes) -> int:
-        return math.prod(self.mesh.sizes[a] for a in axes)
+        return math.prod(self.mesh.size(a) for a in axes)
 
     def nbytes(self, t: TensorType, div_axes=frozenset()) -> int:
         """Bytes per device of activation `t` for one micro-batch, sharded over `div_axes` (and the batch)."""

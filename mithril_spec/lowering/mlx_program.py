@@ -1,4 +1,4 @@
-"""Context the mlx templates need beyond the shared context (render/context.py).
+"""Context the mlx templates need beyond the shared context (lowering/common.py).
 
 The mlx program's model is functions over a flat dict of parameters, as the JAX program's: the same
 variable renaming (never shadowing a name the model code uses itself) and the same list of op helpers
@@ -13,9 +13,9 @@ from typing import Any
 from ..graph import RepeatNode
 from ..ops import OPS
 from ..planner.plan import Plan
-from ..targets.base import linear_style, tensor_dims
-from ..targets.costing import Costing
-from .jax_target import model_context, model_hash, optimizer_settings, spec_hash
+from .base import linear_style, tensor_dims
+from .costing import Costing
+from .jax_program import model_context, model_hash, optimizer_settings, spec_hash
 
 # Names the generated model code uses inside the functions that hold tensor variables.
 MODEL_NAMES = {
@@ -40,7 +40,7 @@ def _tp_style(plan: Plan, full: str, layer: dict[str, Any]) -> str | None:
 
 
 def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str, Any]:
-    """`costing`: the build's one costing (targets/costing.py); the program's planned bytes are its states."""
+    """`costing`: the build's one costing (lowering/costing.py); the program's planned bytes are its states."""
     model = model_context(plan, ctx, MODEL_NAMES)
     for layer in model["layers"]:
         layer["tp"] = None if layer["op"] == "repeat" else _tp_style(plan, layer["name"], layer)
@@ -48,7 +48,7 @@ def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
         rep = next(n for n in plan.graph.layers if isinstance(n, RepeatNode) and n.block == block["name"])
         for layer in block["layers"]:
             layer["tp"] = _tp_style(plan, f"{rep.name}.0.{layer['name']}", layer)
-    tensor = plan.mesh.sizes.get("tensor", 1)
+    tensor = plan.mesh.tensor
     held = costing.held
     return {
         **{k: model[k] for k in ("inputs", "layers", "blocks", "loss")},
@@ -59,7 +59,7 @@ def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
             **{k: model[k] for k in ("ops", "op_attrs", "has_dropout", "has_buffers", "train_arg")},
             # tensor parallelism (a mesh of `tensor` alone): the processes split these dimensions
             "tensor": tensor,
-            "data": plan.mesh.sizes.get("data", 1),
+            "data": plan.mesh.data,
             # per-device bytes the build's costing predicts (plan.json); the program reports what it holds
             "planned": {"params": held.params, "optimizer": held.optimizer, "buffers": held.buffers},
         },

@@ -1,4 +1,4 @@
-"""Context the torch templates need beyond the shared context (render/context.py).
+"""Context the torch templates need beyond the shared context (lowering/common.py).
 
 - Tensor variables never shadow a name the generated forward methods use themselves (`self`, `F`,
   `torch`, the block loop variable, helper functions): such a variable gets a trailing `_`.
@@ -43,14 +43,14 @@ from ..ops.mlp import SILU_GATE
 from ..planner.plan import Plan
 from ..planner.sizes import DTYPE_BYTES
 from ..planner.states import precision_setup, zero_dim
-from ..targets.base import vocab_parallel_layers
-from ..targets.costing import Costing
-from ..targets.torch import data_parallel as torch_data_parallel
-from ..targets.torch import pipeline_flow, relaid_inputs, shard_axis
-from ..targets.torch import sequence_parallel as torch_sequence_parallel
-from .communication import torch_comm
-from .context import RESERVED, rename_vars
-from .jax_target import model_hash, optimizer_settings, spec_hash
+from .base import vocab_parallel_layers
+from .costing import Costing
+from .torch import data_parallel as torch_data_parallel
+from .torch import pipeline_flow, relaid_inputs, shard_axis
+from .torch import sequence_parallel as torch_sequence_parallel
+from .comm import torch_comm
+from .common import RESERVED, rename_vars
+from .jax_program import model_hash, optimizer_settings, spec_hash
 
 # Names the generated forward methods use besides tensor variables.
 MODEL_NAMES = {"F", "torch", "nn", "np", "math", "self", "block", "rope", "zlib", "checkpoint", "layers",
@@ -166,9 +166,9 @@ def _pipeline(plan: Plan, layers: list[dict[str, Any]], top_vars: dict[str, str]
 
 
 def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str, Any]:
-    """`costing`: the build's one costing (targets/costing.py); the program's planned bytes are its states."""
-    sizes = plan.mesh.sizes
-    D, Fs, T = sizes.get("data", 1), sizes.get("fsdp", 1), sizes.get("tensor", 1)
+    """`costing`: the build's one costing (lowering/costing.py); the program's planned bytes are its states."""
+    mesh = plan.mesh
+    D, Fs, T = mesh.data, mesh.fsdp, mesh.tensor
 
     # ---- variables
     top = {i["name"]: i["var"] for i in ctx["inputs"]}
@@ -235,7 +235,7 @@ def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
 
     # ---- data parallelism (the expert axis splits the batch too: DDP over data x expert). Pipeline stages
     # replicate over data with FSDP2 (fsdp = 1), not DDP: DDP's reducer fails under the interleaved schedule.
-    P, X, C = sizes.get("pipe", 1), sizes.get("expert", 1), sizes.get("context", 1)
+    P, X, C = mesh.pipe, mesh.expert, mesh.context
     dp = torch_data_parallel(plan)
 
     # ---- tensor (and sequence) parallelism
@@ -265,7 +265,7 @@ def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
                     tp_plan[last] = "split_and_gather" if node.count == 1 else "gather_sequence"
 
     # ---- parameters: the torch-side fields of the table rows (one per parameter outside the repeats and per
-    # block parameter, render/context.py), which the config tables (common/tables.py.j2) render
+    # block parameter, lowering/common.py), which the config tables (common/tables.py.j2) render
     # ZeRO (over `data` alone: the torch target refuses it with other axes): the degree each parameter's
     # optimizer state is split over, on the dimension the planner counts (planner/states.py zero_dim)
     tr = plan.spec.training
@@ -329,7 +329,7 @@ def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
             "distributed": devices > 1,
             "dp": dp,
             "fsdp": fsdp,  # FSDP2 fully_shard (dp fsdp or hsdp)
-            "sharded": sizes.get(axis, 1) > 1,  # FSDP2 shards over an fsdp (or data) axis larger than 1
+            "sharded": mesh.size(axis) > 1,  # FSDP2 shards over an fsdp (or data) axis larger than 1
             "shard_axis": axis,  # the mesh axis FSDP2 shards over
             # sharding.inputs other than rows of the batch: name -> mesh axes per dimension (read as laid out,
             # redistributed to the rows: templates/torch/data.py.j2 relayout)
@@ -341,12 +341,12 @@ def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
                               for n in plan.graph.layers),
             "vocab_parallel": bool(vocab_tables) or "colwise_logits" in tp_plan.values(),
             # batch_norm under data parallelism: statistics over the ranks of these batch axes (SyncBatchNorm)
-            "sync_bn": [a for a in plan.batch_axes if plan.mesh.sizes.get(a, 1) > 1]
+            "sync_bn": [a for a in plan.batch_axes if plan.mesh.size(a) > 1]
             if any(OPS[o].batch_statistics for o in ops if o in OPS) else [],
             # parameters the plan keeps whole under fsdp (no dimension divides; over `data`: those not split
             # over it): FSDP2 ignores them (its dimension-0 padding would hold other bytes than the plan),
             # reduce_whole_grads averages theirs
-            "whole": sizes.get(axis, 1) > 1 and any(p["torch_fsdp_dim"] is None for p in rows),
+            "whole": mesh.size(axis) > 1 and any(p["torch_fsdp_dim"] is None for p in rows),
             "mixed": mixed,  # compute dtype differs from the parameters' dtype
             "autocast": mixed and not fsdp,  # torch.autocast (FSDP2 casts with its MixedPrecisionPolicy)
             "tp_plan": tp_plan,

@@ -10,7 +10,7 @@ from ..diagnostics import Diagnostic
 if TYPE_CHECKING:
     from ..planner.plan import Plan
     from ..source import Document
-    from .base import Target
+    from ..targets.base import Target
 
 
 def offload_errors(target: Target, plan: Plan, doc: Document) -> list[Diagnostic]:
@@ -29,7 +29,7 @@ def offload_errors(target: Target, plan: Plan, doc: Document) -> list[Diagnostic
     if tr.remat not in cap.offload_remat:
         return refuse(f" with `training.remat: {tr.remat}`",
                       cap.reason("offload_remat", f"offload with remat {' or '.join(cap.offload_remat)}"))
-    axes = [a for a in cap.offload_without if plan.mesh.sizes.get(a, 1) > 1]
+    axes = [a for a in cap.offload_without if plan.mesh.size(a) > 1]
     if axes:
         return refuse(f" on the `{axes[0]}` mesh axis", cap.reason(
             f"offload_{axes[0]}", f"offload on a mesh without {', '.join(f'`{a}`' for a in cap.offload_without)}"))

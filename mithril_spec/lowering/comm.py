@@ -1,5 +1,5 @@
 """The `communication` section as the templates use it (spec/communication.py; what each target refuses is
-E049 at validate time, targets/communication.py): `comm` in the torch and jax contexts."""
+E049 at validate time, lowering/communication.py): `comm` in the torch and jax contexts."""
 
 from __future__ import annotations
 

@@ -36,15 +36,15 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from ..diagnostics import Diagnostic, DiagnosticError
-from ..graph import Graph
-from ..ops import OPS
-from ..source import Document
-from ..spec.root import Spec
-from ..spec.sharding import MESH_AXES
-from .costs import REMAT_MODES, CostOptions, Costs, estimate, estimate_remats
-from .hardware import Hardware
-from .plan import Plan, make_plan
+from .diagnostics import Diagnostic, DiagnosticError
+from .graph import Graph
+from .ops import OPS
+from .source import Document
+from .spec.root import Spec
+from .axes import MESH_AXES, ParallelDims
+from .planner.costs import REMAT_MODES, CostOptions, Costs, estimate, estimate_remats
+from .planner.hardware import Hardware
+from .planner.plan import Plan, make_plan
 
 REFINE = 3  # meshes refined by coordinate descent: the best, and as many of the fastest (fitting or not)
 LISTED = 50  # candidates kept (best first)
@@ -72,7 +72,7 @@ class Allowed:
 
     @classmethod
     def of(cls, targets) -> Allowed:
-        from ..targets import TARGETS
+        from .targets import TARGETS
 
         caps = [TARGETS[t].capabilities for t in targets]
         return cls(tuple(targets),
@@ -89,7 +89,7 @@ class Allowed:
 
 def refusal(plan: Plan, doc: Document, targets) -> Diagnostic | None:
     """The first E049 any of `targets` reports for `plan` (None: every target builds it)."""
-    from ..targets import check_target
+    from .lowering import check_target
 
     for t in targets:
         for d in check_target(plan, doc, t):
@@ -102,8 +102,9 @@ def refusal(plan: Plan, doc: Document, targets) -> Diagnostic | None:
 
 
 @dataclasses.dataclass(frozen=True)
-class Context:
-    """What the knobs need to know about the spec and the mesh being searched."""
+class Context(ParallelDims):
+    """What the knobs need to know about the spec and the mesh being searched (a ParallelDims: `ctx.pipe`,
+    `ctx.tensor_enabled`)."""
 
     spec: Spec
     graph: Graph
@@ -161,7 +162,7 @@ def _micro_per_rank(ctx: Context, settings: dict) -> int:
 
 
 def _pipeline_values(ctx: Context, settings: dict) -> list:
-    pipe = ctx.sizes["pipe"]
+    pipe = ctx.pipe
     if pipe <= 1:
         return [None]
     per = _micro_per_rank(ctx, settings)
@@ -192,7 +193,7 @@ def _pipeline_initial(ctx: Context):
 
 
 def _set_pipeline(spec: Spec, value, seq=None) -> Spec:
-    from ..spec.pipeline import Pipeline
+    from .spec.pipeline import Pipeline
 
     if value is None:
         return spec.model_copy(update={"pipeline": None})
@@ -215,8 +216,8 @@ def _show_pipeline(value) -> str:
 
 
 def _zero_values(ctx: Context, settings: dict) -> list:
-    replicated = ctx.sizes["data"] * ctx.sizes["expert"] > 1  # ZeRO shards over the batch axes that replicate
-    if not replicated or (ctx.sizes["pipe"] > 1 and not ctx.allowed.zero_with_pipeline):
+    replicated = ctx.data * ctx.expert > 1  # ZeRO shards over the batch axes that replicate
+    if not replicated or (ctx.pipe_enabled and not ctx.allowed.zero_with_pipeline):
         return [0]
     return list(ctx.allowed.zero_stages)
 
@@ -235,7 +236,7 @@ def _accum_values(ctx: Context, settings: dict) -> list:
 
 def _accum_initial(ctx: Context) -> int:
     g = ctx.spec.training.grad_accum
-    if ctx.sizes["pipe"] > 1:
+    if ctx.pipe_enabled:
         return 1  # pipeline micro-batches do what accumulation would, and shrink the bubble besides
     return g if ctx.spec.training.batch_size % (g * ctx.dp) == 0 else 1
 
@@ -253,7 +254,7 @@ def _sp_now(spec: Spec, axis: str | None) -> bool:
 
 def _sp_values(ctx: Context, settings: dict) -> list:
     rules = _rules(ctx.spec)
-    if ctx.sizes["tensor"] <= 1 or ctx.seq_axis is None or rules is None:
+    if not ctx.tensor_enabled or ctx.seq_axis is None or rules is None:
         return [_sp_now(ctx.spec, ctx.seq_axis)]
     if ctx.seq_axis in rules and not _sp_now(ctx.spec, ctx.seq_axis):
         return [False]  # the spec rules the sequence to other axes: not the search's to change
@@ -288,7 +289,7 @@ def _stream_elements(ctx: Context, settings: dict) -> int:
     per_sample = max((math.prod(t.shape) for t in outs), default=0)
     pipe = settings.get("pipeline") or (None, 1, 1)
     micro = max(_micro_per_rank(ctx, settings) // pipe[2], 1)
-    split = ctx.sizes["context"] * (ctx.sizes["tensor"] if settings.get("sequence_parallel") else 1)
+    split = ctx.context * (ctx.tensor if settings.get("sequence_parallel") else 1)
     return micro * per_sample // split
 
 
@@ -296,7 +297,7 @@ def _offload_values(ctx: Context, settings: dict) -> list:
     """Off, or on with thresholds derived from the stream's elements per device: 0 (every saved tensor moves),
     the stream's size (the block inputs and anything as large: the mlp hidden, attention scores) and four times
     it (only the largest)."""
-    if not ctx.allowed.offload_remat or any(ctx.sizes[a] > 1 for a in ctx.allowed.offload_without):
+    if not ctx.allowed.offload_remat or any(ctx.size(a) > 1 for a in ctx.allowed.offload_without):
         return [None]
     s = _stream_elements(ctx, settings)
     return [None] + sorted({0, s, 4 * s} if s else {0})
@@ -308,7 +309,7 @@ def _offload_initial(ctx: Context):
 
 
 def _set_offload(spec: Spec, threshold, seq=None) -> Spec:
-    from ..spec.training import Offload
+    from .spec.training import Offload
 
     return _training(spec, offload=None if threshold is None else Offload(activations=True, threshold=threshold))
 
@@ -356,7 +357,7 @@ def _compression_initial(ctx: Context):
 
 
 def _set_compression(spec: Spec, value, seq=None) -> Spec:
-    from ..spec.communication import PowerSGD
+    from .spec.communication import PowerSGD
 
     c = value if isinstance(value, str) else PowerSGD(name="powersgd", rank=value[1], start_step=value[2])
     return spec.model_copy(update={"communication": spec.communication.model_copy(update={"compression": c})})
@@ -532,7 +533,7 @@ def factorizations(n: int, k: int) -> list[tuple[int, ...]]:
 def searched_axes(spec: Spec, graph: Graph, allowed: Allowed) -> tuple[str, ...]:
     """Mesh axes every target runs, less pipe without a block to pipeline, expert without moe layers and
     context without a sequence that attention attends over (planner/context.py)."""
-    from .context import sequence_axis as attended_sequence
+    from .planner.context import sequence_axis as attended_sequence
 
     axes = []
     for a in allowed.mesh_axes:
@@ -586,7 +587,7 @@ def _experts(graph: Graph) -> list[int]:
 class Search:
     def __init__(self, spec: Spec, doc: Document, graph: Graph, devices: int, hardware: Hardware,
                  options: CostOptions | None = None, targets=None):
-        from .layouts import batch_axes, read_rules
+        from .planner.layouts import batch_axes, read_rules
 
         self.doc, self.graph, self.devices, self.hw = doc, graph, devices, hardware
         self.options = options or CostOptions()
@@ -608,7 +609,7 @@ class Search:
 
     # -- one mesh
     def context(self, sizes: dict) -> Context:
-        from .mesh import Mesh
+        from .planner.mesh import Mesh
 
         mesh = Mesh("cli", sizes, ("cli",))
         dp = mesh.degree(self._batch_axes(self.rules, mesh))
@@ -910,7 +911,7 @@ def written_spec(spec: Spec, graph: Graph, c: Candidate, path, base, command: st
     """The text of a spec at `path` that extends `base` (the spec searched) with the candidate's settings."""
     import yaml
 
-    from ..extends import relative_base
+    from .extends import relative_base
 
     t = c.costs.time
     head = [f"# Written by `{command} --write {path}`: the best candidate,",
@@ -997,7 +998,7 @@ def bottleneck_warning(c: Candidate) -> str | None:
 
 
 def _human(n: float) -> str:
-    from .table import human_bytes
+    from .planner.table import human_bytes
 
     return human_bytes(int(n))
 
@@ -1054,7 +1055,7 @@ def fit_hints(spec: Spec, doc: Document, graph: Graph, plan: Plan, hardware: Har
                 out.append(f"`training.zero: {z}` (peak {_human(c.peak)})")
                 break
     # 3. more fsdp (move the data axis onto fsdp)
-    if mesh.sizes["data"] > 1:
+    if mesh.data_enabled:
         sizes = dict(mesh.sizes)
         sizes["fsdp"] *= sizes["data"]
         sizes["data"] = 1

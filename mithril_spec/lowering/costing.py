@@ -6,8 +6,8 @@ build once wrote one peak into plan.json and another into train.py. `plan` witho
 target-neutral costing: the largest over the spec's targets, what every build must fit.
 
 Step times need a hardware profile but no second walk of the graph (`Costing.on`): the walk decides memory,
-communication and FLOPs, a profile only prices them. (Apart from targets/base.py, as cost_options.py: the
-registry stays below the cost model in the import graph.)
+communication and FLOPs, a profile only prices them. A build takes its costing from its Program
+(lowering/program.py `lower`: `Program.costing`, whose `plan_json` and `predicted` are views of it).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import dataclasses
 from ..planner.costs import CostOptions, Costs, StateMemory, estimate_targets, step_time
 from ..planner.hardware import Hardware
 from ..planner.plan import Plan
-from . import attention_kernels
+from ..targets import attention_kernels
 from .cost_options import cost_options
 
 

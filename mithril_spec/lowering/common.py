@@ -1,7 +1,8 @@
-"""Plan -> the template context: plain, JSON-able data that the Jinja templates of every target read.
+"""Plan -> the part of every target's Program (lowering/program.py) that all targets share: plain, JSON-able
+data that the Jinja templates of every target read.
 
-Everything the generated program needs is decided here (names, layouts, hyper-parameters), so templates
-only arrange it. Each target adds its own entries (render/jax_target.py, render/torch_target.py); what the
+Everything the generated program needs is decided in the lowering (names, layouts, hyper-parameters), so
+templates only arrange it. Each target adds its own entries (lowering/jax_program.py, lowering/torch_program.py); what the
 programs do with them is docs/program.md.
 """
 
@@ -19,9 +20,9 @@ from ..hf_import import hf_context
 from ..ops import OPS
 from ..ops.loss import LOSSES
 from ..planner.plan import Plan
-from ..targets.base import linear_style, tensor_dims
-from ..targets.costing import Costing
-from .environment import template_dirs
+from .base import linear_style, tensor_dims
+from .costing import Costing
+from ..template_files import template_dirs
 from .predicted import predicted
 
 # Local variable names the templates use themselves; tensor variables that would shadow them get a `_`.
@@ -221,7 +222,7 @@ def _eval(plan: Plan) -> dict[str, Any] | None:
 
 
 def make_context(plan: Plan, target: str, spec_file: str, costing: Costing) -> dict[str, Any]:
-    """`costing`: the build's one costing of `plan` for `target` (targets/costing.py), whose figures the program
+    """`costing`: the build's one costing of `plan` for `target` (lowering/costing.py), whose figures the program
     embeds as plan.json holds them."""
     spec, graph, mesh = plan.spec, plan.graph, plan.mesh
     tr = spec.training
@@ -258,7 +259,7 @@ def make_context(plan: Plan, target: str, spec_file: str, costing: Costing) -> d
         "spec_file": spec_file,
         "mesh": {
             "name": mesh.name,
-            "axes": [[a, mesh.sizes[a]] for a in mesh.axes],
+            "axes": [[a, mesh.size(a)] for a in mesh.axes],
             "devices": mesh.devices,
             "sizes": dict(mesh.sizes),
         },

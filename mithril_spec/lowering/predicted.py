@@ -1,6 +1,6 @@
 """What the plan predicts for one step of the program being built, as plain data for its config: the figures
 `--profile` prints next to what it measures (docs/program.md "Profiling"), and the activation offload the
-program counts. Read from the build's one `Costing` (targets/costing.py), the costs its plan.json holds and
+program counts. Read from the build's one `Costing` (lowering/costing.py), the costs its plan.json holds and
 `plan --target TARGET` prints; step times for the built-in profiles a device's name selects at run time
 (DEVICE_PROFILES), each pricing those costs (no second estimate)."""
 
@@ -10,7 +10,7 @@ from typing import Any
 
 from ..planner import hardware as hw
 from ..planner.costs import KINDS
-from ..targets.costing import Costing
+from .costing import Costing
 
 # A device name the program reads (torch.cuda.get_device_name, jax's device_kind) -> the built-in profile.
 DEVICE_PROFILES = (("H200", "h200-141gb"), ("H100", "h100-sxm-80gb"), ("A100", "a100-80gb"), ("TPU v5", "tpu-v5e"),

@@ -12,7 +12,7 @@ from ..diagnostics import Diagnostic
 if TYPE_CHECKING:
     from ..planner.plan import Plan
     from ..source import Document
-    from .base import Target
+    from ..targets.base import Target
 
 SECTION = "communication"
 
@@ -37,7 +37,7 @@ def communication_errors(target: Target, plan: Plan, doc: Document) -> list[Diag
         refuse("bucket_mb", "`bucket_mb`", "leave `bucket_mb` out")
     if replicas and comm.overlap is not None and comm.overlap not in cap.overlap:
         refuse("overlap", f"`overlap: {str(comm.overlap).lower()}`", "leave `overlap` out")
-    if plan.mesh.sizes.get("fsdp", 1) > 1 and comm.prefetch is not None and not cap.fsdp_prefetch:
+    if plan.mesh.fsdp_enabled and comm.prefetch is not None and not cap.fsdp_prefetch:
         refuse("prefetch", "`prefetch`", "leave `prefetch` out")
     return out
 
@@ -60,7 +60,7 @@ def torch_communication_errors(plan: Plan, doc: Document, dp: str, axis: str = "
             refuse("compression", f"`{kind}` compression with `training.zero: 2`",
                    "ZeRO-2 reduce-scatters the gradients itself, with no communication hook to compress them; use "
                    "`training.zero: 0` or 1 (DDP)")
-        elif plan.mesh.sizes.get("expert", 1) > 1:
+        elif plan.mesh.expert_enabled:
             refuse("compression", f"`{kind}` compression with an `expert` axis",
                    "the experts' gradients are reduced apart from DDP's (reduce_expert_grads), uncompressed; "
                    "leave `compression` out")
@@ -68,7 +68,7 @@ def torch_communication_errors(plan: Plan, doc: Document, dp: str, axis: str = "
             refuse("compression", "PowerSGD compression in an FSDP2 build",
                    "PowerSGD is a DDP communication hook; FSDP2 reduce-scatters whole gradients (it can only "
                    "change their dtype): use `fp16` or `bf16`, or a mesh of `data` alone (DDP)")
-        elif fsdp and plan.mesh.sizes.get(axis, 1) > 1 and any(
+        elif fsdp and plan.mesh.size(axis) > 1 and any(
                 pp.param.trainable and not any(axis in d for d in pp.spec) for pp in plan.params):
             whole = next(pp.name for pp in plan.params if pp.param.trainable and not any(axis in d for d in pp.spec))
             refuse("compression", f"`{kind}` compression with `{whole}` whole over {axis}",
@@ -111,15 +111,15 @@ def jax_communication_errors(plan: Plan, doc: Document) -> list[Diagnostic]:
         out.append(Diagnostic("E049", f"the jax target cannot run `{kind}` compression with {what}", where,
                               help=help))
 
-    sizes = plan.mesh.sizes
+    mesh = plan.mesh
     for axis, why in JAX_AXES_UNCOMPRESSED.items():
-        if sizes.get(axis, 1) > 1:
+        if mesh.size(axis) > 1:
             refuse(f"an `{axis}` axis", why)
     split = next((pp.name for pp in plan.params if any("data" in d for d in pp.spec)), None)
     if split is not None:
         refuse(f"`{split}` split over `data`", "each replica holds every parameter whole; split parameters over "
                "`fsdp` or `tensor` instead")
-    for ip in plan.inputs if sizes.get("data", 1) > 1 else ():
+    for ip in plan.inputs if mesh.data_enabled else ():
         if "data" not in ip.spec[0] or any("data" in d for d in ip.spec[1:]):
             refuse(f"input `{ip.input.name}` not split over `data` by its samples",
                    "each replica reads whole samples: leave the input's batch dimension to the `data` axis")

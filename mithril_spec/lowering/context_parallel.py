@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..axes import CONTEXT
 from ..diagnostics import Diagnostic
 from ..ops import OPS
 
@@ -21,21 +22,11 @@ if TYPE_CHECKING:
     from ..source import Document
 
 
-AXIS = "context"  # the mesh axis (planner/context.py; the registry imports nothing from the planner)
-
-# what the jax and torch targets refuse with context parallelism (docs/targets.md)
-LIMIT = ("Context parallelism (the `context` axis splits the sequence; ring attention) combines with `data`, "
-         "`fsdp` and `tensor`, not with `pipe` or `expert`, `training.zero` above 0, `remat: selective`, rules or "
-         "layouts naming `context` or the sequence axis, an imported model (`hf`), nor with layers that mix "
-         "sequence positions (convolutions, pooling, reshapes); dropout (layers and attention) keeps the "
-         "one-device masks, batch_norm normalises each rank's positions and a moe layer gathers the whole "
-         "sequence over `context` (its capacity is filled in token order); the sequence must split into 2 x "
-         "context chunks.")
-
+AXIS = CONTEXT  # the mesh axis (axes.py)
 
 def context_errors(plan: Plan, doc: Document, target: str) -> list[Diagnostic]:
     """E049 for a plan over `context` (degree > 1) that `target`'s programs cannot run."""
-    n = plan.mesh.sizes.get(AXIS, 1)
+    n = plan.mesh.size(AXIS)
     if n <= 1:
         return []
     out: list[Diagnostic] = []
@@ -50,8 +41,8 @@ def context_errors(plan: Plan, doc: Document, target: str) -> list[Diagnostic]:
             "the `context` axis splits the sequence that attention layers attend over (their input's first "
             "dimension, a named dimension such as `seq`); drop the axis for this model")
         return out
-    sizes = plan.mesh.sizes
-    others = [a for a in ("pipe", "expert") if sizes.get(a, 1) > 1]
+    mesh = plan.mesh
+    others = [a for a in ("pipe", "expert") if mesh.size(a) > 1]
     if others:
         err(where, f"the `context` mesh axis with {', '.join(f'`{a}`' for a in others)}",
             "context parallelism combines with data, fsdp and tensor; drop one of the axes")

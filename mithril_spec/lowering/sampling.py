@@ -1,5 +1,5 @@
 """Context for generate.py, the sampling program of a language model (Plan.language_model; docs/program.md
-"Sampling"): built on top of a target's context (render/jax_target.py, render/torch_target.py), so it reads
+"Sampling"): built on top of a target's context (lowering/jax_program.py, lowering/torch_program.py), so it reads
 the same layers, blocks and tensor-parallel styles the training program was rendered from.
 
 - The decode functions run one position at a time, with their own variables: a tensor variable never
@@ -19,7 +19,7 @@ from typing import Any
 
 from ..ops import OPS
 from ..planner.plan import Plan
-from .context import RESERVED, rename_vars
+from .common import RESERVED, rename_vars
 
 # Local names of the decode code (besides the target's model names)
 JAX_DECODE_NAMES = {"cache", "ids", "pos", "kv", "rows", "row", "shared", "step", "name", "new"}
@@ -44,10 +44,10 @@ def sampling_context(plan: Plan, ctx: dict[str, Any], target: str) -> dict[str, 
         return None
     model_names: set[str]
     if target == "jax":
-        from .jax_target import MODEL_NAMES as model_names
+        from .jax_program import MODEL_NAMES as model_names
         local = JAX_DECODE_NAMES
     else:
-        from .torch_target import MODEL_NAMES as model_names
+        from .torch_program import MODEL_NAMES as model_names
         local = TORCH_DECODE_NAMES
     decode_fns = {}
     for b in ctx["blocks"]:  # module-level functions of generate.py (JAX)
@@ -60,7 +60,7 @@ def sampling_context(plan: Plan, ctx: dict[str, Any], target: str) -> dict[str, 
     layers = _decode_scope(ctx["layers"], top_names, reserved)
     token_var = rename_vars(top_names, reserved)[lm.tokens]
     prediction_var = rename_vars(top_names, reserved)[ctx["loss"]["prediction"]]
-    tensor = plan.mesh.sizes.get("tensor", 1)
+    tensor = plan.mesh.tensor
 
     def split(layer: dict[str, Any], styles: dict[str, str]) -> str | None:
         """torch: how a layer's weights stay split over `tensor` while decoding: colwise / rowwise (a linear

@@ -1,4 +1,4 @@
-"""Context the jax templates need beyond the shared context (render/context.py).
+"""Context the jax templates need beyond the shared context (lowering/common.py).
 
 - Tensor variables never shadow a name the JAX model code uses itself (its op helpers, `P`, the block
   functions): such a variable gets a trailing `_`, like context.var does for the shared reserved names.
@@ -34,9 +34,9 @@ from typing import Any
 from ..graph import RepeatNode
 from ..ops import OPS, TensorType
 from ..planner.plan import Plan
-from ..targets.costing import Costing
-from .communication import jax_comm
-from .context import RESERVED, rename_vars
+from .costing import Costing
+from .comm import jax_comm
+from .common import RESERVED, rename_vars
 
 # Names the generated model code uses inside the functions that hold tensor variables.
 MODEL_NAMES = {
@@ -75,7 +75,7 @@ def _pipeline(plan: Plan, layers: list[dict[str, Any]]) -> dict[str, Any] | None
     pp = plan.pipeline
     if pp is None or pp.pipe <= 1:
         return None
-    from ..targets.jax import pipelined_repeats
+    from .jax import pipelined_repeats
 
     reps = [r.name for r in pipelined_repeats(plan)]
     name = reps[0]
@@ -281,7 +281,7 @@ def spec_hash(plan: Plan, settings: bool = True) -> str:
 
 
 def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str, Any]:
-    """`costing`: the build's one costing (targets/costing.py); the program's planned bytes are its states."""
+    """`costing`: the build's one costing (lowering/costing.py); the program's planned bytes are its states."""
     # the function that runs a block's copies under lax.scan: no tensor variable may shadow it
     stack_fns = {b["name"]: free(f"{b['name']}_stack", MODEL_NAMES) for b in ctx["blocks"]}
     model = model_context(plan, ctx, MODEL_NAMES | set(stack_fns.values()))
@@ -312,11 +312,11 @@ def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
             "merged": pipeline["repeats"][1:] if pipeline else [],
             "zero": tr.zero,  # not in the shared context (yet)
             # context parallelism: the ranks of the `context` axis (None without it; planner/context.py)
-            "context": plan.mesh.sizes["context"] if plan.sequence_axis else None,
+            "context": plan.mesh.context if plan.sequence_axis else None,
             # a float32 master copy of 16-bit parameters in the optimizer state
             "master_weights": bool(tr.precision.master_weights and tr.precision.params != "float32"),
             "accum": accum,
-            "comm": jax_comm(plan),  # communication: XLA flags and NCCL_ALGO (render/communication.py)
+            "comm": jax_comm(plan),  # communication: XLA flags and NCCL_ALGO (lowering/comm.py)
             # per-device bytes the build's costing predicts (plan.json); the program reports what it holds
             "planned": {"params": held.params, "optimizer": held.optimizer, "buffers": held.buffers},
         },
