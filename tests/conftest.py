@@ -58,28 +58,61 @@ PROGRAMS = {"train.py", "generate.py", "launch.sh", "launch.sbatch", "torchrun",
 FRAMEWORKS = ("torch", "jax", "mlx", "transformers")
 
 
+LAUNCHERS = {"torchrun", "sbatch", "srun", "mlx.launch"}
+
+
 def _program_in(args) -> str | None:
-    argv = [args] if isinstance(args, str | bytes | os.PathLike) else list(args)
-    for a in argv:
-        for word in str(a).split():
-            if os.path.basename(word) in PROGRAMS or ("/templates/" in word and word.endswith(".py")):
-                return os.path.basename(word)  # (templates/: the calibration programs)
+    """The generated program (or launcher) that a command starts, if it starts one: a launcher, a program's
+    script run by Python or a shell (`python train.py`, `bash launch.sh`, `python -m torch.distributed.run`),
+    or a calibration program of templates/. (Other commands that name a program's files, such as `ruff format
+    train.py`, start none.)"""
+    import shlex
+
+    argv = shlex.split(args) if isinstance(args, str) else [os.fspath(a) for a in args]
+    argv = [a.decode() if isinstance(a, bytes) else a for a in argv]
+    if not argv:
+        return None
+    exe = os.path.basename(argv[0])
+    if exe in LAUNCHERS or exe in PROGRAMS:
+        return exe
+    if exe.startswith("python") or exe in ("bash", "sh"):
+        rest = argv[1:]
+        while rest and rest[0].startswith("-") and rest[0] not in ("-m", "-c"):
+            rest = rest[1:]
+        if rest[:1] == ["-m"] and len(rest) > 1:
+            return rest[1] if rest[1] in PROGRAMS or rest[1] in LAUNCHERS else None
+        if rest[:1] == ["-c"] and len(rest) > 1 and exe in ("bash", "sh"):
+            return _program_in(rest[1])
+        if rest and not rest[0].startswith("-"):
+            script = rest[0]
+            if os.path.basename(script) in PROGRAMS or ("/templates/" in script and script.endswith(".py")):
+                return os.path.basename(script)
     return None
 
 
-@pytest.fixture(autouse=FAST)
-def _fast_tier_runs_no_program(monkeypatch):
+class StartsAProgram(Exception):
+    pass
+
+
+def pytest_configure(config):
+    if not FAST:
+        return
     import subprocess
-    import sys
 
     popen_init = subprocess.Popen.__init__
 
-    def guarded(self, args, *a, **kw):
+    def guarded(self, args, *a, **kw):  # (module fixtures that start programs too: they run before any test)
         if name := _program_in(args):
-            pytest.fail(f"the fast tier starts no program, and this test starts {name}: mark it `runs`")
+            raise StartsAProgram(f"the fast tier starts no program, and this test starts {name}: mark it `runs`")
         popen_init(self, args, *a, **kw)
 
-    monkeypatch.setattr(subprocess.Popen, "__init__", guarded)
+    subprocess.Popen.__init__ = guarded
+
+
+@pytest.fixture(autouse=FAST)
+def _fast_tier_imports_no_framework():
+    import sys
+
     before = {m for m in FRAMEWORKS if m in sys.modules}
     yield
     if imported := [m for m in FRAMEWORKS if m in sys.modules and m not in before]:
