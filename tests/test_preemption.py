@@ -87,7 +87,7 @@ def test_sigterm_saves_exits_3_and_resumes(target):
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     wait_rows(cwd / "m.jsonl", 5, p)
     os.killpg(p.pid, signal.SIGTERM)
-    out = p.communicate(timeout=120)[0]
+    out = p.communicate(timeout=240)[0]
     assert p.returncode == 3, out[-3000:]
     stopped = rows(cwd / "m.jsonl")[-1]["step"]
     assert 5 <= stopped < STEPS, out[-3000:]
@@ -178,7 +178,7 @@ def test_torch_restart_after_a_rank_dies():
         ranks = [int(pid) for pid in subprocess.run(["pgrep", "-P", str(p.pid)], check=False, capture_output=True, text=True).stdout.split()]
         assert len(ranks) == 2, ranks
         os.kill(max(ranks), signal.SIGKILL)
-        out = p.communicate(timeout=120)[0]
+        out = p.communicate(timeout=240)[0]
     finally:
         if p.poll() is None:  # (a hang: torchrun's ranks die with it, PR_SET_PDEATHSIG)
             os.killpg(p.pid, signal.SIGKILL)

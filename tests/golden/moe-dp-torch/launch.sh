@@ -35,6 +35,7 @@ fi
 # and exits 3 (train.py's PREEMPTED): torchrun waits for them, restarts nothing, and exits with their code.
 read -r -d '' run_torchrun <<'EOF' || true
 import logging, os, signal, sys
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing import api
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import parse_args, run
@@ -54,6 +55,22 @@ def preempted(signum, frame):
     raise api.SignalException(f"got signal {signum}", sigval=signal.Signals(signum))
 api._terminate_process_handler = preempted  # (torchrun installs it for SIGTERM when it starts the ranks)
 signal.signal(signal.SIGUSR1, preempted)
+# When a rank fails, torchrun stops the others (before restarting them all, or giving up) with SIGTERM,
+# which asks a rank to finish its step and save: with a peer gone, that step's collectives never finish,
+# and torchrun waits 30 s before it kills. Those ranks are killed at once (a restart continues from the
+# newest complete checkpoint; a save cut short is never one). A rank that exited 2 (it refused what it
+# was asked) or 3 (stopped by a signal, saved) ends the run: nothing restarts, and the others get torchrun's
+# SIGTERM (a preempted run's other ranks finish their saves).
+monitor, stop = LocalElasticAgent._monitor_workers, LocalElasticAgent._stop_workers
+def monitor_workers(self, group):
+    result = monitor(self, group)
+    ends = {f.exitcode for f in result.failures.values()} & {2, 3}
+    self._remaining_restarts = 0 if ends else self._remaining_restarts
+    self.kill = result.is_failed() and not ends
+    return result
+def stop_workers(self, group, *args, **kwargs):
+    return self._shutdown(signal.SIGKILL) if getattr(self, "kill", False) else stop(self, group, *args, **kwargs)
+LocalElasticAgent._monitor_workers, LocalElasticAgent._stop_workers = monitor_workers, stop_workers
 def exit_code(code):
     return code if 0 < code < 256 else 128 - code if code < 0 else 1
 try:
@@ -81,6 +98,12 @@ if ! [[ "$restarts" =~ ^[0-9]+$ ]]; then
   exit 2
 fi
 torchrun+=(--max-restarts "$restarts")
+# Each restart meets a new store. torchrun's agent otherwise hosts one TCPStore for its whole run and points
+# every attempt's ranks at it, where the keys the attempt before set are still there: a restarted rank reads
+# the gloo address of a rank that was killed and is refused (connectFullMesh), or waits for a connection that
+# never comes (a hang until the process group's timeout). Unshared, every rendezvous round's rank 0 hosts a
+# new store, on a port the round picks (the same on every node: the round says it).
+export TORCH_DISABLE_SHARE_RDZV_TCP_STORE="${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-1}"
 if (( nnodes == 1 )); then
   exec "${torchrun[@]}" --standalone --nproc-per-node "$world" "$here/train.py" "$@"
 fi
