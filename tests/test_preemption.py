@@ -189,6 +189,16 @@ def test_torch_restart_after_a_rank_dies():
     np.testing.assert_allclose(losses(cwd / "m.jsonl"), losses(cwd / "ref.jsonl"), rtol=0, atol=1e-6)
 
 
+def test_torch_does_not_restart_a_refusal():
+    """Exit 2 (a refusal, which a restart would repeat) ends a torch run under MAX_RESTARTS: said once, no
+    restart (torchrun restarts after any failure; the launcher stops it here, as the jax and mlx loops do)."""
+    program = build("torch", "data=2")
+    cwd = Path(tempfile.mkdtemp(dir=WORK))
+    out = run(program, "torch", cwd, "--steps", "4", "--checkpoint-dir", "", "--resume", "auto", rc=2, launcher=True,
+              env={"MAX_RESTARTS": "1"})
+    assert out.strip() == "error: --resume auto: this spec saves no checkpoints; pass --checkpoint-dir DIR", out[-3000:]
+
+
 @pytest.mark.parametrize("target", ["torch", "jax", "mlx"])
 def test_resume_with_another_lr(target):
     """Only the optimizer's settings changed (lr, weight decay): the resume goes on, with a note, on the

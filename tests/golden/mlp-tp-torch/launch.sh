@@ -37,6 +37,7 @@ read -r -d '' run_torchrun <<'EOF' || true
 import logging, os, signal, sys
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing import api
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import parse_args, run
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default, without its banner
@@ -71,6 +72,17 @@ def monitor_workers(self, group):
 def stop_workers(self, group, *args, **kwargs):
     return self._shutdown(signal.SIGKILL) if getattr(self, "kill", False) else stop(self, group, *args, **kwargs)
 LocalElasticAgent._monitor_workers, LocalElasticAgent._stop_workers = monitor_workers, stop_workers
+# Every rendezvous round (the first, each restart) gets a new store. torchrun hosts one TCPStore for all its
+# rounds and points every attempt's ranks at it, where the keys of the attempt before are still set: a
+# restarted rank read the gloo address of a rank that had been killed and was refused (connectFullMesh), or
+# waited for a connection that never came (a hang until the process group's timeout). A new store, hosted
+# by torchrun (unlike TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1's, by rank 0, gone when rank 0 exits), on a port
+# of the round's, which every node reads from the round.
+rendezvous = DynamicRendezvousHandler.next_rendezvous
+def next_rendezvous(self):
+    self._bootstrap_store_info = self._shared_tcp_store_server = None
+    return rendezvous(self)
+DynamicRendezvousHandler.next_rendezvous = next_rendezvous
 def exit_code(code):
     return code if 0 < code < 256 else 128 - code if code < 0 else 1
 try:
@@ -98,12 +110,6 @@ if ! [[ "$restarts" =~ ^[0-9]+$ ]]; then
   exit 2
 fi
 torchrun+=(--max-restarts "$restarts")
-# Each restart meets a new store. torchrun's agent otherwise hosts one TCPStore for its whole run and points
-# every attempt's ranks at it, where the keys the attempt before set are still there: a restarted rank reads
-# the gloo address of a rank that was killed and is refused (connectFullMesh), or waits for a connection that
-# never comes (a hang until the process group's timeout). Unshared, every rendezvous round's rank 0 hosts a
-# new store, on a port the round picks (the same on every node: the round says it).
-export TORCH_DISABLE_SHARE_RDZV_TCP_STORE="${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-1}"
 if (( nnodes == 1 )); then
   exec "${torchrun[@]}" --standalone --nproc-per-node "$world" "$here/train.py" "$@"
 fi
