@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -88,7 +87,7 @@ def test_sigterm_saves_exits_3_and_resumes(target):
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     wait_rows(cwd / "m.jsonl", 5, p)
     os.killpg(p.pid, signal.SIGTERM)
-    out = p.communicate(timeout=120)[0]
+    out = p.communicate(timeout=240)[0]
     assert p.returncode == 3, out[-3000:]
     stopped = rows(cwd / "m.jsonl")[-1]["step"]
     assert 5 <= stopped < STEPS, out[-3000:]
@@ -162,28 +161,42 @@ def test_restart_after_a_process_dies(target):
     np.testing.assert_allclose(losses(cwd / "m.jsonl"), losses(cwd / "ref.jsonl"), rtol=0, atol=1e-6)
 
 
-@pytest.mark.xfail(strict=False, reason="known: on 2 busy cores torchrun's restarted ranks have failed to connect "
-                   "(gloo connectFullMesh refused) and once hung with no step for 240 s; cause not found (issue 37)")
 def test_torch_restart_after_a_rank_dies():
+    """torchrun's restart: a rank killed mid-run under MAX_RESTARTS=1 brings the other down, and one restart
+    (on a new store: none of the first attempt's keys) continues from the newest checkpoint to the
+    uninterrupted losses, one metrics row per step."""
     program = build("torch", "data=2")
     cwd = Path(tempfile.mkdtemp(dir=WORK))
     steps = "40"
     run(program, "torch", cwd, "--steps", steps, "--metrics", "ref.jsonl", "--checkpoint-dir", "", launcher=True)
     args = ["--steps", steps, "--metrics", "m.jsonl", "--checkpoint-dir", "ck", "--checkpoint-every", "1", "--resume", "auto"]
-    p = subprocess.Popen([str(program / "launch.sh"), *args], cwd=cwd, env=env_for("torch", {"MAX_RESTARTS": "3"}),
+    p = subprocess.Popen([str(program / "launch.sh"), *args], cwd=cwd, env=env_for("torch", {"MAX_RESTARTS": "1"}),
                          text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    wait_rows(cwd / "m.jsonl", 5, p)
-    # launch.sh execs torchrun, whose children are the ranks
-    ranks = [int(pid) for pid in subprocess.run(["pgrep", "-P", str(p.pid)], check=False, capture_output=True, text=True).stdout.split()]
-    assert len(ranks) == 2, ranks
-    os.kill(max(ranks), signal.SIGKILL)
-    # (three restarts allowed: on 2 shared cores gloo's connection after a restart has failed, once twice in a row)
-    out = p.communicate(timeout=240)[0]
+    try:
+        wait_rows(cwd / "m.jsonl", 5, p)
+        # launch.sh execs torchrun, whose children are the ranks
+        ranks = [int(pid) for pid in subprocess.run(["pgrep", "-P", str(p.pid)], check=False, capture_output=True, text=True).stdout.split()]
+        assert len(ranks) == 2, ranks
+        os.kill(max(ranks), signal.SIGKILL)
+        out = p.communicate(timeout=240)[0]
+    finally:
+        if p.poll() is None:  # (a hang: torchrun's ranks die with it, PR_SET_PDEATHSIG)
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
     (cwd / "out.log").write_text(out)
     assert p.returncode == 0, out[-4000:]
-    # (restart 2 after a restart whose gloo connection failed: torchrun's restarts on 2 busy cores)
-    assert re.search(r"restart [123]: continuing as --resume auto", out), out[-4000:]
+    assert "restart 1: continuing as --resume auto" in out, out[-4000:]
     np.testing.assert_allclose(losses(cwd / "m.jsonl"), losses(cwd / "ref.jsonl"), rtol=0, atol=1e-6)
+
+
+def test_torch_does_not_restart_a_refusal():
+    """Exit 2 (a refusal, which a restart would repeat) ends a torch run under MAX_RESTARTS: said once, no
+    restart (torchrun restarts after any failure; the launcher stops it here, as the jax and mlx loops do)."""
+    program = build("torch", "data=2")
+    cwd = Path(tempfile.mkdtemp(dir=WORK))
+    out = run(program, "torch", cwd, "--steps", "4", "--checkpoint-dir", "", "--resume", "auto", rc=2, launcher=True,
+              env={"MAX_RESTARTS": "1"})
+    assert out.strip() == "error: --resume auto: this spec saves no checkpoints; pass --checkpoint-dir DIR", out[-3000:]
 
 
 @pytest.mark.parametrize("target", ["torch", "jax", "mlx"])

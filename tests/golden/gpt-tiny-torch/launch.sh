@@ -35,7 +35,9 @@ fi
 # and exits 3 (train.py's PREEMPTED): torchrun waits for them, restarts nothing, and exits with their code.
 read -r -d '' run_torchrun <<'EOF' || true
 import logging, os, signal, sys
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing import api
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import parse_args, run
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default, without its banner
@@ -54,6 +56,33 @@ def preempted(signum, frame):
     raise api.SignalException(f"got signal {signum}", sigval=signal.Signals(signum))
 api._terminate_process_handler = preempted  # (torchrun installs it for SIGTERM when it starts the ranks)
 signal.signal(signal.SIGUSR1, preempted)
+# When a rank fails, torchrun stops the others (before restarting them all, or giving up) with SIGTERM,
+# which asks a rank to finish its step and save: with a peer gone, that step's collectives never finish,
+# and torchrun waits 30 s before it kills. Those ranks are killed at once (a restart continues from the
+# newest complete checkpoint; a save cut short is never one). A rank that exited 2 (it refused what it
+# was asked) or 3 (stopped by a signal, saved) ends the run: nothing restarts, and the others get torchrun's
+# SIGTERM (a preempted run's other ranks finish their saves).
+monitor, stop = LocalElasticAgent._monitor_workers, LocalElasticAgent._stop_workers
+def monitor_workers(self, group):
+    result = monitor(self, group)
+    ends = {f.exitcode for f in result.failures.values()} & {2, 3}
+    self._remaining_restarts = 0 if ends else self._remaining_restarts
+    self.kill = result.is_failed() and not ends
+    return result
+def stop_workers(self, group, *args, **kwargs):
+    return self._shutdown(signal.SIGKILL) if getattr(self, "kill", False) else stop(self, group, *args, **kwargs)
+LocalElasticAgent._monitor_workers, LocalElasticAgent._stop_workers = monitor_workers, stop_workers
+# Every rendezvous round (the first, each restart) gets a new store. torchrun hosts one TCPStore for all its
+# rounds and points every attempt's ranks at it, where the keys of the attempt before are still set: a
+# restarted rank read the gloo address of a rank that had been killed and was refused (connectFullMesh), or
+# waited for a connection that never came (a hang until the process group's timeout). A new store, hosted
+# by torchrun (unlike TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1's, by rank 0, gone when rank 0 exits), on a port
+# of the round's, which every node reads from the round.
+rendezvous = DynamicRendezvousHandler.next_rendezvous
+def next_rendezvous(self):
+    self._bootstrap_store_info = self._shared_tcp_store_server = None
+    return rendezvous(self)
+DynamicRendezvousHandler.next_rendezvous = next_rendezvous
 def exit_code(code):
     return code if 0 < code < 256 else 128 - code if code < 0 else 1
 try:

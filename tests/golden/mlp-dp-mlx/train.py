@@ -1076,13 +1076,16 @@ class Console:
         print(" | ".join(parts), flush=True)
 
 
-def resolve_resume(args, say):
+def resolve_resume(args, say, most=None):
     """--resume auto: the checkpoint directory when it holds checkpoints (--resume then takes the newest
-    usable one), else a fresh start, which `say` prints in one line."""
+    usable one), else a fresh start, which `say` prints in one line. `most(n)`: the largest of the processes'
+    restart counts, on every process (torchrun counts a restart where a rank failed, not always on the
+    other nodes, whose ranks would otherwise start afresh while the rest resume)."""
     # a restart (torchrun --max-restarts, launch.sh's MAX_RESTARTS) continues from the newest checkpoint
     restart = int(
         os.environ.get("TORCHELASTIC_RESTART_COUNT") or os.environ.get("MITHRIL_RESTART") or 0
     )
+    restart = most(restart) if most else restart
     if restart and args.checkpoint_dir:
         say(f"restart {restart}: continuing as --resume auto")
         args.resume = "auto"

@@ -1593,13 +1593,16 @@ class Console:
         print(" | ".join(parts), flush=True)
 
 
-def resolve_resume(args, say):
+def resolve_resume(args, say, most=None):
     """--resume auto: the checkpoint directory when it holds checkpoints (--resume then takes the newest
-    usable one), else a fresh start, which `say` prints in one line."""
+    usable one), else a fresh start, which `say` prints in one line. `most(n)`: the largest of the processes'
+    restart counts, on every process (torchrun counts a restart where a rank failed, not always on the
+    other nodes, whose ranks would otherwise start afresh while the rest resume)."""
     # a restart (torchrun --max-restarts, launch.sh's MAX_RESTARTS) continues from the newest checkpoint
     restart = int(
         os.environ.get("TORCHELASTIC_RESTART_COUNT") or os.environ.get("MITHRIL_RESTART") or 0
     )
+    restart = most(restart) if most else restart
     if restart and args.checkpoint_dir:
         say(f"restart {restart}: continuing as --resume auto")
         args.resume = "auto"
@@ -1753,6 +1756,13 @@ def any_rank(flag, device):
     return x.item() > 0
 
 
+def most(n, device):
+    """The largest of the ranks' numbers `n`, on every rank (a collective of one number: every rank calls it)."""
+    x = torch.tensor(float(n), device=device)
+    dist.all_reduce(x, op=dist.ReduceOp.MAX)
+    return int(x.item())
+
+
 # ----------------------------------------------------------------------------
 # Main
 # ----------------------------------------------------------------------------
@@ -1768,7 +1778,7 @@ def main(args):
     if args.dry_run:
         return dry_run(model)
     model.to_empty(device=device)
-    resolve_resume(args, log)
+    resolve_resume(args, log, lambda n: most(n, device))
     if not args.resume:  # (a checkpoint restores every parameter and buffer)
         fill_model(
             model,
