@@ -233,3 +233,17 @@ def test_plan_costs_the_forms():
     saved = [estimate(p).worst.activations.by_op["moe"] for p in (plan, capped)]
     assert saved[0] - saved[1] == 2 * (16 * 16 * 4 - 640) * (2 * d + 3 * h) * 4  # (2 layers)
     assert plan.param_count == sum(p.param.numel for p in plan.params)
+
+
+def test_torch_refuses_the_swiglu_experts_over_tensor_and_mlx_refuses_moe():
+    """torch's tensor parallelism splits only the fc/proj experts (E049 naming the swiglu experts); jax splits
+    them (XLA); mlx has no moe layers."""
+    from mithril_spec.targets import check_target
+
+    edits = (("meshes:", "sharding:\n  rules: {mlp: tensor}\nmeshes:"),)
+    plan = compile_file(jax_runs.spec_variant(SPEC, edits), "tensor=2")
+    torch_errors = [d for d in check_target(plan.plan, plan.doc, "torch") if d.code == "E049"]
+    assert any("swiglu experts" in d.message for d in torch_errors), torch_errors
+    assert not check_target(plan.plan, plan.doc, "jax")
+    mlx = check_target(compile_file(SPEC, "single").plan, compile_file(SPEC, "single").doc, "mlx")
+    assert any(d.code == "E049" and "`moe` operator" in d.message for d in mlx), mlx
