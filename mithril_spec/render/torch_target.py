@@ -196,7 +196,7 @@ def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
                 ops.add(layer["op"] + "_rng")
             if attrs.get("activation"):
                 activations.setdefault(layer["op"], set()).add(attrs["activation"])
-            if layer["op"] == "moe":  # the moe forms in use (MoE holds only their code)
+            if "shared_gate" in attrs:  # a moe layer: the forms in use (MoE holds only their code)
                 moe.update(f for f, on in (("normalize", attrs["normalize_gates"]), ("shared", attrs["shared_hidden"]),
                                            ("shared_gate", attrs["shared_gate"]), ("z_loss", attrs["z_loss_weight"]))
                            if on)
@@ -317,7 +317,7 @@ def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
             # what the program holds: only what its spec runs
             "ops": sorted(ops),
             "activations": {op: sorted(a) for op, a in activations.items()},  # mlp / moe activations in use
-            "moe": sorted(moe),  # moe forms in use: normalize, shared, shared_gate, z_loss
+            "moe_forms": sorted(moe),  # moe forms in use: normalize, shared, shared_gate, z_loss
             "rotary": rotary,
             "rope_scaled": rope_scaled,  # an attention layer scales its rotary frequencies (rope_scaling)
             "qk_norm": qk_norm,  # an attention layer normalises each head of q and k (HeadNorm)
