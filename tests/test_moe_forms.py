@@ -4,8 +4,8 @@ routing, shared experts with a sigmoid gate, the router z-loss (specs/moe-shared
 The layer: the generated jax `moe` helper and the torch `MoE` module against a numpy re-implementation of
 docs/program.md "Mixture of experts" (float64), for every form alone and together. Equivalence (docs/program.md
 "Equivalence"): the first step's per-parameter gradients and 3 steps' losses of moe-shared under the targets'
-expert-parallel layouts (jax: data=2 x expert=4 and fsdp=2 x expert=2; torch: data=2 x expert=2) equal
-the one-device build's. The plan: the exported parameters are the plan's; dropless routing and the shared
+expert-parallel layouts (jax: data=2 x expert=4 and fsdp=2 x expert=2, and tensor=2 with the experts' and
+the shared expert's hidden features split; torch: data=2 x expert=2) equal the one-device build's. The plan: the exported parameters are the plan's; dropless routing and the shared
 experts are costed (flops, activations)."""
 
 from __future__ import annotations
@@ -170,10 +170,14 @@ def test_every_form_changes_the_output():
         assert np.abs(_expected(x, p, tuple(form))[0] - full).max() > 1e-3, i
 
 
+TP = (("meshes:", "sharding:\n  rules: {mlp: tensor}\nmeshes:"),)  # the experts' hidden features over `tensor`
+
+
 @pytest.fixture(scope="module")
 def jax_grads():
-    runs = jax_runs.run_many([(jax_runs.build(SPEC, m), *ARGS) for m in JAX_MESHES])
-    return {m: (r, dict(np.load(r.cwd / "grads.npz"))) for m, r in zip(JAX_MESHES, runs)}
+    jobs = [(jax_runs.build(SPEC, m), *ARGS) for m in JAX_MESHES] + [(jax_runs.build(SPEC, "tensor=2", TP), *ARGS)]
+    runs = jax_runs.run_many(jobs)
+    return {m: (r, dict(np.load(r.cwd / "grads.npz"))) for m, r in zip(JAX_MESHES + ["tensor=2"], runs)}
 
 
 @pytest.fixture(scope="module")
@@ -183,7 +187,7 @@ def torch_grads():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mesh", JAX_MESHES[1:], ids=["data2xexpert4", "fsdp2xexpert2"])
+@pytest.mark.parametrize("mesh", JAX_MESHES[1:] + ["tensor=2"], ids=["data2xexpert4", "fsdp2xexpert2", "tensor2"])
 def test_jax_moe_forms_expert_parallel_equal_one_device(jax_grads, mesh):
     (one, g1), (par, gp) = jax_grads["single"], jax_grads[mesh]
     dg = assert_same_gradients(g1, gp, 1e-5, f"jax moe-shared {mesh}")
@@ -191,6 +195,10 @@ def test_jax_moe_forms_expert_parallel_equal_one_device(jax_grads, mesh):
     jax_runs.report(f"moe-shared jax {mesh or 'data=2 x expert=4'} vs 1 device", max_rel_dgrad=dg, max_dloss=dl)
     assert len(par.losses) == 3 and dl < 1e-5
     assert any(".moe.shared_gate.weight" in k for k in g1) and any(".moe.experts.down.weight" in k for k in g1)
+    if mesh == "tensor=2":  # (the hidden features split, as planned)
+        plan = compile_file(jax_runs.spec_variant(SPEC, TP), mesh).plan
+        assert [list(d) for d in plan.param("layers.0.moe.experts.gate.weight").spec] == [[], [], ["tensor"]]
+        assert [list(d) for d in plan.param("layers.0.moe.shared.down.weight").spec] == [["tensor"], []]
 
 
 @pytest.mark.slow
@@ -240,8 +248,7 @@ def test_torch_refuses_the_swiglu_experts_over_tensor_and_mlx_refuses_moe():
     them (XLA); mlx has no moe layers."""
     from mithril_spec.targets import check_target
 
-    edits = (("meshes:", "sharding:\n  rules: {mlp: tensor}\nmeshes:"),)
-    plan = compile_file(jax_runs.spec_variant(SPEC, edits), "tensor=2")
+    plan = compile_file(jax_runs.spec_variant(SPEC, TP), "tensor=2")
     torch_errors = [d for d in check_target(plan.plan, plan.doc, "torch") if d.code == "E049"]
     assert any("swiglu experts" in d.message for d in torch_errors), torch_errors
     assert not check_target(plan.plan, plan.doc, "jax")
