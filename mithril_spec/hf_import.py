@@ -218,7 +218,7 @@ def _llama(c: _Config, seq: int) -> tuple[dict, list[str], str]:
                      "set use_sliding_window to false (full attention)")
         c.get("max_window_layers")  # the layers with sliding windows: none without use_sliding_window
         c.get("sliding_window")  # (read by transformers only with use_sliding_window)
-    elif kind in ("qwen2", "qwen3"):
+    elif kind in ("qwen2", "qwen3", "qwen3_moe"):
         # Qwen2's q, k and v projections have biases, its o projection none; Qwen3's all four or none
         bias = "qkv" if kind == "qwen2" else "true" if c.get("attention_bias", False) else "false"
         if c.get("use_sliding_window", False):
@@ -242,7 +242,7 @@ def _llama(c: _Config, seq: int) -> tuple[dict, list[str], str]:
     attn = (f"{{op: attention, name: self_attn, heads: heads, kv_heads: kv_heads, causal: true, rotary: true, "
             f"rotary_base: {_num(theta)}, bias: {bias}" + (f", head_dim: {head_dim}" if head_dim * heads != d else "")
             + (f", rope_scaling: {_flow(scaling)}" if scaling else "")
-            + (f", qk_norm: true, qk_norm_eps: {_num(eps)}" if kind == "qwen3" else "") + "}")
+            + (f", qk_norm: true, qk_norm_eps: {_num(eps)}" if kind in ("qwen3", "qwen3_moe") else "") + "}")
     norm = f"eps: {_num(eps)}" + (", weight_offset: 1.0" if gemma else "")  # Gemma: x / rms(x) * (1 + weight)
     block = [
         f"{{op: rms_norm, name: input_layernorm, {norm}}}",
@@ -262,13 +262,13 @@ def _llama(c: _Config, seq: int) -> tuple[dict, list[str], str]:
     return dims, [("decoder", block)], layers
 
 
-MOE_FAMILIES = ("mixtral", "qwen2_moe")
+MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe")
 
 
 def _moe(c: _Config, kind: str, dims: dict) -> str:
-    """The moe layer of Mixtral (`block_sparse_moe`: SwiGLU experts w1, w3, w2, top-k gates renormalised) or
+    """The moe layer of Mixtral (`block_sparse_moe`: SwiGLU experts w1, w3, w2, top-k gates renormalised),
     Qwen2-MoE (`mlp`: SwiGLU experts, gates renormalised with norm_topk_prob, one shared SwiGLU expert scaled
-    by a sigmoid gate), both dropless (transformers computes every routed token). transformers adds its
+    by a sigmoid gate) or Qwen3-MoE (Qwen2-MoE's without the shared expert), all dropless (transformers computes every routed token). transformers adds its
     load-balancing loss only with output_router_logits, a loss the moe operator's is not: refused."""
     if kind == "mixtral":
         dims["experts"] = c.need("num_local_experts")
@@ -279,10 +279,13 @@ def _moe(c: _Config, kind: str, dims: dict) -> str:
         layer = "{op: moe, name: block_sparse_moe, experts: experts, top_k: top_k, hidden: ff, activation: swiglu, " \
                 "normalize_gates: true, dropless: true, aux_loss_weight: 0.0}"
     else:
-        dims["experts"] = c.need("num_experts")
+        # (transformers 5's Qwen3-MoE config names the experts' count num_local_experts, transformers 4's num_experts)
+        v5 = kind == "qwen3_moe" and "num_local_experts" in c.data
+        dims["experts"] = c.need("num_local_experts" if v5 else "num_experts")
         dims.pop("ff")  # intermediate_size: the dense MLP layers' (none imported: see below)
         dims["moe_ff"] = c.need("moe_intermediate_size")
-        dims["shared_ff"] = c.need("shared_expert_intermediate_size")
+        if kind == "qwen2_moe":
+            dims["shared_ff"] = c.need("shared_expert_intermediate_size")
         step = c.get("decoder_sparse_step", 1)
         if step != 1:
             c.refuse("decoder_sparse_step", f"{step!r}: dense MLP layers between the moe layers are not imported "
@@ -292,9 +295,9 @@ def _moe(c: _Config, kind: str, dims: dict) -> str:
             c.refuse("mlp_only_layers", f"{dense!r}: dense MLP layers among the moe layers are not imported (every "
                      "layer of the imported model is alike)", "import a model with no mlp_only_layers")
         norm = c.get("norm_topk_prob", False)
+        shared = ", shared_experts: 1, shared_hidden: shared_ff, shared_gate: true" if kind == "qwen2_moe" else ""
         layer = ("{op: moe, name: mlp, experts: experts, top_k: top_k, hidden: moe_ff, activation: swiglu, "
-                 f"normalize_gates: {'true' if norm else 'false'}, dropless: true, shared_experts: 1, "
-                 "shared_hidden: shared_ff, shared_gate: true, aux_loss_weight: 0.0}")
+                 f"normalize_gates: {'true' if norm else 'false'}, dropless: true{shared}, aux_loss_weight: 0.0}}")
     dims["top_k"] = c.need("num_experts_per_tok")
     if dims["top_k"] > dims["experts"]:
         c.refuse("num_experts_per_tok", f"{dims['top_k']} experts per token of {dims['experts']}",
@@ -461,17 +464,16 @@ def _bert(c: _Config, seq: int):
 
 FAMILIES: dict[str, Callable] = {"llama": _llama, "mistral": _llama, "qwen2": _llama, "qwen3": _llama,
                                  "gemma": _llama, "gemma2": _gemma2, "gpt2": _gpt2, "bert": _bert,
-                                 "mixtral": _llama, "qwen2_moe": _llama}
+                                 "mixtral": _llama, "qwen2_moe": _llama, "qwen3_moe": _llama}
 # Families close to those that import, and what the spec language lacks for them (E070 at model_type)
 NOT_YET = {
     "gemma3_text": "its sliding-window layers, q/k norms with (1 + weight) and local rope base are not imported yet "
     "(gemma imports)",
-    "qwen3_moe": "its checkpoints' names and q/k norms with the moe layer are not mapped yet (mixtral and "
-    "qwen2_moe import)",
 }
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM",
-                 "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM", "gpt2": "GPT2LMHeadModel",
+                 "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
+                 "qwen3_moe": "Qwen3MoeForCausalLM", "gpt2": "GPT2LMHeadModel",
                  "bert": "BertForSequenceClassification"}
 
 
@@ -530,7 +532,8 @@ _QWEN2_MOE = _LLAMA + (
     (r"layers\.(\d+)\.mlp\.shared_gate\.weight", "model.layers.{0}.mlp.shared_expert_gate.weight", True, None),
 )
 NAME_RULES = {"llama": _LLAMA, "mistral": _LLAMA, "qwen2": _LLAMA, "qwen3": _LLAMA, "gemma": _LLAMA, "gemma2": _LLAMA,
-              "gpt2": _GPT2, "bert": _BERT, "mixtral": _MIXTRAL, "qwen2_moe": _QWEN2_MOE}
+              "gpt2": _GPT2, "bert": _BERT, "mixtral": _MIXTRAL, "qwen2_moe": _QWEN2_MOE,
+              "qwen3_moe": _QWEN2_MOE}
 # The names in transformers 5's own layout (its modules' state dict), read where a checkpoint lacks the names
 # above: a layer's experts fused, [E, 2 * hidden, d] gate and up joined (parts 0 and 1 of 2, each expert's
 # matrix transposed) and [E, d, hidden] down; Mixtral's block_sparse_moe is `mlp` there
@@ -545,9 +548,11 @@ ALT_RULES = {
     "mixtral": ((r"layers\.(\d+)\.block_sparse_moe\.router\.weight", "model.layers.{0}.mlp.gate.weight", True, None),
                 *_FUSED_EXPERTS),
     "qwen2_moe": _FUSED_EXPERTS,
+    "qwen3_moe": _FUSED_EXPERTS,
 }
 PREFIXES = {"llama": "model.", "mistral": "model.", "qwen2": "model.", "qwen3": "model.", "gemma": "model.",
-            "gemma2": "model.", "gpt2": "transformer.", "bert": "bert.", "mixtral": "model.", "qwen2_moe": "model."}
+            "gemma2": "model.", "gpt2": "transformer.", "bert": "bert.", "mixtral": "model.", "qwen2_moe": "model.",
+            "qwen3_moe": "model."}
 
 
 def hf_name(model_type: str, name: str, ndim: int) -> tuple[str, bool, int, int] | None:

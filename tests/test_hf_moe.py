@@ -1,7 +1,7 @@
-"""Mixtral and Qwen2-MoE imported from tiny random transformers models (built and saved locally, nothing is
-downloaded), `mithril-spec import hf --seq 16`. Their moe layers: SwiGLU experts, top-k gates renormalised
-(Mixtral; Qwen2-MoE with norm_topk_prob) or not, dropless routing, Qwen2-MoE's shared expert with its sigmoid
-gate.
+"""Mixtral, Qwen2-MoE and Qwen3-MoE imported from tiny random transformers models (built and saved locally,
+nothing is downloaded), `mithril-spec import hf --seq 16`. Their moe layers: SwiGLU experts, top-k gates
+renormalised (Mixtral; Qwen2-MoE and Qwen3-MoE with norm_topk_prob) or not, dropless routing, Qwen2-MoE's
+shared expert with its sigmoid gate; Qwen3-MoE's q/k norms.
 
 Checkpoints in both layouts: what save_pretrained writes (one tensor per expert, `experts.N.w1.weight`, the
 layout of transformers 4 checkpoints, which transformers 5 converts to on saving) and transformers 5's own
@@ -37,6 +37,9 @@ MODELS = {  # name -> (config class, fields, model class)
     "qwen2-moe-norm": ("Qwen2MoeConfig", {"intermediate_size": 64, "moe_intermediate_size": 24, "num_experts": 4,
                                           "shared_expert_intermediate_size": 40, "norm_topk_prob": True,
                                           "num_experts_per_tok": 3}, "Qwen2MoeForCausalLM"),
+    # Qwen3-MoE: Qwen3's attention (q/k norms), Qwen2-MoE's moe layer without the shared expert
+    "qwen3-moe": ("Qwen3MoeConfig", {"intermediate_size": 64, "moe_intermediate_size": 24, "num_experts": 4,
+                                     "head_dim": 16, "norm_topk_prob": True}, "Qwen3MoeForCausalLM"),
 }
 
 
@@ -91,6 +94,8 @@ def test_the_layouts_are_the_ones_described():
     qwen = model("qwen2-moe")[1].read_text()
     assert "normalize_gates: false" in qwen and "shared_hidden: shared_ff, shared_gate: true" in qwen
     assert "bias: qkv" in qwen and "normalize_gates: true" in model("qwen2-moe-norm")[1].read_text()
+    qwen3 = model("qwen3-moe")[1].read_text()
+    assert "qk_norm: true" in qwen3 and "normalize_gates: true" in qwen3 and "shared" not in qwen3
 
 
 CASES = [(name, layout, runs, mesh) for name in MODELS for layout in ("per-expert", "fused") for runs in (tr, jr)
