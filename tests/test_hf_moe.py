@@ -143,6 +143,8 @@ def test_trains_and_exports_a_checkpoint_transformers_loads(runs, mesh, name):
     ("qwen2-moe", "decoder_sparse_step", 2),
     ("qwen2-moe", "mlp_only_layers", [1]),
     ("qwen2-moe", "use_sliding_window", True),
+    ("qwen3-moe", "decoder_sparse_step", 2),
+    ("qwen3-moe", "output_router_logits", True),
 ])
 def test_fields_that_change_the_model_are_refused(tmp_path, capsys, name, field, value):
     directory, _ = model(name)
@@ -154,13 +156,17 @@ def test_fields_that_change_the_model_are_refused(tmp_path, capsys, name, field,
     assert rc == 1 and [d["code"] for d in diags] == ["E070"] and field in diags[0]["message"], diags
 
 
-def test_transformers_4_config_imports_alike(tmp_path):
-    """A transformers 4 config (top-level rope_theta, no qkv_bias, no layer_types) gives the same model."""
-    directory, spec = model("qwen2-moe")
+@pytest.mark.parametrize("name", ["qwen2-moe", "qwen3-moe"])
+def test_transformers_4_config_imports_alike(tmp_path, name):
+    """A transformers 4 config (top-level rope_theta, no qkv_bias, no layer_types, Qwen3-MoE's num_experts for
+    num_local_experts) gives the same model."""
+    directory, spec = model(name)
     config = json.loads((directory / "config.json").read_text())
     theta = config.pop("rope_parameters")["rope_theta"]
     for key in ("qkv_bias", "layer_types"):
         config.pop(key, None)
+    if "num_local_experts" in config:
+        config["num_experts"] = config.pop("num_local_experts")
     path = tmp_path / "config.json"
     path.write_text(json.dumps({**config, "rope_theta": theta, "rope_scaling": None, "transformers_version": "4.51.0"}))
     out = tmp_path / "old.yaml"
