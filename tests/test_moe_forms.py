@@ -254,3 +254,19 @@ def test_torch_refuses_the_swiglu_experts_over_tensor_and_mlx_refuses_moe():
     assert not check_target(plan.plan, plan.doc, "jax")
     mlx = check_target(compile_file(SPEC, "single").plan, compile_file(SPEC, "single").doc, "mlx")
     assert any(d.code == "E049" and "`moe` operator" in d.message for d in mlx), mlx
+
+
+NO_Z = (("z_loss_weight: 0.001", "z_loss_weight: 0.0"),)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("runs", [jax_runs, torch_runs], ids=["jax", "torch"])
+def test_the_router_z_loss_joins_the_loss(runs):
+    """The first step's loss less that of the build without the z-loss (the same parameters) is 0.001 times
+    the two layers' z-losses: near 2 * log(4)^2 (the routers start near uniform: logsumexp of 4 logits near 0;
+    4.05 measured, the logits' spread adds to it)."""
+    with_z = runs.run(runs.build(SPEC, "single"), "--steps", "1")
+    no_z = runs.run(runs.build(SPEC, "single", NO_Z), "--steps", "1")
+    z = float(with_z.losses[0] - no_z.losses[0]) / 0.001
+    runs.report(f"moe-shared {runs.__name__}: z-loss in the first loss", z=z)
+    assert 0.9 < z / (2 * np.log(4) ** 2) < 1.2, z
