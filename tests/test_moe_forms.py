@@ -270,3 +270,18 @@ def test_the_router_z_loss_joins_the_loss(runs):
     z = float(with_z.losses[0] - no_z.losses[0]) / 0.001
     runs.report(f"moe-shared {runs.__name__}: z-loss in the first loss", z=z)
     assert 0.9 < z / (2 * np.log(4) ** 2) < 1.2, z
+
+
+PIPE = (("training:", "pipeline: {microbatches: 2, schedule: gpipe}\n\ntraining:"),)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("runs", [jax_runs, torch_runs], ids=["jax", "torch"])
+def test_pipelined_moe_forms_equal_one_stage(runs):
+    """gpipe over pipe=2 (one moe layer per stage): each micro-batch's load-balancing and z-losses reach the
+    loss from its stage, as in the one-stage build (its micro-batches one after the other)."""
+    one = runs.run(runs.build(SPEC, "single", PIPE), "--steps", "3")
+    pipe = runs.run(runs.build(SPEC, "pipe=2", PIPE), "--steps", "3")
+    dl = float(np.abs(pipe.losses - one.losses).max())
+    runs.report(f"moe-shared {runs.__name__} pipe=2 vs one stage", max_dloss=dl)
+    assert len(pipe.losses) == 3 and dl < 1e-5
