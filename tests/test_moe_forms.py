@@ -285,3 +285,17 @@ def test_pipelined_moe_forms_equal_one_stage(runs):
     dl = float(np.abs(pipe.losses - one.losses).max())
     runs.report(f"moe-shared {runs.__name__} pipe=2 vs one stage", max_dloss=dl)
     assert len(pipe.losses) == 3 and dl < 1e-5
+
+
+@pytest.mark.parametrize("edit, field", [
+    (("dropless: true,", "dropless: true, capacity_factor: 2.0,"), "capacity_factor"),
+    (("activation: swiglu,", "activation: gelu,"), "shared_experts"),
+    (("shared_experts: 1, shared_hidden: shared_ff, shared_gate: true,", "shared_gate: true,"), "shared_gate"),
+    (("shared_experts: 1, shared_hidden: shared_ff, shared_gate: true,", "shared_hidden: shared_ff,"), "shared_hidden"),
+])
+def test_settings_that_do_not_combine_are_refused(capsys, edit, field):
+    from mithril_spec.cli import main as cli
+
+    rc = cli(["validate", str(jax_runs.spec_variant(SPEC, (edit,)))])
+    err = capsys.readouterr().err
+    assert rc == 1 and "E030" in err and field in err, err

@@ -31,7 +31,7 @@ class MoeArgs(LayerArgs):
     normalize_gates: bool = Field(False, description="renormalise each token's top_k gates to sum to 1 (Mixtral; "
                                   "Qwen2-MoE's norm_topk_prob); false: the router's probabilities as they are")
     dropless: bool = Field(False, description="no capacity: every expert has a slot for every token of the sample, "
-                           "so no routed token is dropped (capacity_factor is not used); computes experts / top_k "
+                           "so no routed token is dropped (no capacity_factor with it); computes experts / top_k "
                            "times the slots of capacity_factor 1")
     shared_experts: int = Field(0, ge=0, description="experts every token passes besides its routed ones "
                                 "(Qwen2-MoE: 1, DeepSeek: n), one bias-free SwiGLU MLP of shared_experts * "
@@ -76,6 +76,9 @@ class Moe(Op):
         n_shared = args.shared_experts
         if n_shared and not swiglu:
             raise OpError("E030", "shared experts are SwiGLU MLPs: set activation: swiglu", "shared_experts")
+        if args.dropless and "capacity_factor" in args.model_fields_set:
+            raise OpError("E030", "dropless routing has no capacity: remove capacity_factor (or dropless)",
+                          "capacity_factor")
         if not n_shared and (args.shared_gate or args.shared_hidden is not None):
             field = "shared_gate" if args.shared_gate else "shared_hidden"
             raise OpError("E030", f"{field} is a setting of the shared experts: set shared_experts", field)
