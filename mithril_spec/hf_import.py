@@ -208,7 +208,17 @@ def _llama(c: _Config, seq: int) -> tuple[dict, list[str], str]:
     c.get("pretraining_tp")  # a way to split the same matmuls: the model is the same
     eps = c.get("rms_norm_eps", 1e-6)
     theta, scaling = _rope(c)
-    if kind in ("qwen2", "qwen3"):
+    ffn = "{op: mlp, name: mlp, hidden: ff, activation: swiglu" + (", gate_activation: gelu}" if gemma else "}")
+    if kind in MOE_FAMILIES:
+        ffn = _moe(c, kind, dims)
+    if kind == "qwen2_moe":  # Qwen2's attention: biases on q, k and v (transformers 5's qkv_bias)
+        bias = "qkv" if c.get("qkv_bias", True) else "false"
+        if c.get("use_sliding_window", False):
+            c.refuse("use_sliding_window", "sliding-window attention is not in the spec language",
+                     "set use_sliding_window to false (full attention)")
+        c.get("max_window_layers")  # the layers with sliding windows: none without use_sliding_window
+        c.get("sliding_window")  # (read by transformers only with use_sliding_window)
+    elif kind in ("qwen2", "qwen3", "qwen3_moe"):
         # Qwen2's q, k and v projections have biases, its o projection none; Qwen3's all four or none
         bias = "qkv" if kind == "qwen2" else "true" if c.get("attention_bias", False) else "false"
         if c.get("use_sliding_window", False):
@@ -232,15 +242,15 @@ def _llama(c: _Config, seq: int) -> tuple[dict, list[str], str]:
     attn = (f"{{op: attention, name: self_attn, heads: heads, kv_heads: kv_heads, causal: true, rotary: true, "
             f"rotary_base: {_num(theta)}, bias: {bias}" + (f", head_dim: {head_dim}" if head_dim * heads != d else "")
             + (f", rope_scaling: {_flow(scaling)}" if scaling else "")
-            + (f", qk_norm: true, qk_norm_eps: {_num(eps)}" if kind == "qwen3" else "") + "}")
+            + (f", qk_norm: true, qk_norm_eps: {_num(eps)}" if kind in ("qwen3", "qwen3_moe") else "") + "}")
     norm = f"eps: {_num(eps)}" + (", weight_offset: 1.0" if gemma else "")  # Gemma: x / rms(x) * (1 + weight)
     block = [
         f"{{op: rms_norm, name: input_layernorm, {norm}}}",
         attn,
         "{op: add, name: res1, inputs: [block_input, self_attn]}",
         f"{{op: rms_norm, name: post_attention_layernorm, {norm}}}",
-        "{op: mlp, name: mlp, hidden: ff, activation: swiglu" + (", gate_activation: gelu}" if gemma else "}"),
-        "{op: add, name: res2, inputs: [res1, mlp]}",
+        ffn,
+        f"{{op: add, name: res2, inputs: [res1, {'block_sparse_moe' if kind == 'mixtral' else 'mlp'}]}}",
     ]
     layers = [
         "{op: embedding, name: embed_tokens, vocab: vocab, dim: d, input: tokens"
@@ -250,6 +260,55 @@ def _llama(c: _Config, seq: int) -> tuple[dict, list[str], str]:
         "{op: linear, name: lm_head, dimension: vocab, bias: false" + (", tie: embed_tokens}" if tie else "}"),
     ]
     return dims, [("decoder", block)], layers
+
+
+MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe")
+
+
+def _moe(c: _Config, kind: str, dims: dict) -> str:
+    """The moe layer of Mixtral (`block_sparse_moe`: SwiGLU experts w1, w3, w2, top-k gates renormalised),
+    Qwen2-MoE (`mlp`: SwiGLU experts, gates renormalised with norm_topk_prob, one shared SwiGLU expert scaled
+    by a sigmoid gate) or Qwen3-MoE (Qwen2-MoE's without the shared expert), all dropless (transformers computes every routed token). transformers adds its
+    load-balancing loss only with output_router_logits, a loss the moe operator's is not: refused."""
+    if kind == "mixtral":
+        dims["experts"] = c.need("num_local_experts")
+        jitter = c.get("router_jitter_noise", 0.0)
+        if jitter:
+            c.refuse("router_jitter_noise", f"{jitter!r}: multiplicative noise on the router's input in training "
+                     "is not in the moe operator", "set router_jitter_noise to 0")
+        layer = "{op: moe, name: block_sparse_moe, experts: experts, top_k: top_k, hidden: ff, activation: swiglu, " \
+                "normalize_gates: true, dropless: true, aux_loss_weight: 0.0}"
+    else:
+        # (transformers 5's Qwen3-MoE config names the experts' count num_local_experts, transformers 4's num_experts)
+        v5 = kind == "qwen3_moe" and "num_local_experts" in c.data
+        dims["experts"] = c.need("num_local_experts" if v5 else "num_experts")
+        dims.pop("ff")  # intermediate_size: the dense MLP layers' (none imported: see below)
+        dims["moe_ff"] = c.need("moe_intermediate_size")
+        if kind == "qwen2_moe":
+            dims["shared_ff"] = c.need("shared_expert_intermediate_size")
+        step = c.get("decoder_sparse_step", 1)
+        if step != 1:
+            c.refuse("decoder_sparse_step", f"{step!r}: dense MLP layers between the moe layers are not imported "
+                     "(every layer of the imported model is alike)", "import a model with decoder_sparse_step 1")
+        dense = c.get("mlp_only_layers") or []
+        if dense:
+            c.refuse("mlp_only_layers", f"{dense!r}: dense MLP layers among the moe layers are not imported (every "
+                     "layer of the imported model is alike)", "import a model with no mlp_only_layers")
+        norm = c.get("norm_topk_prob", False)
+        shared = ", shared_experts: 1, shared_hidden: shared_ff, shared_gate: true" if kind == "qwen2_moe" else ""
+        layer = ("{op: moe, name: mlp, experts: experts, top_k: top_k, hidden: moe_ff, activation: swiglu, "
+                 f"normalize_gates: {'true' if norm else 'false'}, dropless: true{shared}, aux_loss_weight: 0.0}}")
+    dims["top_k"] = c.need("num_experts_per_tok")
+    if dims["top_k"] > dims["experts"]:
+        c.refuse("num_experts_per_tok", f"{dims['top_k']} experts per token of {dims['experts']}",
+                 "check the config")
+    if c.get("output_router_logits", False):
+        c.refuse("output_router_logits", "transformers' load-balancing loss (over every top-k choice, over the "
+                 "tokens of all layers together) is not the moe operator's (first choices, per layer and sample)",
+                 "set output_router_logits to false: the imported model trains without a load-balancing loss "
+                 "(add aux_loss_weight to its moe layers for the operator's own)")
+    c.get("router_aux_loss_coef")  # (transformers' loss weight: only with output_router_logits)
+    return layer
 
 
 def _gemma2(c: _Config, seq: int):
@@ -404,21 +463,17 @@ def _bert(c: _Config, seq: int):
 
 
 FAMILIES: dict[str, Callable] = {"llama": _llama, "mistral": _llama, "qwen2": _llama, "qwen3": _llama,
-                                 "gemma": _llama, "gemma2": _gemma2, "gpt2": _gpt2, "bert": _bert}
+                                 "gemma": _llama, "gemma2": _gemma2, "gpt2": _gpt2, "bert": _bert,
+                                 "mixtral": _llama, "qwen2_moe": _llama, "qwen3_moe": _llama}
 # Families close to those that import, and what the spec language lacks for them (E070 at model_type)
 NOT_YET = {
     "gemma3_text": "its sliding-window layers, q/k norms with (1 + weight) and local rope base are not imported yet "
     "(gemma imports)",
-    "mixtral": "its experts are bias-free SwiGLU MLPs with renormalised top-k gates, stored fused "
-    "(experts.gate_up_proj, experts.down_proj); the moe operator's experts are gelu/relu/silu MLPs with biases "
-    "and gates not renormalised (its capacity-based routing would be dropless with capacity_factor = experts / "
-    "top_k), and those checkpoint names are not mapped yet",
-    "qwen2_moe": "its shared expert and dropless routing are not in the moe operator",
-    "qwen3_moe": "its SwiGLU experts and dropless routing are not in the moe operator",
 }
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM",
-                 "gpt2": "GPT2LMHeadModel",
+                 "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
+                 "qwen3_moe": "Qwen3MoeForCausalLM", "gpt2": "GPT2LMHeadModel",
                  "bert": "BertForSequenceClassification"}
 
 
@@ -458,22 +513,72 @@ _BERT = (
     (r"pooler\.(weight|bias)", "bert.pooler.dense.{0}", True, None),
     (r"classifier\.(weight|bias)", "classifier.{0}", True, None),
 )
+# A moe layer's experts [E, ...]: `*` in the transformers name stands for the expert index (one tensor per
+# expert, each transposed: the checkpoints of transformers 4, and what transformers 5 writes)
+_MIXTRAL = _LLAMA + (
+    (r"layers\.(\d+)\.block_sparse_moe\.router\.weight", "model.layers.{0}.block_sparse_moe.gate.weight", True, None),
+    (r"layers\.(\d+)\.block_sparse_moe\.experts\.gate\.weight", "model.layers.{0}.block_sparse_moe.experts.*.w1.weight",
+     True, None),
+    (r"layers\.(\d+)\.block_sparse_moe\.experts\.up\.weight", "model.layers.{0}.block_sparse_moe.experts.*.w3.weight",
+     True, None),
+    (r"layers\.(\d+)\.block_sparse_moe\.experts\.down\.weight", "model.layers.{0}.block_sparse_moe.experts.*.w2.weight",
+     True, None),
+)
+_QWEN2_MOE = _LLAMA + (
+    (r"layers\.(\d+)\.mlp\.router\.weight", "model.layers.{0}.mlp.gate.weight", True, None),
+    (r"layers\.(\d+)\.mlp\.experts\.(gate|up|down)\.weight", "model.layers.{0}.mlp.experts.*.{1}_proj.weight", True, None),
+    (r"layers\.(\d+)\.mlp\.shared\.(gate|up|down)\.weight", "model.layers.{0}.mlp.shared_expert.{1}_proj.weight", True,
+     None),
+    (r"layers\.(\d+)\.mlp\.shared_gate\.weight", "model.layers.{0}.mlp.shared_expert_gate.weight", True, None),
+)
 NAME_RULES = {"llama": _LLAMA, "mistral": _LLAMA, "qwen2": _LLAMA, "qwen3": _LLAMA, "gemma": _LLAMA, "gemma2": _LLAMA,
-              "gpt2": _GPT2, "bert": _BERT}
+              "gpt2": _GPT2, "bert": _BERT, "mixtral": _MIXTRAL, "qwen2_moe": _QWEN2_MOE,
+              "qwen3_moe": _QWEN2_MOE}
+# The names in transformers 5's own layout (its modules' state dict), read where a checkpoint lacks the names
+# above: a layer's experts fused, [E, 2 * hidden, d] gate and up joined (parts 0 and 1 of 2, each expert's
+# matrix transposed) and [E, d, hidden] down; Mixtral's block_sparse_moe is `mlp` there
+_GATE_UP = "model.layers.{0}.mlp.experts.gate_up_proj"
+_FUSED_EXPERTS = (
+    (r"layers\.(\d+)\.(?:block_sparse_moe|mlp)\.experts\.gate\.weight", _GATE_UP, True, ("gate", "up")),
+    (r"layers\.(\d+)\.(?:block_sparse_moe|mlp)\.experts\.up\.weight", _GATE_UP, True, ("gate", "up")),
+    (r"layers\.(\d+)\.(?:block_sparse_moe|mlp)\.experts\.down\.weight", "model.layers.{0}.mlp.experts.down_proj", True,
+     None),
+)
+ALT_RULES = {
+    "mixtral": ((r"layers\.(\d+)\.block_sparse_moe\.router\.weight", "model.layers.{0}.mlp.gate.weight", True, None),
+                *_FUSED_EXPERTS),
+    "qwen2_moe": _FUSED_EXPERTS,
+    "qwen3_moe": _FUSED_EXPERTS,
+}
 PREFIXES = {"llama": "model.", "mistral": "model.", "qwen2": "model.", "qwen3": "model.", "gemma": "model.",
-            "gemma2": "model.", "gpt2": "transformer.", "bert": "bert."}
+            "gemma2": "model.", "gpt2": "transformer.", "bert": "bert.", "mixtral": "model.", "qwen2_moe": "model.",
+            "qwen3_moe": "model."}
 
 
 def hf_name(model_type: str, name: str, ndim: int) -> tuple[str, bool, int, int] | None:
     """(transformers name, transposed, part, parts) of canonical parameter `name` (of `ndim` dimensions), or
     None when the family has no such parameter: the canonical tensor is part `part` of `parts` equal parts
     of the transformers tensor's last dimension, after transposing it when `transposed`."""
-    for pattern, template, transposed, fused in NAME_RULES[model_type]:
+    return _match(NAME_RULES[model_type], model_type, name, ndim)
+
+
+def hf_alt_name(model_type: str, name: str, ndim: int) -> tuple[str, bool, int, int] | None:
+    """Like hf_name, the name in transformers 5's own layout where it differs (ALT_RULES: fused experts)."""
+    return _match(ALT_RULES.get(model_type, ()), model_type, name, ndim)
+
+
+def _match(rules, model_type: str, name: str, ndim: int) -> tuple[str, bool, int, int] | None:
+    for pattern, template, transposed, fused in rules:
         m = re.fullmatch(pattern, name)
         if m:
             groups = [(_BERT_QKV.get(g, g) if model_type == "bert" else g) for g in m.groups()]
-            part, parts = (fused.index(m.group(2)), len(fused)) if fused else (0, 1)
-            return template.format(*groups), transposed and ndim == 2, part, parts
+            if fused and template == _GATE_UP:  # (which of gate and up: the canonical name's)
+                part, parts = (0 if ".experts.gate." in name else 1), 2
+            else:
+                part, parts = (fused.index(m.group(2)), len(fused)) if fused else (0, 1)
+            # (per expert or fused, a moe layer's experts are stored as matrices each transposed)
+            each = "*" in template or template in (_GATE_UP, "model.layers.{0}.mlp.experts.down_proj")
+            return template.format(*groups), transposed and (ndim == 2 or each), part, parts
     return None
 
 
@@ -508,9 +613,22 @@ def hf_context(plan) -> dict[str, Any] | None:
             key, *rest = hf_name(hf.model_type, f"{r.name}.{mark}.{b.local}", len(b.first.param.shape))
             before, after = key.split(mark)
             block_names.setdefault(r.name, {})[b.local] = [before, after, *rest]
+    alt_names = {p.name: list(a) for p in plan.top_params
+                 if (a := hf_alt_name(hf.model_type, p.name, len(p.param.shape)))}
+    alt_block_names: dict[str, dict[str, list]] = {}
+    for r in plan.repeats:
+        for b in r.params:
+            mark = str(10 ** 12 + 7)
+            alt = hf_alt_name(hf.model_type, f"{r.name}.{mark}.{b.local}", len(b.first.param.shape))
+            if alt:
+                key, *rest = alt
+                before, after = key.split(mark)
+                alt_block_names.setdefault(r.name, {})[b.local] = [before, after, *rest]
     config = {**hf.config, "architectures": [hf.architecture], "model_type": hf.model_type}
     return {"model_type": hf.model_type, "architecture": hf.architecture, "config": config, "names": names,
-            "block_names": block_names, "prefix": PREFIXES[hf.model_type]}
+            "block_names": block_names, "prefix": PREFIXES[hf.model_type],
+            # transformers 5's names where they differ (a moe layer's fused experts): none for most families
+            "alt_names": alt_names, "alt_block_names": alt_block_names, "experts": bool(alt_names or alt_block_names)}
 
 
 def _inputs(family: str, logits: str = "lm_head") -> tuple[list[str], str]:

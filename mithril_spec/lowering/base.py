@@ -136,10 +136,15 @@ def tensor_parallel_errors(plan: Plan, doc: Document, name: str, title: str, voc
             elif kind == "experts":
                 handled = OPS[node.op].handled_dims
                 if any(styles.values()) and any(d != handled.get(n, ()) for n, d in styles.items()):
-                    err(node, f"`{node.name}`: {title} tensor parallelism splits a moe layer's experts on their "
-                        "hidden features (experts.fc on its outputs, experts.proj on its inputs) or not at all",
-                        help="rule `mlp` to `tensor` and leave the router, the experts' other dimensions and "
-                        "experts.proj.bias whole")
+                    if node.attrs["activation"] == "swiglu":
+                        err(node, f"`{node.name}`: {title} tensor parallelism does not split a moe layer's swiglu "
+                            "experts or shared experts (only the fc/proj experts, on their hidden features)",
+                            help="rule `mlp` to no mesh axis (or to `tensor` with the jax target)")
+                    else:
+                        err(node, f"`{node.name}`: {title} tensor parallelism splits a moe layer's experts on their "
+                            "hidden features (experts.fc on its outputs, experts.proj on its inputs) or not at all",
+                            help="rule `mlp` to `tensor` and leave the router, the experts' other dimensions and "
+                            "experts.proj.bias whole")
             elif kind == "gather":
                 pass  # stored split, gathered whole for use
             elif any(styles.values()):

@@ -57,7 +57,8 @@ def _moe(layer: dict[str, Any], plan: Plan, prefix: str) -> None:
     """The two layouts of the dispatched tokens [B, E, C, d] (the capacity C per sample is the plan's:
     `attrs["capacity"]`, decided by ops/moe.py)."""
     batch = list(plan.batch_axes)
-    experts = list(plan.param(f"{prefix}{layer['name']}.experts.fc.weight").spec[0])
+    form = "gate" if layer["attrs"]["activation"] == "swiglu" else "fc"
+    experts = list(plan.param(f"{prefix}{layer['name']}.experts.{form}.weight").spec[0])
     layer["moe_tokens_layout"] = [batch or None, None, None, None]
     layer["moe_experts_layout"] = [[x for x in batch if x not in experts] or None, experts or None, None, None]
 

@@ -69,6 +69,7 @@ class TorchSettings:
 
     ops: list[str]
     activations: dict[str, list[str]]
+    moe_forms: list[str]
     rotary: bool
     rope_scaled: bool
     qk_norm: bool

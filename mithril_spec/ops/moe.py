@@ -1,9 +1,16 @@
-"""moe: a mixture-of-experts feed-forward layer with top-k routing; experts shard over the `expert` axis."""
+"""moe: a mixture-of-experts feed-forward layer with top-k routing; experts shard over the `expert` axis.
+
+Two expert forms: fc -> activation -> proj with biases (gelu, relu, silu), or bias-free SwiGLU (gate, up,
+down: Mixtral's w1, w3, w2). Gates are the router's softmax probabilities of the chosen experts, optionally
+renormalised over them (Mixtral; Qwen2-MoE's norm_topk_prob). Routing has `capacity` slots per expert and
+sample, or is dropless (every expert has a slot for every token of the sample). Shared experts (Qwen2-MoE,
+DeepSeek) are one SwiGLU MLP that every token passes, optionally scaled by a sigmoid gate; a router z-loss
+joins the load-balancing loss."""
 
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Literal, Optional
 
 from pydantic import Field
 
@@ -18,7 +25,22 @@ class MoeArgs(LayerArgs):
     hidden: Size = Field(description="hidden size of each expert's MLP")
     capacity_factor: float = Field(1.25, gt=0, description="slots per expert = capacity_factor * tokens * top_k / experts")
     aux_loss_weight: float = Field(0.01, ge=0, description="weight of the load-balancing loss added to the model loss")
-    activation: Literal["gelu", "relu", "silu"] = "gelu"
+    activation: Literal["gelu", "relu", "silu", "swiglu"] = Field(
+        "gelu", description="the experts' MLP: fc -> activation -> proj with biases, or swiglu: bias-free "
+        "down(silu(gate(x)) * up(x)) (Mixtral's w1, w3, w2)")
+    normalize_gates: bool = Field(False, description="renormalise each token's top_k gates to sum to 1 (Mixtral; "
+                                  "Qwen2-MoE's norm_topk_prob); false: the router's probabilities as they are")
+    dropless: bool = Field(False, description="no capacity: every expert has a slot for every token of the sample, "
+                           "so no routed token is dropped (no capacity_factor with it); computes experts / top_k "
+                           "times the slots of capacity_factor 1")
+    shared_experts: int = Field(0, ge=0, description="experts every token passes besides its routed ones "
+                                "(Qwen2-MoE: 1, DeepSeek: n), one bias-free SwiGLU MLP of shared_experts * "
+                                "shared_hidden features; needs activation: swiglu")
+    shared_hidden: Optional[Size] = Field(None, description="hidden size of each shared expert (default: hidden)")
+    shared_gate: bool = Field(False, description="scale the shared experts' output by sigmoid(x @ shared_gate.weight) "
+                              "(Qwen2-MoE's shared_expert_gate)")
+    z_loss_weight: float = Field(0.0, ge=0, description="weight of the router z-loss (mean over tokens of "
+                                 "logsumexp(router logits)^2) added to the model loss")
 
 
 class Moe(Op):
@@ -30,8 +52,11 @@ class Moe(Op):
     # capacity is filled in token order over the whole sample: under context parallelism the programs gather
     # the sequence in its order, run the layer whole on every context rank and keep the rank's places
     context_parallel = "gather"
+    # (tensor parallelism in torch: the fc/proj form's experts only; the swiglu experts and the shared experts
+    # have no handled dimensions, so a split of them over `tensor` is an E049 there)
     handled_dims = {"experts.fc.weight": (2,), "experts.fc.bias": (1,), "experts.proj.weight": (1,)}
-    expert_dims = {"experts.fc.weight": 0, "experts.fc.bias": 0, "experts.proj.weight": 0, "experts.proj.bias": 0}
+    expert_dims = {"experts.fc.weight": 0, "experts.fc.bias": 0, "experts.proj.weight": 0, "experts.proj.bias": 0,
+                   "experts.gate.weight": 0, "experts.up.weight": 0, "experts.down.weight": 0}
 
     def pipeline_limit(self, attrs):
         return "moe layers (their load-balancing loss does not cross the pipeline yet)"
@@ -47,28 +72,62 @@ class Moe(Op):
                           help="each token is routed to top_k distinct experts")
         tokens = x.numel // d
         tokens_per_sample = tokens
-        params = (
-            ParamDef("router.weight", (d, e), (emb, None)),
-            ParamDef("experts.fc.weight", (e, d, h), ("experts", emb, "mlp")),
-            ParamDef("experts.fc.bias", (e, h), ("experts", "mlp"), init="zeros"),
-            ParamDef("experts.proj.weight", (e, h, d), ("experts", "mlp", emb)),
-            ParamDef("experts.proj.bias", (e, d), ("experts", emb), init="zeros"),
-        )
-        flops = 2 * tokens * d * e + k * (2 * tokens * 2 * d * h + 8 * tokens * h)
-        # Slots per expert per sample (docs/program.md "Mixture of experts"): decided here, once, for every target.
-        capacity = math.ceil(args.capacity_factor * tokens_per_sample * k / e)
+        swiglu = args.activation == "swiglu"
+        n_shared = args.shared_experts
+        if n_shared and not swiglu:
+            raise OpError("E030", "shared experts are SwiGLU MLPs: set activation: swiglu", "shared_experts")
+        if args.dropless and "capacity_factor" in args.model_fields_set:
+            raise OpError("E030", "dropless routing has no capacity: remove capacity_factor (or dropless)",
+                          "capacity_factor")
+        if not n_shared and (args.shared_gate or args.shared_hidden is not None):
+            field = "shared_gate" if args.shared_gate else "shared_hidden"
+            raise OpError("E030", f"{field} is a setting of the shared experts: set shared_experts", field)
+        params = [ParamDef("router.weight", (d, e), (emb, None))]
+        if swiglu:
+            params += [ParamDef("experts.gate.weight", (e, d, h), ("experts", emb, "mlp")),
+                       ParamDef("experts.up.weight", (e, d, h), ("experts", emb, "mlp")),
+                       ParamDef("experts.down.weight", (e, h, d), ("experts", "mlp", emb))]
+            expert_flops = 2 * 3 * d * h + 4 * h  # per routed token: three matmuls, silu and the product
+        else:
+            params += [ParamDef("experts.fc.weight", (e, d, h), ("experts", emb, "mlp")),
+                       ParamDef("experts.fc.bias", (e, h), ("experts", "mlp"), init="zeros"),
+                       ParamDef("experts.proj.weight", (e, h, d), ("experts", "mlp", emb)),
+                       ParamDef("experts.proj.bias", (e, d), ("experts", emb), init="zeros")]
+            expert_flops = 2 * 2 * d * h + 8 * h
+        sh = n_shared * (size("shared_hidden") if args.shared_hidden is not None else h)
+        if n_shared:
+            params += [ParamDef("shared.gate.weight", (d, sh), (emb, "mlp")),
+                       ParamDef("shared.up.weight", (d, sh), (emb, "mlp")),
+                       ParamDef("shared.down.weight", (sh, d), ("mlp", emb))]
+            if args.shared_gate:
+                params.append(ParamDef("shared_gate.weight", (d, 1), (emb, None)))
+        # Slots per expert per sample (docs/program.md "Mixture of experts"): decided here, once, for every
+        # target. Dropless: as many as the sample's tokens (a token chooses an expert at most once).
+        capacity = tokens_per_sample if args.dropless else math.ceil(args.capacity_factor * tokens_per_sample * k / e)
+        # the router and the experts: top_k expert MLPs per token, or under dropless routing what the programs
+        # compute, every expert over every slot (experts / top_k times as much)
+        routed = e * capacity if args.dropless else k * tokens
+        flops = 2 * tokens * d * e + routed * expert_flops
+        if n_shared:
+            flops += tokens * (2 * 3 * d * sh + 4 * sh + (2 * d + 4 if args.shared_gate else 0))
+        if args.z_loss_weight:
+            flops += 3 * tokens * e
         attrs = {"dim": d, "experts": e, "top_k": k, "hidden": h, "capacity_factor": args.capacity_factor,
-                 "capacity": capacity,
-                 "aux_loss_weight": args.aux_loss_weight, "activation": args.activation}
-        return OpResult(x, params, attrs, flops=flops)
+                 "capacity": capacity, "dropless": args.dropless, "normalize_gates": args.normalize_gates,
+                 "aux_loss_weight": args.aux_loss_weight, "z_loss_weight": args.z_loss_weight,
+                 "activation": args.activation, "shared_hidden": sh, "shared_gate": args.shared_gate}
+        return OpResult(x, tuple(params), attrs, flops=flops)
 
     def costs(self, c):
         a = c.attrs
         tokens = c.b * (c.x.numel // c.x.shape[-1])
-        ep = c.sorted_axes(c.param("experts.fc.weight").spec[0])  # expert parallel axes
-        T = c.tp.get("experts.fc.weight", frozenset())
+        swiglu = a["activation"] == "swiglu"
+        first = "experts.gate.weight" if swiglu else "experts.fc.weight"
+        ep = c.sorted_axes(c.param(first).spec[0])  # expert parallel axes
+        T = c.tp.get(first, frozenset())
         c.div_axes |= T
-        slots = math.ceil(a["capacity_factor"] * tokens * a["top_k"])  # token slots computed per device
+        # token slots computed per device: dropless, every expert has one for every token
+        slots = tokens * a["experts"] if a["dropless"] else math.ceil(a["capacity_factor"] * tokens * a["top_k"])
         cb = c.compute_bytes
         if c.context > 1:  # the sequence split over `context`: gathered whole in its order on every rank, and
             c.gather_sequence()  # kept for the backward pass instead of the rank's places
@@ -76,9 +135,16 @@ class Moe(Op):
             c.save_input()
         c.save("router", tokens * a["experts"] * 4)
         c.save("dispatched", slots * a["dim"] * cb)
-        c.save("hidden0", slots * a["hidden"] // c.deg(T) * cb)
-        c.save("hidden1", slots * a["hidden"] // c.deg(T) * cb)
+        # the hidden features before and after the activation (swiglu: gate, up and their product)
+        for j in range(3 if swiglu else 2):
+            c.save(f"hidden{j}", slots * a["hidden"] // c.deg(T) * cb)
         c.save("combined", slots * a["dim"] * cb)
+        if a["shared_hidden"]:  # the shared experts' gate, up and product, and their gate's logit
+            Ts = c.tp.get("shared.gate.weight", frozenset())
+            for j in range(3):
+                c.save(f"shared{j}", tokens * a["shared_hidden"] // c.deg(Ts) * cb)
+            if a["shared_gate"]:
+                c.save("shared_gate", tokens * 4)
         if ep:
             payload = slots * a["dim"] * cb
             what = "expert parallel (moe dispatch and combine)"

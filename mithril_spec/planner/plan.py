@@ -335,7 +335,7 @@ def _check_experts(graph: Graph, doc: Document, mesh: Mesh, layouts, diags) -> s
             experts = OPS[node.op].expert_dims  # parameter -> its expert dimension
             if not experts:
                 continue
-            local = next(iter(experts))
+            local = next(p.name for p in node.params if p.name in experts)  # (the layer's expert form)
             name = f"{prefix}{node.name}.{local}"
             axes = layouts[name].spec[experts[local]]
             deg = mesh.degree(axes)

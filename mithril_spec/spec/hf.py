@@ -12,7 +12,8 @@ from .common import Strict
 
 
 class HfSource(Strict):
-    model_type: Literal["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gpt2", "bert"] = Field(
+    model_type: Literal["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gpt2", "bert", "mixtral", "qwen2_moe",
+                        "qwen3_moe"] = Field(
         description="the transformers family: decides the checkpoint names of every parameter")
     architecture: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_]*$", max_length=100,
                               description="the transformers class, e.g. LlamaForCausalLM (written to config.json)")

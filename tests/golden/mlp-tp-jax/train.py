@@ -342,14 +342,21 @@ def initial_params(seed):
     }
 
 
+def swap(dims):
+    """The last two of `dims` exchanged (a matrix transposed; a stack of matrices each transposed)."""
+    dims = list(dims)
+    return dims[:-2] + dims[-2:][::-1]
+
+
 class FileTensor:
     """A stored tensor of a safetensors file, in canonical layout, read only where it is indexed: a process
-    that holds a slice reads just that slice (`tensor[index]`). `transposed` and `part` of `parts` (of the
-    last dimension): how the stored tensor holds the canonical one (Hugging Face's layouts)."""
+    that holds a slice reads just that slice (`tensor[index]`). `transposed` (its last two dimensions) and
+    `part` of `parts` (of the last dimension): how the stored tensor holds the canonical one (Hugging Face's
+    layouts)."""
 
     def __init__(self, handle, key, transposed=False, part=0, parts=1, flag="--init-params"):
         stored = handle.get_slice(key)
-        shape = list(stored.get_shape()[::-1] if transposed else stored.get_shape())
+        shape = list(swap(stored.get_shape()) if transposed else stored.get_shape())
         self.shape = tuple(shape[:-1] + [shape[-1] // parts] if shape else shape)
         self.stored, self.key, self.transposed, self.flag = stored, key, transposed, flag
         self.offset = part * self.shape[-1] if self.shape else 0
@@ -360,8 +367,8 @@ class FileTensor:
         box = slices(index if isinstance(index, tuple) else (index,), self.shape)
         if self.offset:  # part `part` of the stored last dimension
             box[-1] = slice(box[-1].start + self.offset, box[-1].stop + self.offset)
-        x = np.asarray(self.stored[tuple(box[::-1] if self.transposed else box)], dtype=np.float32)
-        x = x.T if self.transposed else x
+        x = np.asarray(self.stored[tuple(swap(box) if self.transposed else box)], dtype=np.float32)
+        x = np.swapaxes(x, -1, -2) if self.transposed else x
         # (this process's slice: the verdict is its own)
         require(
             np.isfinite(x).all(),

@@ -294,9 +294,9 @@ def layer_norm(x, weight, bias, eps):
 def moe(x, p, pre, experts, top_k, capacity, activation, tokens_layout, experts_layout):
     """Mixture of experts over x [B, ..., d] (docs/program.md "Mixture of experts"). Router softmax in
     float32; each token's top_k experts (equal probabilities: the lower expert first), gates not
-    renormalised; `capacity` slots per expert and sample, filled choice-rank first (every token's first
-    choice in token order, then the second choices, ...), a choice that finds its expert full dropped.
-    Returns the output and the load-balancing loss (per sample, averaged over the batch).
+    renormalised; `capacity` slots per expert and sample (dropless: the sample's tokens), filled choice-rank
+    first (every token's first choice in token order, then the second choices, ...), a choice that finds its
+    expert full dropped. Each expert: proj(act(fc(x))).    Returns the output and the load-balancing loss (per sample, averaged over the batch).
 
     Tokens reach their experts through dense dispatch / combine tensors [B, T, E, C]. The experts' inputs
     [B, E, C, d] are pinned twice: laid out like the tokens (`tokens_layout`, batch split), then like the
@@ -589,14 +589,21 @@ def initial_params(seed):
     }
 
 
+def swap(dims):
+    """The last two of `dims` exchanged (a matrix transposed; a stack of matrices each transposed)."""
+    dims = list(dims)
+    return dims[:-2] + dims[-2:][::-1]
+
+
 class FileTensor:
     """A stored tensor of a safetensors file, in canonical layout, read only where it is indexed: a process
-    that holds a slice reads just that slice (`tensor[index]`). `transposed` and `part` of `parts` (of the
-    last dimension): how the stored tensor holds the canonical one (Hugging Face's layouts)."""
+    that holds a slice reads just that slice (`tensor[index]`). `transposed` (its last two dimensions) and
+    `part` of `parts` (of the last dimension): how the stored tensor holds the canonical one (Hugging Face's
+    layouts)."""
 
     def __init__(self, handle, key, transposed=False, part=0, parts=1, flag="--init-params"):
         stored = handle.get_slice(key)
-        shape = list(stored.get_shape()[::-1] if transposed else stored.get_shape())
+        shape = list(swap(stored.get_shape()) if transposed else stored.get_shape())
         self.shape = tuple(shape[:-1] + [shape[-1] // parts] if shape else shape)
         self.stored, self.key, self.transposed, self.flag = stored, key, transposed, flag
         self.offset = part * self.shape[-1] if self.shape else 0
@@ -607,8 +614,8 @@ class FileTensor:
         box = slices(index if isinstance(index, tuple) else (index,), self.shape)
         if self.offset:  # part `part` of the stored last dimension
             box[-1] = slice(box[-1].start + self.offset, box[-1].stop + self.offset)
-        x = np.asarray(self.stored[tuple(box[::-1] if self.transposed else box)], dtype=np.float32)
-        x = x.T if self.transposed else x
+        x = np.asarray(self.stored[tuple(swap(box) if self.transposed else box)], dtype=np.float32)
+        x = np.swapaxes(x, -1, -2) if self.transposed else x
         # (this process's slice: the verdict is its own)
         require(
             np.isfinite(x).all(),
@@ -883,9 +890,9 @@ MANIFEST = "manifest.json"
 # written its files: the spec's name and hash, the mesh, the step, every array of the train state (name:
 # whole shape, dtype) and every other file's size and sha256. --resume takes the newest checkpoint whose
 # manifest agrees with its files and with this program, and whose values are finite.
-SPEC_HASH = "6d74838c08792a78"  # the spec less where and how it runs (mesh, sharding, pipeline, data, steps)
+SPEC_HASH = "1ef614f4ba94abc6"  # the spec less where and how it runs (mesh, sharding, pipeline, data, steps)
 # SPEC_HASH less the optimizer settings below, which a resumed run may change (a note says which changed)
-MODEL_HASH = "b18503a39616d3e6"
+MODEL_HASH = "4d97c7fe20a511d9"
 OPTIMIZER_SETTINGS = {
     "lr": 0.001,
     "weight_decay": 0.01,

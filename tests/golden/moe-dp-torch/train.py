@@ -299,12 +299,11 @@ class MoE(nn.Module):
 
     router.weight [dim, E]; experts.fc.weight [E, dim, hidden], experts.fc.bias [E, hidden],
     experts.proj.weight [E, hidden, dim], experts.proj.bias [E, dim] (canonical layouts). Each sample has
-    `capacity` slots per expert (ceil(capacity_factor * tokens * top_k / E)), filled choice-rank first
-    (every token's first choice in token order, then the second choices, ...); a choice whose expert is
-    full is dropped. Under expert parallelism the experts.* parameters are DTensors sharded over
-    `expert` (dim 0): each rank holds E / ep_size experts, and the tokens travel to them and back
-    (all-to-all). After each forward `aux_loss` holds the weighted load-balancing loss, averaged over
-    the samples."""
+    `capacity` slots per expert (ceil(capacity_factor * tokens * top_k / E), or the sample's tokens when
+    dropless), filled choice-rank first (every token's first choice in token order, then the second choices,
+    ...); a choice whose expert is full is dropped. Under expert parallelism the experts.* parameters are
+    DTensors sharded over `expert` (dim 0): each rank holds E / ep_size experts, and the tokens travel to them
+    and back (all-to-all). After each forward `aux_loss` holds the weighted load-balancing loss, averaged over the samples."""
 
     def __init__(self, dim, experts, top_k, hidden, capacity, aux_loss_weight, activation):
         super().__init__()
@@ -368,15 +367,19 @@ class MoE(nn.Module):
         # group come its rows for this rank's E / X experts
         buf = all_to_all_single_autograd(buf.reshape(-1), None, None, self.ep_group)
         buf = buf.view(X, E // X, B * C, d).transpose(0, 1).reshape(E // X, X * B * C, d)
-        fc, proj = self.experts.fc, self.experts.proj
         # the experts of this rank (autograd flows back to the DTensor parameters)
-        h = torch.baddbmm(local_part(fc.bias)[:, None], buf, local_part(fc.weight))
-        h = F.gelu(h, approximate="tanh")
-        out = torch.baddbmm(local_part(proj.bias)[:, None], h, local_part(proj.weight))
+        out = self.expert_mlps(buf, local_part)
         # combine: every row back to the rank its token came from
         out = out.view(E // X, X, B * C, d).transpose(0, 1).contiguous()
         out = all_to_all_single_autograd(out.reshape(-1), None, None, self.ep_group)
         return out.view(E, B, C, d)
+
+    def expert_mlps(self, buf, part):
+        """[E', N, d] rows per expert -> the experts' outputs [E', N, d]; `part` gives a parameter's local part."""
+        ex = self.experts
+        h = torch.baddbmm(part(ex.fc.bias)[:, None], buf, part(ex.fc.weight))
+        h = F.gelu(h, approximate="tanh")
+        return torch.baddbmm(part(ex.proj.bias)[:, None], h, part(ex.proj.weight))
 
 
 def moe_aux_loss(model):
@@ -536,14 +539,21 @@ def initial_params(seed):
     }
 
 
+def swap(dims):
+    """The last two of `dims` exchanged (a matrix transposed; a stack of matrices each transposed)."""
+    dims = list(dims)
+    return dims[:-2] + dims[-2:][::-1]
+
+
 class FileTensor:
     """A stored tensor of a safetensors file, in canonical layout, read only where it is indexed: a process
-    that holds a slice reads just that slice (`tensor[index]`). `transposed` and `part` of `parts` (of the
-    last dimension): how the stored tensor holds the canonical one (Hugging Face's layouts)."""
+    that holds a slice reads just that slice (`tensor[index]`). `transposed` (its last two dimensions) and
+    `part` of `parts` (of the last dimension): how the stored tensor holds the canonical one (Hugging Face's
+    layouts)."""
 
     def __init__(self, handle, key, transposed=False, part=0, parts=1, flag="--init-params"):
         stored = handle.get_slice(key)
-        shape = list(stored.get_shape()[::-1] if transposed else stored.get_shape())
+        shape = list(swap(stored.get_shape()) if transposed else stored.get_shape())
         self.shape = tuple(shape[:-1] + [shape[-1] // parts] if shape else shape)
         self.stored, self.key, self.transposed, self.flag = stored, key, transposed, flag
         self.offset = part * self.shape[-1] if self.shape else 0
@@ -554,8 +564,8 @@ class FileTensor:
         box = slices(index if isinstance(index, tuple) else (index,), self.shape)
         if self.offset:  # part `part` of the stored last dimension
             box[-1] = slice(box[-1].start + self.offset, box[-1].stop + self.offset)
-        x = np.asarray(self.stored[tuple(box[::-1] if self.transposed else box)], dtype=np.float32)
-        x = x.T if self.transposed else x
+        x = np.asarray(self.stored[tuple(swap(box) if self.transposed else box)], dtype=np.float32)
+        x = np.swapaxes(x, -1, -2) if self.transposed else x
         # (this process's slice: the verdict is its own)
         require(
             np.isfinite(x).all(),
@@ -837,7 +847,7 @@ def expert_parallel(model, mesh):
     for m in model.modules():
         if isinstance(m, MoE):
             m.ep_group, m.ep_size = ep_mesh.get_group(), ep_mesh.size()
-            for holder in (m.experts.fc, m.experts.proj):
+            for holder in m.experts.children():  # (fc, proj) or (gate, up, down)
                 for name, p in list(holder.named_parameters(recurse=False)):
                     shard = distribute_tensor(p.data, ep_mesh, [Shard(0)], src_data_rank=None)
                     setattr(holder, name, nn.Parameter(shard))
@@ -966,9 +976,9 @@ MANIFEST = "manifest.json"
 # written its files: the spec's name and hash, the mesh, the step, every array of the train state (name:
 # whole shape, dtype) and every other file's size and sha256. --resume takes the newest checkpoint whose
 # manifest agrees with its files and with this program, and whose values are finite.
-SPEC_HASH = "6d74838c08792a78"  # the spec less where and how it runs (mesh, sharding, pipeline, data, steps)
+SPEC_HASH = "1ef614f4ba94abc6"  # the spec less where and how it runs (mesh, sharding, pipeline, data, steps)
 # SPEC_HASH less the optimizer settings below, which a resumed run may change (a note says which changed)
-MODEL_HASH = "b18503a39616d3e6"
+MODEL_HASH = "4d97c7fe20a511d9"
 OPTIMIZER_SETTINGS = {
     "lr": 0.001,
     "weight_decay": 0.01,
