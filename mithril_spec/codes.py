@@ -2,7 +2,7 @@
 example spec that triggers it.
 
 Errors are E..., warnings W... (`--strict` turns warnings into errors). Every code here is triggered by at
-least one spec of tests/broken/ (tests/test_codes_covered.py) and by its own example (tests/test_explain.py).
+least one spec of tests/specs/broken/ (tests/test_codes_covered.py) and by its own example (tests/test_explain.py).
 docs/diagnostics.md is generated from this catalog: `python -m mithril_spec.docs_gen`.
 """
 

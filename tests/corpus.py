@@ -1,4 +1,4 @@
-"""The broken-spec corpus (tests/broken/): each file declares what it must produce in comment lines.
+"""The broken-spec corpus (tests/specs/broken/): each file declares what it must produce in comment lines.
 
     # expect: CODE LINE:COL [FILE]   a diagnostic (FILE, relative to the spec's directory, defaults to the spec;
                                     `--set #N`: in the N-th `--set` argument)
@@ -16,7 +16,7 @@ import re
 import shlex
 from pathlib import Path
 
-BROKEN = Path(__file__).parent / "broken"
+BROKEN = Path(__file__).parent / "specs" / "broken"
 # (FILE may be `--set #N`: the N-th `--set` argument, whose text a diagnostic about it points into)
 _EXPECT = re.compile(r"^#\s*expect:\s*([EW]\d{3})\s+(\d+):(\d+)(?:\s+(--set #\d+|\S+))?\s*$")
 

@@ -65,6 +65,54 @@ def test_no_operator_name_comparisons_outside_ops():
     assert not offenders, "operator names compared outside mithril_spec/ops:\n" + "\n".join(offenders)
 
 
+TEMPLATES = PKG.parent / "templates"
+# The sampling programs still choose their decode per operator in the template (issue 38, item 4: to move
+# into decode macros in each target's ops.py.j2); every other template leaves operator names to its macros.
+DECODE_BY_NAME = {"torch/generate.py.j2", "jax/generate.py.j2"}
+
+
+def template_op_name_uses(source: str) -> list[tuple[int, str]]:
+    """Operator names written as string constants in a Jinja template's comparisons (`l.op == "mlp"`, `"moe"
+    in ops`), tests (`is eq "mlp"`), filter arguments (`select("in", ["mlp"])`) and dict keys."""
+    import jinja2
+    from jinja2 import nodes
+
+    def names(n) -> list[str]:
+        if isinstance(n, nodes.Const) and isinstance(n.value, str) and n.value in NAMES:
+            return [n.value]
+        if isinstance(n, (nodes.Tuple, nodes.List)):
+            return [x for e in n.items for x in names(e)]
+        return []
+
+    tree = jinja2.Environment(extensions=["jinja2.ext.do", "jinja2.ext.loopcontrols"]).parse(source)
+    found = [(c.lineno, x) for c in tree.find_all(nodes.Compare)
+             for x in names(c.expr) + [y for o in c.ops for y in names(o.expr)]]
+    found += [(d.lineno, x) for d in tree.find_all(nodes.Dict) for it in d.items for x in names(it.key)]
+    found += [(t.lineno, x) for t in tree.find_all((nodes.Test, nodes.Filter)) for a in t.args for x in names(a)]
+    return sorted(found)
+
+
+def test_the_template_checker_finds_op_name_comparisons():
+    src = ('{% if l.op == "attention" %}{% endif %}{% if "moe" in t.ops %}{% endif %}'
+           '{{ xs | selectattr("op", "eq", "mlp") | list }}{{ xs | select("in", ["relu", "x"]) | list }}')
+    assert sorted(n for _, n in template_op_name_uses(src)) == ["attention", "mlp", "moe", "relu"]
+    assert template_op_name_uses('{% if "gather_places" in t.helpers %}{{ ops[l.op](l) }}{% endif %}') == []
+
+
+def test_no_operator_name_comparisons_in_templates_outside_the_ops_macros():
+    """An operator's template code is its macros in templates/<target>/ops.py.j2 (named after it); the other
+    templates ask the lowering (ops/base.py: `helpers`, `constrain_output`, ...), not for an operator's name."""
+    offenders, pending = [], []
+    for path in sorted(TEMPLATES.rglob("*.j2")):
+        rel = path.relative_to(TEMPLATES).as_posix()
+        if path.name == "ops.py.j2":
+            continue
+        uses = template_op_name_uses(path.read_text())
+        (pending if rel in DECODE_BY_NAME else offenders).extend(f"templates/{rel}:{line}: `{op}`" for line, op in uses)
+    assert not offenders, "operator names compared in templates outside their macros:\n" + "\n".join(offenders)
+    assert pending, "the sampling templates no longer compare operator names: empty DECODE_BY_NAME"
+
+
 def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     """Every module of the package that `name` imports: at module level, for type checking (under `if
     TYPE_CHECKING:`) and inside functions alike (a function-local or type-only import is a dependency too,

@@ -22,7 +22,7 @@ from mithril_spec.planner.costs import CostOptions, estimate, estimate_targets
 from mithril_spec.targets import TARGETS, attention_kernels
 
 SPEC = Path(__file__).parent / "specs" / "attention-dropout.yaml"
-KORTH = Path(__file__).parent / "cost_specs" / "gpt-korthikanti.yaml"
+KORTH = Path(__file__).parent / "specs" / "cost" / "gpt-korthikanti.yaml"
 NO_DROPOUT = ((", dropout: 0.1}", "}"),)
 STEPS = "4"
 

@@ -20,7 +20,7 @@ from mithril_spec.targets import attention_kernels
 
 ROOT = Path(__file__).resolve().parent.parent
 GPT = ROOT / "specs" / "gpt-tiny.yaml"
-FIT = Path(__file__).parent / "broken" / "does_not_fit_memory.yaml"
+FIT = Path(__file__).parent / "specs" / "broken" / "does_not_fit_memory.yaml"
 
 # A small GPT (untied output layer, so that a pipeline may split it) with a hardware profile of its own:
 # each test below makes one knob the best choice through the model's shape and the profile.

@@ -1,4 +1,4 @@
-"""Every spec in tests/broken/ fails with exactly the diagnostics (code, file, line, column) it declares."""
+"""Every spec in tests/specs/broken/ fails with exactly the diagnostics (code, file, line, column) it declares."""
 
 from __future__ import annotations
 

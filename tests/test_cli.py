@@ -19,7 +19,7 @@ SPECS_DIR = ROOT / "specs"
 EXAMPLES = sorted(
     p for p in SPECS_DIR.iterdir() if p.suffix in (".yaml", ".yml", ".toml") and not p.name.startswith("_")
 )
-BROKEN = ROOT / "tests" / "broken"
+BROKEN = ROOT / "tests" / "specs" / "broken"
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:

@@ -20,12 +20,12 @@ def test_every_catalog_code_is_triggered_by_the_corpus():
     covered = _corpus_codes()
     # codes of other commands than `validate` (`import hf`) are covered by their own tests (test_hf_import.py)
     missing = sorted(c for c in set(CATALOG) - set(covered) if CATALOG[c].example.command == ("validate",))
-    assert not missing, f"no spec in tests/broken/ expects {missing}: add one"
+    assert not missing, f"no spec in tests/specs/broken/ expects {missing}: add one"
 
 
 def test_corpus_codes_exist_in_the_catalog():
     unknown = sorted(set(_corpus_codes()) - set(CATALOG))
-    assert not unknown, f"tests/broken/ expects codes not in codes.CATALOG: {unknown}"
+    assert not unknown, f"tests/specs/broken/ expects codes not in codes.CATALOG: {unknown}"
 
 
 def test_every_corpus_file_declares_an_expectation():

@@ -23,7 +23,7 @@ from mithril_spec.planner.mesh import UsageError
 from mithril_spec.planner.plan import make_plan
 
 ROOT = Path(__file__).resolve().parent.parent
-COST_SPECS = Path(__file__).parent / "cost_specs"
+COST_SPECS = Path(__file__).parent / "specs" / "cost"
 ZERO = COST_SPECS / "zero.yaml"
 KORTH = COST_SPECS / "gpt-korthikanti.yaml"
 KORTH_SP = COST_SPECS / "gpt-korthikanti-sp.yaml"
@@ -319,7 +319,7 @@ def run(capsys, *argv):
     return rc, out, err
 
 
-BROKEN_FIT = Path(__file__).parent / "broken" / "does_not_fit_memory.yaml"
+BROKEN_FIT = Path(__file__).parent / "specs" / "broken" / "does_not_fit_memory.yaml"
 
 
 def test_plan_hardware_that_does_not_fit_is_E050_with_hints(capsys):

@@ -14,7 +14,7 @@ from mithril_spec.diagnostics import Diagnostic, Label, Position, escape, render
 from mithril_spec.source import load_text
 
 ROOT = Path(__file__).resolve().parent.parent
-BROKEN = ROOT / "tests" / "broken"
+BROKEN = ROOT / "tests" / "specs" / "broken"
 SPECS = ROOT / "specs"
 
 

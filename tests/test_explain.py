@@ -137,8 +137,8 @@ def _closed_stdout(*argv: str) -> subprocess.CompletedProcess:
     [
         ("explain",),
         ("explain", "E042"),
-        ("validate", "tests/broken/unknown_op.yaml", "--format", "json"),
-        ("validate", "tests/broken/unknown_op.yaml", "--format", "github"),
+        ("validate", "tests/specs/broken/unknown_op.yaml", "--format", "json"),
+        ("validate", "tests/specs/broken/unknown_op.yaml", "--format", "github"),
         ("schema", "-o", "-"),
         ("--help",),
     ],

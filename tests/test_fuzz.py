@@ -35,10 +35,10 @@ from mithril_spec.spec.sharding import MESH_AXES
 
 ROOT = Path(__file__).resolve().parent.parent
 SEEDS = sorted(p for p in (ROOT / "specs").iterdir() if p.suffix in (".yaml", ".toml")) + [
-    ROOT / "tests" / "twins" / "gpt-tiny.toml",
-    ROOT / "tests" / "broken" / "pipeline_stages_out_of_order.yaml",
-    ROOT / "tests" / "broken" / "moe_experts_not_divisible.yaml",
-    ROOT / "tests" / "broken" / "unknown_key_layer.toml",
+    ROOT / "tests" / "specs" / "twins" / "gpt-tiny.toml",
+    ROOT / "tests" / "specs" / "broken" / "pipeline_stages_out_of_order.yaml",
+    ROOT / "tests" / "specs" / "broken" / "moe_experts_not_divisible.yaml",
+    ROOT / "tests" / "specs" / "broken" / "unknown_key_layer.toml",
 ]
 SEED_TEXT = {p: p.read_text(encoding="utf-8") for p in SEEDS}
 SEED_DATA = {p: load_file(p).data for p in SEEDS if p.parent.name in ("specs", "twins")}

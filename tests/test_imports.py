@@ -30,7 +30,7 @@ SCRIPT = textwrap.dedent(
         for spec in ("specs/gpt-tiny.yaml", "specs/mlp-dp.toml"):
             assert cli.main(["plan", spec]) == 0
             assert cli.main(["plan", spec, "--format", "json"]) == 0
-        assert cli.main(["validate", "tests/broken/"]) == 1
+        assert cli.main(["validate", "tests/specs/broken/"]) == 1
         assert cli.main(["explain"]) == 0
         assert cli.main(["schema", "-o", "-"]) == 0
     assert not loaded(), ("commands", loaded())
@@ -64,7 +64,7 @@ def test_console_script_runs():
     assert r.returncode == 0, r.stderr
     assert "spec(s) checked: 0 error(s)" in r.stderr
     r = subprocess.run(
-        cmd + ["validate", "tests/broken/unknown_op.yaml"],
+        cmd + ["validate", "tests/specs/broken/unknown_op.yaml"],
         cwd=ROOT,
         capture_output=True,
         check=False,
@@ -72,5 +72,5 @@ def test_console_script_runs():
         timeout=60,
     )
     assert r.returncode == 1
-    assert "tests/broken/unknown_op.yaml:11:12: error[E024]" in r.stderr
+    assert "tests/specs/broken/unknown_op.yaml:11:12: error[E024]" in r.stderr
     assert "Traceback" not in r.stderr

@@ -180,7 +180,7 @@ def test_gpt_tiny(capsys):
 
 
 def test_gpt_tiny_toml_twin(capsys):
-    rc = cli.main(["plan", str(ROOT / "tests" / "twins" / "gpt-tiny.toml"), "--format", "json"])
+    rc = cli.main(["plan", str(ROOT / "tests" / "specs" / "twins" / "gpt-tiny.toml"), "--format", "json"])
     assert rc == 0
     assert json.loads(capsys.readouterr().out)["totals"]["param_count"] == numel(Gpt())
 

@@ -19,7 +19,7 @@ from mithril_spec.schema import PLAN_SCHEMA_ID, plan_schema_text
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = ROOT / "schemas" / "plan.schema.json"
 EXAMPLES = sorted(p for p in (ROOT / "specs").iterdir() if p.suffix in (".yaml", ".toml"))
-BROKEN = ROOT / "tests" / "broken"
+BROKEN = ROOT / "tests" / "specs" / "broken"
 STALE = "schemas/plan.schema.json is stale: run `mithril-spec schema --plan`"
 
 

@@ -153,7 +153,7 @@ def test_vocab_parallel_in_the_stages_equals_one_process(case):
     plan = compile_file(spec, mesh).plan
     assert plan.param("wte.weight").spec[0] == ("tensor",) and plan.param("lm_head.weight").spec[1] == ("tensor",)
     text = (build(GPT_PIPE, mesh, VOCAB + edits) / "train.py").read_text()
-    assert '"wte": "embedding"' in text and '"lm_head": "colwise_logits"' in text and "with loss_parallel():" in text
+    assert '"wte": "vocab_rows"' in text and '"lm_head": "colwise_logits"' in text and "with loss_parallel():" in text
     ref = run(build(GPT_PIPE, "single", VOCAB), "--steps", str(STEPS))
     par = run(build(GPT_PIPE, mesh, VOCAB + edits), "--steps", str(STEPS))
     dl = max_diff(par.losses, ref.losses)

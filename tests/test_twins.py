@@ -12,7 +12,7 @@ from mithril_spec.frontend import compile_file
 ROOT = Path(__file__).resolve().parent.parent
 TWINS = [
     (ROOT / "specs" / "mlp-dp.yaml", ROOT / "specs" / "mlp-dp.toml"),
-    (ROOT / "specs" / "gpt-tiny.yaml", ROOT / "tests" / "twins" / "gpt-tiny.toml"),
+    (ROOT / "specs" / "gpt-tiny.yaml", ROOT / "tests" / "specs" / "twins" / "gpt-tiny.toml"),
 ]
 IDS = [f"{y.stem}" for y, _ in TWINS]
 

@@ -163,6 +163,8 @@ def model_context(plan: Plan, ctx: dict[str, Any], model_names: set[str]) -> dic
         layer["act_layout"] = _activation_layout(node.out, plan)
         # pin it where the layout is more than the batch split
         layer["pin"] = any(d for d in layer["act_layout"][1:])
+        # (constrained to its layout in any case: ops/base.py `constrain_output`)
+        layer["constrain"] = layer["pin"] or (not isinstance(node, RepeatNode) and OPS[node.op].constrain_output)
         return layer
 
     layers = []
@@ -216,6 +218,8 @@ def model_context(plan: Plan, ctx: dict[str, Any], model_names: set[str]) -> dic
         "loss": loss,
         "ops": sorted(op_attrs),
         "op_attrs": {op: op_attrs[op] for op in sorted(op_attrs)},
+        # the shared definitions the layers' macros call (ops/base.py `helpers`)
+        "helpers": sorted({h for op, attrs in op_attrs.items() for a in attrs for h in OPS[op].helpers(a)}),
         "has_dropout": has_dropout,
         "has_buffers": has_buffers,
         # a load-balancing loss joins the model loss
@@ -303,7 +307,8 @@ def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
         "model_hash": model_hash(plan),
         "optimizer_settings": optimizer_settings(plan),
         "jax": {
-            **{k: model[k] for k in ("ops", "op_attrs", "has_dropout", "has_buffers", "has_aux", "train_arg")},
+            **{k: model[k] for k in ("ops", "op_attrs", "helpers", "has_dropout", "has_buffers", "has_aux",
+                                     "train_arg")},
             "pipeline": pipeline,
             # repeat -> the mesh axes of the copy dimension of its stacked arrays (None: whole)
             "stack_axis": {r["name"]: ["pipe"] if pipeline and pipeline["repeat"]["name"] == r["name"] else None

@@ -56,7 +56,7 @@ def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
         "model_hash": model_hash(plan),
         "optimizer_settings": optimizer_settings(plan),
         "mlx": {
-            **{k: model[k] for k in ("ops", "op_attrs", "has_dropout", "has_buffers", "train_arg")},
+            **{k: model[k] for k in ("ops", "op_attrs", "helpers", "has_dropout", "has_buffers", "train_arg")},
             # tensor parallelism (a mesh of `tensor` alone): the processes split these dimensions
             "tensor": tensor,
             "data": plan.mesh.data,

@@ -48,6 +48,7 @@ class JaxSettings:
 
     ops: list[str]
     op_attrs: dict[str, Any]
+    helpers: list[str]
     has_dropout: bool
     has_buffers: bool
     has_aux: bool
@@ -68,6 +69,7 @@ class TorchSettings:
     """`torch.*` in the torch templates (lowering/torch_program.py says what each is)."""
 
     ops: list[str]
+    helpers: list[str]
     activations: dict[str, list[str]]
     moe_forms: list[str]
     rotary: bool
@@ -124,6 +126,7 @@ class MlxSettings:
 
     ops: list[str]
     op_attrs: dict[str, Any]
+    helpers: list[str]
     has_dropout: bool
     has_buffers: bool
     train_arg: bool

@@ -179,6 +179,7 @@ def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
         i["var"] = top_vars[i["name"]]
 
     ops: set[str] = set()  # operators the model uses; `<op>_rng` for those that draw random numbers
+    helpers: set[str] = set()  # the shared definitions their macros call (ops/base.py `helpers`)
     activations: dict[str, set[str]] = {}  # by operator (mlp, moe): the activations its layers use
     moe: set[str] = set()  # normalize, shared, shared_gate, z_loss: the moe forms its layers use
     rotary = rope_scaled = qk_norm = rms_offset = gelu_gate = score_scale = softcap = False
@@ -192,6 +193,7 @@ def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
             if attrs.get("tie"):
                 layer["tie_attr"] = attr_path(attrs["tie"])
             ops.add(layer["op"])
+            helpers.update(OPS[layer["op"]].helpers(attrs))
             if OPS[layer["op"]].is_random(attrs):
                 ops.add(layer["op"] + "_rng")
             if attrs.get("activation"):
@@ -253,7 +255,7 @@ def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
         # output layer's logits left split for loss_parallel's cross-entropy
         vocab_tables, heads = vocab_parallel_layers(plan)
         for name in vocab_tables:
-            tp_plan[name] = "embedding"
+            tp_plan[name] = "vocab_rows"
         for name in heads:
             if name in tp_plan:
                 tp_plan[name] = "colwise_logits"
@@ -316,6 +318,7 @@ def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
         "torch": {
             # what the program holds: only what its spec runs
             "ops": sorted(ops),
+            "helpers": sorted(helpers),
             "activations": {op: sorted(a) for op, a in activations.items()},  # mlp / moe activations in use
             "moe_forms": sorted(moe),  # moe forms in use: normalize, shared, shared_gate, z_loss
             "rotary": rotary,

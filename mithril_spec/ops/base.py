@@ -144,6 +144,16 @@ class Op:
     tieable: ClassVar[bool] = False
     # In torch these parameters are nn.Linear weights, stored [out, in] (canonical layout is [in, out]).
     torch_transposed: ClassVar[frozenset[str]] = frozenset()
+    # The JAX program constrains its output to its activation layout even where that is the batch split alone
+    # (an embedding's looked-up rows would otherwise come out laid out as its table).
+    constrain_output: ClassVar[bool] = False
+
+    def helpers(self, attrs: dict[str, Any]) -> frozenset[str]:
+        """The shared definitions its macros call, which a program defines once when a layer needs them:
+        "project_together" (jax: several input projections as one matmul), "pool2d" (mlx: a pooling window),
+        "gather_places" (torch under context parallelism: batch statistics over the whole sequence),
+        "gather_sequence" (torch under context parallelism: the layer runs on the whole sequence)."""
+        return frozenset({"project_together"}) if len(self.input_projections(attrs)) > 1 else frozenset()
 
     def infer(self, args: Any, inputs: list[TensorType], size: SizeFn, ctx: Any) -> OpResult:
         raise NotImplementedError

@@ -144,6 +144,9 @@ class AvgPool2dArgs(_PoolArgs):
 
 
 class _Pool(Op):
+    def helpers(self, attrs):
+        return frozenset({"pool2d"})
+
     def infer(self, args, inputs, size, ctx):
         (x,) = inputs
         expect_float(x, self.kind)

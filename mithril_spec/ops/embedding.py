@@ -19,6 +19,7 @@ class EmbeddingArgs(LayerArgs):
 
 class Embedding(Op):
     kind = "embedding"
+    constrain_output = True
     tieable = True
     context_parallel = "position"  # a lookup per position
     handled_dims = {"weight": (0, 1)}

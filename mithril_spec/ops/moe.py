@@ -58,6 +58,9 @@ class Moe(Op):
     expert_dims = {"experts.fc.weight": 0, "experts.fc.bias": 0, "experts.proj.weight": 0, "experts.proj.bias": 0,
                    "experts.gate.weight": 0, "experts.up.weight": 0, "experts.down.weight": 0}
 
+    def helpers(self, attrs):
+        return frozenset({"gather_sequence"})  # its capacity is filled in token order: the whole sequence
+
     def pipeline_limit(self, attrs):
         return "moe layers (their load-balancing loss does not cross the pipeline yet)"
 

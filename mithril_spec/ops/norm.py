@@ -78,6 +78,9 @@ class BatchNorm(SavesInputs):
     # positions: a rank normalises its places with their rows of the weights, statistics and running buffers.
     context_parallel = "position"
 
+    def helpers(self, attrs):
+        return frozenset({"gather_places"})  # its statistics are over every position of the sequence
+
     def pipeline_limit(self, attrs):
         return "batch_norm (running statistics per micro-batch and stage)"
 
