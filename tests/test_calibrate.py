@@ -40,6 +40,7 @@ def profile(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.mark.runs
 def test_calibrate_writes_a_profile_plan_accepts(profile):
     hw = lookup(str(profile))
     assert hw.name == "here" and hw.devices_per_node == 2
@@ -60,6 +61,7 @@ def test_calibrate_writes_a_profile_plan_accepts(profile):
     assert rc == 2 and "no profile `there`" in err
 
 
+@pytest.mark.runs
 def test_calibrate_torch_ranks(tmp_path):
     """A real torch calibration: 2 ranks over gloo, the smallest sizes. Beside the figures jax measures too, the
     sharded-tensor layers' fixed cost from the reference block run tensor-parallel over the pair (DTensor
@@ -79,6 +81,7 @@ def test_calibrate_torch_ranks(tmp_path):
     assert t["sharded_layers"] >= 24 and t["blocking_comm_s"] > 0  # q, k, v, o, fc, proj of 4 blocks
 
 
+@pytest.mark.runs
 def test_profile_pastes_into_a_spec(profile, tmp_path):
     """The file's `hardware:` list is the spec's section: appended to a spec, `--hardware here` finds it."""
     spec = tmp_path / "gpt.yaml"

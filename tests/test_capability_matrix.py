@@ -231,6 +231,7 @@ def test_a_doubled_gradient_fails_the_contract(target):
     assert dl > 100 * tolerance(cell), f"{target}: a doubled gradient moved the SGD losses by {dl:.2e} only"
 
 
+@pytest.mark.runs
 def test_every_refusal_is_an_e049_with_a_reason_and_in_the_docs():
     docs = (Path(__file__).resolve().parent.parent / "docs" / "targets.md").read_text()
     refused = [(c, t, why) for c in CELLS for t, why in c.refusals.items()]

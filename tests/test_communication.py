@@ -256,6 +256,7 @@ def test_torch_hooks_match_the_cast_reference_and_send_the_planned_bytes():
             assert got[kind]["diff_from_float32"] > 0  # the cast did change the gradients
 
 
+@pytest.mark.runs
 def test_compressed_training_reaches_the_uncompressed_loss_band(toy_runs):
     plain, powersgd, fsdp_bf16 = (r.losses for r in toy_runs)
     first, final = plain[0], {k: float(r.losses[-5:].mean()) for k, r in zip(("plain", "powersgd", "bf16"), toy_runs)}
@@ -267,6 +268,7 @@ def test_compressed_training_reaches_the_uncompressed_loss_band(toy_runs):
         assert abs(loss - final["plain"]) < 0.1, (name, loss)
 
 
+@pytest.mark.runs
 def test_jax_program_runs_with_its_communication_flags_and_compression():
     """XLA:CPU ignores the GPU flags and NCCL: the settings change nothing in the numerics on CPU. bf16
     compression changes the gradients (not the first loss) and trains to the uncompressed loss band."""
@@ -321,6 +323,7 @@ def test_jax_compression_matches_the_cast_reference_and_sends_the_planned_bytes(
     assert {c["kind"] for c in r["collectives"]} == {"all-reduce"}
 
 
+@pytest.mark.runs
 def test_jax_powersgd_state_starts_afresh_on_resume():
     """PowerSGD's state is not in the checkpoints (docs/program.md): a resumed run restores the rest, starts
     the error feedback and Q afresh, and trains on (the same steps, finite losses near the uninterrupted run's)."""

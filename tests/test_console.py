@@ -61,6 +61,7 @@ def init(**kw):
 """
 
 
+@pytest.mark.runs
 def test_jax_console_tensorboard_and_resume_auto(tmp_path):
     program = jr.build(SPECS / "mlp-dp.yaml", "data=1", SHORT)
     ckpt, tb = tmp_path / "ckpt", tmp_path / "tb"
@@ -108,6 +109,7 @@ def test_jax_console_tensorboard_and_resume_auto(tmp_path):
             "to continue from them, or --checkpoint-dir DIR to save into another directory") in fresh.output
 
 
+@pytest.mark.runs
 def test_torch_and_mlx_console(tmp_path):
     # torch: the schedule of a 1-step spec, --steps 2 past it, --tensorboard and --resume auto (fresh, then on)
     program = tr.build(SPECS / "gpt-tiny.yaml", "data=1", (("steps: 20", "steps: 1"),))

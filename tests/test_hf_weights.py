@@ -145,6 +145,7 @@ def test_mlx_training_exports_a_checkpoint_transformers_loads():
     assert float(np.abs(np.load(after) - reference("gpt2", export)).max()) < 1e-4
 
 
+@pytest.mark.runs
 def test_a_checkpoint_of_another_model_is_refused():
     _, spec = model("gpt2")
     other, _ = model("bert")
@@ -153,6 +154,7 @@ def test_a_checkpoint_of_another_model_is_refused():
     assert "Traceback" not in r.output
 
 
+@pytest.mark.runs
 def test_a_checkpoint_in_shards_loads_by_its_index():
     """model.safetensors.index.json and several files, as transformers writes large models."""
     _, spec = model("llama-gqa")

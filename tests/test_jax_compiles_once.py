@@ -16,6 +16,7 @@ def compilations(output: str, name: str = "train_step") -> int:
     return sum(f"Compiling jit({name}) " in line for line in output.splitlines())
 
 
+@pytest.mark.runs
 def test_train_step_compiles_once_fresh_and_resumed():
     program = build(SPECS / "gpt-tiny.yaml", "data=1")
     # a checkpoint after step 2: the steps after it start from the state the save read

@@ -133,6 +133,7 @@ def numpy_moe(x, p, experts, top_k, capacity):
     return out, float(np.mean(aux)), dropped
 
 
+@pytest.mark.runs
 def test_moe_layer_follows_the_documented_rules():
     """The generated moe helper on one device against numpy: random routing with a small capacity (tokens
     dropped), and a zero router (every probability equal: the lower experts win the ties)."""

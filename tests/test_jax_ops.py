@@ -37,6 +37,7 @@ def runs():
     ])
 
 
+@pytest.mark.runs
 def test_all_ops_spec_uses_every_operator():
     c = compile_file(ALL_OPS)
     used = {n.op for top in c.graph.layers for n in getattr(top, "layers", (top,))}
@@ -140,6 +141,7 @@ def numpy_attention(x, p, pre, heads, kv_heads, head_dim, base):
     return out.reshape(B, T, -1) @ p[pre + "o.weight"] + p[pre + "o.bias"]
 
 
+@pytest.mark.runs
 def test_attention_matches_a_numpy_reference():
     """The generated attention (grouped-query, rotary, bias, causal) against the documented conventions."""
     import importlib.util

@@ -208,6 +208,7 @@ def test_stacked_checkpoints_move_between_builds_with_the_same_rows():
     assert "stacks the copies of the repeated blocks in the rows {'blocks': [0, 2, 1, 3]}" in refused.output
 
 
+@pytest.mark.runs
 def test_single_stage_build_runs_the_micro_batches_one_after_the_other():
     text = (build(GPT_PIPE, "single") / "train.py").read_text()
     assert "shard_map" not in text and "STACK_ORDER" not in text
@@ -223,6 +224,7 @@ def e049(edits, mesh=None) -> list[str]:
     return [d.message for d in check_target(c.plan, c.doc, "jax") if d.code == "E049"]
 
 
+@pytest.mark.runs
 def test_unsupported_pipelines_are_e049():
     assert e049(()) == []
     assert e049(INTERLEAVED) == [] and e049(GPIPE) == []

@@ -223,6 +223,7 @@ def test_dry_run_prints_layouts_and_planned_bytes():
     assert "step " not in got.output
 
 
+@pytest.mark.runs
 def test_launch_script_rejects_a_bad_nproc():
     import subprocess
 

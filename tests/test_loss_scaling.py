@@ -90,6 +90,7 @@ def scaler_rows(run):
     return [r["loss_scale"] for r in run.metrics], [r["skipped_steps"] for r in run.metrics]
 
 
+@pytest.mark.runs
 @pytest.mark.usefixtures("all_runs")
 @pytest.mark.parametrize("target", ["torch", "jax"])
 def test_skips_backs_off_and_grows(target):
@@ -110,6 +111,7 @@ def test_skips_backs_off_and_grows(target):
         assert held == memory["planned"]
 
 
+@pytest.mark.runs
 @pytest.mark.usefixtures("all_runs")
 def test_the_targets_agree():
     """The same skips in both targets (above), and the same trajectory up to float16 rounding: the two
@@ -119,6 +121,7 @@ def test_the_targets_agree():
     assert dl < 1e-4, dl
 
 
+@pytest.mark.runs
 @pytest.mark.usefixtures("all_runs")
 @pytest.mark.parametrize("target", ["torch", "jax"])
 def test_skipped_steps_leave_the_parameters(target):
@@ -136,6 +139,7 @@ def test_skipped_steps_leave_the_parameters(target):
 @pytest.mark.usefixtures("all_runs")
 @pytest.mark.parametrize(("target", "mesh", "edits"), PARALLEL,
                          ids=[f"{t}-{m}{'-accum' if ACCUM[0] in e else ''}" for t, m, e in PARALLEL])
+@pytest.mark.runs
 def test_parallel_build_equals_one_device(target, mesh, edits):
     """The same skip pattern and scales on two devices, and the trajectory of one within float16 rounding."""
     ref = reference(target)
@@ -150,6 +154,7 @@ def test_parallel_build_equals_one_device(target, mesh, edits):
         assert all(held == memory["planned"] for held in memory.get("ranks", [memory["device0"]]))
 
 
+@pytest.mark.runs
 @pytest.mark.usefixtures("all_runs")
 @pytest.mark.parametrize("target", ["torch", "jax"])
 def test_resume_continues_the_scale(target):

@@ -51,13 +51,14 @@ def mlp(mesh_=None, edits=()):
     return mr.build(MLP, mesh_, tuple(edits))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def all_runs():
+@pytest.fixture(scope="module")
+def all_runs():  # (the slow tests' shared runs, started together)
     _parallel([lambda s=s: init_file(s) for s in SPECS])
     _parallel([f for s in SPECS for f in (lambda s=s: mlx_run(s), lambda s=s: jax_run(s), lambda s=s: torch_run(s))])
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("all_runs")
 @pytest.mark.parametrize("spec", SPECS)
 def test_same_losses_as_jax_and_torch(spec):
     m, j, t = mlx_run(spec), jax_run(spec), torch_run(spec)
@@ -70,6 +71,7 @@ def test_same_losses_as_jax_and_torch(spec):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("all_runs")
 @pytest.mark.parametrize("spec", ["mlp-dp.yaml", "gpt-tiny.yaml"])
 def test_mlx_export_loads_into_jax_unchanged(spec):
     exported = mlx_run(spec).params
@@ -80,6 +82,7 @@ def test_mlx_export_loads_into_jax_unchanged(spec):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("all_runs")
 @pytest.mark.parametrize("spec", [MLP, CNN, GPT])
 def test_two_processes_equal_one(spec):
     one = mr.run(build(spec, "data=1"), "--steps", "4")
@@ -93,6 +96,7 @@ def test_two_processes_equal_one(spec):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("all_runs")
 def test_grad_accum_and_full_remat_equal_plain():
     edits = (("batch_size: 4", "batch_size: 4\n  grad_accum: 2"),
              ("compute: float32}", "compute: float32}\n  remat: full"))
@@ -102,6 +106,7 @@ def test_grad_accum_and_full_remat_equal_plain():
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("all_runs")
 def test_bf16_compute_trains():
     r = mr.run(mlp("data=1", (("clip_grad_norm: 1.0", "clip_grad_norm: 1.0\n  precision: {compute: bfloat16}"),)),
                "--steps", "20")
@@ -116,6 +121,7 @@ def test_memory_line_equals_the_plan():
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("all_runs")
 def test_resume_equals_the_uninterrupted_run(tmp_path):
     program = mlp("data=1")
     full = mr.run(program, "--steps", "6")
@@ -131,6 +137,7 @@ def test_resume_equals_the_uninterrupted_run(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("all_runs")
 def test_corrupt_foreign_and_missing_checkpoints(tmp_path):
     program = mlp("data=1")
     full = mr.run(program, "--steps", "4")
@@ -214,6 +221,7 @@ def test_mlx_is_opt_in(tmp_path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("all_runs")
 def test_arrays_data_equals_synthetic_on_two_processes(tmp_path):
     from test_jax_program import synthetic_samples
 
@@ -225,6 +233,7 @@ def test_arrays_data_equals_synthetic_on_two_processes(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("all_runs")
 def test_dropout_masks_do_not_depend_on_the_number_of_processes():
     edit = (("- {op: relu, name: act1}", "- {op: relu, name: act1}\n    - {op: dropout, name: drop, rate: 0.25}"),)
     one = mr.run(mlp("data=1", edit), "--steps", "3")
@@ -238,6 +247,7 @@ MLP_TP = jr.SPECS / "mlp-tp.yaml"
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("all_runs")
 @pytest.mark.parametrize("spec", [MLP_TP, GPT])
 def test_tensor_parallel_equals_one_process(spec):
     """A mesh of `tensor` alone: Megatron's column- and row-parallel layers over 2 processes."""
@@ -251,6 +261,7 @@ def test_tensor_parallel_equals_one_process(spec):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("all_runs")
 def test_tensor_parallel_checkpoints_hold_whole_arrays(tmp_path):
     """Saved on tensor=2, resumed by one process (and the other way round), on the same trajectory."""
     full = mr.run(mr.build(MLP_TP, "data=1"), "--steps", "4")

@@ -80,6 +80,7 @@ def torch_runs():
     return tr.run_many([(plain, "--steps", "3"), (moved, "--steps", "3")]), moved
 
 
+@pytest.mark.runs
 def test_torch_offload_under_full_remat_moves_the_block_inputs_as_planned():
     # torch.utils.checkpoint saves each block's input through the offload hooks; the blocks' own tensors are
     # recomputed in the backward pass (on the device); the layers outside the blocks offload theirs
@@ -91,6 +92,7 @@ def test_torch_offload_under_full_remat_moves_the_block_inputs_as_planned():
     assert [r["offloaded_bytes"] for r in run.metrics] == [planned["offload_per_step"]] * 2
 
 
+@pytest.mark.runs
 def test_torch_offload_trains_exactly_as_without_and_moves_the_planned_bytes(torch_runs):
     (plain, moved), program = torch_runs
     assert list(moved.losses) == list(plain.losses)  # the same numbers, bit for bit

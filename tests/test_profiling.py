@@ -32,6 +32,7 @@ def check(run, program: Path) -> dict:
     return s
 
 
+@pytest.mark.runs
 def test_torch_profile_writes_a_trace_per_rank_and_the_summary():
     program = tr.build(MLP, "data=2")
     run = tr.run(program, "--steps", "3", "--profile", "prof")
@@ -42,6 +43,7 @@ def test_torch_profile_writes_a_trace_per_rank_and_the_summary():
               planned_calls=s["planned"]["comm_calls"])
 
 
+@pytest.mark.runs
 def test_jax_profile_writes_a_trace_and_the_summary():
     program = jr.build(MLP, "data=2")
     run = jr.run(program, "--steps", "3", "--profile", "prof")
@@ -57,6 +59,7 @@ def test_jax_profile_writes_a_trace_and_the_summary():
     (("--profile", "p", "--profile-steps", "0:2"), "needs 1 <= A <= B <= 3"),
     (("--profile-steps", "1:2"), "--profile-steps needs --profile DIR"),
 ])
+@pytest.mark.runs
 def test_bad_profile_windows_are_usage_errors(flags, message):
     torch_run = tr.run(tr.build(MLP, "single"), "--steps", "3", *flags, expect_rc=2, metrics=False, export=False)
     jax_run = jr.run(jr.build(MLP, "single"), "--steps", "3", *flags, expect_rc=2, metrics=False, export=False)
@@ -64,6 +67,7 @@ def test_bad_profile_windows_are_usage_errors(flags, message):
         assert message in run.output and "Traceback" not in run.output
 
 
+@pytest.mark.runs
 def test_mlx_program_says_it_does_not_profile():
     run = mr.run(mr.build(MLP, "single"), "--steps", "1", "--profile", "p", expect_rc=2, metrics=False, export=False)
     assert "--profile: not supported by the mlx program" in run.output and "Traceback" not in run.output

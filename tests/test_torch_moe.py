@@ -134,6 +134,7 @@ def test_checkpoint_with_sharded_experts_resumes_on_one_process():
     assert max_param_diff(second.params, ref.params) < 1e-4
 
 
+@pytest.mark.runs
 def test_rendered_program():
     text = (build(MOE_DP) / "train.py").read_text()
     assert "all_to_all_single_autograd" in text and "def expert_parallel(" in text
@@ -148,6 +149,7 @@ def e049(mesh=None, edits=()) -> list[tuple[str, int, int]]:
     return [(d.message, d.pos.line, d.pos.col) for d in check_target(c.plan, c.doc, "torch") if d.code == "E049"]
 
 
+@pytest.mark.runs
 def test_unsupported_expert_layouts_are_e049_with_their_position():
     assert e049() == [] and e049("four") == [] and e049("single") == []
     # with fsdp too (whose default rules also split the experts over fsdp)
@@ -164,6 +166,7 @@ def test_unsupported_expert_layouts_are_e049_with_their_position():
     assert len(found) == 2
 
 
+@pytest.mark.runs
 def test_tensor_parallel_experts_split_only_on_their_hidden_features():
     """Over `tensor` the torch target splits a moe layer's experts on their hidden features (TP_CASES) or not
     at all: the experts themselves over `tensor` are E049, at the moe layer."""

@@ -256,6 +256,7 @@ def test_checkpoint_from_default_mesh_resumes_on_pipe4():
     assert d < 1e-5 and d4 < 1e-5 and dp < 1e-4, (d, d4, dp)
 
 
+@pytest.mark.runs
 def test_single_stage_build_runs_the_micro_batches_one_after_the_other():
     text = (build(GPT_PIPE, "single") / "train.py").read_text()
     assert "pipelining" not in text and "class Stage0" not in text
@@ -272,6 +273,7 @@ def e049(edits, mesh=None) -> list[tuple[str, int, int]]:
     return [(d.message, d.pos.line, d.pos.col) for d in check_target(c.plan, c.doc, "torch") if d.code == "E049"]
 
 
+@pytest.mark.runs
 def test_unsupported_pipelines_are_e049_with_their_position():
     assert e049(()) == [] and e049(INTERLEAVED) == [] and e049(GPIPE) == [] and e049((), "pipe4") == []
     # the head tied to the embedding on the other stage

@@ -44,6 +44,7 @@ def e049(spec, mesh=None, edits=()):
     return [d for d in e.value.diagnostics if d.code == "E049"]
 
 
+@pytest.mark.runs
 def test_build_never_imports_torch(tmp_path):
     code = (
         "import sys; from mithril_spec import cli; "
