@@ -12,7 +12,7 @@ mkdir -p "${1:-$EX/work}"
 cd "${1:-$EX/work}"
 # --- walk-through ---
 python $EX/make_model.py model          # a tiny Llama 3 (GQA, rope llama3) and its BPE tokenizer
-python $EX/make_data.py chats.jsonl     # 53 conversations: a doc section's heading -> its first sentences
+python $EX/make_data.py chats.jsonl     # a doc section's heading -> its first sentences
 mithril-spec import hf model -o model.yaml --mesh fsdp=2 --seq 64
 mithril-spec data prepare --format chat chats.jsonl --tokenizer model -o sft
 mithril-spec build model.yaml --target torch -o out \
