@@ -34,7 +34,7 @@ def run_sh_block() -> str:
 
 def doc_block() -> str:
     section = DOC.read_text().split("## Walk-through", 1)[1]
-    m = re.search(r"```bash\n(.*?)```", section, re.S)
+    m = re.search(r"```bash\n(.*?)```", section, re.DOTALL)
     assert m, "docs/fine-tuning.md: no ```bash block in the walk-through"
     return m.group(1)
 
@@ -64,7 +64,7 @@ def test_the_walk_through_runs_as_written(tmp_path):
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
                PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     start = time.perf_counter()
-    p = subprocess.run(["bash", str(EXAMPLE / "run.sh"), str(work)], env=env, capture_output=True, text=True,
+    p = subprocess.run(["bash", str(EXAMPLE / "run.sh"), str(work)], env=env, check=False, capture_output=True, text=True,
                        timeout=600)
     took = time.perf_counter() - start
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]

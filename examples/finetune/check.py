@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -43,7 +44,7 @@ def main(argv: list[str]) -> int:
     model_dir, finetuned_dir, data_dir, logits_file, metrics_file = argv
     program_logits = np.load(logits_file)  # (batch, seq, vocab)
     batch, seq, _ = program_logits.shape
-    dtype = json.loads(open(f"{data_dir}/data.json").read())["dtype"]
+    dtype = json.loads(Path(data_dir, "data.json").read_text())["dtype"]
     ids = np.fromfile(f"{data_dir}/train.bin", dtype=dtype)
     mask = np.fromfile(f"{data_dir}/train.mask", dtype=np.uint8)
     order = np.random.default_rng([DATA_SEED, 0]).permutation((len(ids) - 1) // seq)[:batch]
@@ -57,7 +58,7 @@ def main(argv: list[str]) -> int:
     _, first_batch_loss = masked_loss(before, tokens, targets)
     _, unmasked_loss = masked_loss(before, tokens, torch.where(targets == -100, torch.roll(tokens, -1, 1), targets))
     logits, _ = masked_loss(after, tokens, targets)
-    losses = [json.loads(line)["loss"] for line in open(metrics_file) if '"loss"' in line]
+    losses = [json.loads(line)["loss"] for line in Path(metrics_file).read_text().splitlines() if '"loss"' in line]
     result = {
         "logits_max_abs_diff": float(np.abs(logits.numpy() - program_logits).max()),
         "first_step_loss": losses[0],

@@ -20,7 +20,7 @@ MAX_CHARS = 240  # an answer of at most this many characters: its first sentence
 
 def sections(text: str):
     """(heading, first paragraph of prose) for every `##`-level heading of a markdown text."""
-    for part in re.split(r"^## ", text, flags=re.M)[1:]:
+    for part in re.split(r"^## ", text, flags=re.MULTILINE)[1:]:
         heading, _, body = part.partition("\n")
         paragraphs = [p.strip() for p in re.split(r"\n\s*\n", body)]
         prose = [p for p in paragraphs if p and not p.startswith(("```", "|", "#", "-", "*", ">", "<"))]
