@@ -78,6 +78,11 @@ def test_the_walk_through_runs_as_written(tmp_path):
     assert "type: llama3" in spec and "mesh: {fsdp: 2}" in spec
     assert json.loads((work / "out" / "plan.json").read_text())["mesh"]["axes"] == {"fsdp": 2}
 
+    # one end-of-sequence token after each conversation: Llama 3's template ends each turn with it already
+    ids = np.fromfile(work / "sft" / "train.bin", dtype="<u2")
+    eos = config["eos_token_id"]
+    assert (ids == eos).sum() > 10 and not np.any((ids[1:] == eos) & (ids[:-1] == eos))
+
     # against transformers itself, here
     program_logits = np.load(work / "logits.npy")
     batch, seq, vocab = program_logits.shape
