@@ -69,6 +69,7 @@ def test_the_walk_through_runs_as_written(tmp_path):
     took = time.perf_counter() - start
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "check: the exported model reloads" in p.stdout
+    assert 'What does spec.md say under "Data"?' in p.stdout  # generate.py's prompt and answer, on 2 ranks
     got = json.loads(next(line for line in p.stdout.splitlines() if line.startswith('{"logits_max_abs_diff"')))
 
     # the model run.sh built: Llama 3's rope scaling and grouped-query attention, imported as such

@@ -16,8 +16,10 @@ python $EX/make_data.py chats.jsonl     # a doc section's heading -> its first s
 mithril-spec import hf model -o model.yaml --mesh fsdp=2 --seq 64
 mithril-spec data prepare --format chat chats.jsonl --tokenizer model -o sft
 mithril-spec build model.yaml --target torch -o out \
-    --set '++data={kind: tokens, path: sft/train.bin, dtype: uint16, mask: sft/train.mask}' \
+    --set '++data={kind: tokens, path: sft/train.bin, dtype: uint16, mask: sft/train.mask, tokenizer: sft/tokenizer.json}' \
     --set training.steps=30 --set training.optimizer.lr=3e-3 --set training.schedule.warmup_steps=3
 out/launch.sh --init-params model --export-hf finetuned --logits logits.npy --metrics metrics.jsonl
 python $EX/check.py model finetuned sft logits.npy metrics.jsonl
+torchrun --standalone --nproc-per-node 2 out/generate.py --params finetuned --temperature 0 --max-new-tokens 16 --prompt \
+    $'<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nWhat does spec.md say under "Data"?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n'
 # --- end ---
