@@ -103,10 +103,11 @@ def test_the_walk_through_runs_as_written(tmp_path):
     unmasked = ce(logits0, torch.tensor(nxt).flatten()).item()
     losses = [json.loads(line)["loss"] for line in (work / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
     assert len(losses) == 30
-    # (a random model's per-token losses are all near log(vocab): counting every target moves the mean by
-    # some 2e-3 only, still 100 times what float32 leaves between the program and transformers)
+    # (a random model's per-token losses are all near log(vocab): make_model.py's initializer_range keeps
+    # the prompts' from the answers' by some 1e-2, a thousand times what float32 leaves between the program and
+    # transformers)
     assert abs(losses[0] - want) < 2e-5, (losses[0], want)
-    assert abs(unmasked - want) > 2e-4, (unmasked, want)  # the mask changes the loss: it was honoured
+    assert abs(unmasked - want) > 1e-3, (unmasked, want)  # the mask changes the loss: it was honoured
     assert np.mean(losses[-5:]) < losses[0] - 0.5, losses
     assert got["val_loss_after"] < got["val_loss_before"] - 0.5, got
     assert got["logits_max_abs_diff"] < 1e-4 and abs(got["first_step_loss"] - want) < 1e-4, got

@@ -50,6 +50,7 @@ def make_model(out: Path, vocab: int, bos: int, eos: int) -> None:
         vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2,  # grouped-query attention, as Llama 3
         max_position_embeddings=128, rms_norm_eps=1e-5, tie_word_embeddings=False,
+        initializer_range=0.1,  # (not 0.02: logits far enough from uniform that the mask changes the loss)
         bos_token_id=bos, eos_token_id=eos,
         rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
                          "high_freq_factor": 4.0, "original_max_position_embeddings": 32})
