@@ -293,8 +293,8 @@ def encode_example(tok, render, messages: list[dict]) -> tuple[list[int], list[i
 
 def prepare_instructions(path: str, fmt: str, tokenizer: str, out: Path, val_fraction: float = 0.1) -> Prepared:
     """`data prepare --format chat|prompt-response FILE.jsonl --tokenizer MODEL_DIR`: every example encoded
-    (the model's chat template, or `role: content` lines), followed by the end-of-sequence token, packed one
-    after the other; beside train.bin / val.bin, train.mask / val.mask: one uint8 per id, 1 where the loss
+    (the model's chat template, or `role: content` lines), followed by the end-of-sequence token (unless the
+    template already ended it with that token: one, not two), packed one after the other; beside train.bin / val.bin, train.mask / val.mask: one uint8 per id, 1 where the loss
     counts predicting it (the assistant's tokens and the end-of-sequence token after them)."""
     if not 0 < val_fraction < 1:
         raise UsageError(f"--val-fraction {val_fraction}: between 0 and 1 (exclusive)")
@@ -319,8 +319,10 @@ def prepare_instructions(path: str, fmt: str, tokenizer: str, out: Path, val_fra
             i, m = encode_example(tok, render, messages)
         except Exception as e:  # noqa: BLE001 - the chat template's own errors
             raise UsageError(f"{path}: example {n}: the chat template fails ({' '.join(str(e).split())[:200]})") from None
-        ids += i + [eot]
-        mask += m + [1]
+        if not i or i[-1] != eot:  # a template that ends each turn with it (Llama 3's <|eot_id|>) wrote it
+            i, m = [*i, eot], [*m, 1]
+        ids += i
+        mask += m
     return _write_split(out, tok, source, ids, mask, eot, len(examples), val_fraction, f"{path}:",
                         format=fmt, chat_template=render is not _plain)
 

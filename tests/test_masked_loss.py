@@ -2,7 +2,7 @@
 
 - `data prepare --format chat|prompt-response FILE.jsonl --tokenizer MODEL_DIR`: the examples encoded with
   the model's chat template (or `role: content` lines without one), packed, separated by the end-of-sequence
-  token; train.mask / val.mask count exactly the assistant's tokens and the end-of-sequence token after them.
+  token (one: none added after a template that ends the example with it); train.mask / val.mask count exactly the assistant's tokens and the end-of-sequence token after them.
 - `data: {kind: tokens, path, mask}`: the first step's loss of a tiny Llama (built locally with
   transformers, imported with `import hf`, started from its checkpoint) equals
   torch.nn.functional.cross_entropy(transformers' logits, targets, ignore_index=-100) on the first batch;
@@ -61,7 +61,8 @@ def test_prepare_instructions_masks_the_prompts(tmp_path, capsys, template):
     k = 0
     for ex in EXAMPLES * 10:
         if template:
-            text = f"<s>user\n{ex['prompt']}</s><s>assistant\n{ex['response']}</s>"
+            # the template ends the turn with the end-of-sequence token: that one, no second after it
+            text = f"<s>user\n{ex['prompt']}</s><s>assistant\n{ex['response']}"
         else:
             text = f"user: {ex['prompt']}\nassistant: {ex['response']}\n"
         want = tok.encode(text, add_special_tokens=False).ids

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -189,13 +191,22 @@ def test_steps_0_export_is_the_numpy_init_and_init_params_round_trip(tmp_path):
 
 
 @pytest.mark.slow
-def test_wrong_world_size_exits_2():
+def test_wrong_world_size_exits_2(tmp_path):
     prog = build(GPT, "fsdp_tp")
     alone = run(prog, "--steps", "1", ranks=1, expect_rc=2, export=False, metrics=False)
     assert "needs 4 rank(s), but WORLD_SIZE is 1" in alone.output
+    assert "Launch it with `torchrun --nproc-per-node 4 train.py` (or launch.sh)" in alone.output
     two = run(prog, "--steps", "1", ranks=2, expect_rc=2, export=False, metrics=False)
     assert "needs 4 rank(s), but WORLD_SIZE is 2" in two.output
     assert "Traceback" not in alone.output + two.output
+    # generate.py (train.py's setup) names itself: launch.sh starts train.py, not it
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    np.savez(tmp_path / "p.npz")  # (a file: the ranks are checked before the parameters are read)
+    gen = subprocess.run([sys.executable, str(prog / "generate.py"), "--params", str(tmp_path / "p.npz"), "--prompt-ids", "1"],
+                         cwd=prog, env=env, capture_output=True, text=True, check=False, timeout=300)
+    assert gen.returncode == 2, gen.stderr
+    assert "Launch it with `torchrun --nproc-per-node 4 generate.py`, or rebuild" in gen.stderr, gen.stderr
+    assert "launch.sh" not in gen.stderr and gen.stderr.count("\n") == 1, gen.stderr
 
 
 @pytest.mark.slow
