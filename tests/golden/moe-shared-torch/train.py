@@ -2028,11 +2028,13 @@ def setup(dry_run=False):
     rank 0 of WORLD, whose collectives do nothing (the dry run runs none)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     fake = dry_run and world == 1
+    script = os.path.basename(sys.argv[0]) or "train.py"  # train.py, or generate.py that imports it
     require(
         world == WORLD or fake,
         f"this program was built for the mesh {', '.join(f'{a}={n}' for a, n in MESH.items())}: it needs "
         f"{WORLD} rank(s), but WORLD_SIZE is {world}. Launch it with "
-        "`torchrun --nproc-per-node 8 train.py` (or launch.sh), "
+        f"`torchrun --nproc-per-node 8 {script}`"
+        f"{' (or launch.sh)' if script == 'train.py' else ''}, "
         f"or rebuild it for {world} rank(s) with `mithril-spec build --mesh ...`.",
     )
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
