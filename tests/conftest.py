@@ -107,16 +107,19 @@ def pytest_configure(config):
         popen_init(self, args, *a, **kw)
 
     subprocess.Popen.__init__ = guarded
-
-
-@pytest.fixture(autouse=FAST)
-def _fast_tier_imports_no_framework():
     import sys
 
-    before = {m for m in FRAMEWORKS if m in sys.modules}
-    yield
-    if imported := [m for m in FRAMEWORKS if m in sys.modules and m not in before]:
-        pytest.fail(f"the fast tier imports no framework, and this test imports {', '.join(imported)}: mark it `runs`")
+    sys.meta_path.insert(0, _NoFrameworks)
+
+
+class _NoFrameworks:
+    """A meta-path finder that refuses to import a framework (the fast tier's rule)."""
+
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name.split(".")[0] in FRAMEWORKS:
+            raise ImportError(f"the fast tier imports no framework, and this test imports {name}: mark it `runs`")
+        return None
 
 
 def _imports_a_framework(path, seen=None) -> bool:

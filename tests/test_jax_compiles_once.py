@@ -5,6 +5,7 @@ initialisation, from the previous step or from a checkpoint. Counted from jax's 
 
 from __future__ import annotations
 
+import pytest
 from jax_runs import SPECS, WORK, build, run
 
 LOG = {"JAX_LOG_COMPILES": "1"}

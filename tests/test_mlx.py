@@ -114,6 +114,7 @@ def test_bf16_compute_trains():
     assert np.isfinite(r.losses).all() and jr.max_diff(r.losses, ref.losses) < 2e-2
 
 
+@pytest.mark.runs
 def test_memory_line_equals_the_plan():
     for spec in SPECS:
         m = mlx_run(spec).memory
@@ -167,6 +168,7 @@ def test_corrupt_foreign_and_missing_checkpoints(tmp_path):
     assert "no checkpoint there" in empty.output
 
 
+@pytest.mark.runs
 def test_fresh_run_refuses_a_directory_with_later_steps(tmp_path):
     program = mlp("data=1")
     ckpt = tmp_path / "later"
@@ -175,6 +177,7 @@ def test_fresh_run_refuses_a_directory_with_later_steps(tmp_path):
     assert "already holds checkpoints of steps after 0" in r.output
 
 
+@pytest.mark.runs
 def test_process_count_and_launcher_exit_codes():
     program = mlp("data=2")
     alone = mr.run(program, "--steps", "1", expect_rc=2)  # built for 2 processes, started as one
@@ -183,6 +186,7 @@ def test_process_count_and_launcher_exit_codes():
     assert "--steps must be >= 0" in bad.output
 
 
+@pytest.mark.runs
 def test_dry_run_needs_no_other_process():
     r = mr.run(mlp(), "--dry-run", export=False, metrics=False)  # the default mesh: data=8
     assert "8 process(es)" in r.output and "fc1.weight" in r.output
@@ -288,6 +292,7 @@ def test_tensor_parallel_limits(tmp_path, capsys):
     assert rc == 1 and "no dropout above rate 0 in a tensor-parallel build" in capsys.readouterr().err
 
 
+@pytest.mark.runs
 def test_tensor_parallel_dry_run_shows_the_slices():
     r = mr.run(mr.build(MLP_TP, "tensor=2"), "--dry-run", export=False, metrics=False)
     line = next(x for x in r.output.splitlines() if x.startswith("per-process bytes "))

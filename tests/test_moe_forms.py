@@ -246,7 +246,7 @@ def test_plan_costs_the_forms():
 def test_torch_refuses_the_swiglu_experts_over_tensor_and_mlx_refuses_moe():
     """torch's tensor parallelism splits only the fc/proj experts (E049 naming the swiglu experts); jax splits
     them (XLA); mlx has no moe layers."""
-    from mithril_spec.targets import check_target
+    from mithril_spec.lowering import check_target
 
     plan = compile_file(jax_runs.spec_variant(SPEC, TP), "tensor=2")
     torch_errors = [d for d in check_target(plan.plan, plan.doc, "torch") if d.code == "E049"]
