@@ -76,6 +76,7 @@ class TorchTarget(Target):
         pipeline_schedules=("gpipe", "1f1b", "interleaved"),
         explicit_stages=True,
         zero_with_pipeline=False,
+        eval_with_pipeline=True,  # schedule.eval: the stages forward only (templates/torch/pipeline_main.py.j2)
         compute_dtypes=("float32", "bfloat16", "float16"),
         param_dtypes=("float32", "bfloat16", "float16"),
         dtype_limits=tuple(
