@@ -77,6 +77,7 @@ class TorchTarget(Target):
         explicit_stages=True,
         zero_with_pipeline=False,
         eval_with_pipeline=True,  # schedule.eval: the stages forward only (templates/torch/pipeline_main.py.j2)
+        sampling="every mesh; a pipeline through its stages",
         compute_dtypes=("float32", "bfloat16", "float16"),
         param_dtypes=("float32", "bfloat16", "float16"),
         dtype_limits=tuple(
