@@ -7,8 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..diagnostics import Diagnostic
-from ..ops import OPS
-from .base import MESH_AXES, Capabilities, Target, scopes
+from .base import MESH_AXES, Capabilities, Target
 from .communication import jax_communication_errors
 from .context import LIMIT as CONTEXT_LIMIT
 
@@ -27,8 +26,7 @@ class JaxTarget(Target):
         pipeline_schedules=("gpipe", "1f1b", "interleaved"),
         explicit_stages=True,
         zero_with_pipeline=False,
-        # forward only through the circular pipeline (templates/jax/pipeline.py.j2 pipeline_eval); refused where
-        # a layer runs differently in an evaluation (_pipeline)
+        # forward only through the circular pipeline (templates/jax/pipeline.py.j2 pipeline_eval)
         eval_with_pipeline=True,
         sampling="every mesh; a pipeline of one repeat's copies in stages of as many (not padded), through its stages",
         compute_dtypes=("float32", "bfloat16", "float16"),
@@ -68,8 +66,6 @@ class JaxTarget(Target):
         "possibly uneven: every stage is padded to the largest stage's copies, which the plan counts.",
         "The pipelined block takes one input; the layers after it (and the loss) read only its output, later "
         "layers and the model inputs, never the layers before it (those run apart, on every pipe rank).",
-        "A pipelined build evaluates (`eval`) forward only through the circular pipeline, not with a layer that "
-        "runs differently in the evaluation (dropout, batch_norm).",
         CONTEXT_LIMIT,
     )
 
@@ -114,15 +110,6 @@ def _pipeline(plan: Plan, doc: Document) -> list[Diagnostic]:
     def err(path, msg, help):
         out.append(Diagnostic("E049", msg, doc.pos(path), help=help))
 
-    if plan.spec.eval is not None:
-        for _, nodes in scopes(plan):
-            for node in nodes:
-                if not node.is_repeat and (OPS[node.op].is_random(node.attrs) or node.buffers):
-                    what = "batch_norm's running statistics" if node.buffers else "dropout"
-                    err(node.path + ("op",), f"`{node.name}`: the jax target does not evaluate (`eval`) a pipelined model "
-                        f"with a layer that runs differently in the evaluation ({what}) yet", help="drop the `pipe` "
-                        "mesh axis (a one-stage build evaluates the same samples), leave out `eval`, or build for the "
-                        "torch target")
     reps = pipelined_repeats(plan)
     if not reps:
         err(plan.graph.layers[0].path + ("name",), "the jax target pipelines the copies of a repeated block, and "
