@@ -13,7 +13,8 @@ token is picked on the host (numpy): greedy with --temperature 0, else drawn fro
 logits / temperature over the --top-k most probable. The copies of `blocks` run through the pipeline
 stages: each pipe rank holds its stages' copies and their caches, and the position's activation passes from
 stage to stage (jax.lax.ppermute), as in training; the layers before and after them run on every pipe rank.
---check is not available in a pipelined build (its forward pass runs inside the train step only).
+--check compares every position with the training program's forward pass through the pipeline over the
+whole sequence.
 """
 
 import argparse
@@ -32,7 +33,10 @@ from jax.sharding import PartitionSpec as P
 # isort: split
 # train.py beside this file: the model, the mesh and the loading code of the training program
 from train import (
+    CHUNK,
     COMPUTE_DTYPE,
+    INPUT_LAYOUTS,
+    MICROBATCHES,
     PARAM_DTYPE,
     PER_STAGE,
     PIPE,
@@ -49,6 +53,7 @@ from train import (
     make_mesh,
     make_optimizer,
     mlp,
+    pipeline_predict,
     place,
     project_together,
     require,
@@ -235,9 +240,19 @@ def cached_decoder(params, mesh):
 
 
 def full_forward(params, mesh):
-    """(--check is refused in a pipelined build: parse_args)"""
-    del params, mesh
-    return None
+    """full(ids) -> the logits of each position [len(ids), VOCAB] (numpy) from train.py's forward pass through the
+    pipeline (pipeline_predict) over the whole sequence (padded to SEQ), in every sample of a micro-batch of
+    MICROBATCHES x CHUNK."""
+    sharding = NamedSharding(mesh, P(None, *INPUT_LAYOUTS[TOKENS]))
+    logits_of = jax.jit(pipeline_predict, out_shardings=NamedSharding(mesh, P()))
+
+    def full(ids):
+        batch = np.zeros((MICROBATCHES, CHUNK, SEQ), np.int32)
+        batch[:, :, : len(ids)] = ids
+        tokens = jax.make_array_from_callback(batch.shape, sharding, lambda index: batch[index])
+        return to_host(logits_of(params, {TOKENS: tokens}))[0, 0, : len(ids)]
+
+    return full
 
 
 # ----------------------------------------------------------------------------
@@ -329,10 +344,6 @@ def parse_args(argv=None):
     )
     require(
         not args.resume or os.path.exists(args.resume), f"--resume {args.resume}: no such directory"
-    )
-    require(
-        not args.check,
-        "--check: the pipelined build's forward pass over a whole sequence runs inside its train step only (compare a build without the `pipe` axis)",
     )
     return args
 

@@ -11,7 +11,7 @@ tokens, then each new one. Every attention layer writes the key and value of the
 SEQ positions and reads those of the earlier positions from it; generation stops when the sequence holds
 SEQ tokens. Each rank builds and loads only its pipeline stages (as train.py does) and runs their layers;
 the position's activation passes from stage to stage (point to point over `pipe`), and the last stage's
-logits go to every rank of its pipe group. --check is not available in a pipelined build. The layers that train.py splits over `tensor` stay split (each rank its heads, hidden units
+logits go to every rank of its pipe group (--check runs the stages' forward passes the same way). The layers that train.py splits over `tensor` stay split (each rank its heads, hidden units
 or features, the row-parallel results summed over `tensor`); every other parameter is gathered whole on
 every rank. Every rank computes the same tokens, picked on the host (numpy): greedy with --temperature 0,
 else drawn from the softmax of the logits / temperature over the --top-k most probable; rank 0 prints.
@@ -19,6 +19,7 @@ else drawn from the softmax of the logits / temperature over the --top-k most pr
 """
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -34,6 +35,7 @@ import torch.nn.functional as F
 # train.py beside this file: the model, the mesh and the loading code of the training program
 from train import (
     COMPUTE_DTYPE,
+    FIRST_STAGE_INPUTS,
     MESH,
     PIPE,
     SEED,
@@ -258,6 +260,7 @@ def load_model(args, device, mesh):
     for stage in stages:
         stage.to_empty(device=device)
     model = Holder(stages)
+    model.stages = stages  # (a plain list: not submodules twice)
     if args.resume:
         optimizer, scheduler = make_optimizer(model)
         load_checkpoint(args.resume, model, optimizer, scheduler)
@@ -268,9 +271,45 @@ def load_model(args, device, mesh):
     return model, pipe_rank
 
 
-def full_forward(model, device):
-    """(--check is refused in a pipelined build: parse_args)"""
-    del model, device
+def full_forward(model, device, pipe_group, pipe_rank):
+    """full(ids) -> the logits of each position [len(ids), VOCAB] (numpy) from train.py's stages over the whole
+    sequence (padded to SEQ), on every rank: each rank runs its stages' forward passes, the output sent on to
+    the next stage's rank (send), the last stage's logits broadcast over `pipe`."""
+    stages = {s: stage for s, stage in zip(range(pipe_rank, STAGES, PIPE), model.stages)}
+
+    @torch.no_grad()
+    def full(ids):
+        tokens = torch.zeros((1, SEQ), dtype=torch.long, device=device)
+        tokens[0, : len(ids)] = torch.tensor(ids)
+        x = None
+        with contextlib.nullcontext():
+            for stage in range(STAGES):
+                owner = stage % PIPE
+                if owner != pipe_rank:
+                    continue
+                if stage == 0:
+                    x = stages[0](
+                        *[
+                            tokens if name == TOKENS else torch.zeros_like(tokens)
+                            for name in FIRST_STAGE_INPUTS
+                        ]
+                    )
+                else:
+                    if (stage - 1) % PIPE != owner:
+                        x = receive(pipe_group, (stage - 1) % PIPE, device)
+                    x = stages[stage](x)
+                if stage < STAGES - 1 and (stage + 1) % PIPE != owner:
+                    send(x, pipe_group, (stage + 1) % PIPE)
+        last = (STAGES - 1) % PIPE
+        if pipe_rank == last:
+            x = x.full_tensor() if hasattr(x, "full_tensor") else x  # (vocab-parallel logits)
+            logits = x.float().contiguous()
+        else:
+            logits = torch.empty(1, SEQ, VOCAB, device=device)
+        dist.broadcast(logits, group=pipe_group, group_src=last)
+        return logits[0, : len(ids)].cpu().numpy()
+
+    return full
 
 
 # ----------------------------------------------------------------------------
@@ -351,10 +390,6 @@ def parse_args(argv=None):
     )
     require(
         not args.resume or os.path.exists(args.resume), f"--resume {args.resume}: no such directory"
-    )
-    require(
-        not args.check,
-        "--check: the pipelined build's forward pass over a whole sequence runs inside its pipeline schedule only (compare a build without the `pipe` axis)",
     )
     return args
 
@@ -525,7 +560,8 @@ def main(args):
         )
 
     out, seen, seconds = sample_tokens(step, ids, args)
-    print_result(args, ids, out, seen, seconds, tokenizer, full_forward(model, device), is_first())
+    full = full_forward(model, device, mesh.get_group("pipe"), pipe_rank)
+    print_result(args, ids, out, seen, seconds, tokenizer, full, is_first())
     shutdown()
 
 
