@@ -334,7 +334,7 @@ class Target:
                     help=f"remove the `{field}:` fields: the planner then splits the repeated block evenly"))
             if tr.zero and not cap.zero_with_pipeline:
                 refuse(("training", "zero"), f"`training.zero: {tr.zero}` with a pipeline",
-                       "shard over `fsdp` instead (ZeRO-3), which the pipeline supports")
+                       cap.reason("zero_pipeline", "shard over `fsdp` instead (ZeRO-3), which the pipeline supports"))
             if plan.spec.eval is not None and not cap.eval_with_pipeline:
                 refuse(("eval",), "evaluation (`eval`) in a pipelined build",
                        cap.reason("eval", "build it without the `pipe` mesh axis (a one-stage build evaluates the same "
