@@ -192,4 +192,7 @@ def test_validate_accepts_zero_and_master_weights_and_refuses_the_rest():
     msgs = e049(GPT, None, zero(2))  # data=2 x fsdp=2 x tensor=2
     assert len(msgs) == 2 and "with a `tensor` axis and `data` above 1" in msgs[1]
     assert e049(GPT, "tensor=2", zero(1)) == []  # no batch axis: nothing to split, the plain program
-    assert e049(PIPE, None, PIPE_MASTER) == [] and e049(PIPE, None, zero(1))  # (zero in a pipeline: E049)
+    assert e049(PIPE, None, PIPE_MASTER) == []
+    # zero in a pipeline: over pipe x data (tests/test_torch_pipeline_zero.py), not with tensor beside data
+    assert e049(PIPE, "pipe=2,data=2", zero(1)) == [] and e049(PIPE, "pipe=2,data=2", zero(2)) == []
+    assert any("with a `tensor` axis and `data` above 1" in m for m in e049(PIPE, None, zero(1)))

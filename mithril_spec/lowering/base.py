@@ -269,7 +269,7 @@ class Lowering:
                     help=f"remove the `{field}:` fields: the planner then splits the repeated block evenly"))
             if tr.zero and not cap.zero_with_pipeline:
                 refuse(("training", "zero"), f"`training.zero: {tr.zero}` with a pipeline",
-                       "shard over `fsdp` instead (ZeRO-3), which the pipeline supports")
+                       cap.reason("zero_pipeline", "shard over `fsdp` instead (ZeRO-3), which the pipeline supports"))
             if plan.spec.eval is not None and not cap.eval_with_pipeline:
                 refuse(("eval",), "evaluation (`eval`) in a pipelined build",
                        cap.reason("eval", "build it without the `pipe` mesh axis (a one-stage build evaluates the same "
@@ -287,6 +287,10 @@ class Lowering:
         out += offload_errors(self.target, plan, doc)
         out += self.check_more(plan, doc)
         return out
+
+    def files_for(self, plan: Plan) -> tuple[tuple[str, str], ...]:
+        """The (template, output file) pairs a build of `plan` renders (the target's `files_for`)."""
+        return self.target.files_for(plan)
 
     def check_more(self, plan: Plan, doc: Document) -> list[Diagnostic]:
         return []

@@ -60,6 +60,10 @@ def torch_communication_errors(plan: Plan, doc: Document, dp: str, axis: str = "
             refuse("compression", f"`{kind}` compression with `training.zero: 2`",
                    "ZeRO-2 reduce-scatters the gradients itself, with no communication hook to compress them; use "
                    "`training.zero: 0` or 1 (DDP)")
+        elif dp == "zero1":
+            refuse("compression", f"`{kind}` compression with `training.zero: 1` in a pipeline",
+                   "the pipelined ZeRO program all-reduces the gradients itself, with no communication hook to "
+                   "compress them; use `training.zero: 0`")
         elif plan.mesh.expert_enabled:
             refuse("compression", f"`{kind}` compression with an `expert` axis",
                    "the experts' gradients are reduced apart from DDP's (reduce_expert_grads), uncompressed; "
@@ -76,7 +80,7 @@ def torch_communication_errors(plan: Plan, doc: Document, dp: str, axis: str = "
                    f"(reduce_whole_grads), uncompressed; " + ("make every parameter divisible over fsdp"
                    if axis == "fsdp" else "split every trainable parameter over `data`, or none"))
     if comm.bucket_mb is not None and dp not in ("ddp", "none"):
-        refuse("bucket_mb", f"`bucket_mb` in a{'n FSDP2' if fsdp else ' ZeRO-2' if dp == 'zero2' else ' one-replica'} "
+        refuse("bucket_mb", f"`bucket_mb` in a{'n FSDP2' if fsdp else ' ZeRO' if dp in ('zero1', 'zero2') else ' one-replica'} "
                "build", "`bucket_mb` sets DDP's bucket_cap_mb, and this build does not reduce with DDP (FSDP2 "
                "reduces each block's gradients together); leave it out")
     return out

@@ -46,6 +46,7 @@ def capability_markdown() -> str:
     row("operators", lambda c: "all" if c.ops is None else "all but " + _list(sorted(set(OPS) - c.ops)))
     row("launchers", lambda c: "; ".join(c.launchers))
     row("evaluation (`eval`) in a pipelined build", lambda c: _yes(c.eval_with_pipeline))
+    row("`generate.py` (sampling from a language model)", lambda c: c.sampling or "no")
     row("operators with a pipeline limit it runs in a pipelined build",
         lambda c: _list(sorted(c.pipelined_ops)) if c.pipelined_ops else "none")
     row("fused attention (no probabilities stored; attention `dropout` 0)", lambda c: _yes(c.fused_attention))

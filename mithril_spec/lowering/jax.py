@@ -18,12 +18,29 @@ if TYPE_CHECKING:
 class JaxLowering(Lowering):
     target = JaxTarget()
 
+    def files_for(self, plan: Plan) -> tuple[tuple[str, str], ...]:
+        """generate.py of a pipelined build runs the pipelined copies stage after stage (templates/jax/generate.py.j2
+        pipelined_stages): not for copies from several repeats nor stages padded to the largest."""
+        files = super().files_for(plan)
+        if not samples_through_pipeline(plan):
+            files = tuple((t, name) for t, name in files if name != "generate.py")
+        return files
+
     def check_more(self, plan: Plan, doc: Document) -> list[Diagnostic]:
         out = jax_communication_errors(plan, doc)
         pp = plan.pipeline
         if pp is None or pp.pipe <= 1:
             return out
         return out + _pipeline(plan, doc)
+
+
+def samples_through_pipeline(plan: Plan) -> bool:
+    """Whether generate.py can run a pipelined build's copies through its stages (true without a pipeline): the
+    copies of one repeat, every stage holding as many (no padding rows)."""
+    pp = plan.pipeline
+    if pp is None or pp.pipe <= 1:
+        return True
+    return len(pipelined_repeats(plan)) == 1 and len({len(s) for s in pp.stage_copies}) == 1
 
 
 def pipelined_repeats(plan: Plan) -> list:

@@ -97,6 +97,9 @@ PARALLELISMS: dict[str, tuple[str, Any]] = {
     "data x tensor": ("data=2,tensor=2", lambda s: _rules(s, TP_RULES)),
     "sequence": ("tensor=2", lambda s: _rules(s, {**TP_RULES, "seq": "tensor"})),
     "pipe": ("pipe=2", lambda s: s.update(pipeline={"microbatches": 2, "schedule": "1f1b"})),
+    # ZeRO-1 over the data replicas of the pipeline stages
+    "pipe x zero": ("pipe=2,data=2", lambda s: (s.update(pipeline={"microbatches": 2, "schedule": "1f1b"}),
+                                                s["training"].update(zero=1))),
     "expert": ("data=1,expert=2", _moe),  # expert parallelism needs experts
     "expert, batch whole": ("data=1,expert=2", lambda s: (_moe(s), _whole_batch(s))),
     "zero": ("data=2", lambda s: s["training"].update(zero=1)),

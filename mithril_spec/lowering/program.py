@@ -244,4 +244,4 @@ def lower(plan: Plan, doc: Document, target: str, spec_file: str, build_dir: str
     ctx["sampling"] = sampling_context(plan, ctx, target)  # generate.py (a language model), or None
     ctx["slurm"] = slurm_context(plan.mesh.devices, plan.spec.name, build_dir, python)
     ctx[cls.settings_field] = settings(**ctx[cls.settings_field])
-    return cls(files=TARGETS[target].files_for(plan), costing=cost, plan_json=plan_to_json(plan, cost.costs), **ctx)
+    return cls(files=LOWERINGS[target].files_for(plan), costing=cost, plan_json=plan_to_json(plan, cost.costs), **ctx)

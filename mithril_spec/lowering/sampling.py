@@ -101,6 +101,19 @@ def sampling_context(plan: Plan, ctx: dict[str, Any], target: str) -> dict[str, 
             "stack_fn": f"{decode_fns[block['name']]}_stack",
         })
     by_block = {b["name"]: b for b in blocks}
+    stages = None  # torch, more than one pipeline stage: per stage its layers (a repeat with its copies there)
+    if target == "torch" and plan.pipeline is not None and len(plan.pipeline.stages) > 1:
+        from .torch import pipeline_flow
+
+        flows, _ = pipeline_flow(plan)
+        vars_ = rename_vars(top_names, reserved)
+        by_name = {layer["name"]: layer for layer in layers}
+        stages = [{
+            "index": f.index,
+            "layers": [{**by_name[node.name], "start": a, "end": b} for node, a, b in f.units],
+            "receives": vars_[f.receives] if f.receives else None,
+            "sends": vars_[f.sends],
+        } for f in flows]
     for rep in (layer for layer in layers if layer["op"] == "repeat"):
         inner = by_block[rep["block"]]["layers"]
         caches.append({"repeat": rep["name"], "count": rep["count"], "layers": [
@@ -130,6 +143,7 @@ def sampling_context(plan: Plan, ctx: dict[str, Any], target: str) -> dict[str, 
         "ops": sorted(ops),  # the operators of its layers (and "repeat")
         "tensor": tensor,
         "local_modules": tuple(sorted(set(local_modules))),
+        "stages": stages,
     }
 
 

@@ -430,12 +430,18 @@ def data_parallel(plan: Plan) -> str:
     fsdp) mesh / over fsdp, or over `data` where parameters are split over it: shard_axis; also data x tensor
     and data x pipe, with an fsdp axis of size 1, which keeps the tensor-parallel DTensors DTensors and
     survives the interleaved schedules), "zero2" (replicated over data, gradients reduce-scattered onto the
-    ranks that update them), "ddp" (DistributedDataParallel over data x expert) or "none"."""
+    ranks that update them), "zero1" (a pipeline with ZeRO-1: replicated over data, gradients all-reduced by
+    the program), "ddp" (DistributedDataParallel over data x expert) or "none"."""
     mesh = plan.mesh
     D, Fs, T = mesh.data, mesh.fsdp, mesh.tensor
     P, X = mesh.pipe, mesh.expert
     if shard_axis(plan) == "data":
         return "fsdp"  # parameters split over `data`: FSDP2 over the data axis
+    zero = plan.spec.training.zero
+    if P > 1 and D > 1 and zero and Fs == 1 and T == 1 and X == 1:
+        # ZeRO in a pipeline: the stages replicated over data without FSDP2, their gradients reduced by the
+        # program (Shards.take_grads: all-reduced for ZeRO-1, reduce-scattered for ZeRO-2)
+        return "zero2" if zero >= 2 else "zero1"
     if Fs > 1 or (T > 1 and D > 1) or (P > 1 and D > 1):
         return "hsdp" if D > 1 else "fsdp"
     if D > 1 and X == 1 and plan.spec.training.zero >= 2:

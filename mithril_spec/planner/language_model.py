@@ -8,9 +8,11 @@ A plan qualifies when
   (the next tokens), where vocab is the embedding's vocabulary;
 - no layer reads another model input, and every layer can run one position at a time with the earlier
   positions' keys and values cached (Op.decodes: per-position operators, embeddings, the mlp, causal
-  attention; not moe, batch_norm, convolutions, reshapes);
-- it has no pipeline of more than one stage, and no sequence split over `context` (a checkpoint of such a
-  build resumes on any mesh: sample from a build without the axis).
+  attention; not moe, batch_norm, convolutions, reshapes).
+
+Pipelined builds sample through their stages and context-parallel ones decode one position at a time
+(the targets' generate.py templates); the jax target renders it for pipelines of one repeat's evenly split
+copies only (targets/jax.py samples_through_pipeline).
 """
 
 from __future__ import annotations
@@ -39,10 +41,6 @@ def language_model(graph: Graph, pipeline: Optional[PipelinePlan], sequence_axis
     the module's docstring), or None when it is not one."""
     loss = graph.loss
     if not LOSSES[loss.op].class_targets:  # cross_entropy: the logits of the next token's classes
-        return None
-    if pipeline is not None and len(pipeline.stages) > 1:
-        return None
-    if sequence_axis is not None:  # context parallelism: the programs hold a sequence in a balanced order
         return None
     ints = [i for i in graph.inputs if i.type.is_int]
     if not ints or len(ints[0].type.shape) != 1:

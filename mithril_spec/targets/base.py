@@ -56,6 +56,8 @@ class Capabilities:
     default: bool = True
     # the `eval` section in a build with more than one pipeline stage
     eval_with_pipeline: bool = False
+    # generate.py of a language model (Plan.language_model): "" none; else in words, which builds have it
+    sampling: str = ""
     # operators it runs inside a pipeline although the operator names a pipeline limit (Op.pipeline_limit):
     # dropout and attention dropout with the masks of the build without a pipeline, ...
     pipelined_ops: frozenset[str] = frozenset()

@@ -53,7 +53,9 @@ class TorchTarget(Target):
         master_weights=True,
         pipeline_schedules=("gpipe", "1f1b", "interleaved"),
         explicit_stages=True,
-        zero_with_pipeline=False,
+        zero_with_pipeline=True,  # over `data` (data_parallel: "zero1" / "zero2"; templates/torch/optimizer.py.j2)
+        eval_with_pipeline=True,  # schedule.eval: the stages forward only (templates/torch/pipeline_main.py.j2)
+        sampling="every mesh; a pipeline through its stages",
         compute_dtypes=("float32", "bfloat16", "float16"),
         param_dtypes=("float32", "bfloat16", "float16"),
         dtype_limits=tuple(

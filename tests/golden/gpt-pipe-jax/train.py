@@ -439,6 +439,50 @@ def pipeline_stage(sp, chunk, x):
     return decoder_stack(rows, "blocks", x)
 
 
+def circular_pipeline(sp, xs):
+    """The forward pass of the evaluation and of generate.py --check (no backward to interleave: gpipe's order): a circular pipeline (gpipe is the case of one virtual stage), inside shard_map.
+    xs: the input of `blocks` for every micro-batch, [MICROBATCHES, ...]. At tick t rank r works on
+    iteration i = t - r: micro-batch i % MICROBATCHES through its stage chunk i // MICROBATCHES, and passes
+    the result to rank r + 1 (the last rank to rank 0) with ppermute. Rank 0 keeps the micro-batches that
+    come back for their next lap (`laps`) and the finished ones (`outs`). jax.grad differentiates the loop:
+    the backward is the mirrored loop, with gradients sent back by the transposed ppermute. Idle ticks
+    compute on clamped indices; their results are never stored."""
+    M = MICROBATCHES
+    r = jax.lax.axis_index("pipe")
+    ring = [(k, (k + 1) % PIPE) for k in range(PIPE)]
+    # xs comes in float32 and is marked as varying before the cast: the gradient of that mark is a sum over
+    # `pipe`, which XLA:CPU fails on in bfloat16 ("Invalid binary instruction opcode copy")
+    xs = varying(xs).astype(COMPUTE_DTYPE)
+    zeros = jnp.zeros_like(xs)
+    cur, laps, outs = varying((zeros[0], zeros, zeros))
+
+    def store(laps, outs, cur, t):
+        """Rank 0 files what the last rank sent at tick t - 1 (iteration t - PIPE)."""
+        i = t - PIPE
+        ok = (r == 0) & (i >= 0) & (i < VIRTUAL_STAGES * M)
+        j, done = jnp.maximum(i, 0) % M, i // M == VIRTUAL_STAGES - 1
+        laps = laps.at[j].set(jnp.where(ok & ~done, cur, laps[j]))
+        outs = outs.at[j].set(jnp.where(ok & done, cur, outs[j]))
+        return laps, outs
+
+    def tick(carry, t):
+        cur, laps, outs = carry
+        laps, outs = store(laps, outs, cur, t)
+        i = jnp.clip(t - r, 0, VIRTUAL_STAGES * M - 1)
+        j, chunk = i % M, i // M
+        x = jnp.where(r == 0, jnp.where(chunk == 0, xs[j], laps[j]), cur)
+        y = pipeline_stage(sp, chunk, x)
+        return (jax.lax.ppermute(y, "pipe", ring), laps, outs), None
+
+    ticks = VIRTUAL_STAGES * M + PIPE - 1
+    (cur, laps, outs), _ = jax.lax.scan(tick, (cur, laps, outs), jnp.arange(ticks))
+    _, outs = store(laps, outs, cur, ticks)
+    # Rank 0 shares the outputs: each rank gets MICROBATCHES / PIPE of them (and runs the head on those).
+    # The sums over `pipe` are in float32, as above.
+    outs = jnp.where(r == 0, outs, 0).astype(jnp.float32)
+    return jax.lax.psum_scatter(outs, "pipe", scatter_dimension=0, tiled=True).astype(xs.dtype)
+
+
 def pipeline_1f1b(sp, rest, xs, batch):
     """1f1b, inside shard_map. At tick t rank r runs the forward of micro-batch t - r and the backward of
     micro-batch t - (2 * PIPE - 2 - r). The last rank runs the head and the loss right after a
@@ -535,6 +579,26 @@ def pipeline_value_and_grad(params, buffers, batch, key):
     (g_pre,) = pre_pullback(dxs)
     grads = {**jax.tree.map(jnp.add, g_pre, g_head), **g_stage}
     return (loss, buffers), {name: g.astype(params[name].dtype) for name, g in grads.items()}
+
+
+def post_predict(p, blocks, batch):
+    """The layers after the pipelined `blocks` for one micro-batch: the model's output (float32)."""
+    ln_f = layer_norm(blocks, p["ln_f.weight"], p["ln_f.bias"], eps=1e-05)
+    lm_head = ln_f @ p["lm_head.weight"]
+    return lm_head.astype(jnp.float32)
+
+
+def pipeline_predict(params, batch):
+    """generate.py --check: the model's output (float32) for a micro-batch of inputs, [MICROBATCHES, CHUNK, ...],
+    forward only through the pipeline (the circular pipeline's loop, as the evaluation runs it)."""
+    p = {name: w.astype(COMPUTE_DTYPE) for name, w in params.items()}
+    sp = {name: w for name, w in p.items() if name.startswith(STACKED)}
+    xs = jax.vmap(lambda mb: pre_forward(p, mb))(batch)
+    run = jax.shard_map(
+        circular_pipeline, in_specs=(P("pipe"), P()), out_specs=P("pipe"), axis_names={"pipe"}
+    )
+    ys = run(sp, xs.astype(jnp.float32))
+    return jax.vmap(lambda y, mb: post_predict(p, y, mb), spmd_axis_name="pipe")(ys, batch)
 
 
 # ----------------------------------------------------------------------------

@@ -1884,7 +1884,6 @@ def main(args):
     if args.dry_run:
         return dry_run(model)
     start = load_checkpoint(args.resume, model, optimizer, scheduler) if args.resume else 0
-    check_start(args, start, saved_steps(args.checkpoint_dir or ""))
 
     def micro_loss(prediction, targets):
         # each pipeline micro-batch's mean counts 1 / (GRAD_ACCUM * MICROBATCHES), as in a one-stage
@@ -1904,6 +1903,23 @@ def main(args):
         MICRO_BATCH // MICROBATCHES
     )  # samples of one pipeline micro-batch, all data-parallel ranks together
     per_rank = chunk // 2  # this rank's share of it
+
+    def read(source, step, k):
+        """This rank's rows of micro-step k of `step` from `source`, by input name (first and last stages only):
+        pipeline micro-batch j holds samples [j * chunk, (j + 1) * chunk) of the micro-step; this rank reads
+        its slice of each, back to back, and the schedule splits them into MICROBATCHES again."""
+        begin = micro_batch_start(step, k) + dp_rank * per_rank
+        parts = [source.batch(begin + j * chunk, per_rank) for j in range(MICROBATCHES)]
+        return dict(
+            zip(
+                INPUTS,
+                to_tensors(
+                    {n: np.concatenate([part[n] for part in parts]) for n in INPUTS}, device
+                ),
+            )
+        )
+
+    check_start(args, start, saved_steps(args.checkpoint_dir or ""))
     metrics = Metrics(args.metrics, is_first(), append=bool(args.resume), start=start)
     cuda = device.type == "cuda"
     console = Console(
@@ -1926,15 +1942,7 @@ def main(args):
         for k in range(GRAD_ACCUM):
             inputs, kwargs, losses = [], {}, []
             if first or last:
-                # pipeline micro-batch j holds samples [j * chunk, (j + 1) * chunk) of the micro-step;
-                # this rank reads its slice of each, back to back, and the schedule splits them into
-                # MICROBATCHES again
-                begin = micro_batch_start(step, k) + dp_rank * per_rank
-                parts = [data.batch(begin + j * chunk, per_rank) for j in range(MICROBATCHES)]
-                batch = to_tensors(
-                    {n: np.concatenate([part[n] for part in parts]) for n in INPUTS}, device
-                )
-                batch = dict(zip(INPUTS, batch))
+                batch = read(data, step, k)  # this rank's rows of each pipeline micro-batch
                 if first:
                     inputs = [batch[n] for n in FIRST_STAGE_INPUTS]
                 if last:
