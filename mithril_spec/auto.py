@@ -36,15 +36,16 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from . import codes
+from .axes import MESH_AXES, ParallelDims
 from .diagnostics import Diagnostic, DiagnosticError
 from .graph import Graph
 from .ops import OPS
-from .source import Document
-from .spec.root import Spec
-from .axes import MESH_AXES, ParallelDims
 from .planner.costs import REMAT_MODES, CostOptions, Costs, estimate, estimate_remats
 from .planner.hardware import Hardware
 from .planner.plan import Plan, make_plan
+from .source import Document
+from .spec.root import Spec
 
 REFINE = 3  # meshes refined by coordinate descent: the best, and as many of the fastest (fitting or not)
 LISTED = 50  # candidates kept (best first)
@@ -1022,7 +1023,7 @@ def fit_diagnostics(spec: Spec, doc: Document, graph: Graph, plan: Plan, hardwar
     else:
         help_ = ("no single change tried fits (remat, zero, fsdp, grad_accum); " + (other[0] if other else
                  "use more devices or a device with more memory"))
-    return [Diagnostic("E050", msg, doc.pos(path), help=help_)]
+    return [Diagnostic(codes.E050, msg, doc.pos(path), help=help_)]
 
 
 def fit_hints(spec: Spec, doc: Document, graph: Graph, plan: Plan, hardware: Hardware, costs: Costs,

@@ -478,10 +478,10 @@ def _hardware(c: Compiled, name: str):
 
 def cmd_plan(args) -> int:
     from .auto import fit_diagnostics
+    from .lowering.costing import costing
     from .planner.costs import CostOptions
     from .planner.plan_json import plan_to_json
     from .planner.table import render_plan
-    from .lowering.costing import costing
 
     if args.report:
         _check_report(Path(args.report))  # (a usage error before any work)
@@ -512,7 +512,7 @@ def cmd_plan(args) -> int:
         _write_report(Path(args.report), c, costs)
     if args.format == "json":
         out = plan_to_json(c.plan, costs)
-        out["diagnostics"] += [d.to_json() for d in diags if d.code == "E050"]
+        out["diagnostics"] += [d.to_json() for d in diags if d.code == codes.E050]
         sys.stdout.write(json.dumps(out, indent=2, sort_keys=False) + "\n")
     else:
         _emit(diags, sources, args)

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from . import codes
 from .cli import example_command, example_text, run_example
 from .codes import CATALOG, severity
 
@@ -155,7 +156,7 @@ Unix tool (exit code 141 in a shell with `pipefail`).
 
 
 def render_doc() -> str:
-    e025 = CATALOG["E025"].example
+    e025 = CATALOG[codes.E025].example
     out = [
         _INTRO.format(
             command=COMMAND,

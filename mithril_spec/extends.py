@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from . import codes
 from .diagnostics import Diagnostic, DiagnosticError
 from .limits import MAX_NODES, count_values
 from .source import Document, load_file
@@ -36,32 +37,32 @@ def _load(path: Path, chain: tuple[Path, ...]) -> Document:
     ext = doc.data["extends"]
     pos = doc.pos(("extends",))
     if not isinstance(ext, str) or not ext:
-        raise DiagnosticError([Diagnostic("E004", "`extends` must be a relative path to a spec file", pos)])
+        raise DiagnosticError([Diagnostic(codes.E004, "`extends` must be a relative path to a spec file", pos)])
     rel = Path(ext)
     root = path.parent.resolve()
     target = (path.parent / rel).resolve()
     if rel.is_absolute() or not target.is_relative_to(root):
         raise DiagnosticError([Diagnostic(
-            "E004", f"`extends: {ext}` leaves the directory of this spec", pos,
+            codes.E004, f"`extends: {ext}` leaves the directory of this spec", pos,
             help="a base spec must live in the same directory as the spec that extends it, or below it")])
     if target.suffix.lower() not in (".yaml", ".yml", ".toml"):
-        raise DiagnosticError([Diagnostic("E004", f"`extends: {ext}` is not a .yaml, .yml or .toml file", pos)])
+        raise DiagnosticError([Diagnostic(codes.E004, f"`extends: {ext}` is not a .yaml, .yml or .toml file", pos)])
     if not target.is_file():
-        raise DiagnosticError([Diagnostic("E004", f"`extends: {ext}`: no such file", pos)])
+        raise DiagnosticError([Diagnostic(codes.E004, f"`extends: {ext}`: no such file", pos)])
     if target in chain or target == path.resolve():
-        raise DiagnosticError([Diagnostic("E004", f"`extends: {ext}` forms a cycle", pos,
+        raise DiagnosticError([Diagnostic(codes.E004, f"`extends: {ext}` forms a cycle", pos,
                                           help="a spec cannot (indirectly) extend itself")])
     if len(chain) >= MAX_DEPTH:
-        raise DiagnosticError([Diagnostic("E004", f"`extends` chains deeper than {MAX_DEPTH} specs", pos)])
+        raise DiagnosticError([Diagnostic(codes.E004, f"`extends` chains deeper than {MAX_DEPTH} specs", pos)])
     base = _load(path.parent / rel, chain + (path.resolve(),))
     if not isinstance(base.data, dict):
         kind = "empty" if base.data is None else f"a {type(base.data).__name__}"
-        raise DiagnosticError([Diagnostic("E005", f"the base spec `{ext}` is not a mapping ({kind})", base.pos(()),
+        raise DiagnosticError([Diagnostic(codes.E005, f"the base spec `{ext}` is not a mapping ({kind})", base.pos(()),
                                           help="a base spec is a mapping of spec sections, like any spec")])
     data = _merge(base.data, {k: v for k, v in doc.data.items() if k != "extends"})
     if count_values(data) > MAX_NODES:
         raise DiagnosticError([Diagnostic(
-            "E006", f"this spec and the base specs it extends hold more than {MAX_NODES:,} values together", pos,
+            codes.E006, f"this spec and the base specs it extends hold more than {MAX_NODES:,} values together", pos,
             help=f"a spec holds at most {MAX_NODES:,} values, its base specs included")])
     values = {**base.values, **doc.values}
     keys = {**base.keys, **doc.keys}

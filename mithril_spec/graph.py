@@ -12,14 +12,14 @@ import operator
 from collections.abc import Iterator
 from typing import Any, ClassVar, Optional, Union
 
-from . import pyast
+from . import codes, pyast
 from .diagnostics import Diagnostic, DiagnosticError, Label, did_you_mean
 from .limits import MAX_EXPRESSION_CHARS, MAX_INT, MAX_LAYERS, float_not_finite, int_too_large, show
 from .ops import OPS, OpError, ParamDef, TensorType
 from .ops.loss import LOSSES
 from .source import Document
-from .spec.root import Spec
 from .spec.model import Repeat
+from .spec.root import Spec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,27 +145,27 @@ def eval_size(value: Any, dims: dict[str, int]) -> int:
     """A size: int, dim name, or + - * / // over them. Division must be exact; every number on the way is
     below 2^53 (E015) and an expression at most MAX_EXPRESSION_CHARS long. Raises _SizeError."""
     if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise _SizeError("E012", f"a size must be an integer or a dim name, got {show(value)}")
+        raise _SizeError(codes.E012, f"a size must be an integer or a dim name, got {show(value)}")
     if isinstance(value, int):
         n = _bounded(value, value)
     else:
         if len(value) > MAX_EXPRESSION_CHARS:
-            raise _SizeError("E021", f"size expression of {len(value):,} characters (at most {MAX_EXPRESSION_CHARS})",
+            raise _SizeError(codes.E021, f"size expression of {len(value):,} characters (at most {MAX_EXPRESSION_CHARS})",
                              "name the size in `dims` and use the name")
         try:
             tree = pyast.parse(value.strip(), mode="eval")
         except (SyntaxError, ValueError, RecursionError, MemoryError):
-            raise _SizeError("E021", f"cannot read size expression {value!r}", "use dim names, integers and + - * /")
+            raise _SizeError(codes.E021, f"cannot read size expression {value!r}", "use dim names, integers and + - * /")
         n = _eval(tree.body, dims, value)
     if n <= 0:
-        raise _SizeError("E021", f"size {show(value)} is {n}; sizes must be positive")
+        raise _SizeError(codes.E021, f"size {show(value)} is {n}; sizes must be positive")
     return n
 
 
 def _bounded(n: int, text: Any) -> int:
     if int_too_large(n):
         what = "is" if n == text else "reaches"
-        raise _SizeError("E015", f"size {show(text)} {what} {n:,}: out of range (sizes are below 2^53)",
+        raise _SizeError(codes.E015, f"size {show(text)} {what} {n:,}: out of range (sizes are below 2^53)",
                          "sizes and their products are below 2^53 (9,007,199,254,740,992)")
     return n
 
@@ -175,7 +175,7 @@ def _eval(node: ast.AST, dims: dict[str, int], text: str) -> int:
         return _bounded(node.value, text)
     if isinstance(node, ast.Name):
         if node.id not in dims:
-            raise _SizeError("E020", f"undefined dim `{node.id}`", did_you_mean(node.id, dims) or "define it in `dims`")
+            raise _SizeError(codes.E020, f"undefined dim `{node.id}`", did_you_mean(node.id, dims) or "define it in `dims`")
         return dims[node.id]
     if isinstance(node, ast.BinOp):
         a, b = _eval(node.left, dims, text), _eval(node.right, dims, text)
@@ -183,9 +183,9 @@ def _eval(node: ast.AST, dims: dict[str, int], text: str) -> int:
             return _bounded(_BINOPS[type(node.op)](a, b), text)
         if isinstance(node.op, (ast.Div, ast.FloorDiv)):
             if b == 0 or a % b:
-                raise _SizeError("E021", f"{text!r}: {a} is not divisible by {b}")
+                raise _SizeError(codes.E021, f"{text!r}: {a} is not divisible by {b}")
             return a // b
-    raise _SizeError("E021", f"unsupported size expression {text!r}", "use dim names, integers and + - * /")
+    raise _SizeError(codes.E021, f"unsupported size expression {text!r}", "use dim names, integers and + - * /")
 
 
 # ---------------------------------------------------------------- resolution
@@ -229,7 +229,7 @@ class _Resolver:
         for inp in inputs:
             if inp.name not in used and not self.diags:
                 self.error(
-                    "E027",
+                    codes.E027,
                     f"model input `{inp.name}` is never used",
                     inp.path,
                     help="remove it, or give it to a layer with `input:` / the loss with `targets:`",
@@ -251,7 +251,7 @@ class _Resolver:
             path = ("model", "inputs", name)
             shape = list(inp.shape)
             if not shape or shape[0] != "batch":
-                self.error("E013", f"input `{name}` must have `batch` as its first dimension", path + ("shape",),
+                self.error(codes.E013, f"input `{name}` must have `batch` as its first dimension", path + ("shape",),
                            help="e.g. shape: [batch, seq]")
                 self.failed.add(name)
                 continue
@@ -259,7 +259,7 @@ class _Resolver:
             ok = True
             for i, s in enumerate(shape[1:], start=1):
                 if s == "batch":
-                    self.error("E013", "`batch` may appear only once, first", path + ("shape", i))
+                    self.error(codes.E013, "`batch` may appear only once, first", path + ("shape", i))
                     ok = False
                     continue
                 n = self.size(s, path + ("shape", i))
@@ -268,7 +268,7 @@ class _Resolver:
                 axes.append(s if isinstance(s, str) and s.isidentifier() else None)
             if inp.axes is not None:
                 if len(inp.axes) != len(shape):
-                    self.error("E013", f"input `{name}` has {len(shape)} dimensions but {len(inp.axes)} axis names",
+                    self.error(codes.E013, f"input `{name}` has {len(shape)} dimensions but {len(inp.axes)} axis names",
                                path + ("axes",))
                     ok = False
                 else:
@@ -298,7 +298,7 @@ class _Resolver:
                     first = (self.doc.pos(("model", "inputs", name), key=True),)
                 else:
                     first = ()
-                self.error("E025", f"duplicate name `{name}`", lpath + ("name",),
+                self.error(codes.E025, f"duplicate name `{name}`", lpath + ("name",),
                            help="layer names must be unique in their scope and differ from the model inputs",
                            labels=tuple(Label(p, "first defined here") for p in first))
                 continue
@@ -311,29 +311,29 @@ class _Resolver:
             types = []
             for ref, rpath in refs:
                 if ref == name:
-                    self.error("E026", f"layer `{name}` uses its own output", rpath)
+                    self.error(codes.E026, f"layer `{name}` uses its own output", rpath)
                 elif ref in env:
                     types.append(env[ref])
                     used.add(ref)
                     continue
                 elif ref in later:
-                    self.error("E026", f"layer `{name}` uses `{ref}`, which is defined after it", rpath,
+                    self.error(codes.E026, f"layer `{name}` uses `{ref}`, which is defined after it", rpath,
                                help="layers may only use outputs of layers written before them")
                 else:
                     choices = list(env)
-                    self.error("E022", f"undefined tensor `{ref}`", rpath,
+                    self.error(codes.E022, f"undefined tensor `{ref}`", rpath,
                                help=did_you_mean(ref, choices) or "name a model input or an earlier layer")
             if len(types) != len(refs):
                 failed.add(name)
                 prev = None
                 continue
             if getattr(layer, "stage", None) is not None and getattr(layer, "device", None) is not None:
-                self.error("E054", f"`{name}` has both `stage:` and `device:`", lpath + ("device",),
+                self.error(codes.E054, f"`{name}` has both `stage:` and `device:`", lpath + ("device",),
                            help="give one of them: `device:` names the pipe device (consecutive layers on one "
                            "device form a stage), `stage:` the stage itself")
             if in_block and getattr(layer, "stage", None) is not None:
                 # every copy of the block would take the layer to that stage: not a pipeline any schedule runs
-                self.error("E054", f"`{name}` is inside a block: a `stage:` there would place the layer of every "
+                self.error(codes.E054, f"`{name}` is inside a block: a `stage:` there would place the layer of every "
                            "copy on one stage", lpath + ("stage",),
                            help="give `stage:` to the `repeat` (all its copies) or to top-level layers, `device:` to "
                            "the block's layers (every copy on that device), or leave stages to the planner (it "
@@ -358,7 +358,7 @@ class _Resolver:
     def references(self, layer, lpath, prev) -> Optional[list[tuple[str, tuple]]]:
         inputs = getattr(layer, "inputs", None)
         if layer.input is not None and inputs is not None:
-            self.error("E013", "give either `input` or `inputs`, not both", lpath + ("inputs",), key=True)
+            self.error(codes.E013, "give either `input` or `inputs`, not both", lpath + ("inputs",), key=True)
             return None
         if inputs is not None:
             return [(r, lpath + ("inputs", j)) for j, r in enumerate(inputs)]
@@ -375,17 +375,17 @@ class _Resolver:
         names = list(produced)
         for name in names:
             if name not in used and name != keep and not (last_is_output and name == names[-1]):
-                self.error("E027", f"the output of `{name}` is never used", produced[name],
+                self.error(codes.E027, f"the output of `{name}` is never used", produced[name],
                            help="later layers take the previous output by default; use `input:`/`inputs:` to wire it in, or remove it")
 
     # -- one operator
     def op(self, layer, lpath, name, refs, types, prefix) -> Optional[Node]:
         op = OPS[layer.op]
         if op.arity == 1 and len(types) != 1:
-            self.error("E030", f"`{layer.op}` takes one input, got {len(types)}", lpath + ("inputs",), key=True)
+            self.error(codes.E030, f"`{layer.op}` takes one input, got {len(types)}", lpath + ("inputs",), key=True)
             return None
         if op.arity == 0 and len(types) < 2:
-            self.error("E030", f"`{layer.op}` takes two or more inputs (`inputs: [a, b]`), got {len(types)}",
+            self.error(codes.E030, f"`{layer.op}` takes two or more inputs (`inputs: [a, b]`), got {len(types)}",
                        lpath + ("inputs",) if layer.inputs is not None else lpath, key=True)
             return None
 
@@ -417,16 +417,16 @@ class _Resolver:
     # -- a repeated block
     def repeat(self, layer: Repeat, lpath, name, refs, types, in_block) -> Optional[RepeatNode]:
         if in_block:
-            self.error("E013", "a block cannot contain a `repeat`", lpath, help="repeat blocks from `model.layers`")
+            self.error(codes.E013, "a block cannot contain a `repeat`", lpath, help="repeat blocks from `model.layers`")
             return None
         count = self.size(layer.repeat, lpath + ("repeat",))
         if count is not None and count > MAX_LAYERS:
-            self.error("E031", f"`{name}` repeats its block {count:,} times; a model has at most {MAX_LAYERS:,} "
+            self.error(codes.E031, f"`{name}` repeats its block {count:,} times; a model has at most {MAX_LAYERS:,} "
                        "layers", lpath + ("repeat",), help=f"repeat a block at most {MAX_LAYERS:,} times")
             return None
         blocks = self.spec.model.blocks
         if layer.block not in blocks:
-            self.error("E023", f"undefined block `{layer.block}`", lpath + ("block",),
+            self.error(codes.E023, f"undefined block `{layer.block}`", lpath + ("block",),
                        help=did_you_mean(layer.block, blocks) or "define it under `model.blocks`")
             return None
         if count is None or len(types) != 1:
@@ -440,10 +440,10 @@ class _Resolver:
             return None
         self.dangling(produced, used, keep=None)
         if "block_input" not in used:
-            self.error("E027", f"block `{layer.block}` never uses `block_input`", bpath, key=True)
+            self.error(codes.E027, f"block `{layer.block}` never uses `block_input`", bpath, key=True)
         out = nodes[-1].out
         if count > 1 and (out.shape, out.dtype) != (types[0].shape, types[0].dtype):
-            self.error("E028", f"block `{layer.block}` maps {types[0].show()} to {out.show()}; a block repeated "
+            self.error(codes.E028, f"block `{layer.block}` maps {types[0].show()} to {out.show()}; a block repeated "
                        f"{count} times must keep its input shape", lpath + ("repeat",))
             return None
         return RepeatNode(name, layer.block, count, tuple(r for r, _ in refs), tuple(types), out,
@@ -460,7 +460,7 @@ class _Resolver:
             if ref is None or (ref not in env and ref in self.failed):
                 return None
             if ref not in env:
-                self.error("E022", f"undefined tensor `{ref}` in the loss", path + (field,),
+                self.error(codes.E022, f"undefined tensor `{ref}` in the loss", path + (field,),
                            help=did_you_mean(ref, env) or "name a model input or a layer")
                 ok = False
             else:
@@ -484,7 +484,7 @@ class _Resolver:
             total += node.count * len(node.layers) if isinstance(node, RepeatNode) else 1
             if total > MAX_LAYERS:
                 path = node.path + (("repeat",) if isinstance(node, RepeatNode) else ())
-                self.error("E031", f"the model has more than {MAX_LAYERS:,} layers with its repeats expanded "
+                self.error(codes.E031, f"the model has more than {MAX_LAYERS:,} layers with its repeats expanded "
                            f"({total:,} up to `{node.name}`)", path,
                            help=f"a model has at most {MAX_LAYERS:,} layers (each repeat counts its block's layers "
                            "once per copy)")
@@ -492,7 +492,7 @@ class _Resolver:
         batch = self.spec.training.batch_size
         for inp in inputs:
             if inp.type.numel * batch >= MAX_INT:
-                self.error("E015", f"input `{inp.name}` has {inp.type.numel * batch:,} elements ({inp.type.show()} "
+                self.error(codes.E015, f"input `{inp.name}` has {inp.type.numel * batch:,} elements ({inp.type.show()} "
                            f"with batch {batch:,}); a tensor has fewer than 2^53", inp.path + ("shape",),
                            help="use smaller sizes or a smaller batch")
                 return
@@ -500,7 +500,7 @@ class _Resolver:
             for inner in node.layers if isinstance(node, RepeatNode) else (node,):
                 for p in inner.params + inner.buffers:
                     if p.numel >= MAX_INT:
-                        self.error("E015", f"`{inner.name}`: parameter `{p.name}` of shape {list(p.shape)} has "
+                        self.error(codes.E015, f"`{inner.name}`: parameter `{p.name}` of shape {list(p.shape)} has "
                                    f"{p.numel:,} elements; a tensor has fewer than 2^53", inner.path,
                                    help="use smaller sizes")
                         return
@@ -508,11 +508,11 @@ class _Resolver:
                     if int_too_large(value) or float_not_finite(value):
                         field = _DERIVED.get(key, key)
                         where = inner.path + ((field,) if self._has_field(inner.path, field) else ())
-                        self.error("E015", f"`{inner.name}`: its {key} ({show(value)}) is out of range (sizes are below "
+                        self.error(codes.E015, f"`{inner.name}`: its {key} ({show(value)}) is out of range (sizes are below "
                                    "2^53, numbers finite)", where, help=f"use a smaller `{field}`")
                         return
                 if inner.out.numel * batch >= MAX_INT:
-                    self.error("E015", f"`{inner.name}`: its output {inner.out.show()} has {inner.out.numel * batch:,} "
+                    self.error(codes.E015, f"`{inner.name}`: its output {inner.out.show()} has {inner.out.numel * batch:,} "
                                f"elements with batch {batch:,}; a tensor has fewer than 2^53", inner.path,
                                help="use smaller sizes or a smaller batch")
                     return
@@ -572,10 +572,10 @@ class _TieContext:
     def tied_table(self, name: str):
         node = self.r.top.get(name)
         if node is None:
-            raise OpError("E022", f"`tie` names `{name}`, which is not an earlier top-level layer", "tie",
+            raise OpError(codes.E022, f"`tie` names `{name}`, which is not an earlier top-level layer", "tie",
                           help=did_you_mean(name, self.r.top) or None)
         if not OPS[node.op].tieable:
-            raise OpError("E030", f"`tie` must name an embedding layer; `{name}` is a {node.op}", "tie")
+            raise OpError(codes.E030, f"`tie` must name an embedding layer; `{name}` is a {node.op}", "tie")
         (w,) = node.params
         return f"{name}.{w.name}", w.shape, w.axes
 

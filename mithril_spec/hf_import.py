@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 from typing import Any, Callable
 
+from . import codes
 from .diagnostics import Diagnostic, DiagnosticError
 from .ops.attention import ROPE_SCALING_FIELDS as _ROPE_SCALING  # the kinds that import: the attention's
 from .source import Document, load_text
@@ -44,12 +45,12 @@ class _Config:
     def need(self, key: str) -> Any:
         self.read.add(key)
         if key not in self.data:
-            self.diags.append(Diagnostic("E071", f"the config has no `{key}`", self.doc.pos(()),
+            self.diags.append(Diagnostic(codes.E071, f"the config has no `{key}`", self.doc.pos(()),
                                          help=f"a {self.data.get('model_type')} config.json names `{key}`"))
             return 1
         value = self.data[key]
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            self.diags.append(Diagnostic("E071", f"`{key}` must be a positive integer, got {value!r}",
+            self.diags.append(Diagnostic(codes.E071, f"`{key}` must be a positive integer, got {value!r}",
                                          self.doc.pos((key,)), help="check the config"))
             return 1
         return value
@@ -57,7 +58,7 @@ class _Config:
     def refuse(self, key: str, why: str, help: str, path: tuple = ()) -> None:
         """E070 at `key` (or at `path` inside it: a field of a nested object such as rope_parameters)."""
         where = ".".join((key, *map(str, path)))
-        self.diags.append(Diagnostic("E070", f"`{where}`: {why}", self.doc.pos((key, *path)), help=help))
+        self.diags.append(Diagnostic(codes.E070, f"`{where}`: {why}", self.doc.pos((key, *path)), help=help))
 
     def unread(self) -> None:
         """E070 for every field the family did not read that may change the computation: the import honours
@@ -80,7 +81,7 @@ class _Config:
             rate = self.get(key, 0.0)
             if isinstance(rate, (int, float)) and rate > 0:
                 self.diags.append(Diagnostic(
-                    "W010", f"`{key}: {rate}` is not imported: the spec trains without this dropout",
+                    codes.W010, f"`{key}: {rate}` is not imported: the spec trains without this dropout",
                     self.doc.pos((key,)), severity="warning",
                     help="add dropout layers to the spec where you want them (attention layers take a `dropout` "
                     "rate for their probabilities)"))
@@ -589,7 +590,7 @@ def check_hf(spec, doc: Document, graph) -> list[Diagnostic]:
     for p in graph.params:
         if hf_name(spec.hf.model_type, p.name, len(p.shape)) is None:
             out.append(Diagnostic(
-                "E072", f"`{p.name}` has no name in a {spec.hf.model_type} checkpoint", doc.pos(("hf", "model_type")),
+                codes.E072, f"`{p.name}` has no name in a {spec.hf.model_type} checkpoint", doc.pos(("hf", "model_type")),
                 help="keep the imported layer names (they are the transformers modules'), or remove the `hf` section "
                 "to train the model without its checkpoints"))
             if len(out) == 5:
@@ -650,17 +651,17 @@ def import_hf(path: Path, name: str | None = None, seq: int | None = None, mesh:
     cfg_file = config_path(path)
     doc = load_text(cfg_file.read_text(encoding="utf-8"), str(cfg_file))
     if not isinstance(doc.data, dict):
-        raise DiagnosticError([Diagnostic("E071", "a config.json holds a JSON object", doc.pos(()),
+        raise DiagnosticError([Diagnostic(codes.E071, "a config.json holds a JSON object", doc.pos(()),
                                           help="give a transformers model directory or its config.json")])
     c = _Config(doc)
     kind = c.get("model_type")
     if kind in NOT_YET:
         raise DiagnosticError([Diagnostic(
-            "E070", f"model_type {kind!r} is not imported yet: {NOT_YET[kind]}", doc.pos(("model_type",)),
+            codes.E070, f"model_type {kind!r} is not imported yet: {NOT_YET[kind]}", doc.pos(("model_type",)),
             help=f"families that import: {', '.join(sorted(FAMILIES))}")])
     if kind not in FAMILIES:
         raise DiagnosticError([Diagnostic(
-            "E071", f"model_type {kind!r} cannot be imported", doc.pos(("model_type",)),
+            codes.E071, f"model_type {kind!r} cannot be imported", doc.pos(("model_type",)),
             help=f"families that import: {', '.join(sorted(FAMILIES))}")])
     max_pos = c.get("max_position_embeddings") or c.get("n_positions") or DEFAULT_SEQ_CAP
     seq = seq or min(max_pos, DEFAULT_SEQ_CAP)

@@ -23,6 +23,7 @@ import shlex
 from collections.abc import Sequence
 from typing import Any
 
+from . import codes
 from .diagnostics import Diagnostic, DiagnosticError, Label, Position, closest
 from .limits import MAX_NODES, count_values
 from .planner.mesh import UsageError
@@ -33,7 +34,7 @@ _SEGMENT = re.compile(r"[A-Za-z0-9_\-]+")
 # The three spellings of KEY (Hydra's): change a key that is there, add one that is not, set it either way.
 SET, ADD, FORCE = "", "+", "++"
 
-CODE = "E007"  # an override that names nothing (codes.py)
+CODE = codes.E007  # an override that names nothing (codes.py)
 MAX_LISTED = 12  # sibling keys listed in a help line when none is close to a misspelt one
 
 

@@ -23,6 +23,7 @@ from yaml.composer import Composer
 from yaml.events import AliasEvent
 from yaml.nodes import MappingNode, ScalarNode, SequenceNode
 
+from . import codes
 from .diagnostics import Diagnostic, DiagnosticError, Label, Position
 from .limits import MAX_DEPTH, MAX_FILE_BYTES, MAX_NODES, power_of_two
 from .syntax import toml_error, yaml_error
@@ -88,7 +89,7 @@ def load_text(text: str, file: str, root_span: bool = False) -> Document:
 def too_large(file: str, size: int | None) -> Diagnostic:
     """E006 for a file over MAX_FILE_BYTES (`size` None: not known, the file was read up to the limit)."""
     what = f"{size:,} bytes" if size is not None else f"more than {MAX_FILE_BYTES:,} bytes"
-    return Diagnostic("E006", f"the spec file is too large: {what} (at most {MAX_FILE_BYTES:,}, 1 MiB)",
+    return Diagnostic(codes.E006, f"the spec file is too large: {what} (at most {MAX_FILE_BYTES:,}, 1 MiB)",
                       Position(file, 1, 1),
                       help="a spec describes a model in a few kilobytes: use `repeat` for repeated blocks, "
                       "and keep data out of the spec")
@@ -132,7 +133,7 @@ def load_file(path: str | Path) -> Document:
         col = len(before) - (before.rfind("\n") + 1) + 1
         toml = p.suffix.lower() == ".toml"
         raise DiagnosticError([Diagnostic(
-            "E002" if toml else "E001",
+            codes.E002 if toml else codes.E001,
             f"{'TOML' if toml else 'YAML'} syntax error: the file is not UTF-8 text (byte 0x{raw[e.start]:02x})",
             Position(str(path), line, col), help="save the file as UTF-8")]) from None
     text = text.removeprefix("\ufeff")
@@ -164,12 +165,12 @@ class _Limit(Exception):
 
 
 def _too_many(mark) -> _Limit:
-    return _Limit("E006", f"the document expands to more than {MAX_NODES:,} values (aliases and merge keys "
+    return _Limit(codes.E006, f"the document expands to more than {MAX_NODES:,} values (aliases and merge keys "
                   "expanded)", mark, f"a spec holds at most {MAX_NODES:,} values; aliases count once per use")
 
 
 def _too_deep_here(mark, alias: bool = False) -> _Limit:
-    return _Limit("E006", "nesting too deep" + (" (through an alias)" if alias else ""), mark,
+    return _Limit(codes.E006, "nesting too deep" + (" (through an alias)" if alias else ""), mark,
                   f"a spec nests at most {MAX_DEPTH} levels deep")
 
 
@@ -290,7 +291,7 @@ def _deep_prefix(text: str, file: str) -> None:
             try:
                 _compose_yaml(_LOADERS[-1], text[: m.end()], file, report=True)
             except DiagnosticError as e:
-                if e.diagnostics[0].code == "E006":
+                if e.diagnostics[0].code == codes.E006:
                     raise
             return
 
@@ -328,14 +329,14 @@ def _compose_yaml(loader_class, text: str, file: str, report: bool = False, root
         line, col = before.count("\n") + 1, e.position - (before.rfind("\n") + 1) + 1
         what = f"#x{e.character:04x}" if isinstance(e.character, int) else repr(e.character)
         raise DiagnosticError([Diagnostic(
-            "E001", f"YAML syntax error: unacceptable character {what}: {e.reason}", Position(file, line, col),
+            codes.E001, f"YAML syntax error: unacceptable character {what}: {e.reason}", Position(file, line, col),
             help="remove the control character, or quote and escape it in a double-quoted string")]) from None
     except yaml.YAMLError as e:
         if not report:
             raise
-        raise DiagnosticError([Diagnostic("E001", f"YAML syntax error: {e}", Position(file, 1, 1))]) from None
+        raise DiagnosticError([Diagnostic(codes.E001, f"YAML syntax error: {e}", Position(file, 1, 1))]) from None
     except RecursionError:  # (the composer's depth limit comes first; kept as a last guard)
-        raise DiagnosticError([Diagnostic("E006", "nesting too deep", Position(file, 1, 1),
+        raise DiagnosticError([Diagnostic(codes.E006, "nesting too deep", Position(file, 1, 1),
                                           help=f"a spec nests at most {MAX_DEPTH} levels deep")]) from None
     if errors:
         raise DiagnosticError(errors)
@@ -412,7 +413,7 @@ def _yaml_node(loader, node, path, file, values, keys, errors, depth=0):
                 first = keys[path + (key,)]
                 errors.append(
                     Diagnostic(
-                        "E003",
+                        codes.E003,
                         f"duplicate key `{key}`",
                         _mark(knode, file),
                         help=f"`{key}` is already defined at line {first.line}; keep one",
@@ -433,7 +434,7 @@ def _yaml_node(loader, node, path, file, values, keys, errors, depth=0):
     value = _scalar(loader, node)
     if node.tag == _INT and isinstance(value, str):  # more digits than Python converts (4,300)
         errors.append(Diagnostic(
-            "E015", f"integer of {len(node.value):,} characters is out of range (sizes and counts are below "
+            codes.E015, f"integer of {len(node.value):,} characters is out of range (sizes and counts are below "
             f"{power_of_two(2**53)})", _mark(node, file), help="write a smaller number", path=path))
         return None
     # Dates and binary are not part of the spec language; keep them as text so validation reports a type error.
@@ -464,7 +465,7 @@ def _too_deep(text: str, file: str) -> Diagnostic:
             line, col = line + 1, 1
         else:
             col += 1
-    return Diagnostic("E006", "nesting too deep", pos, help=f"a spec nests at most {MAX_DEPTH} levels deep")
+    return Diagnostic(codes.E006, "nesting too deep", pos, help=f"a spec nests at most {MAX_DEPTH} levels deep")
 
 
 # The places a TOML value can start (after `=`, `,`, `[`, `{`), strings and comments skipped: counted before
@@ -486,7 +487,7 @@ def _toml_precount(text: str, file: str) -> None:
             before = text[: m.start()]
             line, col = before.count("\n") + 1, m.start() - (before.rfind("\n") + 1) + 1
             raise DiagnosticError([Diagnostic(
-                "E006", f"nesting too deep: a dotted key of more than {10 * MAX_DEPTH:,} parts",
+                codes.E006, f"nesting too deep: a dotted key of more than {10 * MAX_DEPTH:,} parts",
                 Position(file, line, col), help=f"a spec nests at most {MAX_DEPTH} levels deep")])
         if len(m.group()) == 1:
             n += 1
@@ -494,7 +495,7 @@ def _toml_precount(text: str, file: str) -> None:
                 before = text[: m.start()]
                 line, col = before.count("\n") + 1, m.start() - (before.rfind("\n") + 1) + 1
                 raise DiagnosticError([Diagnostic(
-                    "E006", f"the document holds more than {MAX_NODES:,} values", Position(file, line, col),
+                    codes.E006, f"the document holds more than {MAX_NODES:,} values", Position(file, line, col),
                     help=f"a spec holds at most {MAX_NODES:,} values")])
 
 
@@ -520,18 +521,18 @@ def _load_toml(text: str, file: str) -> Document:
         if dup:
             pos, msg, first, key = _toml_duplicate(text, file, line, col, msg)
             raise DiagnosticError([Diagnostic(
-                "E003", msg, pos, help="a key or table may be defined only once",
+                codes.E003, msg, pos, help="a key or table may be defined only once",
                 labels=(Label(first, "first defined here"),) if first else (), key=key)]) from None
         raise DiagnosticError([toml_error(text, file, Position(file, line, col), at_end, msg)]) from None
     except ValueError as e:
         # Python refuses to convert an integer of more than 4,300 digits.
         m = next((m for m in re.finditer(r"[0-9][0-9_]*+", text) if len(m.group()) > 4000), None)
         if m is None:
-            raise DiagnosticError([Diagnostic("E002", f"TOML syntax error: {e}", Position(file, 1, 1))]) from None
+            raise DiagnosticError([Diagnostic(codes.E002, f"TOML syntax error: {e}", Position(file, 1, 1))]) from None
         before = text[: m.start()]
         line, col = before.count("\n") + 1, m.start() - (before.rfind("\n") + 1) + 1
         raise DiagnosticError([Diagnostic(
-            "E015", f"integer of {len(m.group()):,} characters is out of range (sizes and counts are below "
+            codes.E015, f"integer of {len(m.group()):,} characters is out of range (sizes and counts are below "
             f"{power_of_two(2**53)})", Position(file, line, col), help="write a smaller number")]) from None
     values: dict[PathT, Position] = {(): Position(file, 1, 1)}
     keys: dict[PathT, Position] = {}
@@ -556,11 +557,11 @@ def _toml_limits(doc: Document) -> None:
         path, value = stack.pop()
         count += 1
         if len(path) > MAX_DEPTH:
-            raise DiagnosticError([Diagnostic("E006", "nesting too deep", doc.pos(path, key=True),
+            raise DiagnosticError([Diagnostic(codes.E006, "nesting too deep", doc.pos(path, key=True),
                                               help=f"a spec nests at most {MAX_DEPTH} levels deep")])
         if count > MAX_NODES:
             raise DiagnosticError([Diagnostic(
-                "E006", f"the document holds more than {MAX_NODES:,} values", doc.pos(path),
+                codes.E006, f"the document holds more than {MAX_NODES:,} values", doc.pos(path),
                 help=f"a spec holds at most {MAX_NODES:,} values")])
         if isinstance(value, dict):
             stack.extend((path + (k,), v) for k, v in reversed(value.items()))
@@ -747,7 +748,7 @@ class _TomlScanner:
         """Stops at a key nested deeper than MAX_DEPTH (paths would grow quadratically): `too_deep` says where."""
         if len(path) > MAX_DEPTH:
             self.too_deep = self.span(start, end)
-            raise _Limit("E006", "nesting too deep", None, f"a spec nests at most {MAX_DEPTH} levels deep")
+            raise _Limit(codes.E006, "nesting too deep", None, f"a spec nests at most {MAX_DEPTH} levels deep")
 
     def _resolve(self, keys: PathT) -> PathT:
         """A table header path, with array-of-tables segments pointing at their latest element."""

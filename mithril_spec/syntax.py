@@ -15,6 +15,7 @@ import bisect
 import dataclasses
 import re
 
+from . import codes
 from .diagnostics import Diagnostic, Label, Position
 
 STOPPED = "the parser stopped here"
@@ -120,7 +121,7 @@ def yaml_error(e, text: str, file: str) -> Diagnostic:
     if f.context and f.opened is not None and t.pos(f.opened) != f.stop:
         what = re.sub(r"^while (parsing|scanning|constructing) ", "", f.context)
         labels = (Label(t.pos(f.opened), f"{what} starts here"),)
-    return Diagnostic("E001", f"YAML syntax error: {msg}", f.stop, help=help, labels=labels)
+    return Diagnostic(codes.E001, f"YAML syntax error: {msg}", f.stop, help=help, labels=labels)
 
 
 def _unclosed_quote(f: _YamlFailure) -> Diagnostic | None:
@@ -128,7 +129,7 @@ def _unclosed_quote(f: _YamlFailure) -> Diagnostic | None:
     if "quoted scalar" not in f.context or "end of stream" not in f.problem or f.opened is None:
         return None
     return Diagnostic(
-        "E001", "YAML syntax error: a quoted string is never closed", f.t.pos(f.opened, f.opened + 1),
+        codes.E001, "YAML syntax error: a quoted string is never closed", f.t.pos(f.opened, f.opened + 1),
         help="close the quote (a string that contains a quote is written \"a \\\"b\\\" c\" or 'a ''b'' c')",
         labels=(Label(f.stop, "the file ends before its closing quote"),))
 
@@ -144,7 +145,7 @@ def _unclosed_flow(f: _YamlFailure) -> Diagnostic | None:
         return None
     stopped = f"the file ends before the `{opener}` is closed" if f.at_end else STOPPED
     return Diagnostic(
-        "E001", f"YAML syntax error: this `{opener}` is never closed ({f.problem})", f.t.pos(f.opened, f.opened + 1),
+        codes.E001, f"YAML syntax error: this `{opener}` is never closed ({f.problem})", f.t.pos(f.opened, f.opened + 1),
         help=f"close the `{opener}` opened here with `{_PAIRS[opener]}`", labels=(Label(f.stop, stopped),))
 
 
@@ -165,7 +166,7 @@ def _suggest(line: str) -> str | None:
 def _missing_colon(f: _YamlFailure, start: int, end: int, key: str) -> Diagnostic:
     better = _suggest(key)
     help = f"add `:` after the key: `{better}`" if better else "add `:` and a space after the key"
-    return Diagnostic("E001", f"YAML syntax error: a key without its `:` ({f.problem})", f.t.pos(start, end),
+    return Diagnostic(codes.E001, f"YAML syntax error: a key without its `:` ({f.problem})", f.t.pos(start, end),
                       help=help, labels=(Label(f.stop, STOPPED),))
 
 
@@ -220,7 +221,7 @@ def _tab(f: _YamlFailure) -> Diagnostic | None:
     line_start = f.t.starts[bisect.bisect_right(f.t.starts, f.stop_at) - 1]
     if text[line_start : f.stop_at].strip(" \t"):
         return None
-    return Diagnostic("E001", f"YAML syntax error: a tab indents this line ({f.problem})", f.stop,
+    return Diagnostic(codes.E001, f"YAML syntax error: a tab indents this line ({f.problem})", f.stop,
                       help="indent with spaces: YAML does not allow tabs in indentation")
 
 
@@ -296,7 +297,7 @@ def toml_error(text: str, file: str, stop: Position, at_end: bool, message: str)
         d = explain(t, scan, stop, stop_at, message)
         if d is not None:
             return d
-    return Diagnostic("E002", f"TOML syntax error: {message}", stop, help=_TOML_HELP)
+    return Diagnostic(codes.E002, f"TOML syntax error: {message}", stop, help=_TOML_HELP)
 
 
 def _bad_escape(t: _Text, scan: _TomlScan, stop: Position, stop_at: int, message: str) -> Diagnostic | None:
@@ -315,7 +316,7 @@ def _bad_escape(t: _Text, scan: _TomlScan, stop: Position, stop_at: int, message
         what = "is not an escape"
         help = ("escapes are \\b \\t \\n \\f \\r \\\" \\\\ \\uXXXX \\UXXXXXXXX: write `\\\\` for a backslash, or use "
                 "a literal string ('C:\\dir', without escapes)")
-    return Diagnostic("E002", f"TOML syntax error: `{esc}` {what}", t.pos(slash, slash + len(esc)), help=help)
+    return Diagnostic(codes.E002, f"TOML syntax error: `{esc}` {what}", t.pos(slash, slash + len(esc)), help=help)
 
 
 def _unclosed_string(t: _Text, scan: _TomlScan, stop: Position, stop_at: int, message: str) -> Diagnostic | None:
@@ -328,7 +329,7 @@ def _unclosed_string(t: _Text, scan: _TomlScan, stop: Position, stop_at: int, me
     help = (f"close the string with `{quote}`" if n == 3 else
             f"close the string with `{quote}` on its line (a string of several lines is written between "
             f"`{quote * 3}`)")
-    return Diagnostic("E002", "TOML syntax error: this string is never closed", t.pos(start, start + n),
+    return Diagnostic(codes.E002, "TOML syntax error: this string is never closed", t.pos(start, start + n),
                       help=help, labels=(Label(stop, where),))
 
 
@@ -347,7 +348,7 @@ def _unclosed_bracket(t: _Text, scan: _TomlScan, stop: Position, stop_at: int, m
         else:
             msg, help = "this `[` is never closed (expected `,` or `]`)", "close the `[` opened here with `]`"
         where = _stopped(t.text, stop_at, "before it is closed")
-        return Diagnostic("E002", f"TOML syntax error: {msg}", t.pos(at, at + 1), help=help,
+        return Diagnostic(codes.E002, f"TOML syntax error: {msg}", t.pos(at, at + 1), help=help,
                           labels=(Label(stop, where),))
     return None
 
@@ -366,7 +367,7 @@ def _missing_equals(t: _Text, scan: _TomlScan, stop: Position, stop_at: int, mes
         help = f"add `=` after the key: `{key} = {rest or '...'}`"
     else:
         help = "write `key = value` (a key with spaces in it is quoted: `\"a b\" = 1`)"
-    return Diagnostic("E002", "TOML syntax error: a key without its `=`", t.pos(start, start + len(key)),
+    return Diagnostic(codes.E002, "TOML syntax error: a key without its `=`", t.pos(start, start + len(key)),
                       help=help, labels=(Label(stop, STOPPED),))
 
 
@@ -380,5 +381,5 @@ def _closed_bracket(t: _Text, scan: _TomlScan, stop: Position, stop_at: int, mes
     at = next((at for b, at, _ in reversed(scan.open) if b == c), None)
     if at is None:
         return None
-    return Diagnostic("E002", f"TOML syntax error: expected `,` or `{_PAIRS[c]}` after a value of the {name}",
+    return Diagnostic(codes.E002, f"TOML syntax error: expected `,` or `{_PAIRS[c]}` after a value of the {name}",
                       stop, help=_TOML_HELP, labels=(Label(t.pos(at, at + 1), f"the {name} starts here"),))

@@ -14,6 +14,7 @@ from typing import Any, Union
 import pydantic
 from pydantic import BaseModel
 
+from . import codes
 from .diagnostics import Diagnostic, DiagnosticError, closest, did_you_mean
 from .limits import MAX_INT, float_not_finite, int_too_large, shorten, show
 from .source import Document
@@ -33,7 +34,7 @@ def validate(doc: Document) -> Spec:
         raise DiagnosticError(
             [
                 Diagnostic(
-                    "E005",
+                    codes.E005,
                     f"a spec must be a mapping at the top level, got {_kind(data)}",
                     doc.pos(()),
                     help="start with `version: 1`, `name: ...`, `model: ...`",
@@ -45,7 +46,7 @@ def validate(doc: Document) -> Spec:
         raise DiagnosticError(
             [
                 Diagnostic(
-                    "E014",
+                    codes.E014,
                     f"unsupported spec version {show(data['version'])}",
                     doc.pos(("version",)),
                     help="this mithril-spec reads `version: 1`",
@@ -83,12 +84,12 @@ def _out_of_range(doc: Document) -> list[Diagnostic]:
             stack.extend((path + (i,), x) for i, x in reversed(list(enumerate(v))))
         elif int_too_large(v):
             out.append(Diagnostic(
-                "E015", f"{show(v)} is out of range for {_section(path)}: integers must be below 2^53",
+                codes.E015, f"{show(v)} is out of range for {_section(path)}: integers must be below 2^53",
                 doc.pos(path), help="sizes and counts are below 2^53 (9,007,199,254,740,992)", path=path))
         elif float_not_finite(v):
             text = "infinite" if v == v else "not a number"
             out.append(Diagnostic(
-                "E015", f"{_section(path)} is {text} ({v!r}); numbers must be finite", doc.pos(path),
+                codes.E015, f"{_section(path)} is {text} ({v!r}); numbers must be finite", doc.pos(path),
                 help="write a finite number (`1e400` is beyond the float range and reads as infinity)", path=path))
     data = doc.data if isinstance(doc.data, dict) else {}
     meshes = [(("mesh",), data.get("mesh"))]
@@ -100,7 +101,7 @@ def _out_of_range(doc: Document) -> list[Diagnostic]:
         sizes = [n for n in mesh.values() if isinstance(n, int) and not isinstance(n, bool) and n > 0]
         if sizes and not any(int_too_large(n) for n in sizes) and math.prod(sizes) >= MAX_INT:
             out.append(Diagnostic(
-                "E015", f"{_section(path)} has {math.prod(sizes):,} devices; a mesh has fewer than 2^53",
+                codes.E015, f"{_section(path)} has {math.prod(sizes):,} devices; a mesh has fewer than 2^53",
                 doc.pos(path), help="the product of the mesh axis sizes is the device count", path=path))
     return out
 
@@ -119,19 +120,19 @@ def _convert(err: pydantic.ValidationError, doc: Document) -> list[Diagnostic]:
             continue
         # A union member error at a path whose parent already produced one is noise.
         seen.add(key)
-        if d.code == "E024":
+        if d.code == codes.E024:
             unknown_ops.add(path)
         out.append(d)
     # `optimiser: ...` gives both "unknown key `optimiser`" (did you mean `optimizer`?) and "missing key
     # `optimizer`": the first says it all.
     meant = set()
     for d in out:
-        if d.code == "E010" and d.path:
+        if d.code == codes.E010 and d.path:
             section = d.path[:-1]
             best = closest(str(d.key), _allowed_keys(section, doc.data) or ())
             if best is not None:
                 meant.add(section + (best,))
-    return [d for d in out if not (d.code == "E011" and d.path in meant)]
+    return [d for d in out if not (d.code == codes.E011 and d.path in meant)]
 
 
 def _has_child(node: Any, item: Any) -> bool:
@@ -196,10 +197,10 @@ def _diagnostic(e: dict, path: tuple, doc: Document, is_key: bool = False) -> Di
     d = _diagnostic_for(e, path, doc, is_key)
     # A mesh axis size that is not a positive integer is a bad mesh definition (E047), like `mesh` + `meshes`.
     sizes = len(path) == 2 and path[0] == "mesh" or len(path) == 3 and path[0] == "meshes"
-    if sizes and not is_key and d.code in ("E012", "E013") and e["type"] != "string_pattern_mismatch":
+    if sizes and not is_key and d.code in (codes.E012, codes.E013) and e["type"] != "string_pattern_mismatch":
         value = _get(doc.data, path)
         d = Diagnostic(
-            "E047",
+            codes.E047,
             f"mesh axis `{path[-1]}` has size {show(value)}; sizes are positive integers",
             d.pos,
             help="e.g. `mesh: {data: 2, tensor: 4}`",
@@ -225,12 +226,12 @@ def _diagnostic_for(e: dict, path: tuple, doc: Document, is_key: bool = False) -
         else:
             message = f"invalid key {show(key)} in {_section(path[:-1])}: {e['msg'].removeprefix('Value error, ')}"
             help = None
-        return Diagnostic("E013", message, where, help=help, path=path, key=str(key))
+        return Diagnostic(codes.E013, message, where, help=help, path=path, key=str(key))
     if typ == "extra_forbidden":
         key = path[-1]
         allowed = _allowed_keys(path[:-1], doc.data)
         return Diagnostic(
-            "E010",
+            codes.E010,
             f"unknown key `{shorten(key)}` in {_section(path[:-1])}",
             doc.pos(path, key=True),
             help=did_you_mean(str(key), allowed) if allowed else None,
@@ -239,7 +240,7 @@ def _diagnostic_for(e: dict, path: tuple, doc: Document, is_key: bool = False) -
         )
     if typ == "missing":
         return Diagnostic(
-            "E011",
+            codes.E011,
             f"missing key `{path[-1]}` in {_section(path[:-1])}",
             doc.pos(path[:-1], key=True),
             help=f"add `{path[-1]}:` here",
@@ -254,14 +255,14 @@ def _diagnostic_for(e: dict, path: tuple, doc: Document, is_key: bool = False) -
         if field == "op" and "repeat" in choices:
             choices = [c for c in choices if c != "repeat"]
             return Diagnostic(
-                "E024",
+                codes.E024,
                 f"unknown operator `{shorten(tag)}`",
                 doc.pos(path + ("op",)),
                 help=did_you_mean(str(tag), choices) or "see docs/spec.md for the operators",
                 path=path + ("op",),
             )
         return Diagnostic(
-            "E013",
+            codes.E013,
             f"invalid value {show(tag)} for {_section(path + (field,))}",
             doc.pos(path + (field,)),
             help=did_you_mean(str(tag), choices),
@@ -271,7 +272,7 @@ def _diagnostic_for(e: dict, path: tuple, doc: Document, is_key: bool = False) -
         disc = ctx.get("discriminator", "")
         field = str(disc).strip("'") if disc and "function" not in str(disc) and "(" not in str(disc) else "op"
         return Diagnostic(
-            "E011",
+            codes.E011,
             f"missing key `{field}` in {here}",
             doc.pos(path, key=True),
             help="every layer names its operator with `op:` (or is a `repeat:` of a block)"
@@ -283,7 +284,7 @@ def _diagnostic_for(e: dict, path: tuple, doc: Document, is_key: bool = False) -
     value = _get(doc.data, path)
     if typ in _TYPE_ERRORS:
         return Diagnostic(
-            "E012",
+            codes.E012,
             f"wrong type for {here}: {e['msg'].replace('Input should be', 'expected')}, got {_kind(value)}",
             doc.pos(path),
             help=_type_help(typ),
@@ -293,7 +294,7 @@ def _diagnostic_for(e: dict, path: tuple, doc: Document, is_key: bool = False) -
         expected = ctx.get("expected", "")
         choices = [c.strip().strip("'") for c in str(expected).replace(" or ", ",").split(",") if c.strip()]
         return Diagnostic(
-            "E013",
+            codes.E013,
             f"invalid value {show(value)} for {here}",
             doc.pos(path),
             help=did_you_mean(str(value), choices) if choices else None,
@@ -301,7 +302,7 @@ def _diagnostic_for(e: dict, path: tuple, doc: Document, is_key: bool = False) -
         )
     if typ == "string_pattern_mismatch":
         return Diagnostic(
-            "E013",
+            codes.E013,
             f"invalid name {show(value)} for {here}: names must be identifiers (letters, digits, _; not starting "
             "with a digit)",
             doc.pos(path),
@@ -309,7 +310,7 @@ def _diagnostic_for(e: dict, path: tuple, doc: Document, is_key: bool = False) -
             path=path,
         )
     return Diagnostic(
-        "E013",
+        codes.E013,
         f"invalid value {show(value)} for {here}: {e['msg'].removeprefix('Value error, ')}",
         doc.pos(path),
         help=None,

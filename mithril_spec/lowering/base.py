@@ -7,6 +7,7 @@ from __future__ import annotations
 import fnmatch
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from .. import codes
 from ..diagnostics import Diagnostic
 from ..ops import OPS
 from ..ops.loss import LOSSES
@@ -98,7 +99,7 @@ def tensor_parallel_errors(plan: Plan, doc: Document, name: str, title: str, voc
     tp_ops = ", ".join(k for k, op in OPS.items() if op.tensor_parallel in kinds)
 
     def err(node, msg, help=None):
-        out.append(Diagnostic("E049", msg, doc.pos(node.path + ("name",)), help=help))
+        out.append(Diagnostic(codes.E049, msg, doc.pos(node.path + ("name",)), help=help))
 
     for prefix, nodes in scopes(plan):
         for i, node in enumerate(nodes):
@@ -188,7 +189,7 @@ class Lowering:
         cap = self.capabilities
 
         def refuse(path: Any, what: str, help: str, pos=None) -> None:
-            out.append(Diagnostic("E049", f"the {self.name} target does not support {what}",
+            out.append(Diagnostic(codes.E049, f"the {self.name} target does not support {what}",
                                   pos or doc.pos(path), help=help))
 
         for axis in plan.mesh.axes:
@@ -250,7 +251,7 @@ class Lowering:
                 for node in nodes:
                     if not node.is_repeat and OPS[node.op].batch_statistics:
                         out.append(Diagnostic(
-                            "E049", f"`{node.name}`: {node.op} under data parallelism would use per-rank "
+                            codes.E049, f"`{node.name}`: {node.op} under data parallelism would use per-rank "
                             f"statistics in the {self.name} target, not the global batch's",
                             doc.pos(node.path + ("name",)),
                             help="use layer_norm or rms_norm, or a single data shard"))
@@ -264,7 +265,7 @@ class Lowering:
                 field = "stage" if first else "device"
                 first = first or next(iter(plan.graph.placed), plan.graph.layers[0])
                 out.append(Diagnostic(
-                    "E049", f"the {self.name} target pipelines one repeated block split evenly over the stages; it "
+                    codes.E049, f"the {self.name} target pipelines one repeated block split evenly over the stages; it "
                     f"does not support explicit `{field}:` placement yet", doc.pos(first.path + (field,)),
                     help=f"remove the `{field}:` fields: the planner then splits the repeated block evenly"))
             if tr.zero and not cap.zero_with_pipeline:
@@ -280,7 +281,7 @@ class Lowering:
                         OPS[node.op].pipeline_limit(node.attrs))
                     if why:
                         out.append(Diagnostic(
-                            "E049", f"`{node.name}`: the {self.name} target does not support {why} in a "
+                            codes.E049, f"`{node.name}`: the {self.name} target does not support {why} in a "
                             "pipelined model yet", doc.pos(node.path + self.target.pipeline_limit_field),
                             help="drop the `pipe` mesh axis, or change the layer"))
         out += communication_errors(self.target, plan, doc)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .. import codes
 from ..diagnostics import Diagnostic
 
 if TYPE_CHECKING:
@@ -24,7 +25,7 @@ def communication_errors(target: Target, plan: Plan, doc: Document) -> list[Diag
     out: list[Diagnostic] = []
 
     def refuse(field: str, what: str, help: str) -> None:
-        out.append(Diagnostic("E049", f"the {target.name} target does not support {what}",
+        out.append(Diagnostic(codes.E049, f"the {target.name} target does not support {what}",
                               doc.pos((SECTION, field)), help=cap.reason(field, help)))
 
     kind = comm.compression_name
@@ -51,7 +52,7 @@ def torch_communication_errors(plan: Plan, doc: Document, dp: str, axis: str = "
     out: list[Diagnostic] = []
 
     def refuse(field: str, msg: str, help: str) -> None:
-        out.append(Diagnostic("E049", f"the torch target cannot run {msg}", doc.pos((SECTION, field)), help=help))
+        out.append(Diagnostic(codes.E049, f"the torch target cannot run {msg}", doc.pos((SECTION, field)), help=help))
 
     kind = comm.compression_name
     fsdp = dp in ("fsdp", "hsdp")
@@ -112,7 +113,7 @@ def jax_communication_errors(plan: Plan, doc: Document) -> list[Diagnostic]:
     where = doc.pos((SECTION, "compression"))
 
     def refuse(what: str, help: str) -> None:
-        out.append(Diagnostic("E049", f"the jax target cannot run `{kind}` compression with {what}", where,
+        out.append(Diagnostic(codes.E049, f"the jax target cannot run `{kind}` compression with {what}", where,
                               help=help))
 
     mesh = plan.mesh

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .. import codes
 from ..axes import CONTEXT
 from ..diagnostics import Diagnostic
 from ..ops import OPS
@@ -33,7 +34,7 @@ def context_errors(plan: Plan, doc: Document, target: str) -> list[Diagnostic]:
     where = doc.pos(plan.mesh.source)
 
     def err(pos, msg, help):
-        out.append(Diagnostic("E049", f"the {target} target does not run {msg}", pos, help=help))
+        out.append(Diagnostic(codes.E049, f"the {target} target does not run {msg}", pos, help=help))
 
     seq = plan.sequence_axis
     if seq is None:

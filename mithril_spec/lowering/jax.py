@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .. import codes
 from ..diagnostics import Diagnostic
 from ..targets.jax import JaxTarget
 from .base import Lowering
@@ -57,7 +58,7 @@ def _pipeline(plan: Plan, doc: Document) -> list[Diagnostic]:
     out: list[Diagnostic] = []
 
     def err(path, msg, help):
-        out.append(Diagnostic("E049", msg, doc.pos(path), help=help))
+        out.append(Diagnostic(codes.E049, msg, doc.pos(path), help=help))
 
     reps = pipelined_repeats(plan)
     if not reps:

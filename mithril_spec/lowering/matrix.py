@@ -13,6 +13,8 @@ import dataclasses
 import json
 from typing import Any, Optional
 
+from .. import codes
+
 # The tiny transformer every cell starts from (a spec as data: cells edit copies of it). Sizes that every
 # mesh below divides; 16 samples: two micro-batches of accumulation, two pipeline micro-batches and two
 # data-parallel ranks each get whole samples.
@@ -158,7 +160,7 @@ def refusal(spec: dict, mesh: str, target: str) -> Optional[str]:
         problems = e.diagnostics
     if not problems:
         return None
-    others = [d for d in problems if d.code != "E049"]
+    others = [d for d in problems if d.code != codes.E049]
     if others:
         raise AssertionError(f"the matrix spec does not compile on {mesh}: {others}")
     return " / ".join(d.message + (f" ({d.help})" if d.help else "") for d in problems)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .. import codes
 from ..diagnostics import Diagnostic
 from ..ops import OPS
 from ..targets.mlx import _ONE_GROUP, MlxTarget
@@ -22,7 +23,7 @@ class MlxLowering(Lowering):
         if not mesh.tensor_enabled:
             return []
         if mesh.data_enabled:
-            return [Diagnostic("E049", "the mlx target does not combine the `tensor` mesh axis with `data`",
+            return [Diagnostic(codes.E049, "the mlx target does not combine the `tensor` mesh axis with `data`",
                                doc.pos(plan.mesh.source),
                                help=_ONE_GROUP + ": use a mesh of `tensor` alone, or of `data` alone")]
         out = tensor_parallel_errors(plan, doc, "mlx", "MLX")
@@ -31,18 +32,18 @@ class MlxLowering(Lowering):
                 op = None if node.is_repeat else OPS[node.op]
                 if op is not None and op.is_random(node.attrs) and not op.random_tensor_parallel:
                     out.append(Diagnostic(
-                        "E049", f"`{node.name}`: the mlx target runs no dropout above rate 0 in a tensor-parallel "
+                        codes.E049, f"`{node.name}`: the mlx target runs no dropout above rate 0 in a tensor-parallel "
                         "build (its masks on split features would differ from the one-device run)",
                         doc.pos(node.path + ("rate",)), help="set the rate to 0, or drop the `tensor` axis"))
                 if op is not None and node.attrs.get("qk_norm"):
                     out.append(Diagnostic(
-                        "E049", f"`{node.name}`: the mlx target does not run q/k norms (qk_norm) in a tensor-parallel "
+                        codes.E049, f"`{node.name}`: the mlx target does not run q/k norms (qk_norm) in a tensor-parallel "
                         "build (each process's heads give a part of the norms' gradients, which it does not sum)",
                         doc.pos(node.path + ("qk_norm",)), help="drop the `tensor` axis (or use jax or torch)"))
         for n in plan.graph.layers:
             if n.is_repeat and len(n.out.shape) == 2 and n.out.axes[0] and "tensor" in plan.rule(n.out.axes[0]):
                 out.append(Diagnostic(
-                    "E049", f"`{n.name}`: the mlx target does not split the sequence over `tensor` (sequence "
+                    codes.E049, f"`{n.name}`: the mlx target does not split the sequence over `tensor` (sequence "
                     "parallelism)", doc.pos(n.path + ("name",)),
                     help="do not rule the sequence axis to `tensor`"))
         return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .. import codes
 from ..diagnostics import Diagnostic
 
 if TYPE_CHECKING:
@@ -21,7 +22,7 @@ def offload_errors(target: Target, plan: Plan, doc: Document) -> list[Diagnostic
     where = doc.pos(("training", "offload", "activations"))
 
     def refuse(what: str, help: str) -> list[Diagnostic]:
-        return [Diagnostic("E049", f"the {target.name} target does not support activation offload{what}", where,
+        return [Diagnostic(codes.E049, f"the {target.name} target does not support activation offload{what}", where,
                            help=help)]
 
     if not cap.offload_remat:

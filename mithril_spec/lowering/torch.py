@@ -8,6 +8,7 @@ import dataclasses
 import fnmatch
 from typing import TYPE_CHECKING
 
+from .. import codes
 from ..diagnostics import Diagnostic
 from ..ops import OPS
 from ..targets.torch import (
@@ -67,7 +68,7 @@ def _checks(plan: Plan, doc: Document) -> list[Diagnostic]:
     tp = plan.mesh.tensor_enabled
 
     def err(node, msg, help=None):
-        out.append(Diagnostic("E049", msg, doc.pos(node.path + ("name",)), help=help))
+        out.append(Diagnostic(codes.E049, msg, doc.pos(node.path + ("name",)), help=help))
 
     for n in plan.graph.layers:
         if n.is_repeat and sequence_parallel(plan, n):
@@ -116,7 +117,7 @@ def _zero(plan: Plan, doc: Document) -> list[Diagnostic]:
             # (tensor alone splits no batch: ZeRO has nothing to split over, and the program is the plain one)
             if mesh.size(axis) > 1 and (axis != "tensor" or mesh.data_enabled):
                 out.append(Diagnostic(
-                    "E049", f"the torch target does not support `training.zero: {tr.zero}` with {what}",
+                    codes.E049, f"the torch target does not support `training.zero: {tr.zero}` with {what}",
                     doc.pos(("training", "zero")),
                     help=f"{why}; use `training.zero: 0` on this mesh (the fsdp axis is ZeRO-3), or a mesh of "
                     "`data` alone"))
@@ -134,7 +135,7 @@ def _experts(plan: Plan, doc: Document) -> list[Diagnostic]:
     others = [a for a in ("pipe", "fsdp", "tensor") if mesh.size(a) > 1]
     if others:
         out.append(Diagnostic(
-            "E049", f"the torch target combines the `expert` mesh axis with `data` only, not with "
+            codes.E049, f"the torch target combines the `expert` mesh axis with `data` only, not with "
             f"{', '.join(f'`{a}`' for a in others)}", doc.pos(plan.mesh.source),
             help="use a mesh of data and expert axes for expert parallelism in the torch target"))
     moe_params = set()
@@ -151,7 +152,7 @@ def _experts(plan: Plan, doc: Document) -> list[Diagnostic]:
                 spec = plan.param(f"{prefix}{node.name}.{p.name}").spec
                 if tuple(spec[0]) != ("expert",) or any(spec[1:]):
                     out.append(Diagnostic(
-                        "E049", f"`{node.name}`: the torch target splits a moe layer's experts over exactly the "
+                        codes.E049, f"`{node.name}`: the torch target splits a moe layer's experts over exactly the "
                         f"`expert` axis (its `{p.name}` is laid out as {layout_text(spec)})",
                         doc.pos(node.path + ("name",)),
                         help="rule the `experts` axis to `expert` alone (the default) and leave the other "
@@ -160,7 +161,7 @@ def _experts(plan: Plan, doc: Document) -> list[Diagnostic]:
     for pp in plan.params:
         if "expert" in {a for d in pp.spec for a in d} and _first_copy(plan, pp.name) not in moe_params:
             out.append(Diagnostic(
-                "E049", f"`{pp.name}` is split over `expert`; the torch target splits only the experts of moe "
+                codes.E049, f"`{pp.name}` is split over `expert`; the torch target splits only the experts of moe "
                 "layers over that axis", doc.pos(plan.mesh.source),
                 help="rule no logical axis but `experts` to the `expert` mesh axis"))
             break
@@ -184,7 +185,7 @@ def _vocab_parallel(plan: Plan, doc: Document) -> list[Diagnostic]:
     for node in plan.graph.layers:
         if not node.is_repeat and table(node) in tables and node.name not in heads:
             out.append(Diagnostic(
-                "E049", f"`{node.name}` is tied to `{table(node)}`, whose table is split on its vocabulary "
+                codes.E049, f"`{node.name}` is tied to `{table(node)}`, whose table is split on its vocabulary "
                 "over `tensor`: the torch target runs that only for the output layer of a cross_entropy loss",
                 doc.pos(node.path + ("name",)), help="leave the vocabulary whole, or untie the layer"))
     return out
@@ -203,7 +204,7 @@ def _whole_under_fsdp(plan: Plan, doc: Document) -> list[Diagnostic]:
         return []
     why = "no dimension divides" if axis == "fsdp" else "not split over it"
     return [Diagnostic(
-        "E049", f"`{whole.name}` {list(whole.param.shape)} stays whole over {axis}={plan.mesh.size(axis)} ({why}), "
+        codes.E049, f"`{whole.name}` {list(whole.param.shape)} stays whole over {axis}={plan.mesh.size(axis)} ({why}), "
         f"and the torch target's FSDP2 casts only the parameters it shards to {pr.compute}", doc.pos(whole.param.path),
         help=f"choose sizes that the {axis} axis divides, or compute in the parameters' dtype" if axis == "fsdp" else
         "split every trainable parameter over `data`, or compute in the parameters' dtype")]
@@ -223,7 +224,7 @@ def _data_split(plan: Plan, doc: Document) -> list[Diagnostic]:
 
     def refuse(how: str, why: str, help: str = "split parameters over `fsdp` (ZeRO-3) instead, and keep `data` "
                "for the batch", pos=None) -> None:
-        out.append(Diagnostic("E049", f"the torch target does not support {what} {how}", pos or where,
+        out.append(Diagnostic(codes.E049, f"the torch target does not support {what} {how}", pos or where,
                               help=f"{why}; {help}"))
 
     for axis, words, why in DATA_SPLIT_LIMITS:
@@ -267,16 +268,16 @@ def _input_layouts(plan: Plan, doc: Document) -> list[Diagnostic]:
         where = doc.pos(("sharding", "inputs", name))
         what = f"the layout {layout_text(layout)} of input `{name}`"
         if plan.mesh.pipe_enabled:
-            out.append(Diagnostic("E049", f"the torch target does not support {what} with a `pipe` axis", where,
+            out.append(Diagnostic(codes.E049, f"the torch target does not support {what} with a `pipe` axis", where,
                                   help="the pipeline feeds each stage's micro-batches by rows of the batch; leave "
                                   f"`{name}` out of `sharding.inputs`"))
         elif any(d != sorted(d, key=order.index) for d in layout + [list(plan.batch_axes)]):
-            out.append(Diagnostic("E049", f"the torch target does not support {what} with the batch axes "
+            out.append(Diagnostic(codes.E049, f"the torch target does not support {what} with the batch axes "
                                   f"{list(plan.batch_axes)}: mesh axes out of the mesh's order on one dimension",
                                   where, help="list the mesh axes of a dimension in the mesh's order ("
                                   f"{', '.join(order)})"))
         elif plan.micro_batch % plan.mesh.degree(layout[0]):
-            out.append(Diagnostic("E049", f"the torch target does not support {what}: a micro-batch of "
+            out.append(Diagnostic(codes.E049, f"the torch target does not support {what}: a micro-batch of "
                                   f"{plan.micro_batch} samples does not split over {layout_text(layout[:1])}",
                                   where, help="choose a batch size that splits evenly"))
     return out
@@ -314,7 +315,7 @@ def _pipeline(plan: Plan, doc: Document) -> list[Diagnostic]:
     out: list[Diagnostic] = []
 
     def err(node, msg, help):
-        out.append(Diagnostic("E049", msg, doc.pos(node.path + ("name",)), help=help))
+        out.append(Diagnostic(codes.E049, msg, doc.pos(node.path + ("name",)), help=help))
 
     _, problems = pipeline_flow(plan)
     for node, msg in problems:

@@ -9,6 +9,7 @@ from typing import Annotated, Literal, Optional, Union
 
 from pydantic import Field
 
+from .. import codes
 from ..spec.common import Size, Strict
 from .base import MASK_BYTES, LayerArgs, Op, OpError, OpResult, ParamDef, TensorType, expect_float
 
@@ -105,27 +106,27 @@ class Attention(Op):
         (x,) = inputs
         expect_float(x, "attention")
         if len(x.shape) != 2:
-            raise OpError("E028", f"attention expects [batch, seq, dim], got {x.show()}", "input")
+            raise OpError(codes.E028, f"attention expects [batch, seq, dim], got {x.show()}", "input")
         seq, d = x.shape
         heads = size("heads")
         kv = size("kv_heads") if args.kv_heads is not None else heads
         if heads % kv:
-            raise OpError("E030", f"kv_heads ({kv}) must divide heads ({heads})", "kv_heads")
+            raise OpError(codes.E030, f"kv_heads ({kv}) must divide heads ({heads})", "kv_heads")
         if args.head_dim is not None:
             hd = size("head_dim")
         else:
             if d % heads:
-                raise OpError("E030", f"heads ({heads}) must divide the model width ({d}), or set head_dim", "heads")
+                raise OpError(codes.E030, f"heads ({heads}) must divide the model width ({d}), or set head_dim", "heads")
             hd = d // heads
         if args.rotary and hd % 2:
-            raise OpError("E030", f"rotary embeddings need an even head_dim, got {hd}", "rotary")
+            raise OpError(codes.E030, f"rotary embeddings need an even head_dim, got {hd}", "rotary")
         if (args.softcap or args.scale) and args.dropout:
-            raise OpError("E030", "scale and softcap do not combine with attention dropout", "dropout")
+            raise OpError(codes.E030, "scale and softcap do not combine with attention dropout", "dropout")
         if args.rope_scaling is not None and not args.rotary:
-            raise OpError("E030", "rope_scaling scales rotary embeddings: set rotary: true", "rope_scaling")
+            raise OpError(codes.E030, "rope_scaling scales rotary embeddings: set rotary: true", "rope_scaling")
         if isinstance(args.rope_scaling, Llama3RopeScaling) and (
                 args.rope_scaling.high_freq_factor <= args.rope_scaling.low_freq_factor):
-            raise OpError("E030", "rope_scaling: high_freq_factor must be above low_freq_factor", "rope_scaling")
+            raise OpError(codes.E030, "rope_scaling: high_freq_factor must be above low_freq_factor", "rope_scaling")
         emb = x.axes[-1]
         q_out, kv_out = heads * hd, kv * hd
         params = [

@@ -13,6 +13,7 @@ from typing import Any, ClassVar, Optional
 
 from pydantic import Field, StrictInt
 
+from .. import codes
 from ..spec.common import Ident, Strict
 
 INT_DTYPES = ("int32", "int64")
@@ -215,14 +216,14 @@ class SavesInputs(Op):
 
 def expect_float(t: TensorType, what: str) -> None:
     if t.is_int:
-        raise OpError("E029", f"{what} needs a floating-point input, got {t.dtype} {t.show()}", "input")
+        raise OpError(codes.E029, f"{what} needs a floating-point input, got {t.dtype} {t.show()}", "input")
 
 
 def expect_features(t: TensorType, what: str) -> None:
     if not t.shape:
-        raise OpError("E028", f"{what} needs a feature dimension, got {t.show()}", "input")
+        raise OpError(codes.E028, f"{what} needs a feature dimension, got {t.show()}", "input")
 
 
 def expect_rank(t: TensorType, rank: int, what: str, layout: str) -> None:
     if len(t.shape) != rank:
-        raise OpError("E028", f"{what} expects a {layout} input, got {t.show()}", "input")
+        raise OpError(codes.E028, f"{what} expects a {layout} input, got {t.show()}", "input")

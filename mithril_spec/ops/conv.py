@@ -7,6 +7,7 @@ from typing import Annotated, Literal, Optional, Union
 
 from pydantic import Field, StrictInt
 
+from .. import codes
 from ..spec.common import Ident, Size
 from .base import LayerArgs, Op, OpError, OpResult, ParamDef, TensorType, expect_float, expect_rank
 
@@ -25,7 +26,7 @@ def _out_hw(h: int, w: int, k, s, p, what: str) -> tuple[int, int]:
     oh = (h + 2 * p[0] - k[0]) // s[0] + 1
     ow = (w + 2 * p[1] - k[1]) // s[1] + 1
     if h + 2 * p[0] < k[0] or w + 2 * p[1] < k[1]:
-        raise OpError("E030", f"{what} kernel {list(k)} is larger than its padded input {h}x{w}", "kernel_size")
+        raise OpError(codes.E030, f"{what} kernel {list(k)} is larger than its padded input {h}x{w}", "kernel_size")
     return oh, ow
 
 
@@ -33,7 +34,7 @@ def _padding(args, size) -> tuple[int, int]:
     if args.padding == "same":
         k = _pair(args, size, "kernel_size")
         if k[0] % 2 == 0 or k[1] % 2 == 0:
-            raise OpError("E030", "padding `same` needs an odd kernel size", "padding")
+            raise OpError(codes.E030, "padding `same` needs an odd kernel size", "padding")
         return k[0] // 2, k[1] // 2
     if args.padding == "valid":
         return 0, 0
@@ -89,14 +90,14 @@ class Conv1d(_Conv):
         f, k, s = size("filters"), size("kernel_size"), size("stride")
         if args.padding == "same":
             if k % 2 == 0:
-                raise OpError("E030", "padding `same` needs an odd kernel size", "padding")
+                raise OpError(codes.E030, "padding `same` needs an odd kernel size", "padding")
             p = k // 2
         else:
             p = 0 if args.padding == "valid" else args.padding
         if p < 0:
-            raise OpError("E013", "padding must not be negative", "padding")
+            raise OpError(codes.E013, "padding must not be negative", "padding")
         if length + 2 * p < k:
-            raise OpError("E030", f"conv1d kernel {k} is larger than its padded input {length + 2 * p}", "kernel_size")
+            raise OpError(codes.E030, f"conv1d kernel {k} is larger than its padded input {length + 2 * p}", "kernel_size")
         out_len = (length + 2 * p - k) // s + 1
         params = (ParamDef("weight", (f, c, k), (args.axis, x.axes[0], None)),)
         if args.bias:
@@ -118,7 +119,7 @@ class Conv2d(_Conv):
         f = size("filters")
         k, s, p = _pair(args, size, "kernel_size"), _pair(args, size, "stride"), _padding(args, size)
         if min(p) < 0:
-            raise OpError("E013", "padding must not be negative", "padding")
+            raise OpError(codes.E013, "padding must not be negative", "padding")
         oh, ow = _out_hw(h, w, k, s, p, "conv2d")
         params = (ParamDef("weight", (f, c, k[0], k[1]), (args.axis, x.axes[0], None, None)),)
         if args.bias:
@@ -156,7 +157,7 @@ class _Pool(Op):
         s = _pair(args, size, "stride") if args.stride is not None else k
         p = (args.padding, args.padding)
         if p[0] * 2 > k[0] or p[1] * 2 > k[1]:
-            raise OpError("E030", "pool padding must be at most half the kernel size", "padding")
+            raise OpError(codes.E030, "pool padding must be at most half the kernel size", "padding")
         oh, ow = _out_hw(h, w, k, s, p, self.kind)
         out = TensorType((c, oh, ow), x.axes, x.dtype)
         return OpResult(out, (), {"kernel_size": list(k), "stride": list(s), "padding": list(p)},

@@ -7,6 +7,7 @@ from typing import Literal, Optional
 
 from pydantic import Field
 
+from .. import codes
 from .base import MASK_BYTES, LayerArgs, Op, OpError, OpResult, SavesInputs, expect_float
 
 
@@ -115,7 +116,7 @@ class _Nary(Op):
         for other in inputs[1:]:
             if other.shape != first.shape:
                 raise OpError(
-                    "E028",
+                    codes.E028,
                     f"{self.kind} needs inputs of one shape, got {first.show()} and {other.show()}",
                     "inputs",
                 )

@@ -6,6 +6,7 @@ from typing import Literal, Optional
 
 from pydantic import Field
 
+from .. import codes
 from ..spec.common import Size
 from .base import LayerArgs, Op, OpError, OpResult, ParamDef, TensorType, expect_float
 
@@ -29,7 +30,7 @@ class Embedding(Op):
     def infer(self, args, inputs, size, ctx):
         (x,) = inputs
         if not x.is_int:
-            raise OpError("E029", f"embedding needs integer token ids, got {x.dtype} {x.show()}", "input")
+            raise OpError(codes.E029, f"embedding needs integer token ids, got {x.dtype} {x.show()}", "input")
         vocab, dim = size("vocab"), size("dim")
         out = TensorType(x.shape + (dim,), x.axes + ("embed",), "float32")
         params = (ParamDef("weight", (vocab, dim), ("vocab", "embed")),)
@@ -70,11 +71,11 @@ class PosEmbedding(Op):
         (x,) = inputs
         expect_float(x, "pos_embedding")
         if len(x.shape) != 2:
-            raise OpError("E028", f"pos_embedding expects [batch, seq, dim], got {x.show()}", "input")
+            raise OpError(codes.E028, f"pos_embedding expects [batch, seq, dim], got {x.show()}", "input")
         max_len = size("max_len")
         seq, dim = x.shape
         if seq > max_len:
-            raise OpError("E030", f"sequence length {seq} exceeds max_len {max_len}", "max_len")
+            raise OpError(codes.E030, f"sequence length {seq} exceeds max_len {max_len}", "max_len")
         params = (ParamDef("weight", (max_len, dim), (None, x.axes[-1])),)
         return OpResult(x, params, {"max_len": max_len, "dim": dim}, flops=x.numel)
 

@@ -6,6 +6,7 @@ from typing import Literal, Optional
 
 from pydantic import Field
 
+from .. import codes
 from ..spec.common import Ident, Size
 from .base import LayerArgs, Op, OpError, OpResult, ParamDef, TensorType, expect_float
 
@@ -31,7 +32,7 @@ class Linear(Op):
         (x,) = inputs
         expect_float(x, "linear")
         if not x.shape:
-            raise OpError("E028", f"linear needs at least one feature dimension, got {x.show()}", "input")
+            raise OpError(codes.E028, f"linear needs at least one feature dimension, got {x.show()}", "input")
         d_in, d_out = x.shape[-1], size("dimension")
         in_axis = x.axes[-1]
         out_axis = args.axis
@@ -42,14 +43,14 @@ class Linear(Op):
             name, shape, axes = table
             if shape != (d_out, d_in):
                 raise OpError(
-                    "E028",
+                    codes.E028,
                     f"linear tied to `{args.tie}` computes [.., {d_in}] -> [.., {d_out}], but the embedding "
                     f"table is {list(shape)} (needs [{d_out}, {d_in}])",
                     "tie",
                     help="the tied layer's `dimension` must equal the embedding's vocab, its input width the embedding dim",
                 )
             if args.bias:
-                raise OpError("E030", "a tied linear layer has no parameters of its own: set `bias: false`", "bias")
+                raise OpError(codes.E030, "a tied linear layer has no parameters of its own: set `bias: false`", "bias")
             out_axis = out_axis or axes[0]
             attrs["tie"] = name
             params = ()

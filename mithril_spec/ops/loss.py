@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any, ClassVar, Literal, Optional
 
+from .. import codes
 from ..spec.common import Ident, Strict
 from .base import OpError, TensorType
 
@@ -47,12 +48,12 @@ class CrossEntropyLoss(Loss):
 
     def check(self, pred, target):
         if not target.is_int:
-            raise OpError("E029", f"cross_entropy targets must be integer class ids, got {target.dtype}", "targets")
+            raise OpError(codes.E029, f"cross_entropy targets must be integer class ids, got {target.dtype}", "targets")
         if pred.is_int:
-            raise OpError("E029", f"cross_entropy logits must be floating point, got {pred.dtype}", "logits")
+            raise OpError(codes.E029, f"cross_entropy logits must be floating point, got {pred.dtype}", "logits")
         if pred.shape[:-1] != target.shape:
             raise OpError(
-                "E028",
+                codes.E028,
                 f"cross_entropy logits {pred.show()} do not fit targets {target.show()} "
                 f"(targets need the logits' shape without the last, class dimension)",
                 "targets",
@@ -77,10 +78,10 @@ class MseLoss(Loss):
 
     def check(self, pred, target):
         if pred.shape != target.shape:
-            raise OpError("E028", f"mse predictions {pred.show()} and targets {target.show()} differ in shape",
+            raise OpError(codes.E028, f"mse predictions {pred.show()} and targets {target.show()} differ in shape",
                           "targets")
         if target.is_int:
-            raise OpError("E029", f"mse targets must be floating point, got {target.dtype}", "targets")
+            raise OpError(codes.E029, f"mse targets must be floating point, got {target.dtype}", "targets")
 
     def costs(self, c):
         nb = c.walk.nbytes(c.pred, c.axes)

@@ -6,9 +6,9 @@ from typing import Literal, Optional
 
 from pydantic import Field
 
+from .. import codes
 from ..spec.common import Size
 from .base import LayerArgs, Op, OpError, OpResult, ParamDef, expect_features, expect_float
-
 
 SILU_GATE = "silu"  # swiglu's own gate (gate_activation's default)
 
@@ -39,7 +39,7 @@ class Mlp(Op):
         d, h, emb = x.shape[-1], size("hidden"), x.axes[-1]
         tokens = x.numel // d
         if args.gate_activation != "silu" and args.activation != "swiglu":
-            raise OpError("E030", "gate_activation is the gate of a swiglu mlp: set activation: swiglu",
+            raise OpError(codes.E030, "gate_activation is the gate of a swiglu mlp: set activation: swiglu",
                           "gate_activation")
         if args.activation == "swiglu":
             bias = bool(args.bias)

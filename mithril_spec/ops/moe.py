@@ -14,6 +14,7 @@ from typing import Literal, Optional
 
 from pydantic import Field
 
+from .. import codes
 from ..spec.common import Size
 from .base import LayerArgs, Op, OpError, OpResult, ParamDef, expect_features, expect_float
 
@@ -71,20 +72,20 @@ class Moe(Op):
         d, emb = x.shape[-1], x.axes[-1]
         e, k, h = size("experts"), size("top_k"), size("hidden")
         if k > e:
-            raise OpError("E056", f"top_k ({k}) is larger than the number of experts ({e})", "top_k",
+            raise OpError(codes.E056, f"top_k ({k}) is larger than the number of experts ({e})", "top_k",
                           help="each token is routed to top_k distinct experts")
         tokens = x.numel // d
         tokens_per_sample = tokens
         swiglu = args.activation == "swiglu"
         n_shared = args.shared_experts
         if n_shared and not swiglu:
-            raise OpError("E030", "shared experts are SwiGLU MLPs: set activation: swiglu", "shared_experts")
+            raise OpError(codes.E030, "shared experts are SwiGLU MLPs: set activation: swiglu", "shared_experts")
         if args.dropless and "capacity_factor" in args.model_fields_set:
-            raise OpError("E030", "dropless routing has no capacity: remove capacity_factor (or dropless)",
+            raise OpError(codes.E030, "dropless routing has no capacity: remove capacity_factor (or dropless)",
                           "capacity_factor")
         if not n_shared and (args.shared_gate or args.shared_hidden is not None):
             field = "shared_gate" if args.shared_gate else "shared_hidden"
-            raise OpError("E030", f"{field} is a setting of the shared experts: set shared_experts", field)
+            raise OpError(codes.E030, f"{field} is a setting of the shared experts: set shared_experts", field)
         params = [ParamDef("router.weight", (d, e), (emb, None))]
         if swiglu:
             params += [ParamDef("experts.gate.weight", (e, d, h), ("experts", emb, "mlp")),

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from .. import codes
 from .base import LayerArgs, OpError, OpResult, ParamDef, SavesInputs, expect_features, expect_float
 
 
@@ -96,7 +97,7 @@ class BatchNorm(SavesInputs):
         (x,) = inputs
         expect_float(x, "batch_norm")
         if not x.shape:
-            raise OpError("E028", f"batch_norm needs a channel dimension, got {x.show()}", "input")
+            raise OpError(codes.E028, f"batch_norm needs a channel dimension, got {x.show()}", "input")
         c, ax = x.shape[0], x.axes[0]
         params = (
             ParamDef("weight", (c,), (ax,), init="ones"),

@@ -8,6 +8,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import Field, StrictInt
 
+from .. import codes
 from ..spec.common import Size
 from .base import LayerArgs, Op, OpError, OpResult, TensorType, expect_float
 
@@ -28,7 +29,7 @@ class Reshape(Op):
         for i, s in enumerate(args.shape):
             if s == -1:
                 if unknown is not None:
-                    raise OpError("E030", "reshape allows at most one -1", "shape")
+                    raise OpError(codes.E030, "reshape allows at most one -1", "shape")
                 unknown = i
                 dims.append(1)
             else:
@@ -36,11 +37,11 @@ class Reshape(Op):
         known = math.prod(dims)
         if unknown is not None:
             if x.numel % known:
-                raise OpError("E030", f"cannot reshape {x.show()} to {args.shape}: sizes do not divide", "shape")
+                raise OpError(codes.E030, f"cannot reshape {x.show()} to {args.shape}: sizes do not divide", "shape")
             dims[unknown] = x.numel // known
         if math.prod(dims) != x.numel:
             raise OpError(
-                "E030",
+                codes.E030,
                 f"reshape changes the element count per sample: {x.show()} has {x.numel}, "
                 f"[batch, {', '.join(map(str, dims))}] has {math.prod(dims)}",
                 "shape",
@@ -65,11 +66,11 @@ class Flatten(Op):
 def _dim(t: TensorType, dim: int, what: str) -> int:
     """A `dim` argument (counted without the batch dimension, negative from the end) as an index into t.shape."""
     if not t.shape:
-        raise OpError("E028", f"{what} needs a dimension besides the batch, got {t.show()}", "input")
+        raise OpError(codes.E028, f"{what} needs a dimension besides the batch, got {t.show()}", "input")
     rank = len(t.shape)
     if not -rank <= dim < rank:
         raise OpError(
-            "E030",
+            codes.E030,
             f"{what} `dim: {dim}` is out of range for {t.show()}: the dimensions after batch are 0..{rank - 1} "
             f"(or -{rank}..-1)",
             "dim",
@@ -96,13 +97,13 @@ class Concat(Op):
         for other in inputs[1:]:
             if len(other.shape) != len(first.shape) or other.shape[:d] + other.shape[d + 1:] != rest:
                 raise OpError(
-                    "E028",
+                    codes.E028,
                     f"concat along dim {args.dim} needs inputs equal in every other dimension, got {first.show()} "
                     f"and {other.show()}",
                     "inputs",
                 )
             if other.dtype != first.dtype:
-                raise OpError("E029", f"concat needs inputs of one dtype, got {first.dtype} and {other.dtype}", "inputs")
+                raise OpError(codes.E029, f"concat needs inputs of one dtype, got {first.dtype} and {other.dtype}", "inputs")
         shape = list(first.shape)
         shape[d] = sum(t.shape[d] for t in inputs)
         axes = list(first.axes)
@@ -127,7 +128,7 @@ class Split(Op):
         sizes = [size(f"sizes.{i}") for i in range(len(args.sizes))]
         if sum(sizes) != x.shape[d]:
             raise OpError(
-                "E030",
+                codes.E030,
                 f"split sizes {sizes} sum to {sum(sizes)}, but dim {args.dim} of {x.show()} is {x.shape[d]}",
                 "sizes",
                 help=f"the pieces must add up to the whole dimension ({x.shape[d]}); size expressions help, "
@@ -135,7 +136,7 @@ class Split(Op):
             )
         if args.index >= len(sizes):
             raise OpError(
-                "E030",
+                codes.E030,
                 f"split `index: {args.index}` is out of range: `sizes` has {len(sizes)} piece(s) (index 0..{len(sizes) - 1})",
                 "index",
                 help="a split layer outputs one piece; write one split layer per piece you need",

@@ -13,6 +13,7 @@ import json
 import os
 from pathlib import Path
 
+from .. import codes
 from ..diagnostics import Diagnostic
 from ..graph import Graph, Node
 from ..ops import OPS
@@ -50,23 +51,23 @@ def check_data(spec: Spec, graph: Graph, doc: Document, files: dict[str, str], d
             ins[0].type.shape == ins[1].type.shape)
         if not ok:
             diags.append(Diagnostic(
-                "E013", f"`data: {{kind: {kind}}}` needs exactly two integer inputs of shape [batch, seq] "
+                codes.E013, f"`data: {{kind: {kind}}}` needs exactly two integer inputs of shape [batch, seq] "
                 "(tokens, targets)", where,
                 help="declare e.g. tokens and targets as {shape: [batch, seq], dtype: int32}"))
         elif kind == "text" and ins[0].high < 256:
             diags.append(Diagnostic(
-                "E013", f"`data: {{kind: text}}` produces byte tokens 0..255, but `{ins[0].name}` feeds an "
+                codes.E013, f"`data: {{kind: text}}` produces byte tokens 0..255, but `{ins[0].name}` feeds an "
                 f"embedding of vocab {ins[0].high}", where, help="use vocab >= 256 for character-level text"))
     ev = spec.eval
     if ev is not None:
         if kind == "synthetic" and (ev.path is not None or ev.split is not None):
             key = "path" if ev.path is not None else "split"
             diags.append(Diagnostic(
-                "E013", f"`eval.{key}`: synthetic data has no file to evaluate on", doc.pos(("eval", key), key=True),
+                codes.E013, f"`eval.{key}`: synthetic data has no file to evaluate on", doc.pos(("eval", key), key=True),
                 help="leave `path` and `split` out: evaluation on synthetic data draws samples of its own"))
         elif kind != "synthetic" and ev.path is None and ev.split is None:
             diags.append(Diagnostic(
-                "E013", f"`eval` needs held-out data for `data: {{kind: {kind}}}`", doc.pos(("eval",), key=True),
+                codes.E013, f"`eval` needs held-out data for `data: {{kind: {kind}}}`", doc.pos(("eval",), key=True),
                 help="give `path` (a held-out file of the same kind) or `split` (e.g. 0.1: the last 10% of the "
                 "training data, held out of training)"))
     if getattr(spec.data, "mask", None) is not None:
@@ -83,7 +84,7 @@ def check_data(spec: Spec, graph: Graph, doc: Document, files: dict[str, str], d
         if not exists:
             what = "directory" if want_dir else "file"
             warnings.append(Diagnostic(
-                "W011", f"`{'.'.join(path)}`: no {what} {f}", doc.pos(path),
+                codes.W011, f"`{'.'.join(path)}`: no {what} {f}", doc.pos(path),
                 help="a relative path is relative to the spec's directory; the program can also be given "
                 "another one (`--data`); ignore this where the data exists only on the training machine"))
 
@@ -100,7 +101,7 @@ def _check_token_file(spec: Spec, graph: Graph, doc: Document, f: str, path: tup
         return
     if head == b"\x93NUMPY":
         diags.append(Diagnostic(
-            "E013", f"`{key}`: {f} is a .npy file (it starts with the .npy header), not flat token ids", doc.pos(path),
+            codes.E013, f"`{key}`: {f} is a .npy file (it starts with the .npy header), not flat token ids", doc.pos(path),
             help=f"write the ids raw (np.asarray(ids, np.{spec.data.dtype}).tofile(path)) or with "
             "`mithril-spec data prepare`"))
         return
@@ -114,7 +115,7 @@ def _check_token_file(spec: Spec, graph: Graph, doc: Document, f: str, path: tup
         return
     if meta["dtype"] != spec.data.dtype:
         diags.append(Diagnostic(
-            "E013", f"`{key}`: {f} holds {meta['dtype']} ids ({meta_file}) but `data.dtype` is {spec.data.dtype}",
+            codes.E013, f"`{key}`: {f} holds {meta['dtype']} ids ({meta_file}) but `data.dtype` is {spec.data.dtype}",
             doc.pos(path), help=f"set data.dtype: {meta['dtype']}"))
     # the inputs whose ids index something (embedding rows, the loss's classes): every id must be below `high`
     indexed = {r for n in graph.layers if isinstance(n, Node) and OPS[n.op].index_bound(n.attrs) is not None
@@ -126,7 +127,7 @@ def _check_token_file(spec: Spec, graph: Graph, doc: Document, f: str, path: tup
     low = min(bounded, key=lambda i: i.high) if bounded else None
     if isinstance(vocab, int) and low is not None and vocab > low.high:
         diags.append(Diagnostic(
-            "E013", f"`{key}`: {f} comes from a tokenizer of {vocab} ids ({meta_file}) but `{low.name}` indexes "
+            codes.E013, f"`{key}`: {f} comes from a tokenizer of {vocab} ids ({meta_file}) but `{low.name}` indexes "
             f"{low.high} (the model's vocab)", doc.pos(path),
             help=f"set the spec's vocab to {vocab} or more, or prepare the data with the model's tokenizer "
             "(mithril-spec data prepare --tokenizer MODEL_DIR)"))
@@ -139,10 +140,10 @@ def _check_mask(spec: Spec, graph: Graph, doc: Document, diags: list[Diagnostic]
     loss, ins = graph.loss, graph.inputs
     if not LOSSES[loss.op].class_targets or len(ins) != 2 or loss.targets != ins[1].name:
         diags.append(Diagnostic(
-            "E013", "`data.mask` masks the class targets of a cross-entropy loss, but the loss is "
+            codes.E013, "`data.mask` masks the class targets of a cross-entropy loss, but the loss is "
             f"`{loss.op}` of `{loss.targets}`", where,
             help="use `loss: {op: cross_entropy, targets: <the second input>}`, or leave `mask` out"))
     if spec.eval is not None:
         diags.append(Diagnostic(
-            "E013", "`data.mask` with `eval`: no target evaluates a masked loss yet", where,
+            codes.E013, "`data.mask` with `eval`: no target evaluates a masked loss yet", where,
             help="leave `eval` out (or `mask`)"))

@@ -15,10 +15,11 @@ import dataclasses
 from pathlib import Path
 from typing import Optional
 
+from .. import codes
+from ..axes import MESH_AXES
 from ..diagnostics import Diagnostic, DiagnosticError, did_you_mean
 from ..source import Document
 from ..spec.root import Spec
-from ..axes import MESH_AXES
 from .mesh import Mesh, UsageError
 
 T, G = 1e12, 1e9
@@ -200,7 +201,7 @@ def from_spec(h, path: tuple, doc: Optional[Document]) -> Hardware:
         key = ALIASES.get(h.base.lower(), h.base.lower())
         if key not in BUILTIN:
             raise DiagnosticError([Diagnostic(
-                "E013", f"hardware `{h.name}`: unknown base profile `{h.base}`", pos(path + ("base",)),
+                codes.E013, f"hardware `{h.name}`: unknown base profile `{h.base}`", pos(path + ("base",)),
                 help=did_you_mean(h.base, list(BUILTIN)) or f"built-in profiles: {', '.join(BUILTIN)}")])
         base = BUILTIN[key]
         values = dataclasses.asdict(base)
@@ -210,7 +211,7 @@ def from_spec(h, path: tuple, doc: Optional[Document]) -> Hardware:
                                "inter_node_gb_per_s") if getattr(h, f) is None]
         if missing:
             raise DiagnosticError([Diagnostic(
-                "E011", f"hardware `{h.name}` needs {', '.join(f'`{m}`' for m in missing)} (or a `base` profile)",
+                codes.E011, f"hardware `{h.name}` needs {', '.join(f'`{m}`' for m in missing)} (or a `base` profile)",
                 pos(path), help=f"start from a built-in profile with `base:` ({', '.join(BUILTIN)})")])
         values = {"flops": {}}
         for f, default in _OPTIONAL.items():
@@ -228,7 +229,7 @@ def from_spec(h, path: tuple, doc: Optional[Document]) -> Hardware:
         values["overlap_collectives"] = h.overlap_collectives
     hw = Hardware(**values)
     if hw.reserved_bytes >= hw.memory_bytes:
-        raise DiagnosticError([Diagnostic("E013", f"hardware `{h.name}`: reserved memory is not less than memory",
+        raise DiagnosticError([Diagnostic(codes.E013, f"hardware `{h.name}`: reserved memory is not less than memory",
                                           pos(path + ("reserved_gb",)))])
     return hw
 

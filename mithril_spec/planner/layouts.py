@@ -18,11 +18,12 @@ import fnmatch
 import math
 from typing import Optional
 
+from .. import codes
+from ..axes import MESH_AXES
 from ..diagnostics import Diagnostic, did_you_mean
 from ..graph import Graph, Param
 from ..source import Document
 from ..spec.root import Spec
-from ..axes import MESH_AXES
 from .mesh import Mesh
 
 PSpec = tuple[tuple[str, ...], ...]
@@ -56,20 +57,20 @@ def read_rules(spec: Spec, doc: Document, diags: list[Diagnostic]) -> Rules:
     for i, (logical, value) in enumerate(items):
         path = ("sharding", "rules", logical) if isinstance(raw, dict) else ("sharding", "rules", i)
         if not isinstance(logical, str):
-            diags.append(Diagnostic("E012", f"a rule's logical axis must be a name, got {logical!r}",
+            diags.append(Diagnostic(codes.E012, f"a rule's logical axis must be a name, got {logical!r}",
                                     doc.pos(path + (0,)), help="write rules as [logical_axis, mesh_axis] pairs"))
             continue
         axes = _as_axes(value)
         for j, a in enumerate(axes):
             if a not in MESH_AXES:
                 sub = path if isinstance(value, str) else path + ((j,) if isinstance(raw, dict) else (1, j))
-                diags.append(Diagnostic("E040", f"unknown mesh axis `{a}` in the rule for `{logical}`",
+                diags.append(Diagnostic(codes.E040, f"unknown mesh axis `{a}` in the rule for `{logical}`",
                                         doc.pos(sub), help=did_you_mean(a, MESH_AXES)))
         if len(set(axes)) != len(axes):
-            diags.append(Diagnostic("E041", f"the rule for `{logical}` names a mesh axis twice", doc.pos(path)))
+            diags.append(Diagnostic(codes.E041, f"the rule for `{logical}` names a mesh axis twice", doc.pos(path)))
         if logical in table and table[logical] != axes:
             diags.append(Diagnostic(
-                "E044", f"conflicting rules for logical axis `{logical}`: {list(table[logical])} and {list(axes)}",
+                codes.E044, f"conflicting rules for logical axis `{logical}`: {list(table[logical])} and {list(axes)}",
                 doc.pos(path), help=f"the first rule is at line {doc.pos(paths[logical]).line}; keep one"))
             continue
         table[logical] = axes
@@ -105,26 +106,26 @@ def param_layouts(graph: Graph, spec: Spec, doc: Document, mesh: Mesh, rules: Ru
         for j, entry in enumerate(layout):
             for a in _as_axes(entry):
                 if a not in MESH_AXES:
-                    diags.append(Diagnostic("E040", f"unknown mesh axis `{a}` in the layout for `{glob}`",
+                    diags.append(Diagnostic(codes.E040, f"unknown mesh axis `{a}` in the layout for `{glob}`",
                                             doc.pos(gpath + (j,)), help=did_you_mean(a, MESH_AXES)))
                     bad = True
         hits = [p for p in graph.params if fnmatch.fnmatchcase(p.name, glob)]
         if not hits:
-            diags.append(Diagnostic("E045", f"`{glob}` matches no parameter", doc.pos(gpath, key=True),
+            diags.append(Diagnostic(codes.E045, f"`{glob}` matches no parameter", doc.pos(gpath, key=True),
                                     help=did_you_mean(glob, [p.name for p in graph.params])
                                     or "`mithril-spec plan` lists every parameter name"))
             continue
         for p in hits:
             if len(layout) != len(p.shape):
                 diags.append(Diagnostic(
-                    "E048", f"layout for `{glob}` has {len(layout)} entries but `{p.name}` has "
+                    codes.E048, f"layout for `{glob}` has {len(layout)} entries but `{p.name}` has "
                     f"{len(p.shape)} dimensions {list(p.shape)}", doc.pos(gpath),
                     help="give one entry per dimension; null for a replicated dimension"))
                 bad = True
                 break
             if p.name in matched and globs[matched[p.name]] != layout:
                 diags.append(Diagnostic(
-                    "E044", f"`{glob}` and `{matched[p.name]}` both match `{p.name}` with different layouts",
+                    codes.E044, f"`{glob}` and `{matched[p.name]}` both match `{p.name}` with different layouts",
                     doc.pos(gpath, key=True), help="make the globs disjoint, or give them the same layout"))
                 bad = True
                 break
@@ -170,11 +171,11 @@ def check_layout(name: str, shape: tuple[int, ...], units: Optional[tuple[int, .
     flat = [a for d in layout.spec for a in d]
     twice = sorted({a for a in flat if flat.count(a) > 1})
     if twice:
-        key = ("E041", layout.origin, tuple(twice))
+        key = (codes.E041, layout.origin, tuple(twice))
         if key not in seen:
             seen.add(key)
             diags.append(Diagnostic(
-                "E041", f"mesh axis `{twice[0]}` shards two dimensions of `{name}` {list(shape)}",
+                codes.E041, f"mesh axis `{twice[0]}` shards two dimensions of `{name}` {list(shape)}",
                 doc.pos(layout.origin),
                 help="change one of the rules for this parameter's logical axes, or give it an explicit layout "
                 "under `sharding.params`"))
@@ -185,11 +186,11 @@ def check_layout(name: str, shape: tuple[int, ...], units: Optional[tuple[int, .
         if deg > 1 and units[i] % deg:
             what = "heads" if units[i] != shape[i] else "size"
             origin = layout.origins[i] if i < len(layout.origins) and layout.origins[i] else layout.origin
-            key = ("E042", origin, units[i], deg)
+            key = (codes.E042, origin, units[i], deg)
             if key not in seen:
                 seen.add(key)
                 diags.append(Diagnostic(
-                    "E042", f"{what} {units[i]} of `{name}` (dimension {i}) is not divisible by "
+                    codes.E042, f"{what} {units[i]} of `{name}` (dimension {i}) is not divisible by "
                     f"{' x '.join(f'{a}={mesh.size(a)}' for a in d)} = {deg}", doc.pos(origin),
                     help="change the mesh, the size, or the rule that shards this dimension"))
             ok = False

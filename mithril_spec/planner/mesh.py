@@ -5,10 +5,11 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from .. import codes
+from ..axes import MESH_AXES, ParallelDims
 from ..diagnostics import Diagnostic, DiagnosticError, did_you_mean
 from ..source import Document
 from ..spec.root import Spec
-from ..axes import MESH_AXES, ParallelDims
 
 
 class UsageError(Exception):
@@ -54,12 +55,12 @@ def select_mesh(spec: Spec, doc: Document, choice: str | None) -> Mesh:
     """The mesh to plan for. `choice` is a mesh name, an `AXIS=SIZE,...` override, or None (the default)."""
     if spec.mesh is not None and spec.meshes is not None:
         raise DiagnosticError(
-            [Diagnostic("E047", "give either `mesh` or `meshes`, not both", doc.pos(("meshes",), key=True))]
+            [Diagnostic(codes.E047, "give either `mesh` or `meshes`, not both", doc.pos(("meshes",), key=True))]
         )
     named: dict[str, tuple[dict[str, int], tuple]] = {}
     if spec.meshes is not None:
         if not spec.meshes:
-            raise DiagnosticError([Diagnostic("E047", "`meshes` is empty", doc.pos(("meshes",)))])
+            raise DiagnosticError([Diagnostic(codes.E047, "`meshes` is empty", doc.pos(("meshes",)))])
         named = {k: (dict(v), ("meshes", k)) for k, v in spec.meshes.items()}
     elif spec.mesh is not None:
         named = {"default": (dict(spec.mesh), ("mesh",))}
@@ -69,7 +70,7 @@ def select_mesh(spec: Spec, doc: Document, choice: str | None) -> Mesh:
             if axis not in MESH_AXES:
                 diags.append(
                     Diagnostic(
-                        "E040",
+                        codes.E040,
                         f"unknown mesh axis `{axis}`",
                         doc.pos(path + (axis,), key=True),
                         help=did_you_mean(axis, MESH_AXES),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
+from .. import codes
 from ..diagnostics import Diagnostic
 from ..graph import Graph, Node, RepeatNode
 from ..source import Document
@@ -53,27 +54,27 @@ def plan_pipeline(spec: Spec, doc: Document, graph: Graph, mesh: Mesh, micro_bat
     pipe = mesh.pipe
     if cfg is None:
         if pipe > 1:
-            diags.append(Diagnostic("E053", f"the mesh has a `pipe` axis of size {pipe} but the spec has no "
+            diags.append(Diagnostic(codes.E053, f"the mesh has a `pipe` axis of size {pipe} but the spec has no "
                                     "`pipeline` section", doc.pos(mesh.source),
                                     help="add `pipeline: {microbatches: N}` or drop the pipe axis"))
         return None
     path = ("pipeline",)
     virtual = cfg.virtual_stages if pipe > 1 else 1
     if cfg.virtual_stages > 1 and cfg.schedule != "interleaved":
-        diags.append(Diagnostic("E053", "virtual_stages > 1 needs the `interleaved` schedule",
+        diags.append(Diagnostic(codes.E053, "virtual_stages > 1 needs the `interleaved` schedule",
                                 doc.pos(path + ("virtual_stages",)), help="set `schedule: interleaved`"))
     n_stages = pipe * virtual
     m = cfg.microbatches
     if pipe > 1 and cfg.schedule in ("1f1b", "interleaved") and m < pipe:
-        diags.append(Diagnostic("E051", f"the {cfg.schedule} schedule needs at least {pipe} micro-batches "
+        diags.append(Diagnostic(codes.E051, f"the {cfg.schedule} schedule needs at least {pipe} micro-batches "
                                 f"(one per pipeline stage rank), got {m}", doc.pos(path + ("microbatches",)),
                                 help=f"use microbatches >= {pipe}, or the gpipe schedule"))
     elif pipe > 1 and cfg.schedule == "interleaved" and m % pipe:
-        diags.append(Diagnostic("E051", f"the interleaved schedule needs micro-batches in multiples of the pipe "
+        diags.append(Diagnostic(codes.E051, f"the interleaved schedule needs micro-batches in multiples of the pipe "
                                 f"size {pipe}, got {m}", doc.pos(path + ("microbatches",)),
                                 help=f"use a multiple of {pipe}"))
     if micro_batch % (m * dp):
-        diags.append(Diagnostic("E052", f"a step's batch of {micro_batch} does not split into {m} micro-batches "
+        diags.append(Diagnostic(codes.E052, f"a step's batch of {micro_batch} does not split into {m} micro-batches "
                                 f"over a data-parallel degree of {dp}", doc.pos(path + ("microbatches",)),
                                 help=f"make batch_size / grad_accum divisible by {m * dp}"))
 
@@ -81,7 +82,7 @@ def plan_pipeline(spec: Spec, doc: Document, graph: Graph, mesh: Mesh, micro_bat
     placed = graph.placed
     if placed and explicit:
         staged = next(n for n in graph.layers if n.stage is not None)
-        diags.append(Diagnostic("E054", f"`{staged.name}` has a `stage:` and `{placed[0].name}` a `device:`",
+        diags.append(Diagnostic(codes.E054, f"`{staged.name}` has a `stage:` and `{placed[0].name}` a `device:`",
                                 doc.pos(staged.path + ("stage",)),
                                 help="place the layers one way: `device:` fields (consecutive layers on one device "
                                 "form a stage) or `stage:` fields"))
@@ -104,25 +105,25 @@ def _explicit(graph, doc, n_stages, pipe, diags):
     ok = True
     first = graph.layers[0]
     if first.stage not in (None, 0):
-        diags.append(Diagnostic("E054", f"the first layer `{first.name}` is on stage {first.stage}; stages start "
+        diags.append(Diagnostic(codes.E054, f"the first layer `{first.name}` is on stage {first.stage}; stages start "
                                 "at 0", doc.pos(first.path + ("stage",)), help="put the first layer on stage 0"))
         ok = False
     for n in graph.layers:
         s = n.stage if n.stage is not None else prev
         if n.stage is not None and n.stage < prev:
-            diags.append(Diagnostic("E054", f"`{n.name}` is on stage {n.stage}, after a layer on stage {prev}",
+            diags.append(Diagnostic(codes.E054, f"`{n.name}` is on stage {n.stage}, after a layer on stage {prev}",
                                     doc.pos(n.path + ("stage",)),
                                     help="stages must not decrease along the layer list"))
             ok = False
         if n.stage is not None and n.stage > prev + 1:
-            diags.append(Diagnostic("E054", f"`{n.name}` jumps from stage {prev} to stage {n.stage}",
+            diags.append(Diagnostic(codes.E054, f"`{n.name}` jumps from stage {prev} to stage {n.stage}",
                                     doc.pos(n.path + ("stage",)), help="stages must be contiguous"))
             ok = False
         layer_stage[n.name] = s
         prev = max(prev, s)
     if ok and pipe > 1 and prev != n_stages - 1:
         last = graph.layers[-1]
-        diags.append(Diagnostic("E054", f"the layers use stages 0..{prev} but the pipeline has {n_stages}",
+        diags.append(Diagnostic(codes.E054, f"the layers use stages 0..{prev} but the pipeline has {n_stages}",
                                 doc.pos(last.path), help=f"assign layers up to stage {n_stages - 1}"))
         ok = False
     if not ok:
@@ -158,21 +159,21 @@ def _devices(graph, doc, n_stages, pipe, diags):
                         f"copies of `{n.name}` evenly, {per} per stage" if per else
                         f"or give the copies of `{n.name}` to the stages in whole copies (a repeat per stage)")
                 diags.append(Diagnostic(
-                    "E054", f"block `{n.block}` puts its layers on devices {', '.join(map(str, named))}: every copy "
+                    codes.E054, f"block `{n.block}` puts its layers on devices {', '.join(map(str, named))}: every copy "
                     f"of `{n.name}` would cross devices, and a pipeline stage holds whole copies of a block",
                     doc.pos(where.path + ("device",)),
                     help=f"give the whole block one device (`device: {named[0]}` on `{n.name}`), {even}"))
                 ok = False
                 continue
             if named and dev is not None and dev != named[0]:
-                diags.append(Diagnostic("E054", f"`{n.name}` is on device {dev} and its block `{n.block}`'s layers on "
+                diags.append(Diagnostic(codes.E054, f"`{n.name}` is on device {dev} and its block `{n.block}`'s layers on "
                                         f"device {named[0]}", doc.pos(n.path + ("device",)),
                                         help="give the device once, on the repeat or in its block"))
                 ok = False
                 continue
             dev = named[0] if named else dev
         if dev is not None and pipe > 1 and dev >= pipe:
-            diags.append(Diagnostic("E054", f"`{n.name}` is on device {dev}, but the `pipe` axis has {pipe} devices",
+            diags.append(Diagnostic(codes.E054, f"`{n.name}` is on device {dev}, but the `pipe` axis has {pipe} devices",
                                     doc.pos(n.path + ("device",)), help=f"use devices 0 to {pipe - 1}"))
             ok = False
         prev = dev if dev is not None else prev
@@ -208,7 +209,7 @@ def _devices(graph, doc, n_stages, pipe, diags):
                         + (f", or use a `pipe` axis of {len(runs)}" if len(runs) > 1 else ", or no `pipe` axis"))
             if len(runs) % pipe == 0 and len(runs) > pipe:
                 help += f", or `virtual_stages: {len(runs) // pipe}` with the interleaved schedule"
-        diags.append(Diagnostic("E054", msg, doc.pos(bad[1].path + ("device",) if bad[1].device is not None
+        diags.append(Diagnostic(codes.E054, msg, doc.pos(bad[1].path + ("device",) if bad[1].device is not None
                                                      else bad[1].path), help=help))
         return None
     layer_stage: dict[str, int] = {}
@@ -229,13 +230,13 @@ def _auto(graph, doc, n_stages, diags, path):
     if n_stages == 1:
         return {n.name: 0 for n in graph.layers}, {r.name: ((0, r.count),) for r in repeats}
     if len(repeats) != 1:
-        diags.append(Diagnostic("E053", f"automatic stage splitting needs exactly one repeated block, found "
+        diags.append(Diagnostic(codes.E053, f"automatic stage splitting needs exactly one repeated block, found "
                                 f"{len(repeats)}", doc.pos(path, key=True),
                                 help="give layers explicit `stage:` fields instead"))
         return None
     (rep,) = repeats
     if rep.count % n_stages:
-        diags.append(Diagnostic("E053", f"`{rep.name}` repeats {rep.count} times, which does not split evenly "
+        diags.append(Diagnostic(codes.E053, f"`{rep.name}` repeats {rep.count} times, which does not split evenly "
                                 f"into {n_stages} stages", doc.pos(rep.path + ("repeat",)),
                                 help=f"use a repeat count divisible by {n_stages}, or another pipe size"))
         return None

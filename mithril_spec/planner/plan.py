@@ -7,21 +7,21 @@ import functools
 import math
 from typing import Optional
 
+from .. import codes
+from ..axes import MESH_AXES
 from ..diagnostics import Diagnostic, DiagnosticError, did_you_mean
 from ..graph import Graph, InputNode, Param
-from ..ops import TensorType
-from ..ops import OPS
+from ..ops import OPS, TensorType
 from ..source import Document
 from ..spec.root import Spec
 from ..targets import TARGETS
 from . import context
 from .data_check import check_data, data_files
+from .language_model import language_model
 from .layouts import DEFAULT_RULES, Layout, Rules, batch_axes, check_layout, local_shape, param_layouts, read_rules
-from ..axes import MESH_AXES
 from .mesh import Mesh, select_mesh
 from .pipeline import PipelinePlan, plan_pipeline
 from .sizes import DTYPE_BYTES, OPTIMIZER_SLOTS  # noqa: F401 (re-exported)
-from .language_model import language_model
 from .states import state_memory
 
 REPLICATED_WARN_NUMEL = 1 << 20
@@ -219,7 +219,7 @@ def make_plan(spec: Spec, doc: Document, graph: Graph, mesh_choice: Optional[str
     if want is not None and want != mesh.devices:
         path = ("devices",) if devices is None else mesh.source
         diags.append(Diagnostic(
-            "E046", f"the mesh ({mesh.describe()}) uses {mesh.devices} devices, but {want} are given",
+            codes.E046, f"the mesh ({mesh.describe()}) uses {mesh.devices} devices, but {want} are given",
             doc.pos(path), help=f"choose mesh sizes whose product is {want}"))
 
     if spec.hf is not None:
@@ -251,7 +251,7 @@ def make_plan(spec: Spec, doc: Document, graph: Graph, mesh_choice: Optional[str
 
     if tr.batch_size % tr.grad_accum or (tr.batch_size // tr.grad_accum) % dp:
         diags.append(Diagnostic(
-            "E043", f"global batch {tr.batch_size} does not split into grad_accum={tr.grad_accum} micro-batches "
+            codes.E043, f"global batch {tr.batch_size} does not split into grad_accum={tr.grad_accum} micro-batches "
             f"over a data-parallel degree of {dp} ({' x '.join(f'{a}={mesh.size(a)}' for a in baxes) or '1'})",
             doc.pos(("training", "batch_size")),
             help=f"use a batch size divisible by {tr.grad_accum * dp}"))
@@ -262,9 +262,9 @@ def make_plan(spec: Spec, doc: Document, graph: Graph, mesh_choice: Optional[str
     if getattr(spec.data, "mask", None) is not None and (mesh.pipe_enabled or context.degree(mesh) > 1):
         axis = "pipe" if mesh.pipe_enabled else context.AXIS
         diags.append(Diagnostic(
-            "E013", f"`data.mask` on a mesh with `{axis}`: no target masks the loss across {axis} ranks yet",
+            codes.E013, f"`data.mask` on a mesh with `{axis}`: no target masks the loss across {axis} ranks yet",
             doc.pos(("data", "mask"), key=True), help=f"use a mesh without `{axis}` (data, fsdp, tensor mask the loss)"))
-    if any(d.code == "E043" for d in diags):
+    if any(d.code == codes.E043 for d in diags):
         seen.add("batch-reported")
 
     repeats = _repeat_plans(graph, doc, params, buffers, layouts, diags)
@@ -306,7 +306,7 @@ def _repeat_plans(graph: Graph, doc: Document, params, buffers, layouts, diags) 
                             odd[0])
                 origin = layouts[pick.name].origin
                 diags.append(Diagnostic(
-                    "E073", f"copies of the repeated block `{node.name}` lay out `{local}` differently: "
+                    codes.E073, f"copies of the repeated block `{node.name}` lay out `{local}` differently: "
                     f"`{first.name}` {_show_spec(first.spec)}, `{odd[0].name}` {_show_spec(odd[0].spec)}",
                     doc.pos(origin if origin else node.path, key=bool(origin) and origin[:2] == ("sharding", "params")),
                     help="a block is one block in the program: give every copy the same layout (a glob such as "
@@ -345,7 +345,7 @@ def _check_experts(graph: Graph, doc: Document, mesh: Mesh, layouts, diags) -> s
                     continue
                 reported.add(node.path)
                 diags.append(Diagnostic(
-                    "E055", f"`{node.name}`: {node.attrs['experts']} experts do not split over "
+                    codes.E055, f"`{node.name}`: {node.attrs['experts']} experts do not split over "
                     f"{' x '.join(f'{a}={mesh.size(a)}' for a in axes)} = {deg}", doc.pos(node.path + ("experts",)),
                     help=f"use a number of experts divisible by {deg}, or a smaller expert axis"))
     return skip
@@ -356,7 +356,7 @@ def _input_plans(graph, spec, doc, mesh, rules, baxes, micro, dp, diags, seen) -
     names = {i.name for i in graph.inputs}
     for name in explicit:
         if name not in names:
-            diags.append(Diagnostic("E045", f"`sharding.inputs` names `{name}`, which is not a model input",
+            diags.append(Diagnostic(codes.E045, f"`sharding.inputs` names `{name}`, which is not a model input",
                                     doc.pos(("sharding", "inputs", name), key=True), help=did_you_mean(name, names)))
     out = []
     for inp in graph.inputs:
@@ -367,13 +367,13 @@ def _input_plans(graph, spec, doc, mesh, rules, baxes, micro, dp, diags, seen) -
             bad = [(j, a) for j, e in enumerate(layout) for a in ((e,) if isinstance(e, str) else (e or ()))
                    if a not in MESH_AXES]
             for j, a in bad:
-                diags.append(Diagnostic("E040", f"unknown mesh axis `{a}` in the layout for input `{inp.name}`",
+                diags.append(Diagnostic(codes.E040, f"unknown mesh axis `{a}` in the layout for input `{inp.name}`",
                                         doc.pos(path + (j,)), help=did_you_mean(a, MESH_AXES)))
             if bad:
                 continue
             if len(layout) != len(shape):
                 diags.append(Diagnostic(
-                    "E048", f"layout for input `{inp.name}` has {len(layout)} entries but the input has "
+                    codes.E048, f"layout for input `{inp.name}` has {len(layout)} entries but the input has "
                     f"{len(shape)} dimensions (batch first)", doc.pos(path), help="one entry per dimension"))
                 continue
             from .layouts import _explicit
@@ -400,13 +400,13 @@ def _warnings(graph, spec, doc, mesh, rules, params, baxes) -> list[Diagnostic]:
         for p in params:
             if p.param.numel >= REPLICATED_WARN_NUMEL and not any(p.spec):
                 out.append(Diagnostic(
-                    "W001", f"`{p.name}` ({p.param.numel:,} elements) is replicated on all {mesh.devices} devices",
+                    codes.W001, f"`{p.name}` ({p.param.numel:,} elements) is replicated on all {mesh.devices} devices",
                     doc.pos(p.param.path),
                     help=f"add a rule for one of its logical axes {[a for a in p.param.axes if a]} or use fsdp"))
     used = {a for p in graph.params for a in p.axes if a} | {a for i in graph.inputs for a in i.type.axes if a}
     used.add("batch")
     for logical, path in rules.paths.items():
         if logical not in used:
-            out.append(Diagnostic("W002", f"the rule for `{logical}` matches no parameter or input axis",
+            out.append(Diagnostic(codes.W002, f"the rule for `{logical}` matches no parameter or input axis",
                                   doc.pos(path, key=True), help=did_you_mean(logical, sorted(used))))
     return out
