@@ -3,7 +3,7 @@
 Exit codes: 0 success, 1 invalid spec (or warnings under --strict), 2 usage error, 3 internal error; 141 when
 the reader of the output goes away (`| head`), quietly, like a Unix tool ended by SIGPIPE.
 
-Each spec file is loaded, validated and resolved once per call, and planned once per mesh (`_Spec`).
+Each spec file is loaded, validated and resolved once per call, and planned once per mesh (`frontend.SpecFile`).
 """
 
 from __future__ import annotations
@@ -24,14 +24,13 @@ from .codes import Example
 from .diagnostics import (
     Diagnostic,
     DiagnosticError,
-    Label,
     escape,
     render_github,
     render_json,
     render_text,
     sort_key,
 )
-from .frontend import SPEC_SUFFIXES, Compiled
+from .frontend import SPEC_SUFFIXES, Compiled, SpecFile
 from .planner.mesh import UsageError
 from .targets import TARGET_NAMES
 
@@ -250,127 +249,11 @@ def _strict(diags: list[Diagnostic], strict: bool) -> list[Diagnostic]:
     return [d.as_error() for d in diags] if strict else diags
 
 
-def _read(path: Path, settings: Sequence[str] = ()):
-    from .extends import load_spec_file
-    from .overrides import apply
-
-    try:
-        return apply(load_spec_file(path), settings)
-    except UnicodeDecodeError as e:
-        raise UsageError(f"{path}: cannot read as UTF-8 text ({e})") from None
-    except OSError as e:
-        raise UsageError(f"{path}: cannot read: {e.strerror or e}") from None
-
-
-class _Spec:
-    """One spec file, loaded (with `extends`), validated and resolved once per command, and planned once per
-    mesh. Every diagnostic it hands out has its structured fields filled in (`finish`)."""
-
-    def __init__(self, path: Path, devices: int | None, settings: Sequence[str] = ()):
-        from .graph import resolve
-        from .overrides import source_name
-        from .source import read_source
-        from .validate import validate
-
-        if not path.is_file():
-            raise UsageError(f"{path}: no such file")
-        if path.suffix.lower() not in SPEC_SUFFIXES:
-            raise UsageError(f"{path}: not a spec file (expected {', '.join(SPEC_SUFFIXES)})")
-        self.path, self.devices = path, devices
-        self.doc = self.spec = self.graph = None
-        self.diags: list[Diagnostic] = []  # of loading, validation and resolution
-        self._plans: dict[str | None, tuple[Compiled | None, list[Diagnostic]]] = {}
-        try:
-            self.doc = _read(path, settings)
-        except DiagnosticError as e:
-            # (at most MAX_FILE_BYTES of each file: a file over the limit is shown from its start)
-            self.sources = {str(path): read_source(path)} | {source_name(i): a for i, a in enumerate(settings, 1)}
-            for d in e.diagnostics:  # an error inside a base spec reached through `extends`
-                for where in [d.pos] + [lab.pos for lab in d.labels]:
-                    if where and where.file not in self.sources and Path(where.file).is_file():
-                        self.sources[where.file] = read_source(where.file)
-            self.diags = self.finish(e.diagnostics)
-            return
-        self.sources = dict(self.doc.sources)
-        try:
-            self.spec = validate(self.doc)
-            self.graph = resolve(self.spec, self.doc)
-        except DiagnosticError as e:
-            self.diags = self.finish(e.diagnostics)
-
-    def compiled(self, mesh: str | None) -> tuple[Compiled | None, list[Diagnostic]]:
-        """The plan for `mesh` (None: the spec's default) as a `Compiled`, or None when it failed; and its
-        diagnostics (the planner's warnings, or the errors that stopped it, or those of an earlier stage)."""
-        from .planner.plan import make_plan
-
-        if self.graph is None:
-            return None, list(self.diags)
-        if mesh not in self._plans:
-            try:
-                plan = make_plan(self.spec, self.doc, self.graph, mesh, self.devices)
-            except DiagnosticError as e:
-                self._plans[mesh] = (None, self.finish(e.diagnostics))
-            else:
-                self._plans[mesh] = (Compiled(self.doc, self.spec, self.graph, plan), self.finish(plan.warnings))
-        c, diags = self._plans[mesh]
-        return c, list(diags)
-
-    def finish(self, diags) -> list[Diagnostic]:
-        """Fills in what a stage does not know: the path of the node a diagnostic points at, the spec that
-        reached a base file through `extends` (with a label on that `extends`), the base spec's (or, for a
-        `--set`, the spec's) value that the pointed-at value replaced, and the `--set KEY=null` that removed a
-        missing key."""
-        from .overrides import is_override
-
-        out = []
-        for d in diags:
-            changes: dict = {}
-            labels = list(d.labels)
-            if d.path is None and d.pos is not None and self.doc is not None:
-                path = self.doc.path_at(d.pos)
-                if path is not None:
-                    changes["path"] = path
-            path = changes.get("path", d.path)
-            if d.pos is not None and d.pos.file != str(self.path) and not is_override(d.pos.file):
-                if d.spec is None:
-                    changes["spec"] = str(self.path)
-                ext = self._extends_pos()
-                if ext is not None:
-                    labels.append(Label(ext, "the base spec is extended here"))
-            if self.doc is not None and path is not None and d.pos is not None:
-                base = self.doc.overridden.get(path)
-                if base is not None and base != d.pos:
-                    what = "the spec's value it replaces" if is_override(d.pos.file) else "the value it replaces in the base spec"
-                    labels.append(Label(base, what))
-                gone = self.doc.removed.get(path)  # a missing key that a `--set KEY=null` removed
-                if gone is not None:
-                    labels.append(Label(gone, "removed by this --set"))
-            if len(labels) != len(d.labels):
-                changes["labels"] = tuple(labels)
-            out.append(dataclasses.replace(d, **changes) if changes else d)
-        return out
-
-    def _extends_pos(self):
-        """Where this spec's own `extends:` value stands, if it has one."""
-        if self.doc is not None:
-            pos = self.doc.values.get(("extends",))
-            return pos if pos is not None and pos.file == str(self.path) else None
-        from .source import load_file
-
-        try:
-            doc = load_file(self.path)
-        except (DiagnosticError, OSError, ValueError):
-            return None
-        if isinstance(doc.data, dict) and "extends" in doc.data:
-            return doc.pos(("extends",))
-        return None
-
-
 def _compile(path: Path, mesh: str | None, devices: int | None,
              settings: Sequence[str] = ()) -> tuple[Compiled | None, list, dict]:
     """Compiles one spec (with its `--set` overrides) for one mesh; returns (result or None, diagnostics,
     sources)."""
-    s = _Spec(path, devices, settings)
+    s = SpecFile(path, devices, settings)
     c, diags = s.compiled(mesh)
     return c, diags, s.sources
 
@@ -401,7 +284,7 @@ def cmd_validate(args) -> int:
     all_diags: list[Diagnostic] = []
     sources: dict[str, str] = {}
     for f in files:
-        s = _Spec(f, args.devices, args.settings)
+        s = SpecFile(f, args.devices, args.settings)
         sources.update(s.sources)
         diags = list(s.diags) if s.graph is None else _check_meshes(s, args)
         all_diags += _dedupe(_strict(diags, args.strict))
@@ -416,7 +299,7 @@ def cmd_validate(args) -> int:
     return EXIT_INVALID if errors else EXIT_OK
 
 
-def _check_meshes(s: _Spec, args) -> list[Diagnostic]:
+def _check_meshes(s: SpecFile, args) -> list[Diagnostic]:
     """Plans a resolved spec for `--mesh` or, without it, for every named mesh (not only the default one,
     which may fail on its own): the planner's diagnostics, what the spec's targets refuse (E049) and, with
     `--hardware`, whether each device's memory suffices (E050). On named meshes each diagnostic says which."""
