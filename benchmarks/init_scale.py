@@ -9,10 +9,15 @@ one-process peak. Memory is not noisy: --repeats > 1 prints the median of each.
     python benchmarks/init_scale.py [--targets torch,jax] [--steps 2] [--layers 8,16,24] [--repeats 1]
 
 Figures, not a test: 24 layers needs about 20 GB of memory; several minutes per size on 2 cores.
-Torch, 2 steps, 2026-11-27, on the 2-core machine (medians of 1; ratio = max fsdp=4 rank / one process):
+Torch, 2 steps, 2026-11-27, on the 2-core machine (one run each: memory is not noisy; the one-process
+peaks of two runs of 199M differed by 0.7%); ratio = the largest fsdp=4 rank / one process; "before": the
+fsdp=4 program before issue 41 (gloo's staging buffers, backward prefetch, F.linear's tied head, a 1 MiB mmap
+threshold), against the same one-process program (unchanged):
 
-    params   one process GB   fsdp=4 per process GB   ratio   (before issue 41: ratio)
-    199M     see the README table of the commit that adds this line
+    params   one process GB   fsdp=4 per process GB   ratio   before: GB   ratio
+    199M     4.20             1.63                    0.388   1.89         0.447 (one process 4.23)
+    356M     6.87             2.25                    0.328   2.59         0.377
+    513M     10.44            2.86                    0.274   3.29         0.315
 """
 
 from __future__ import annotations
