@@ -1,13 +1,23 @@
 """Peak host memory per process through initialisation and two training steps: fsdp=4 vs one process.
 
-A ~0.5B-parameter GPT (d 1280, 24 layers, vocab 32000, seq 128, batch 4) is built for one process and for
-fsdp=4, for PyTorch (4 gloo ranks) and JAX (4 processes of one CPU device each). Each process's peak RSS
-comes from the kernel (os.wait4's ru_maxrss). Every process initialises only its own shard, so the goal
-is: per-process peak <= 0.45 x the one-process peak.
+GPTs of 200M to 500M parameters (d 1280, vocab 32000, seq 128, batch 4; 8, 16 or 24 layers: --layers) are
+built for one process and for fsdp=4, for PyTorch (4 gloo ranks) and JAX (4 processes of one CPU device
+each). Each process's peak RSS comes from the kernel (os.wait4's ru_maxrss, GB = 10^6 kB). Every process
+initialises only its own shard; the goal (issue 41): the largest fsdp=4 per-process peak <= 0.40 x the
+one-process peak. Memory is not noisy: --repeats > 1 prints the median of each.
 
-    python benchmarks/init_scale.py [--targets torch,jax] [--steps 2] [--layers 24]
+    python benchmarks/init_scale.py [--targets torch,jax] [--steps 2] [--layers 8,16,24] [--repeats 1]
 
-Figures, not a test: it needs about 20 GB of memory and several minutes on 2 cores.
+Figures, not a test: 24 layers needs about 20 GB of memory; several minutes per size on 2 cores.
+Torch, 2 steps, 2026-11-27, on the 2-core machine (one run each: memory is not noisy; the one-process
+peaks of two runs of 199M differed by 0.7%); ratio = the largest fsdp=4 rank / one process; "before": the
+fsdp=4 program before issue 41 (gloo's staging buffers, backward prefetch, F.linear's tied head, a 1 MiB mmap
+threshold), against the same one-process program (unchanged):
+
+    params   one process GB   fsdp=4 per process GB   ratio   before: GB   ratio
+    199M     4.20             1.63                    0.388   1.89         0.447 (one process 4.23)
+    356M     6.87             2.25                    0.328   2.59         0.377
+    513M     10.44            2.86                    0.274   3.29         0.315
 """
 
 from __future__ import annotations
@@ -18,6 +28,7 @@ import io
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -104,25 +115,44 @@ def run(program: Path, target: str, processes: int, steps: int) -> list[float]:
     return [round(peaks[p.pid], 2) for p in procs]
 
 
+def params_of(program: Path) -> int:
+    """The model's parameter count, from the build's plan.json."""
+    return json.loads((program / "plan.json").read_text())["totals"]["param_count"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--targets", default="torch,jax")
     ap.add_argument("--steps", type=int, default=2)
-    ap.add_argument("--layers", type=int, default=24)
+    ap.add_argument("--layers", default="8,16,24", help="one model per layer count (8: 199M, 24: 513M)")
+    ap.add_argument("--repeats", type=int, default=1, help="runs of each; the median is printed")
     args = ap.parse_args()
+    rows = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        spec = work / "gpt.yaml"
-        spec.write_text(SPEC.format(layers=args.layers))
-        for target in args.targets.split(","):
-            t0 = time.perf_counter()
-            one = run(build(spec, target, "data=1", work / f"{target}-one"), target, 1, args.steps)[0]
-            t1 = time.perf_counter()
-            four = run(build(spec, target, "fsdp=4", work / f"{target}-fsdp4"), target, 4, args.steps)
-            t2 = time.perf_counter()
-            print(json.dumps({"target": target, "one process GB": one, "fsdp=4 per process GB": four,
-                              "ratio (max)": round(max(four) / one, 3), "goal": 0.45,
-                              "seconds": [round(t1 - t0), round(t2 - t1)]}), flush=True)
+        for layers in map(int, args.layers.split(",")):
+            spec = work / f"gpt{layers}.yaml"
+            spec.write_text(SPEC.format(layers=layers))
+            for target in args.targets.split(","):
+                one_dir = build(spec, target, "data=1", work / f"{target}-{layers}-one")
+                four_dir = build(spec, target, "fsdp=4", work / f"{target}-{layers}-fsdp4")
+                ones, fours, seconds = [], [], []
+                for _ in range(args.repeats):
+                    t0 = time.perf_counter()
+                    ones.append(run(one_dir, target, 1, args.steps)[0])
+                    t1 = time.perf_counter()
+                    fours.append(max(run(four_dir, target, 4, args.steps)))
+                    seconds.append([round(t1 - t0), round(time.perf_counter() - t1)])
+                one, four = statistics.median(ones), statistics.median(fours)
+                row = {"target": target, "layers": layers, "params": params_of(one_dir), "one process GB": one,
+                       "fsdp=4 per process GB (max rank)": four, "ratio": round(four / one, 3), "goal": 0.40,
+                       "runs": args.repeats, "seconds": seconds}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    print(f"\n{'target':7s} {'params':>7s} {'one process GB':>15s} {'fsdp=4 per process GB':>22s} {'ratio':>6s}")
+    for r in rows:
+        print(f"{r['target']:7s} {r['params'] / 1e6:6.0f}M {r['one process GB']:15.2f} "
+              f"{r['fsdp=4 per process GB (max rank)']:22.2f} {r['ratio']:6.3f}")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ on a 2-core machine). The program still calls init_process_group itself, as unde
 the first failing rank's exit code (2 when the program rejects the launch), 0 when every rank succeeds.
 
 With MITHRIL_COUNT_COLLECTIVES=PREFIX set, each rank counts the calls of the gradient collectives FSDP2
-issues (torch.distributed.reduce_scatter_single, and all_reduce for HSDP and the loss) and writes them
+issues (torch.distributed.reduce_scatter_single, on CPU the program's GlooReduceScatter, and all_reduce for
+HSDP and the loss) and writes them
 to PREFIX.<rank>.json when the program destroys its process group.
 """
 

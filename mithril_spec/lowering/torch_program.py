@@ -305,7 +305,7 @@ def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
     zero = tr.zero if zero_degree > 1 else 0  # (one data rank: nothing to split)
     devices = plan.mesh.devices
     held = costing.held
-    return {
+    out = {
         "inputs": inputs,
         "layers": layers,
         "blocks": blocks,
@@ -349,6 +349,9 @@ def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
             "vocab_tied": any(not n.is_repeat and (n.attrs.get("tie") or "").rsplit(".", 1)[0] in vocab_tables
                               for n in plan.graph.layers),
             "vocab_parallel": bool(vocab_tables) or "colwise_logits" in tp_plan.values(),
+            # a linear layer tied to a table that stays whole over `tensor` (TiedHead under FSDP2)
+            "plain_tied": any(not n.is_repeat and n.attrs.get("tie")
+                              and n.attrs["tie"].rsplit(".", 1)[0] not in vocab_tables for n in plan.graph.layers),
             # batch_norm under data parallelism: statistics over the ranks of these batch axes (SyncBatchNorm)
             "sync_bn": [a for a in plan.batch_axes if plan.mesh.size(a) > 1]
             if any(OPS[o].batch_statistics for o in ops if o in OPS) else [],
@@ -391,3 +394,9 @@ def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
             "job_name": "".join(c if c.isalnum() or c in "_.-" else "-" for c in plan.spec.name),
         },
     }
+    t = out["torch"]
+    # templates/torch/ops.py.j2 TiedHead: a sharded FSDP2 program's tied output layer (plain tensors: no
+    # tensor parallelism, no pipeline stages, no autocast)
+    t["tied_head"] = bool(t["plain_tied"] and t["sharded"] and t["fsdp"] and not t["tp_plan"]
+                          and not t["pipeline"] and not t["autocast"])
+    return out

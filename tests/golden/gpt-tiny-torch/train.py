@@ -807,6 +807,52 @@ def parallelize(model, mesh):
     for block in model.blocks:  # one all-gather / reduce-scatter group per block
         fully_shard(block, **kw)
     fully_shard(model, **kw)  # the root: every parameter outside the blocks
+    if mesh.device_type == "cpu":
+        gloo_collectives(model)
+
+
+class GlooAllGather:
+    """FSDP2's all-gather on gloo (CPU), into FSDP2's output buffer itself: each rank's slice broadcast from
+    it. gloo's all_gather_into_tensor gathers into a buffer of its own the size of the output first."""
+
+    def allocate(self, size, *, dtype, device):
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor, input_tensor, group, async_op=False):
+        # (input_tensor is this rank's slice of output_tensor: FSDP2 copies the shards in there)
+        for i, part in enumerate(output_tensor.view(group.size(), -1)):
+            dist.broadcast(part, src=dist.get_global_rank(group, i), group=group)
+        return None  # done: FSDP2 waits on nothing
+
+
+class GlooReduceScatter:
+    """FSDP2's reduce-scatter on gloo (CPU): an all-reduce in place on FSDP2's input buffer, then this rank's
+    slice. gloo's reduce_scatter_tensor copies its input into a buffer of the same size first (and sums the
+    same way: the same bits); the input buffer, which FSDP2 keeps until the next block's reduce-scatter, is
+    released as soon as this one is done."""
+
+    def allocate(self, size, *, dtype, device):
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+        dist.all_reduce(input_tensor, op=op, group=group)
+        output_tensor.copy_(input_tensor.view(group.size(), -1)[group.rank()])
+        input_tensor.untyped_storage().resize_(0)
+        return None
+
+
+def gloo_collectives(model):
+    """On CPU (gloo), FSDP2 keeps less on the host: its collectives without gloo's full-size staging
+    buffers (GlooAllGather, GlooReduceScatter), and no backward prefetch (a gloo all-gather is
+    synchronous: prefetching overlaps nothing, and only holds the next block's gathered parameters longer)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for m in model.modules():
+        if isinstance(m, FSDPModule) and hasattr(m, "set_custom_reduce_scatter"):  # torch >= 2.8
+            m.set_custom_all_gather(GlooAllGather())
+            m.set_custom_reduce_scatter(GlooReduceScatter())
+        if isinstance(m, FSDPModule):
+            m.set_modules_to_backward_prefetch([])
 
 
 # ----------------------------------------------------------------------------
@@ -1911,11 +1957,12 @@ def keep_host_memory_compact():
     """glibc serves allocations below its mmap threshold from its heap, and raises the threshold (up to
     32 MB) whenever a larger block is freed; from then on the tensors a step frees (activations, gathered
     shards, gradients) stay in the heap, fragmented, and a sharded run's host peak grows by about the size
-    of its shards. A fixed threshold of 1 MiB hands every tensor of 1 MiB or more back when it is freed
-    (benchmarks/init_scale.py: 0.59 -> 0.45 of the one-process peak per rank on fsdp=4). Only programs
-    that shard over fsdp: it costs every step the mapping (and zeroing) of its large tensors anew."""
+    of its shards. A fixed threshold of 256 KiB hands every tensor of 256 KiB or more (a sharded rank's
+    activations included) back when it is freed (benchmarks/init_scale.py: 0.59 -> 0.45 of the one-process
+    peak per rank on fsdp=4 with 1 MiB; 256 KiB: 100 MB less again on 200M parameters). Only programs that
+    shard over fsdp: it costs every step the mapping (and zeroing) of its large tensors anew."""
     try:
-        ctypes.CDLL(None).mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD (glibc); elsewhere nothing to do
+        ctypes.CDLL(None).mallopt(-3, 1 << 18)  # M_MMAP_THRESHOLD (glibc); elsewhere nothing to do
     except (OSError, AttributeError):
         pass
 
