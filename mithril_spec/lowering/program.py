@@ -85,7 +85,7 @@ class TorchSettings:
     random: bool
     sequence_dropout: dict[str, list[str]]
     distributed: bool
-    dp: str  # "none", "ddp", "fsdp", "hsdp" (lowering/torch.py data_parallel)
+    dp: str  # "none", "ddp", "fsdp", "hsdp", "zero1", "zero2" (lowering/torch.py data_parallel)
     fsdp: bool
     sharded: bool
     shard_axis: str
@@ -93,6 +93,8 @@ class TorchSettings:
     vocab_tables: list[str]
     vocab_tied: bool
     vocab_parallel: bool
+    plain_tied: bool  # a linear layer tied to a table left whole over `tensor`
+    tied_head: bool  # TiedHead: that layer in a sharded FSDP2 program (plain tensors)
     sync_bn: list[str]
     whole: bool
     mixed: bool
