@@ -66,9 +66,6 @@ def test_no_operator_name_comparisons_outside_ops():
 
 
 TEMPLATES = PKG.parent / "templates"
-# The sampling programs still choose their decode per operator in the template (issue 38, item 4: to move
-# into decode macros in each target's ops.py.j2); every other template leaves operator names to its macros.
-DECODE_BY_NAME = {"torch/generate.py.j2", "jax/generate.py.j2"}
 
 
 def template_op_name_uses(source: str) -> list[tuple[int, str]]:
@@ -102,15 +99,13 @@ def test_the_template_checker_finds_op_name_comparisons():
 def test_no_operator_name_comparisons_in_templates_outside_the_ops_macros():
     """An operator's template code is its macros in templates/<target>/ops.py.j2 (named after it); the other
     templates ask the lowering (ops/base.py: `helpers`, `constrain_output`, ...), not for an operator's name."""
-    offenders, pending = [], []
+    offenders = []
     for path in sorted(TEMPLATES.rglob("*.j2")):
         rel = path.relative_to(TEMPLATES).as_posix()
         if path.name == "ops.py.j2":
             continue
-        uses = template_op_name_uses(path.read_text())
-        (pending if rel in DECODE_BY_NAME else offenders).extend(f"templates/{rel}:{line}: `{op}`" for line, op in uses)
+        offenders.extend(f"templates/{rel}:{line}: `{op}`" for line, op in template_op_name_uses(path.read_text()))
     assert not offenders, "operator names compared in templates outside their macros:\n" + "\n".join(offenders)
-    assert pending, "the sampling templates no longer compare operator names: empty DECODE_BY_NAME"
 
 
 def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:

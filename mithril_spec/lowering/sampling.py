@@ -8,6 +8,8 @@ the same layers, blocks and tensor-parallel styles the training program was rend
 - Per layer that caches keys and values (Op.kv_cache: attention), at top level or per repeat (stacked
   over the copies in JAX): its key/value heads and head size, and (JAX) the mesh axes its heads are split
   over, as the k projection's output features are.
+- What the shared decode code handles (Op.decode_features over the layers: `features`), and (JAX) the
+  functions named after operators that it imports from train.py (Op.jax_function).
 - torch: per layer, whether its weights stay split over `tensor` while decoding (column / row parallel
   linear layers, attention and mlp split Megatron-style); every other parameter is gathered whole.
 """
@@ -121,7 +123,10 @@ def sampling_context(plan: Plan, ctx: dict[str, Any], target: str) -> dict[str, 
         local_modules += [f"{rep['name']}.*.{k}" for layer in inner if layer["split"]
                           for k in by_block[rep["block"]].get("tp", {})
                           if k == layer["name"] or k.startswith(layer["name"] + ".")]
-    ops = {layer["op"] for layer in layers} | {layer["op"] for b in blocks for layer in b["layers"]}
+    every = layers + [layer for b in blocks for layer in b["layers"]]
+    ops = {layer["op"] for layer in every}
+    features = set().union(*(OPS[layer["op"]].decode_features(layer["attrs"])
+                             for layer in every if layer["op"] in OPS))
     return {
         "tokens": lm.tokens,
         "targets": lm.targets,
@@ -141,6 +146,12 @@ def sampling_context(plan: Plan, ctx: dict[str, Any], target: str) -> dict[str, 
         "score_scale": any(c["scale"] for entry in caches for c in entry["layers"]),
         "softcap": any(c["softcap"] for entry in caches for c in entry["layers"]),
         "ops": sorted(ops),  # the operators of its layers (and "repeat")
+        # what the shared decode code handles (Op.decode_features: "kv_attention", "dense_mlp", ...)
+        "features": sorted(features),
+        # JAX: the functions named after operators (Op.jax_function) that the decode imports from train.py, and
+        # whether a layer caches keys and values (its cached attention projects them together)
+        "jax_functions": sorted(op for op in ops if op in OPS and OPS[op].jax_function),
+        "kv_cached": any(OPS[op].kv_cache for op in ops if op in OPS),
         "tensor": tensor,
         "local_modules": tuple(sorted(set(local_modules))),
         "stages": stages,

@@ -158,6 +158,14 @@ class Attention(Op):
         }
         return OpResult(TensorType(x.shape, x.axes, x.dtype), tuple(params), attrs, flops=proj + scores)
 
+    def decode_features(self, attrs):
+        out = {"kv_attention"}
+        if attrs["bias"]:
+            out.add("qkv_bias")
+            if not attrs["o_bias"]:
+                out.add("o_bias_off")
+        return frozenset(out)
+
     def decodes(self, attrs):
         return attrs["causal"]  # a position reads only the keys and values of the positions before it
 

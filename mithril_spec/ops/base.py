@@ -148,6 +148,9 @@ class Op:
     # The JAX program constrains its output to its activation layout even where that is the batch split alone
     # (an embedding's looked-up rows would otherwise come out laid out as its table).
     constrain_output: ClassVar[bool] = False
+    # The JAX program defines a function named after the operator (its `_def` macro) that its macro calls:
+    # the sampling program (generate.py) imports it from train.py for its decode.
+    jax_function: ClassVar[bool] = False
 
     def helpers(self, attrs: dict[str, Any]) -> frozenset[str]:
         """The shared definitions its macros call, which a program defines once when a layer needs them:
@@ -178,6 +181,13 @@ class Op:
         """Can the layer run one sequence position at a time, the earlier positions' state cached (the
         sampling program's decode, docs/program.md "Sampling")? Per-position operators can."""
         return self.per_position
+
+    def decode_features(self, attrs: dict[str, Any]) -> frozenset[str]:
+        """What the sampling program's shared decode code must handle for this layer (lowering/sampling.py
+        gathers them over the layers as `sampling.features`): "kv_attention" (a cached attention), with
+        "qkv_bias" (biased projections) and "o_bias_off" (biased q/k/v, not o); "dense_mlp" (an mlp), with
+        "gated" (swiglu), "ungated" (another activation) and "gate_activation" (a gate other than silu)."""
+        return frozenset()
 
     def context_role(self, attrs: dict[str, Any]) -> Optional[str]:
         """How the layer runs on a sequence split over `context`: "position", "ring", "gather", or None (it

@@ -20,6 +20,7 @@ class EmbeddingArgs(LayerArgs):
 
 class Embedding(Op):
     kind = "embedding"
+    jax_function = True
     constrain_output = True
     tieable = True
     context_parallel = "position"  # a lookup per position

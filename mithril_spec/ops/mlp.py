@@ -25,6 +25,7 @@ class MlpArgs(LayerArgs):
 class Mlp(Op):
     kind = "mlp"
     Args = MlpArgs
+    jax_function = True
     has_params = True
     context_parallel = "position"  # acts on each position alone
     tensor_parallel = "pair"
@@ -60,6 +61,12 @@ class Mlp(Op):
 
     def decodes(self, attrs):
         return True  # per position
+
+    def decode_features(self, attrs):
+        out = {"dense_mlp", "gated" if attrs["activation"] == "swiglu" else "ungated"}
+        if attrs["gate_activation"] != SILU_GATE:
+            out.add("gate_activation")
+        return frozenset(out)
 
     def input_projections(self, attrs):
         return ("gate.weight", "up.weight") if attrs["activation"] == "swiglu" else ("fc.weight",)

@@ -18,6 +18,7 @@ class LayerNormArgs(LayerArgs):
 
 class LayerNorm(SavesInputs):
     kind = "layer_norm"
+    jax_function = True
     Args = LayerNormArgs
     has_params = True
     per_position = True
@@ -44,6 +45,7 @@ class RmsNormArgs(LayerArgs):
 
 class RmsNorm(SavesInputs):
     kind = "rms_norm"
+    jax_function = True
     Args = RmsNormArgs
     has_params = True
     per_position = True
