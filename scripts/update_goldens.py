@@ -4,9 +4,11 @@
     .venv/bin/python scripts/update_goldens.py          # rewrite, then review `git diff tests/golden`
     .venv/bin/python scripts/update_goldens.py --check  # exit 1 (and list them) if any golden file is stale
 
-Every example spec gets tests/golden/<spec>-<target>/ (the program, launch scripts, README and plan.json,
-costed as that target's program runs the plan) for each target it names. Files no case produces any more
-are removed.
+Every example spec, for each target it names, gets tests/golden/lowering/<spec>-<target>.json: a snapshot
+of its lowering (every field of the Program, plan.json's `plan_json` among them, as sorted JSON). One case
+per target (tests/render_cases.py WHOLE_PROGRAM) also gets its whole build in tests/golden/<spec>-<target>/
+(the program, generate.py, launch scripts, README and plan.json, costed as that target's program runs the
+plan). Both kinds are written and checked together; files no case produces any more are removed.
 """
 
 from __future__ import annotations

@@ -2,9 +2,10 @@
 
 A spec whose layers are named after every Python builtin (`range`, `len`, `print`, `__import__`, ...) and
 every name a generated program defines at module level or imports (np, jax, jnp, torch, nn, F, dist, mx,
-os, json, forward, Data, PARAMS, ...: read with `ast` from the golden programs, so the list does not come
-from the code under test), plus the names the model functions use locally (x, p, pre, block, ...), with a
-repeated block whose class would be `Exception`:
+os, json, forward, Data, PARAMS, ...: read with `ast` from the train.py of every render case
+(tests/render_cases.py), rendered from the templates, so the list does not come from the code under test,
+RESERVED), plus the names the model functions use locally (x, p, pre, block, ...), with a repeated block
+whose class would be `Exception`:
 
 - `validate` accepts it (torch refuses names of torch.nn.Module attributes: the torch variant leaves them out);
 - in the programs built for jax, torch and mlx, no variable that a spec name introduces is a builtin or
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import functools
 import keyword
 import re
 from pathlib import Path
@@ -26,13 +28,15 @@ import mlx_runs as mr
 import numpy as np
 import pytest
 import torch_runs as tr
+from render_cases import cases, program
 
 from mithril_spec.cli import main as cli
 from mithril_spec.lowering.common import RESERVED
+from mithril_spec.render.build import format_python
+from mithril_spec.render.environment import environment
 from mithril_spec.spec.common import IDENT_PATTERN
 from mithril_spec.targets.torch import FSDP_MODULE_ATTRS, TORCH_MODULE_ATTRS
 
-GOLDEN = Path(__file__).resolve().parent / "golden"
 # names the model functions use locally (besides the module-level ones)
 LOCALS = ["x", "p", "pre", "block", "batch", "buffers", "key", "i", "h", "self", "params", "loss", "logits",
           "block_fn", "row", "shared", "name", "aux", "out", "q", "k", "v"]
@@ -69,8 +73,21 @@ def stored_names(source: str) -> set[str]:
     return out | {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
 
 
+@functools.cache
+def program_names() -> frozenset[str]:
+    """The module-level names of every render case's train.py, as the build writes it (only one case per
+    target keeps its whole program as a golden file)."""
+    env = environment()
+    out: set[str] = set()
+    for case in cases():
+        prog = program(case)
+        template = next(t for t, name in prog.files if name == "train.py")
+        out |= module_names(format_python(env.get_template(template).render(**prog.context()), "train.py"))
+    return frozenset(out)
+
+
 def all_names() -> list[str]:
-    golden = set().union(*(module_names(p.read_text()) for p in GOLDEN.glob("*/train.py")))
+    golden = program_names()
     taken = {*INPUTS, REPEAT}
     names = sorted(n for n in set(dir(builtins)) | golden | set(LOCALS) if valid(n) and n not in taken)
     return ["range", *(n for n in names if n != "range")]  # the first layer: a linear, `range.weight`

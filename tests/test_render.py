@@ -9,7 +9,17 @@ import subprocess
 import sys
 
 import pytest
-from render_cases import GOLDEN, ROOT, case_id, cases, golden_files, golden_paths
+from render_cases import (
+    GOLDEN,
+    ROOT,
+    WHOLE_PROGRAM,
+    case_id,
+    cases,
+    golden_files,
+    golden_paths,
+    snapshot_path,
+    whole_program,
+)
 from ruff.__main__ import find_ruff_bin
 
 from mithril_spec import cli
@@ -31,7 +41,8 @@ def test_there_are_cases():
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_golden(case):
-    """The rendered program equals the reviewed golden copy (scripts/update_goldens.py writes them)."""
+    """The lowering's snapshot equals the reviewed one and, for one case per target, the whole rendered build
+    equals the reviewed golden copy (scripts/update_goldens.py writes both)."""
     for path, text in golden_files(case).items():
         name = path.relative_to(GOLDEN)
         assert path.is_file(), f"no golden file {name}: {UPDATE}"
@@ -39,12 +50,18 @@ def test_golden(case):
 
 
 def test_golden_tree_holds_only_what_the_cases_render():
-    """The files of each (spec, target), its plan.json among them (costed for the target), nothing stale."""
+    """A lowering snapshot of each (spec, target); the whole build (its plan.json among them, costed for the
+    target) of one case per target that has cases; nothing stale."""
     want = {p for case in CASES for p in golden_paths(case)}
     have = {p for p in GOLDEN.rglob("*") if p.is_file()}
     assert not have - want, f"golden files no case renders: {sorted(str(p.relative_to(GOLDEN)) for p in have - want)}"
     assert not want - have, f"missing golden files: {UPDATE}"
-    assert {p.parent.name for p in have if p.name == "plan.json"} == {case_id(case) for case in CASES}
+    assert {p for p in have if p.suffix == ".json" and p.parent.name == "lowering"} == {
+        snapshot_path(case) for case in CASES}
+    whole = [case for case in CASES if whole_program(case)]
+    assert sorted(t for _, t in whole) == sorted({t for _, t in CASES}), (
+        f"WHOLE_PROGRAM {WHOLE_PROGRAM} names no example (or two) of some target")
+    assert {p.parent.name for p in have if p.name == "plan.json"} == {case_id(case) for case in whole}
 
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
