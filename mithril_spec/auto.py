@@ -533,8 +533,8 @@ def factorizations(n: int, k: int) -> list[tuple[int, ...]]:
 
 def searched_axes(spec: Spec, graph: Graph, allowed: Allowed) -> tuple[str, ...]:
     """Mesh axes every target runs, less pipe without a block to pipeline, expert without moe layers and
-    context without a sequence that attention attends over (planner/context.py)."""
-    from .planner.context import sequence_axis as attended_sequence
+    context without a sequence that attention attends over (planner/context_parallel.py)."""
+    from .planner.context_parallel import attended_axis as attended_sequence
 
     axes = []
     for a in allowed.mesh_axes:
@@ -597,7 +597,7 @@ class Search:
         reps = [n for n in graph.layers if n.is_repeat]
         self.repeat_count = reps[0].count if len(reps) == 1 else 0
         self.placed = placed_pipes(graph) if self.allowed.explicit_stages else ()
-        self.seq_axis = sequence_axis(graph)
+        self.seq_axis = block_sequence_axis(graph)
         self.spec = spec
         self.rules = read_rules(spec, doc, [])
         self._batch_axes = batch_axes
@@ -858,7 +858,7 @@ def _plan_key(named: tuple, settings: dict) -> tuple:
     return (named, tuple((k, settings[k]) for k in sorted(settings) if k not in REUSE_PLAN and k != "remat"))
 
 
-def sequence_axis(graph: Graph) -> str | None:
+def block_sequence_axis(graph: Graph) -> str | None:
     """The logical axis of the sequence in the one repeated block's stream ([seq, features]), if any."""
     reps = [n for n in graph.layers if n.is_repeat]
     if len(reps) == 1 and len(reps[0].out.shape) == 2 and reps[0].out.axes[0]:
@@ -878,7 +878,7 @@ def search(spec: Spec, doc: Document, graph: Graph, devices: int, hardware: Hard
 
 def candidate_spec(spec: Spec, graph: Graph, c: Candidate) -> Spec:
     """The spec with the candidate's knob values set (its mesh is the `--mesh` argument)."""
-    seq = sequence_axis(graph)
+    seq = block_sequence_axis(graph)
     for k in ALL_KNOBS:
         spec = k.apply(spec, dict(c.settings)[k.name], seq)
     return spec
@@ -887,7 +887,7 @@ def candidate_spec(spec: Spec, graph: Graph, c: Candidate) -> Spec:
 def fragment(spec: Spec, graph: Graph, c: Candidate) -> dict:
     """The spec fragment that, merged over `spec` by `extends`, sets the candidate: its mesh (every axis of
     the spec's mesh it does not use removed, named meshes replaced) and every knob whose value differs."""
-    seq = sequence_axis(graph)
+    seq = block_sequence_axis(graph)
     out: dict = {}
     sizes = dict(c.sizes)
     mesh: dict[str, Any] = {a: n for a, n in sizes.items() if n > 1}

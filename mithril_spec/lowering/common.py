@@ -20,9 +20,9 @@ from ..hf_import import hf_context
 from ..ops import OPS
 from ..ops.loss import LOSSES
 from ..planner.plan import Plan
+from ..template_files import template_dirs
 from .base import linear_style, tensor_dims
 from .costing import Costing
-from ..template_files import template_dirs
 from .predicted import predicted
 
 # Local variable names the templates use themselves; tensor variables that would shadow them get a `_`.
@@ -221,7 +221,7 @@ def _eval(plan: Plan) -> dict[str, Any] | None:
             "accuracy": LOSSES[plan.graph.loss.op].class_targets}
 
 
-def make_context(plan: Plan, target: str, spec_file: str, costing: Costing) -> dict[str, Any]:
+def common_fields(plan: Plan, target: str, spec_file: str, costing: Costing) -> dict[str, Any]:
     """`costing`: the build's one costing of `plan` for `target` (lowering/costing.py), whose figures the program
     embeds as plan.json holds them."""
     spec, graph, mesh = plan.spec, plan.graph, plan.mesh

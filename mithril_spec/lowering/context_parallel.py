@@ -36,7 +36,7 @@ def context_errors(plan: Plan, doc: Document, target: str) -> list[Diagnostic]:
     def err(pos, msg, help):
         out.append(Diagnostic(codes.E049, f"the {target} target does not run {msg}", pos, help=help))
 
-    seq = plan.sequence_axis
+    seq = plan.context_sequence_axis
     if seq is None:
         err(where, "context parallelism on a model without a named sequence to split",
             "the `context` axis splits the sequence that attention layers attend over (their input's first "

@@ -34,9 +34,9 @@ from typing import Any
 from ..graph import RepeatNode
 from ..ops import OPS, TensorType
 from ..planner.plan import Plan
-from .costing import Costing
 from .comm import jax_comm
 from .common import RESERVED, rename_vars
+from .costing import Costing
 
 # Names the generated model code uses inside the functions that hold tensor variables.
 MODEL_NAMES = {
@@ -285,7 +285,7 @@ def spec_hash(plan: Plan, settings: bool = True) -> str:
     return hashlib.sha256(json.dumps(kept, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
-def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str, Any]:
+def target_fields(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str, Any]:
     """`costing`: the build's one costing (lowering/costing.py); the program's planned bytes are its states."""
     # the function that runs a block's copies under lax.scan: no tensor variable may shadow it
     stack_fns = {b["name"]: free(f"{b['name']}_stack", MODEL_NAMES) for b in ctx["blocks"]}
@@ -317,8 +317,8 @@ def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
             # no arrays of their own in the train state
             "merged": pipeline["repeats"][1:] if pipeline else [],
             "zero": tr.zero,  # not in the shared context (yet)
-            # context parallelism: the ranks of the `context` axis (None without it; planner/context.py)
-            "context": plan.mesh.context if plan.sequence_axis else None,
+            # context parallelism: the ranks of the `context` axis (None without it; planner/context_parallel.py)
+            "context": plan.mesh.context if plan.context_sequence_axis else None,
             # a float32 master copy of 16-bit parameters in the optimizer state
             "master_weights": bool(tr.precision.master_weights and tr.precision.params != "float32"),
             "accum": accum,

@@ -39,7 +39,7 @@ def _tp_style(plan: Plan, full: str, layer: dict[str, Any]) -> str | None:
     return None
 
 
-def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str, Any]:
+def target_fields(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str, Any]:
     """`costing`: the build's one costing (lowering/costing.py); the program's planned bytes are its states."""
     model = model_context(plan, ctx, MODEL_NAMES)
     for layer in model["layers"]:

@@ -25,7 +25,7 @@ from ..diagnostics import DiagnosticError
 from ..planner.plan_json import plan_to_json
 from ..targets import TARGETS
 from . import LOWERINGS, jax_program, mlx_program, torch_program
-from .common import make_context
+from .common import common_fields
 from .costing import Costing, costing
 from .sampling import sampling_context
 
@@ -213,9 +213,9 @@ class MlxProgram(Program):
 
 # per target: its Program class, its settings and the adapter that gives its part of the context
 _ADAPTERS: dict[str, tuple[type[Program], type, Callable[..., dict[str, Any]]]] = {
-    "jax": (JaxProgram, JaxSettings, jax_program.extra_context),
-    "torch": (TorchProgram, TorchSettings, torch_program.extra_context),
-    "mlx": (MlxProgram, MlxSettings, mlx_program.extra_context),
+    "jax": (JaxProgram, JaxSettings, jax_program.target_fields),
+    "torch": (TorchProgram, TorchSettings, torch_program.target_fields),
+    "mlx": (MlxProgram, MlxSettings, mlx_program.target_fields),
 }
 assert tuple(_ADAPTERS) == tuple(TARGETS), "one Program per declared target"
 
@@ -241,7 +241,7 @@ def lower(plan: Plan, doc: Document, target: str, spec_file: str, build_dir: str
         raise DiagnosticError(diags)
     cost = costing(plan, target)
     cls, settings, adapter = _ADAPTERS[target]
-    ctx = make_context(plan, target, spec_file, cost)
+    ctx = common_fields(plan, target, spec_file, cost)
     ctx.update(adapter(plan, ctx, cost))
     ctx["sampling"] = sampling_context(plan, ctx, target)  # generate.py (a language model), or None
     ctx["slurm"] = slurm_context(plan.mesh.devices, plan.spec.name, build_dir, python)

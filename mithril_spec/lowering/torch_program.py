@@ -44,13 +44,13 @@ from ..planner.plan import Plan
 from ..planner.sizes import DTYPE_BYTES
 from ..planner.states import precision_setup, zero_dim
 from .base import vocab_parallel_layers
+from .comm import torch_comm
+from .common import RESERVED, rename_vars
 from .costing import Costing
+from .jax_program import model_hash, optimizer_settings, spec_hash
 from .torch import data_parallel as torch_data_parallel
 from .torch import pipeline_flow, relaid_inputs, shard_axis
 from .torch import sequence_parallel as torch_sequence_parallel
-from .comm import torch_comm
-from .common import RESERVED, rename_vars
-from .jax_program import model_hash, optimizer_settings, spec_hash
 
 # Names the generated forward methods use besides tensor variables.
 MODEL_NAMES = {"F", "torch", "nn", "np", "math", "self", "block", "rope", "zlib", "checkpoint", "layers",
@@ -165,7 +165,7 @@ def _pipeline(plan: Plan, layers: list[dict[str, Any]], top_vars: dict[str, str]
             "first_inputs": list(flows[0].inputs), "targets": plan.graph.loss.targets}
 
 
-def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str, Any]:
+def target_fields(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str, Any]:
     """`costing`: the build's one costing (lowering/costing.py); the program's planned bytes are its states."""
     mesh = plan.mesh
     D, Fs, T = mesh.data, mesh.fsdp, mesh.tensor
@@ -373,8 +373,8 @@ def extra_context(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
             # expert only when split)
             "mesh_axes": ({"pipe": P} if P > 1 else {}) | {"data": D, "fsdp": Fs} | (
                 {"expert": X} if X > 1 else {}) | ({"context": C} if C > 1 else {}) | {"tensor": T},
-            # context parallelism: the ranks of the `context` axis (None without it; planner/context.py)
-            "context": C if plan.sequence_axis else None,
+            # context parallelism: the ranks of the `context` axis (None without it; planner/context_parallel.py)
+            "context": C if plan.context_sequence_axis else None,
             "expert": X,
             "ep": X > 1 and expert_params,  # experts split over `expert` (all-to-all)
             "pipeline": _pipeline(plan, layers, top_vars),

@@ -18,12 +18,10 @@ copies only (targets/jax.py samples_through_pipeline).
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
 
 from ..graph import Graph, Node
 from ..ops import OPS
 from ..ops.loss import LOSSES
-from .pipeline import PipelinePlan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,10 +33,9 @@ class LanguageModel:
     dropout: bool  # a dropout layer with a rate above 0 (the identity when sampling)
 
 
-def language_model(graph: Graph, pipeline: Optional[PipelinePlan], sequence_axis: Optional[str]
-                   ) -> LanguageModel | None:
-    """The language model of a plan of `graph` with `pipeline` and `sequence_axis` (Plan.language_model; see
-    the module's docstring), or None when it is not one."""
+def language_model(graph: Graph) -> LanguageModel | None:
+    """The language model of a plan of `graph` (Plan.language_model; see the module's docstring: pipelines and
+    context parallelism sample too), or None when it is not one."""
     loss = graph.loss
     if not LOSSES[loss.op].class_targets:  # cross_entropy: the logits of the next token's classes
         return None

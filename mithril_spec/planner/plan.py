@@ -15,7 +15,7 @@ from ..ops import OPS, TensorType
 from ..source import Document
 from ..spec.root import Spec
 from ..targets import TARGETS
-from . import context
+from . import context_parallel
 from .data_check import check_data, data_files
 from .language_model import language_model
 from .layouts import DEFAULT_RULES, Layout, Rules, batch_axes, check_layout, local_shape, param_layouts, read_rules
@@ -128,7 +128,7 @@ class Plan:
     @functools.cached_property
     def language_model(self):
         """A language model the programs can sample from (generate.py), or None (planner/language_model.py)."""
-        return language_model(self.graph, self.pipeline, self.sequence_axis)
+        return language_model(self.graph)
 
     @property
     def top_params(self) -> tuple[ParamPlan, ...]:
@@ -182,8 +182,8 @@ class Plan:
             dims: list[tuple[str, ...]] = [()] * len(t.shape)
             for i in reversed(range(len(t.shape))):
                 ruled = self.rule(t.axes[i])
-                if t.axes[i] is not None and t.axes[i] == self.sequence_axis:
-                    ruled = (context.AXIS,) + tuple(ruled)  # context parallelism splits the sequence
+                if t.axes[i] is not None and t.axes[i] == self.context_sequence_axis:
+                    ruled = (context_parallel.AXIS,) + tuple(ruled)  # context parallelism splits the sequence
                 axes = tuple(a for a in ruled if self.mesh.size(a) > 1 and a not in used)
                 if axes and t.shape[i] % self.mesh.degree(axes) == 0:
                     used.update(axes)
@@ -196,9 +196,9 @@ class Plan:
         return {}
 
     @functools.cached_property
-    def sequence_axis(self) -> Optional[str]:
-        """The logical axis the `context` mesh axis splits (planner/context.py), None without that axis."""
-        return context.sequence_axis(self.graph) if context.degree(self.mesh) > 1 else None
+    def context_sequence_axis(self) -> Optional[str]:
+        """The logical axis the `context` mesh axis splits (planner/context_parallel.py), None without that axis."""
+        return context_parallel.attended_axis(self.graph) if context_parallel.degree(self.mesh) > 1 else None
 
     def rule(self, logical: Optional[str]) -> tuple[str, ...]:
         """The mesh axes the rules assign to a logical axis (as written; the built-in defaults apply)."""
@@ -259,8 +259,8 @@ def make_plan(spec: Spec, doc: Document, graph: Graph, mesh_choice: Optional[str
     files = data_files(spec, doc)
     data_warnings: list[Diagnostic] = []
     check_data(spec, graph, doc, files, diags, data_warnings)
-    if getattr(spec.data, "mask", None) is not None and (mesh.pipe_enabled or context.degree(mesh) > 1):
-        axis = "pipe" if mesh.pipe_enabled else context.AXIS
+    if getattr(spec.data, "mask", None) is not None and (mesh.pipe_enabled or context_parallel.degree(mesh) > 1):
+        axis = "pipe" if mesh.pipe_enabled else context_parallel.AXIS
         diags.append(Diagnostic(
             codes.E013, f"`data.mask` on a mesh with `{axis}`: no target masks the loss across {axis} ranks yet",
             doc.pos(("data", "mask"), key=True), help=f"use a mesh without `{axis}` (data, fsdp, tensor mask the loss)"))
@@ -381,8 +381,8 @@ def _input_plans(graph, spec, doc, mesh, rules, baxes, micro, dp, diags, seen) -
             spec_ = _explicit(layout, mesh)
             lay = Layout(spec_, path, (path,) * len(shape))
         else:
-            seq = context.sequence_axis(graph) if context.degree(mesh) > 1 else None
-            dims = (baxes,) + tuple((context.AXIS,) * (a is not None and a == seq) + rules.mesh_axes(a, mesh)
+            seq = context_parallel.attended_axis(graph) if context_parallel.degree(mesh) > 1 else None
+            dims = (baxes,) + tuple((context_parallel.AXIS,) * (a is not None and a == seq) + rules.mesh_axes(a, mesh)
                                     for a in inp.type.axes)
             origins = (rules.paths.get("batch", ("training", "batch_size")),) + tuple(
                 rules.paths.get(a, ()) if a else () for a in inp.type.axes)

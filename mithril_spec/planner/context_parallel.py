@@ -25,7 +25,7 @@ def layers(graph: Graph):
             yield n
 
 
-def sequence_axis(graph: Graph) -> Optional[str]:
+def attended_axis(graph: Graph) -> Optional[str]:
     """The logical axis of the sequence the ring layers attend over (None: the model has none, or its
     sequence dimension has no logical axis)."""
     for n in layers(graph):
