@@ -70,7 +70,21 @@ def _jax(spec: Path) -> tuple[Path, list[Path]]:
     again = run(program, "--steps", "0", "--init-params", str(exported), coverage=True, export=False)
     resumed = run(program, "--steps", str(int(STEPS) + 1), "--resume", "auto", "--checkpoint-dir",
                   str(got.cwd / "ckpt"), "--export-grads", "grads.npz", coverage=True, export=False)
-    return program / "train.py", [f for r in (got, again, resumed) for f in r.cwd.glob(".coverage.*")]
+    runs = [got.cwd, again.cwd, resumed.cwd]
+    if (program / "generate.py").is_file():
+        # generate.py --check runs train.py's forward pass (a pipeline's forward-only circular pipeline too)
+        from jax_runs import env_for
+        from program_zygote import zygote
+
+        cwd = got.cwd.parent / f"{got.cwd.name}-generate"
+        cwd.mkdir(exist_ok=True)
+        rc = zygote("jax", env_for()).run(str(program / "generate.py"), ["--params", str(exported), "--check",
+                                          "--prompt-ids", "1,2,3", "--max-new-tokens", "4", "--temperature", "0"],
+                                          cwd=str(cwd), env=env_for(), log=str(cwd / "output.log"), timeout=600,
+                                          coverage=str(cwd / ".coverage"))
+        assert rc == 0, (cwd / "output.log").read_text()[-3000:]
+        runs.append(cwd)
+    return program / "train.py", [f for d in runs for f in d.glob(".coverage.*")]
 
 
 # target -> runner: builds the spec's program, runs it as the module docstring says under coverage.py,

@@ -152,7 +152,10 @@ def _program(req: dict, rank: int | None) -> int:
     if req.get("coverage") and (measured is None or (rank or 0) in measured):
         import coverage
 
-        cov = coverage.Coverage(data_file=req["coverage"], data_suffix=True, include=[train], config_file=False)
+        # (the build's train.py, also when the script is generate.py, which imports the model from it)
+        measured_file = os.path.join(os.path.dirname(train), "train.py")
+        cov = coverage.Coverage(data_file=req["coverage"], data_suffix=True, include=[measured_file],
+                                config_file=False)
         cov.set_option("run:patch", ["_exit"])  # the program's own os._exit saves the data first
         cov.start()
     sys.argv = [train, *req["argv"]]
