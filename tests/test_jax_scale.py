@@ -92,6 +92,7 @@ def step_primitives(n: int) -> tuple[dict, list[int]]:
     return counts, scans
 
 
+@pytest.mark.runs
 def test_the_step_scans_the_blocks():
     (c2, s2), (c8, s8) = step_primitives(2), step_primitives(8)
     report("train step jaxpr at 2 and 8 copies", dot_general_2=c2["dot_general"], dot_general_8=c8["dot_general"],

@@ -186,6 +186,7 @@ def test_masked_loss_equals_cross_entropy_with_ignore_index_on_every_mesh(llama)
               second_step={k: float(v[1]) for k, v in losses.items()})
 
 
+@pytest.mark.runs
 def test_validate_refuses_a_mask_it_cannot_apply(llama, capsys):
     _, spec, _, _ = llama
     assert cli_run(capsys, "validate", spec)[0] == 0

@@ -106,6 +106,7 @@ def _load(path, name):
     return module
 
 
+@pytest.mark.runs
 @pytest.mark.parametrize("what", list(FORMS))
 def test_jax_moe_forms_follow_the_documented_rules(what):
     import jax
@@ -129,6 +130,7 @@ def test_jax_moe_forms_follow_the_documented_rules(what):
     assert (dropped > 0) == (capacity < T)  # dropless: none dropped
 
 
+@pytest.mark.runs
 @pytest.mark.parametrize("what", list(FORMS))
 def test_torch_moe_forms_follow_the_documented_rules(what):
     import torch
