@@ -7,7 +7,8 @@ Checkpoints in both layouts: what save_pretrained writes (one tensor per expert,
 layout of transformers 4 checkpoints, which transformers 5 converts to on saving) and transformers 5's own
 (its state dict: a layer's experts fused, `experts.gate_up_proj`, Mixtral's `block_sparse_moe` as `mlp`).
 The programs' logits (`--steps 0 --init-params DIR --logits`) equal transformers' within 1e-4 (float32):
-torch and jax on one device and with the experts split over `expert`. An exported checkpoint loads in
+torch and jax on one device, with the experts split over `expert`, and on `tensor=2` (the experts' and the
+shared expert's hidden features split, Megatron style in torch). An exported checkpoint loads in
 transformers with the program's logits after 3 training steps. Config fields the import cannot honour are
 E070 naming them.
 """
@@ -99,7 +100,7 @@ def test_the_layouts_are_the_ones_described():
 
 
 CASES = [(name, layout, runs, mesh) for name in MODELS for layout in ("per-expert", "fused") for runs in (tr, jr)
-         for mesh in ("data=1", "data=2,expert=2")]
+         for mesh in ("data=1", "data=2,expert=2", "tensor=2")]
 
 
 @pytest.mark.slow
@@ -109,6 +110,10 @@ def test_logits_equal_transformers(name, layout, runs, mesh):
     directory, spec = model(name, layout)
     out = jr.WORK / "hf-moe" / f"{name}-{layout}-{runs.__name__}-{mesh.replace('=', '').replace(',', '')}.npy"
     program = runs.build(spec, mesh)
+    if mesh == "tensor=2":  # the experts' (and the shared expert's) hidden features split, as planned
+        layers = json.loads((program / "plan.json").read_text())["repeats"][0]["params"]
+        split = {p["name"]: p["layout"] for p in layers if ".experts." in p["name"] or ".shared." in p["name"]}
+        assert split and all(["tensor"] in layout for layout in split.values()), split
     runs.run(program, "--steps", "0", "--init-params", str(directory), "--logits", str(out))
     d = float(np.abs(np.load(out) - reference(name)).max())
     jr.report(f"hf {name} ({layout}) {runs.__name__} {mesh}: logits vs transformers", max_abs=d)
@@ -116,13 +121,15 @@ def test_logits_equal_transformers(name, layout, runs, mesh):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("runs, mesh", [(tr, "data=2,expert=2"), (jr, "data=2,expert=2")], ids=["torch", "jax"])
+@pytest.mark.parametrize("runs, mesh", [(tr, "data=2,expert=2"), (jr, "data=2,expert=2"), (tr, "tensor=2")],
+                         ids=["torch", "jax", "torch-tensor2"])
 @pytest.mark.parametrize("name", ["mixtral", "qwen2-moe"])
 def test_trains_and_exports_a_checkpoint_transformers_loads(runs, mesh, name):
-    """3 steps from the (fused) checkpoint with the experts split over `expert`; the export (one tensor per
-    expert) loads in transformers with the program's logits."""
+    """3 steps from the (fused) checkpoint with the experts split over `expert` (or, torch, their hidden
+    features over `tensor`); the export (one tensor per expert) loads in transformers with the program's
+    logits."""
     directory, spec = model(name, "fused")
-    tag = f"{name}-{runs.__name__}"
+    tag = f"{name}-{runs.__name__}-{mesh.replace('=', '').replace(',', '')}"
     export, after = jr.WORK / "hf-moe" / f"{tag}-export", jr.WORK / "hf-moe" / f"{tag}-after.npy"
     runs.run(runs.build(spec, mesh), "--steps", "3", "--init-params", str(directory), "--export-hf", str(export),
              "--logits", str(after))

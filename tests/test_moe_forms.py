@@ -5,7 +5,8 @@ The layer: the generated jax `moe` helper and the torch `MoE` module against a n
 docs/program.md "Mixture of experts" (float64), for every form alone and together. Equivalence (docs/program.md
 "Equivalence"): the first step's per-parameter gradients and 3 steps' losses of moe-shared under the targets'
 expert-parallel layouts (jax: data=2 x expert=4 and fsdp=2 x expert=2, and tensor=2 with the experts' and
-the shared expert's hidden features split; torch: data=2 x expert=2) equal the one-device build's. The plan: the exported parameters are the plan's; dropless routing and the shared
+the shared expert's hidden features split; torch: data=2 x expert=2, and tensor=2 and data=2 x tensor=2 with
+the hidden features split, tensor=2 also with sequence parallelism) equal the one-device build's. The plan: the exported parameters are the plan's; dropless routing and the shared
 experts are costed (flops, activations)."""
 
 from __future__ import annotations
@@ -188,6 +189,17 @@ def torch_grads():
     return {m: (r, dict(np.load(r.cwd / "grads.npz"))) for m, r in zip(TORCH_MESHES, runs)}
 
 
+# and with sequence parallelism (the blocks' sequence over `tensor`, the moe layer gathering it: experts_sp)
+TP_SP = (("meshes:", "sharding:\n  rules: {mlp: tensor, heads: tensor, kv_heads: tensor, seq: tensor}\nmeshes:"),)
+TORCH_TP = {"tensor2": ("tensor=2", TP), "data2xtensor2": ("data=2,tensor=2", TP), "tensor2-sp": ("tensor=2", TP_SP)}
+
+
+@pytest.fixture(scope="module")
+def torch_tp_grads():
+    runs = torch_runs.run_many([(torch_runs.build(SPEC, m, e), *ARGS) for m, e in TORCH_TP.values()])
+    return {k: (r, dict(np.load(r.cwd / "grads.npz"))) for k, r in zip(TORCH_TP, runs)}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mesh", JAX_MESHES[1:] + ["tensor=2"], ids=["data2xexpert4", "fsdp2xexpert2", "tensor2"])
 def test_jax_moe_forms_expert_parallel_equal_one_device(jax_grads, mesh):
@@ -210,6 +222,29 @@ def test_torch_moe_forms_expert_parallel_equal_one_process(torch_grads):
     dl = float(np.abs(par.losses - one.losses).max())
     torch_runs.report("moe-shared torch data=2 x expert=2 vs 1 process", max_rel_dgrad=dg, max_dloss=dl)
     assert len(par.losses) == 3 and dl < 1e-5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", TORCH_TP)
+def test_torch_moe_forms_tensor_parallel_equal_one_process(torch_grads, torch_tp_grads, case):
+    """The swiglu experts' and the shared expert's hidden features split over `tensor` (MoE.split_tensor):
+    gate and up on their outputs, down on its inputs (partial sums all-reduced), shared_gate whole; with
+    data=2 beside it, and with the sequence split over `tensor` between the layers."""
+    mesh, edits = TORCH_TP[case]
+    (one, g1), (par, gp) = torch_grads["single"], torch_tp_grads[case]
+    dg = assert_same_gradients(g1, gp, 1e-5, f"torch moe-shared {mesh}")
+    dl = float(np.abs(par.losses - one.losses).max())
+    torch_runs.report(f"moe-shared torch {case} vs 1 process", max_rel_dgrad=dg, max_dloss=dl)
+    assert len(par.losses) == 3 and dl < 1e-5
+    style = "experts_sp" if case.endswith("-sp") else "experts"
+    assert f'"layers.*.moe": "{style}"' in (torch_runs.build(SPEC, mesh, edits) / "train.py").read_text()
+    plan = compile_file(jax_runs.spec_variant(SPEC, edits), mesh).plan  # every rank holds the planned bytes
+    assert [list(d) for d in plan.param("layers.0.moe.experts.down.weight").spec] == [[], ["tensor"], []]
+    predicted = {"params": plan.memory.params, "grads": plan.memory.grads, "optimizer": plan.memory.optimizer,
+                 "buffers": plan.memory.buffers}
+    assert len(par.memory["ranks"]) == (2 if mesh == "tensor=2" else 4)
+    for rank, held in enumerate(par.memory["ranks"]):
+        assert held == predicted, f"{mesh}: rank {rank} holds {held}, plan says {predicted}"
 
 
 @pytest.mark.slow
@@ -245,15 +280,21 @@ def test_plan_costs_the_forms():
     assert plan.param_count == sum(p.param.numel for p in plan.params)
 
 
-def test_torch_refuses_the_swiglu_experts_over_tensor_and_mlx_refuses_moe():
-    """torch's tensor parallelism splits only the fc/proj experts (E049 naming the swiglu experts); jax splits
-    them (XLA); mlx has no moe layers."""
+def test_torch_splits_the_swiglu_experts_over_tensor_together_and_mlx_refuses_moe():
+    """torch's tensor parallelism splits the swiglu experts and the shared expert on their hidden features, all
+    of them or none (E049 for the experts split without the shared expert); jax splits any of them (XLA); mlx
+    has no moe layers."""
     from mithril_spec.lowering import check_target
 
     plan = compile_file(jax_runs.spec_variant(SPEC, TP), "tensor=2")
-    torch_errors = [d for d in check_target(plan.plan, plan.doc, "torch") if d.code == "E049"]
-    assert any("swiglu experts" in d.message for d in torch_errors), torch_errors
+    assert not [d for d in check_target(plan.plan, plan.doc, "torch") if d.code == "E049"]
     assert not check_target(plan.plan, plan.doc, "jax")
+    only = (("meshes:", "sharding:\n  rules: {mlp: tensor}\n  params: {'*.shared.down.weight': [null, null]}\n"
+             "meshes:"),)
+    half = compile_file(jax_runs.spec_variant(SPEC, only), "tensor=2")
+    assert [list(d) for d in half.plan.param("layers.0.moe.shared.down.weight").spec] == [[], []]
+    torch_errors = [d for d in check_target(half.plan, half.doc, "torch") if d.code == "E049"]
+    assert any("swiglu experts and shared experts" in d.message for d in torch_errors), torch_errors
     mlx = check_target(compile_file(SPEC, "single").plan, compile_file(SPEC, "single").doc, "mlx")
     assert any(d.code == "E049" and "`moe` operator" in d.message for d in mlx), mlx
 

@@ -92,8 +92,9 @@ def tensor_parallel_errors(plan: Plan, doc: Document, name: str, title: str, voc
     projection on its inputs; no other operator split. With `vocab_parallel`, also an embedding table split
     on its vocabulary and a column-parallel (or tied to such a table) output layer whose logits a
     cross_entropy loss reads (vocab_parallel_layers). `kinds`: the operators' tensor_parallel kinds the
-    target runs besides (ops/base.py): "experts" (a moe layer's experts split on their hidden features, as
-    its handled_dims say, or not at all), "gather" (any split: stored split, gathered for use)."""
+    target runs besides (ops/base.py): "experts" (a moe layer's experts and shared experts split on their
+    hidden features, as its handled_dims say, or not at all), "gather" (any split: stored split, gathered
+    for use)."""
     out: list[Diagnostic] = []
     tables, heads = vocab_parallel_layers(plan) if vocab_parallel else (set(), set())
     tp_ops = ", ".join(k for k, op in OPS.items() if op.tensor_parallel in kinds)
@@ -138,9 +139,12 @@ def tensor_parallel_errors(plan: Plan, doc: Document, name: str, title: str, voc
                 handled = OPS[node.op].handled_dims
                 if any(styles.values()) and any(d != handled.get(n, ()) for n, d in styles.items()):
                     if node.attrs["activation"] == "swiglu":
-                        err(node, f"`{node.name}`: {title} tensor parallelism does not split a moe layer's swiglu "
-                            "experts or shared experts (only the fc/proj experts, on their hidden features)",
-                            help="rule `mlp` to no mesh axis (or to `tensor` with the jax target)")
+                        err(node, f"`{node.name}`: {title} tensor parallelism splits a moe layer's swiglu experts "
+                            "and shared experts on their hidden features, together (experts.gate/up and "
+                            "shared.gate/up on their outputs, experts.down and shared.down on their inputs), or "
+                            "not at all",
+                            help="rule `mlp` to `tensor` and leave the router, the experts' other dimensions and "
+                            "shared_gate whole")
                     else:
                         err(node, f"`{node.name}`: {title} tensor parallelism splits a moe layer's experts on their "
                             "hidden features (experts.fc on its outputs, experts.proj on its inputs) or not at all",

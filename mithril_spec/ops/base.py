@@ -132,8 +132,8 @@ class Op:
     kv_cache: ClassVar[bool] = False
     # Tensor parallelism: None (cannot split), "matmul" (column or row parallel by its weight's layout),
     # "pair" (a column-parallel projection in and a row-parallel projection out, Megatron style), "experts"
-    # (moe: every expert's MLP such a pair on its hidden features, split on handled_dims; the router and the
-    # dispatch whole on every rank) or "gather" (batch_norm: parameters and buffers stored split, the
+    # (moe: every expert's MLP, and the shared experts', such a pair on its hidden features, split on
+    # handled_dims; the router and the dispatch whole on every rank) or "gather" (batch_norm: parameters and buffers stored split, the
     # parameters gathered whole for use, each rank keeping its slice of the running statistics).
     tensor_parallel: ClassVar[Optional[str]] = None
     # Parameter dimensions the operator computes on sharded (tensor parallelism); a mesh axis that shards

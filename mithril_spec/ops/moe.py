@@ -53,9 +53,11 @@ class Moe(Op):
     # capacity is filled in token order over the whole sample: under context parallelism the programs gather
     # the sequence in its order, run the layer whole on every context rank and keep the rank's places
     context_parallel = "gather"
-    # (tensor parallelism in torch: the fc/proj form's experts only; the swiglu experts and the shared experts
-    # have no handled dimensions, so a split of them over `tensor` is an E049 there)
-    handled_dims = {"experts.fc.weight": (2,), "experts.fc.bias": (1,), "experts.proj.weight": (1,)}
+    # (tensor parallelism in torch: the experts' hidden features, fc/gate/up on their outputs and proj/down on
+    # their inputs, and the shared expert's alike; the router, experts.proj.bias and shared_gate stay whole)
+    handled_dims = {"experts.fc.weight": (2,), "experts.fc.bias": (1,), "experts.proj.weight": (1,),
+                    "experts.gate.weight": (2,), "experts.up.weight": (2,), "experts.down.weight": (1,),
+                    "shared.gate.weight": (1,), "shared.up.weight": (1,), "shared.down.weight": (0,)}
     expert_dims = {"experts.fc.weight": 0, "experts.fc.bias": 0, "experts.proj.weight": 0, "experts.proj.bias": 0,
                    "experts.gate.weight": 0, "experts.up.weight": 0, "experts.down.weight": 0}
 
@@ -157,6 +159,14 @@ class Moe(Op):
             c.add_coll("all-to-all", ep, "backward", what, payload, True, 2)
         if T:  # each expert's MLP split on its hidden features (Megatron's, per expert)
             self._tensor_parallel(c, T, c.b * a["experts"] * a["capacity"] * a["dim"] * cb)
+        Ts = c.tp.get("shared.gate.weight", frozenset()) if a["shared_hidden"] else frozenset()
+        if Ts:  # the shared experts' MLP split alike: its partial output and its input's gradient all-reduced
+            ax, nbytes = c.sorted_axes(Ts), tokens * a["dim"] * cb
+            for ph in c.phases:
+                c.add_coll("all-reduce", ax, ph, "tensor-parallel (moe) shared experts' output all-reduce", nbytes, True)
+            if c.needs_dx:
+                c.add_coll("all-reduce", ax, "backward", "tensor-parallel (moe) shared experts' input-gradient "
+                           "all-reduce", nbytes, True)
 
     @staticmethod
     def _tensor_parallel(c, T, slot_bytes: int) -> None:

@@ -105,8 +105,9 @@ class TorchTarget(Target):
         "attention and mlp split every input projection on its outputs and the output projection on its inputs; "
         "an embedding table may be split on its vocabulary, and the output layer of a cross_entropy loss on its "
         "output features (vocab-parallel, with a parallel cross-entropy; in a pipeline too, the split logits "
-        "staying on the last stage); a moe layer splits its experts on their hidden features or not at all (the "
-        "router and the dispatch whole on every rank, the experts' partial sums all-reduced); a batch_norm keeps "
+        "staying on the last stage); a moe layer splits its experts (fc/proj or swiglu) and its shared experts on "
+        "their hidden features, all together, or not at all (the router, the dispatch and shared_gate whole on "
+        "every rank, the experts' partial sums all-reduced); a batch_norm keeps "
         "its slice of the channels and gathers them for use.",
         "Sequence parallelism (the sequence axis ruled to `tensor` in a repeated block) needs the block's layers "
         "to be per-position operators or tensor-parallel attention / mlp / moe (dropout keeps its positions' "
