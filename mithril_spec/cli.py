@@ -556,6 +556,10 @@ def cmd_build(args) -> int:
     _emit(diags, sources, args)
     for f in written:
         print(f"wrote {escape(str(f))}")
+    from .lowering import LOWERINGS
+
+    for name, why in LOWERINGS[args.target].left_out(c.plan).items():
+        print(f"note: no {name}: {why}", file=sys.stderr)
     return EXIT_OK
 
 

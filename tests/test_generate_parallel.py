@@ -27,6 +27,7 @@ import pytest
 import torch_runs as tr
 from test_generate import _generate
 
+from mithril_spec.cli import main as cli
 from mithril_spec.frontend import compile_file
 from mithril_spec.render.build import render_files
 
@@ -41,7 +42,7 @@ DRAW = ("--prompt-ids", "1,2,3", "--temperature", "0.8", "--top-k", "20", "--see
 GREEDY = ("--prompt-ids", "1,2,3", "--temperature", "0", "--check", "--json")
 
 
-def test_pipelined_and_context_parallel_builds_get_generate_py():
+def test_pipelined_and_context_parallel_builds_get_generate_py(tmp_path, capsys):
     for mesh in ("pipe=2", "pipe=2,tensor=2"):
         assert compile_file(GPT_PIPE, mesh).plan.language_model is not None
         for target in ("jax", "torch"):
@@ -53,6 +54,14 @@ def test_pipelined_and_context_parallel_builds_get_generate_py():
     uneven = compile_file(jr.spec_variant(GPT_PIPE, UNEVEN), "pipe=2")
     assert "generate.py" not in render_files(uneven, "jax", GPT_PIPE.name)
     assert "generate.py" in render_files(uneven, "torch", GPT_PIPE.name)
+    # ... and `build` says so, with what to do instead (nothing left out in silence)
+    for target in ("jax", "torch"):
+        rc = cli(["build", str(jr.spec_variant(GPT_PIPE, UNEVEN)), "--target", target, "--mesh", "pipe=2",
+                  "-o", str(tmp_path / target)])
+        err = capsys.readouterr().err
+        assert rc == 0 and ("note: no generate.py: the jax program samples a pipeline" in err) == (target == "jax"), err
+    cli(["build", str(GPT_PIPE), "--target", "jax", "--mesh", "pipe=2", "-o", str(tmp_path / "even")])
+    assert "note: no generate.py" not in capsys.readouterr().err
 
 
 @pytest.fixture(scope="module")

@@ -297,5 +297,9 @@ class Lowering:
         """The (template, output file) pairs a build of `plan` renders (the target's `files_for`)."""
         return self.target.files_for(plan)
 
+    def left_out(self, plan: Plan) -> dict[str, str]:
+        """The files a build of `plan` would have but this target leaves out, each with why (`build` says so)."""
+        return {}
+
     def check_more(self, plan: Plan, doc: Document) -> list[Diagnostic]:
         return []

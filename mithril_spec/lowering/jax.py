@@ -27,6 +27,13 @@ class JaxLowering(Lowering):
             files = tuple((t, name) for t, name in files if name != "generate.py")
         return files
 
+    def left_out(self, plan: Plan) -> dict[str, str]:
+        if plan.language_model is None or samples_through_pipeline(plan):
+            return {}
+        return {"generate.py": "the jax program samples a pipeline of one repeated block split into stages of "
+                "equal size only, and this one's stages are padded or hold several repeats; sample from a build "
+                "without the `pipe` axis, or with the torch target (a checkpoint resumes on any mesh)"}
+
     def check_more(self, plan: Plan, doc: Document) -> list[Diagnostic]:
         out = jax_communication_errors(plan, doc)
         pp = plan.pipeline
