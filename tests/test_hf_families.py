@@ -17,7 +17,7 @@ import mlx_runs as mr
 import numpy as np
 import pytest
 import torch_runs as tr
-from test_jax_program import synthetic_samples
+from hf_models import import_spec, transformers_logits
 
 from mithril_spec.cli import main as cli
 
@@ -59,18 +59,12 @@ def model(name: str):
             if "norm" in n:
                 p.add_(0.5 * torch.randn_like(p))
     m.save_pretrained(directory)
-    spec = jr.WORK / "hf-families" / f"{name}.yaml"
-    assert cli(["import", "hf", str(directory), "-o", str(spec), "--seq", "16"]) == 0
-    spec.write_text(spec.read_text().replace("lr: 2.0e-5", "lr: 1.0e-2"))
-    return directory, spec
+    return directory, import_spec(directory, jr.WORK / "hf-families" / f"{name}.yaml")
 
 
 def reference(name: str, directory=None) -> np.ndarray:
     default, spec = model(name)
-    samples = synthetic_samples(spec, 8)
-    m = getattr(transformers, FAMILIES[name][2]).from_pretrained(directory or default).eval()
-    with torch.no_grad():
-        return m(input_ids=torch.tensor(samples["tokens"]).long()).logits.float().numpy()
+    return transformers_logits(FAMILIES[name][2], directory or default, spec)
 
 
 def test_qwen3_imports_with_qk_norm():

@@ -22,7 +22,7 @@ import jax_runs as jr
 import numpy as np
 import pytest
 import torch_runs as tr
-from test_jax_program import synthetic_samples
+from hf_models import import_spec, transformers_logits
 
 from mithril_spec.cli import main as cli
 
@@ -64,18 +64,12 @@ def model(name: str, layout: str = "per-expert"):
         assert any(k.endswith("experts.gate_up_proj") for k in state)
         (directory / "model.safetensors").unlink()
         save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
-    spec = jr.WORK / "hf-moe" / f"{name}.yaml"
-    assert cli(["import", "hf", str(directory), "-o", str(spec), "--seq", "16"]) == 0
-    spec.write_text(spec.read_text().replace("lr: 2.0e-5", "lr: 1.0e-2"))
-    return directory, spec
+    return directory, import_spec(directory, jr.WORK / "hf-moe" / f"{name}.yaml")
 
 
 def reference(name: str, directory=None) -> np.ndarray:
     default, spec = model(name)
-    samples = synthetic_samples(spec, 8)
-    m = getattr(transformers, MODELS[name][2]).from_pretrained(directory or default).eval()
-    with torch.no_grad():
-        return m(input_ids=torch.tensor(samples["tokens"]).long()).logits.float().numpy()
+    return transformers_logits(MODELS[name][2], directory or default, spec)
 
 
 def test_the_layouts_are_the_ones_described():
