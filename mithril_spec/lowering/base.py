@@ -294,8 +294,10 @@ class Lowering:
         return out
 
     def files_for(self, plan: Plan) -> tuple[tuple[str, str], ...]:
-        """The (template, output file) pairs a build of `plan` renders (the target's `files_for`)."""
-        return self.target.files_for(plan)
+        """The (template, output file) pairs a build of `plan` renders: the target's `files_for` less what its
+        lowering leaves out (`left_out`)."""
+        left = self.left_out(plan)
+        return tuple((t, name) for t, name in self.target.files_for(plan) if name not in left)
 
     def left_out(self, plan: Plan) -> dict[str, str]:
         """The files a build of `plan` would have but this target leaves out, each with why (`build` says so)."""

@@ -19,15 +19,9 @@ if TYPE_CHECKING:
 class JaxLowering(Lowering):
     target = JaxTarget()
 
-    def files_for(self, plan: Plan) -> tuple[tuple[str, str], ...]:
+    def left_out(self, plan: Plan) -> dict[str, str]:
         """generate.py of a pipelined build runs the pipelined copies stage after stage (templates/jax/generate.py.j2
         pipelined_stages): not for copies from several repeats nor stages padded to the largest."""
-        files = super().files_for(plan)
-        if not samples_through_pipeline(plan):
-            files = tuple((t, name) for t, name in files if name != "generate.py")
-        return files
-
-    def left_out(self, plan: Plan) -> dict[str, str]:
         if plan.language_model is None or samples_through_pipeline(plan):
             return {}
         return {"generate.py": "the jax program samples a pipeline of one repeated block split into stages of "

@@ -43,16 +43,22 @@ _NOT_RENDERED = {"rendered": False}
 
 
 @dataclasses.dataclass(frozen=True)
-class JaxSettings:
-    """`jax.*` in the jax templates (lowering/jax_program.py says what each is)."""
+class ModelSettings:
+    """What the jax and mlx templates know of the model's functions (lowering/jax_program.py model_context)."""
 
     ops: list[str]
     op_attrs: dict[str, Any]
     helpers: list[str]
     has_dropout: bool
     has_buffers: bool
-    has_aux: bool
     train_arg: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class JaxSettings(ModelSettings):
+    """`jax.*` in the jax templates (lowering/jax_program.py says what each is)."""
+
+    has_aux: bool
     pipeline: Optional[dict[str, Any]]
     stack_axis: dict[str, Optional[list[str]]]
     merged: Sequence[str]
@@ -71,7 +77,7 @@ class TorchSettings:
     ops: list[str]
     helpers: list[str]
     activations: dict[str, list[str]]
-    moe_forms: list[str]
+    forms: list[str]
     rotary: bool
     rope_scaled: bool
     qk_norm: bool
@@ -123,15 +129,9 @@ class TorchSettings:
 
 
 @dataclasses.dataclass(frozen=True)
-class MlxSettings:
+class MlxSettings(ModelSettings):
     """`mlx.*` in the mlx templates (lowering/mlx_program.py says what each is)."""
 
-    ops: list[str]
-    op_attrs: dict[str, Any]
-    helpers: list[str]
-    has_dropout: bool
-    has_buffers: bool
-    train_arg: bool
     tensor: int
     data: int
     planned: dict[str, int]

@@ -181,7 +181,7 @@ def target_fields(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
     ops: set[str] = set()  # operators the model uses; `<op>_rng` for those that draw random numbers
     helpers: set[str] = set()  # the shared definitions their macros call (ops/base.py `helpers`)
     activations: dict[str, set[str]] = {}  # by operator (mlp, moe): the activations its layers use
-    moe: set[str] = set()  # normalize, shared, shared_gate, z_loss: the moe forms its layers use
+    forms: set[str] = set()  # the variants of the operators' own code its layers use (ops/base.py `forms`)
     rotary = rope_scaled = qk_norm = rms_offset = gelu_gate = score_scale = softcap = False
 
     def annotate(layer: dict[str, Any], vars_: dict[str, str]) -> dict[str, Any]:
@@ -198,10 +198,7 @@ def target_fields(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
                 ops.add(layer["op"] + "_rng")
             if attrs.get("activation"):
                 activations.setdefault(layer["op"], set()).add(attrs["activation"])
-            if "shared_gate" in attrs:  # a moe layer: the forms in use (MoE holds only their code)
-                moe.update(f for f, on in (("normalize", attrs["normalize_gates"]), ("shared", attrs["shared_hidden"]),
-                                           ("shared_gate", attrs["shared_gate"]), ("z_loss", attrs["z_loss_weight"]))
-                           if on)
+            forms.update(OPS[layer["op"]].forms(attrs))
             rotary |= bool(attrs.get("rotary"))
             rope_scaled |= bool(attrs.get("rope_scaling"))
             qk_norm |= bool(attrs.get("qk_norm"))
@@ -320,7 +317,7 @@ def target_fields(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
             "ops": sorted(ops),
             "helpers": sorted(helpers),
             "activations": {op: sorted(a) for op, a in activations.items()},  # mlp / moe activations in use
-            "moe_forms": sorted(moe),  # moe forms in use: normalize, shared, shared_gate, z_loss
+            "forms": sorted(forms),  # the variants of the operators' code in use (moe: normalize, shared, ...)
             "rotary": rotary,
             "rope_scaled": rope_scaled,  # an attention layer scales its rotary frequencies (rope_scaling)
             "qk_norm": qk_norm,  # an attention layer normalises each head of q and k (HeadNorm)

@@ -159,6 +159,11 @@ class Op:
         "gather_sequence" (torch under context parallelism: the layer runs on the whole sequence)."""
         return frozenset({"project_together"}) if len(self.input_projections(attrs)) > 1 else frozenset()
 
+    def forms(self, attrs: dict[str, Any]) -> frozenset[str]:
+        """The variants of its own template code this layer uses (a program renders only the variants its layers
+        use): moe's "normalize", "shared", "shared_gate", "z_loss"."""
+        return frozenset()
+
     def infer(self, args: Any, inputs: list[TensorType], size: SizeFn, ctx: Any) -> OpResult:
         raise NotImplementedError
 

@@ -61,6 +61,11 @@ class Moe(Op):
     expert_dims = {"experts.fc.weight": 0, "experts.fc.bias": 0, "experts.proj.weight": 0, "experts.proj.bias": 0,
                    "experts.gate.weight": 0, "experts.up.weight": 0, "experts.down.weight": 0}
 
+    def forms(self, attrs):
+        return frozenset(f for f, on in (("normalize", attrs["normalize_gates"]), ("shared", attrs["shared_hidden"]),
+                                         ("shared_gate", attrs["shared_gate"]), ("z_loss", attrs["z_loss_weight"]))
+                         if on)
+
     def helpers(self, attrs):
         return frozenset({"gather_sequence"})  # its capacity is filled in token order: the whole sequence
 
