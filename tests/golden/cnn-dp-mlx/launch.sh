@@ -63,9 +63,27 @@ run_once() {
   else
     where=(-n 4)
   fi
-  # the ring's ports: MLX_PORT and the ports after it (one per process), else a free one the system picks (mlx.launch's
-  # fixed default would join two jobs started at once on this machine into one ring, which then hangs)
-  port="${MLX_PORT:-$("$python" -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')}"
+  # the ring's ports: MLX_PORT and the ports after it (one per process), else a free run of them starting where
+  # the system picks (mlx.launch's fixed default would join two jobs started at once on this machine into one
+  # ring, which then hangs; a port after the picked one may be taken: "Couldn't bind socket")
+  port="${MLX_PORT:-$("$python" -c '
+import socket
+while True:
+    held = [socket.socket()]
+    held[0].bind(("", 0))
+    start = held[0].getsockname()[1]
+    try:
+        for k in range(1, 4):
+            held.append(socket.socket())
+            held[-1].bind(("", start + k))
+    except OSError:
+        continue
+    finally:
+        for s in held:
+            s.close()
+    print(start)
+    break
+')}"
   # every process runs this script again (bash), which runs train.py and notes its exit code; mlx.launch's
   # stderr passes through a filter that drops its "[WARN] Node with rank N exited with code C / was killed"
   # lines. Their coloured "[WARN]" tag can be written before a process's own line and the rest of the warning
