@@ -132,6 +132,7 @@ def replace_directory(out: Path, files: dict[str, tuple[str, int]], owned: Itera
     out = Path(out)
     owned = set(owned) | set(files) | {BUILD_MARK}
     check_directory(out, owned)
+    owned |= {name.split("/")[0] for name in owned}  # a build's folders (runtime/) are its own too
     dest = _resolve(out)
     parent, base = dest.parent, dest.name
     _make_parents(parent)
@@ -143,6 +144,7 @@ def replace_directory(out: Path, files: dict[str, tuple[str, int]], owned: Itera
     try:
         for name, (text, mode) in files.items():
             path = new / name
+            path.parent.mkdir(parents=True, exist_ok=True)
             with open(path, "w", encoding="utf-8", newline="\n") as f:
                 f.write(text)
                 f.flush()

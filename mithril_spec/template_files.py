@@ -11,3 +11,16 @@ _PKG = Path(__file__).resolve().parent
 def template_dirs() -> list[Path]:
     """Inside an installed wheel templates live in the package; in a checkout at the repository root."""
     return [d for d in (_PKG / "templates", _PKG.parent / "templates") if d.is_dir()]
+
+
+RUNTIME = "runtime"  # the package every build carries: templates/runtime/*.py, copied as they are
+
+
+def runtime_files() -> dict[str, str]:
+    """{"runtime/NAME.py": text} of the helpers every program carries, the same files byte for byte in every
+    build and target of one mithril-spec version (they are no templates: nothing of a spec reaches them)."""
+    for directory in template_dirs():
+        found = sorted((directory / RUNTIME).glob("*.py"))
+        if found:
+            return {f"{RUNTIME}/{path.name}": path.read_text(encoding="utf-8") for path in found}
+    return {}

@@ -29,6 +29,7 @@ SYNCED_PASSES = 3  # PowerSGD compresses from its start step (2 in the tests) on
 
 
 def _load(build: str):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(os.path.join(build, "train.py"))))  # the build's runtime/ package
     spec = importlib.util.spec_from_file_location(f"train_{abs(hash(build))}", os.path.join(build, "train.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

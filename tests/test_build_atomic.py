@@ -189,11 +189,14 @@ def test_jax_build_over_a_torch_build_keeps_no_torch_file(tmp_path, capsys):
     rc, stdout, _ = run(capsys, "build", SPEC, "--target", "jax", "-o", out)
     assert rc == 0
     assert sorted(os.listdir(out)) == ["README.md", "build-manifest.json", "launch.sbatch", "launch.sh",
-                                       "metrics.jsonl", "plan.json", "train.py"]
+                                       "metrics.jsonl", "plan.json", "runtime", "train.py"]
     assert "(JAX)" in (out / "README.md").read_text()
     assert "import jax" in (out / "launch.sbatch").read_text()  # jax's own, torch's replaced
+    runtime = sorted(f"runtime/{p.name}" for p in (out / "runtime").glob("*.py"))
+    assert "runtime/console.py" in runtime
     assert stdout.splitlines() == [f"wrote {out / n}" for n in ("train.py", "launch.sh", "launch.sbatch",
-                                                                "README.md", "plan.json", "build-manifest.json")]
+                                                                "README.md", *runtime, "plan.json",
+                                                                "build-manifest.json")]
     assert not leftovers(out)
 
 
@@ -201,7 +204,9 @@ def test_a_file_edited_since_the_build_is_not_overwritten_without_force(tmp_path
     out = tmp_path / "out"
     assert run(capsys, "build", SPEC, "--target", "jax", "-o", out)[0] == 0
     manifest = json.loads((out / "build-manifest.json").read_text())["files"]
-    assert sorted(manifest) == ["README.md", "launch.sbatch", "launch.sh", "plan.json", "train.py"]
+    assert sorted(n for n in manifest if not n.startswith("runtime/")) == ["README.md", "launch.sbatch", "launch.sh",
+                                                                          "plan.json", "train.py"]
+    assert "runtime/checkpoints.py" in manifest
     assert run(capsys, "build", SPEC, "--target", "jax", "-o", out)[0] == 0  # unchanged: rebuilt
     edited = (out / "train.py").read_text().replace("\nLR = ", "\nLR = 2 * ", 1)
     (out / "train.py").write_text(edited)

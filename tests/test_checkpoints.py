@@ -36,6 +36,7 @@ MANIFEST = {"jax": "manifest.json", "torch": "manifest.json", "mlx": "train_stat
 DRIVER = r'''
 import contextlib, importlib.util, io, json, os, sys, traceback
 program, target, source, nan_dir, cases, out = sys.argv[1:]
+sys.path.insert(0, os.path.dirname(os.path.abspath(os.path.join(program, "train.py"))))  # the build's runtime/ package
 spec = importlib.util.spec_from_file_location("train", os.path.join(program, "train.py"))
 m = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(m)

@@ -141,12 +141,13 @@ def test_tokens_and_evaluation_are_the_same_in_every_target_and_mesh(gpt, tmp_pa
 # ---------------------------------------------------------------- the shared data code, in one process
 
 DRIVER = r"""
-import contextlib, importlib.util, io, json, sys, traceback
+import contextlib, importlib.util, io, json, os, sys, traceback
 import numpy as np
 jobs, results, modules = json.loads(sys.argv[1]), [], {}
 for job in jobs:
     program = job["program"]
     if program not in modules:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(program)))  # the build's runtime/ package
         spec = importlib.util.spec_from_file_location(f"train{len(modules)}", program)
         modules[program] = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(modules[program])

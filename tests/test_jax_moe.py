@@ -18,7 +18,9 @@ from __future__ import annotations
 import concurrent.futures
 import importlib.util
 import math
+import os
 import re
+import sys
 
 import numpy as np
 import pytest
@@ -139,6 +141,7 @@ def test_moe_layer_follows_the_documented_rules():
     dropped), and a zero router (every probability equal: the lower experts win the ties)."""
     import jax
 
+    sys.path.insert(0, os.path.dirname(os.path.abspath(build(MOE_DP, "single") / "train.py")))  # the build's runtime/ package
     spec = importlib.util.spec_from_file_location("moe_train", build(MOE_DP, "single") / "train.py")
     program = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(program)

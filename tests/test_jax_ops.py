@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -146,6 +147,7 @@ def test_attention_matches_a_numpy_reference():
     """The generated attention (grouped-query, rotary, bias, causal) against the documented conventions."""
     import importlib.util
 
+    sys.path.insert(0, os.path.dirname(os.path.abspath(build(ALL_OPS, "single") / "train.py")))  # the build's runtime/ package
     spec = importlib.util.spec_from_file_location("all_ops_train", build(ALL_OPS, "single") / "train.py")
     train = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(train)

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -55,6 +57,7 @@ def test_program_length_does_not_grow_with_depth(spec, mesh):
 
 
 def load(program: Path, name: str):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(program / "train.py")))  # the build's runtime/ package
     spec = importlib.util.spec_from_file_location(name, program / "train.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -125,12 +128,14 @@ PROBE = r'''
 initial tensors are asked for, then saves a checkpoint and resumes from it."""
 import importlib.util
 import json
+import os
 import sys
 
 import jax
 import numpy as np
 
 program, out, ckpt = sys.argv[1:4]
+sys.path.insert(0, os.path.dirname(os.path.abspath(program + "/train.py")))  # the build's runtime/ package
 spec = importlib.util.spec_from_file_location("train", program + "/train.py")
 m = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(m)

@@ -12,6 +12,7 @@ experts are costed (flops, activations)."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 
 import numpy as np
@@ -100,6 +101,7 @@ def _expected(x, p, form):
 
 
 def _load(path, name):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))  # the build's runtime/ package
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module

@@ -72,6 +72,7 @@ def test_parses_and_ruff_clean(case, tmp_path):
     for name, text in files.items():
         if name.endswith(".py"):
             ast.parse(text)
+            (tmp_path / name).parent.mkdir(exist_ok=True)
             (tmp_path / name).write_text(text)
     assert list(tmp_path.glob("*.py"))
     common = ["--isolated", "--no-cache", "--line-length", "100", "--target-version", "py311"]
@@ -121,10 +122,21 @@ def test_output_ignores_ruff_configuration_and_hash_seed(tmp_path):
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_program_imports_only_stdlib_numpy_and_framework(case):
+    """train.py imports the standard library, numpy, its framework and the build's own runtime/ package,
+    which imports only the standard library (and itself)."""
     spec, target = case
-    text = render_files(compile_file(spec), target, spec.name)["train.py"]
+    files = render_files(compile_file(spec), target, spec.name)
     allowed = {"jax": {"jax", "optax", "orbax", "numpy"}, "torch": {"torch", "numpy"}, "mlx": {"mlx", "numpy"}}[target]
-    tree = ast.parse(text)
+    for name, text in files.items():
+        if name.startswith("runtime/"):
+            for node in ast.walk(ast.parse(text)):
+                if isinstance(node, ast.ImportFrom) and node.level:
+                    continue  # from .errors import require
+                for n in ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                          [node.module] if isinstance(node, ast.ImportFrom) else []):
+                    assert n.split(".")[0] in sys.stdlib_module_names | {"tensorboardX", "wandb"}, (name, n)
+    allowed |= {"runtime"}
+    tree = ast.parse(files["train.py"])
     module_level = {id(n) for n in tree.body}
     for node in ast.walk(tree):
         if id(node) not in module_level and isinstance(node, ast.ImportFrom) and (node.module or "").startswith("safetensors"):

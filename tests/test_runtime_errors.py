@@ -127,12 +127,13 @@ def shared_cases(data: Path, params: Path, tmp: Path) -> list[tuple[str, list[st
 
 # Imports each program once, then runs main(parse_args(argv)) per case in this process.
 DRIVER = r"""
-import contextlib, importlib.util, io, json, sys, traceback, warnings
+import contextlib, importlib.util, io, json, os, sys, traceback, warnings
 warnings.simplefilter("always")
 jobs, results = json.loads(sys.argv[1]), []
 modules = {}
 for program, name, argv in jobs:
     if program not in modules:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(program)))  # the build's runtime/ package
         spec = importlib.util.spec_from_file_location(f"train{len(modules)}", program)
         modules[program] = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(modules[program])

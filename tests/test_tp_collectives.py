@@ -47,9 +47,10 @@ def script_output(kind: str, program, code: str) -> str:
 
 
 JAX_COUNT = """
-import re, sys
+import os, re, sys
 sys.argv = ["train.py"]
 import importlib.util
+sys.path.insert(0, os.path.dirname(os.path.abspath("train.py")))  # the build's runtime/ package
 spec = importlib.util.spec_from_file_location("train", "train.py")
 t = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(t)
@@ -83,6 +84,7 @@ def test_compiled_jax_step_all_reduces_as_planned(edits):
 TORCH_COUNT = textwrap.dedent("""
     import importlib.util, json, os, sys
     os.environ.pop("WORLD_SIZE", None)
+    sys.path.insert(0, os.path.dirname(os.path.abspath("train.py")))  # the build's runtime/ package
     spec = importlib.util.spec_from_file_location("train", "train.py")
     t = importlib.util.module_from_spec(spec)
     sys.argv = ["train.py"]

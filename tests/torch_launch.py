@@ -34,6 +34,7 @@ def _child(rank, world, port, path, argv):
         from program_zygote import _count_collectives  # (this script's directory is on sys.path)
 
         _count_collectives(os.environ["MITHRIL_COUNT_COLLECTIVES"], rank)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))  # the build's runtime/ package
     spec = importlib.util.spec_from_file_location("train_program", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

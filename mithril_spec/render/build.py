@@ -21,6 +21,7 @@ from ..atomic import OutputError, check_directory, replace_directory
 from ..frontend import Compiled
 from ..lowering.program import BUILD_DIR_PLACEHOLDER, PYTHON_PLACEHOLDER, Program, lower
 from ..targets import TARGETS
+from ..template_files import runtime_files
 from .environment import environment
 
 
@@ -40,8 +41,8 @@ def render_files(compiled: Compiled, target: str, spec_path: str, overrides: Seq
 
 
 def render_program(program: Program) -> dict[str, str]:
-    """The files of a Program: each template rendered from the Program's fields (Python formatted), and
-    plan.json."""
+    """The files of a Program: each template rendered from the Program's fields (Python formatted), the
+    runtime/ package every build carries as it is (template_files.runtime_files), and plan.json."""
     env = environment()
     ctx = program.context()
     out: dict[str, str] = {}
@@ -50,6 +51,7 @@ def render_program(program: Program) -> dict[str, str]:
         if name.endswith(".py"):
             text = format_python(text, name)
         out[name] = text
+    out.update(runtime_files())
     out["plan.json"] = json.dumps(program.plan_json, indent=2) + "\n"
     return out
 
@@ -106,7 +108,8 @@ MANIFEST = "build-manifest.json"
 def build_files() -> set[str]:
     """Every file name a build of any target may write (conditional files too): what a new build replaces in
     its output directory."""
-    return {name for entry in TARGETS.values() for _, name in entry.files} | {"plan.json", MANIFEST}
+    return ({name for entry in TARGETS.values() for _, name in entry.files} | set(runtime_files())
+            | {"plan.json", MANIFEST})
 
 
 def _sha256(data: bytes) -> str:

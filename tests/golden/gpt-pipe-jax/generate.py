@@ -31,6 +31,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 # isort: split
+from runtime.errors import Refusal
+
 # train.py beside this file: the model, the mesh and the loading code of the training program
 from train import (
     CHUNK,
@@ -56,6 +58,7 @@ from train import (
     pipeline_predict,
     place,
     project_together,
+    refuse,
     require,
     setup_devices,
     to_host,
@@ -518,4 +521,7 @@ def main(args):
 
 
 if __name__ == "__main__":
-    main(parse_args())
+    try:
+        main(parse_args())
+    except Refusal as refusal:  # what was asked cannot run: one line, exit 2
+        refuse(refusal)

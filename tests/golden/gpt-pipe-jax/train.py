@@ -22,11 +22,9 @@ checkpoints into one shared directory. launch.sh starts N processes on this mach
 """
 
 import argparse
-import hashlib
 import json
 import math
 import os
-import signal
 import sys
 import time
 import zlib
@@ -39,6 +37,14 @@ import optax
 from jax.experimental import multihost_utils
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
+
+# isort: split
+# runtime/ beside this file: the helpers every build carries unchanged (what a run prints and records,
+# checkpoint manifests, refusals, preemption)
+from runtime.checkpoints import Manifests, check_start, checkpoint_dirs, resolve_resume, resume_from
+from runtime.console import Console, Metrics, peak_flops, process_peak_rss
+from runtime.errors import Refusal, require
+from runtime.preemption import Preemption
 
 # ----------------------------------------------------------------------------
 # Config: what the spec decided (mithril-spec plan shows the same numbers).
@@ -1055,10 +1061,6 @@ def make_train_step(optimizer, seed, with_grads=False):
 MANIFEST = "manifest.json"
 
 
-# Every checkpoint directory ends with its manifest (MANIFEST), written last, once every process has
-# written its files: the spec's name and hash, the mesh, the step, every array of the train state (name:
-# whole shape, dtype) and every other file's size and sha256. --resume takes the newest checkpoint whose
-# manifest agrees with its files and with this program, and whose values are finite.
 SPEC_HASH = "d8a676412d4b201f"  # the spec less where and how it runs (mesh, sharding, pipeline, data, steps)
 # SPEC_HASH less the optimizer settings below, which a resumed run may change (a note says which changed)
 MODEL_HASH = "709254903ab8e915"
@@ -1070,210 +1072,8 @@ OPTIMIZER_SETTINGS = {
     "schedule.min_lr_ratio": 0.0,
     "clip_grad_norm": 1.0,
 }
+MANIFESTS = Manifests(MANIFEST, SPEC_NAME, SPEC_HASH, MODEL_HASH, OPTIMIZER_SETTINGS, MESH)
 KEEP_CHECKPOINTS = 2  # the newest ones are kept; older ones are deleted after each save
-
-
-def file_table(path):
-    """{name: {bytes, sha256}} of every file under the checkpoint directory `path` but its manifest."""
-    files = sorted(
-        os.path.relpath(os.path.join(d, n), path) for d, _, names in os.walk(path) for n in names
-    )
-    return {
-        n.replace(os.sep, "/"): {
-            "bytes": os.path.getsize(os.path.join(path, n)),
-            "sha256": sha256(os.path.join(path, n)),
-        }
-        for n in files
-        if n != MANIFEST
-    }
-
-
-def sha256(path):
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-def write_manifest(path, step, arrays, **extra):
-    """Writes the manifest of the checkpoint directory `path`, its last file. `arrays`: name -> (whole
-    shape, dtype) of the train state; `extra`: more to record."""
-    manifest = {
-        "spec": SPEC_NAME,
-        "spec_hash": SPEC_HASH,
-        "model_hash": MODEL_HASH,
-        "settings": OPTIMIZER_SETTINGS,
-        "mesh": MESH,
-        "step": step,
-        **extra,
-        "arrays": {n: [list(shape), dtype] for n, (shape, dtype) in sorted(arrays.items())},
-        "files": file_table(path),
-    }
-    with open(os.path.join(path, MANIFEST + ".tmp"), "w") as f:
-        json.dump(manifest, f, indent=1)
-    os.replace(os.path.join(path, MANIFEST + ".tmp"), os.path.join(path, MANIFEST))
-
-
-def verify_manifest(path, step, arrays, more=lambda manifest: None):
-    """Why this program cannot resume from the checkpoint directory `path`, or None: its manifest missing
-    or of another spec, of another step than `step` (from the directory's name; None: not named by step),
-    what `more(manifest)` finds wrong, other arrays than `arrays` (name -> (whole shape, dtype)), a file
-    missing, truncated or corrupt."""
-    try:
-        with open(os.path.join(path, MANIFEST)) as f:
-            m = json.load(f)
-        want = {n: [list(shape), dtype] for n, (shape, dtype) in arrays.items()}
-        wrong = [
-            f"{n} ({m['arrays'].get(n, 'none')} there, {want.get(n, 'none')} here)"
-            for n in sorted({*want, *m["arrays"]})
-            if want.get(n) != m["arrays"].get(n)
-        ]
-        problems = (  # (wrong, why), cheapest first: the first that is wrong is the answer
-            (
-                m["spec"] != SPEC_NAME,
-                f"it is a checkpoint of the spec {m['spec']!r}, not of {SPEC_NAME!r}"
-                + other_model(m["arrays"], want),
-            ),
-            # (only the optimizer settings differ: the same MODEL_HASH; settings_note says which)
-            (
-                m["spec_hash"] != SPEC_HASH and m.get("model_hash") != MODEL_HASH,
-                f"it is a checkpoint of another version of the spec {SPEC_NAME!r} (spec "
-                f"hash {m['spec_hash']}, this program's {SPEC_HASH}): its model or training settings differ"
-                + other_model(m["arrays"], want),
-            ),
-            (
-                step is not None and m["step"] != step,
-                f"the step in {MANIFEST} ({m['step']}) and in the directory name ({step}) disagree",
-            ),
-            (bool(why := more(m)), why),
-            (bool(wrong), f"its train state differs from this program's: {'; '.join(wrong[:3])}"),
-        )
-        have = file_table(path) if not any(bad for bad, _ in problems) else {}
-    except FileNotFoundError:
-        return f"no {MANIFEST}: an incomplete checkpoint (its writer stopped before the end?)"
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        return f"its {MANIFEST} is unreadable ({type(e).__name__}: {e})"
-    return next((why for bad, why in problems if bad), None) or next(
-        (
-            f"missing file {n}"
-            if n not in have
-            else f"{n} is {have[n]['bytes']} bytes, {f['bytes']} in {MANIFEST} (truncated?)"
-            if have[n]["bytes"] != f["bytes"]
-            else f"{n}: checksum mismatch (the file is corrupt)"
-            for n, f in sorted(m["files"].items())
-            if have.get(n) != f
-        ),
-        None,
-    )
-
-
-def other_model(saved, want):
-    """For a checkpoint of another spec: how its train state differs from this program's (the first names
-    missing from it, unexpected in it, of other shapes), and how to start from its parameters instead."""
-
-    def first(names):  # parameters before optimizer state
-        return sorted(names, key=lambda n: (not n.startswith(("params/", "model/")), n))
-
-    missing = first(set(want) - set(saved))
-    unexpected = first(set(saved) - set(want))
-    reshaped = first(n for n in set(want) & set(saved) if want[n] != saved[n])
-    parts = [
-        f"{what} {', '.join(names[:3])}{', ...' if len(names) > 3 else ''}"
-        for what, names in (
-            ("missing", missing),
-            ("unexpected", unexpected),
-            ("other shapes", reshaped),
-        )
-        if names
-    ]
-    return (
-        (f" ({'; '.join(parts)})" if parts else "")
-        + ". For a warm start from its parameters, export them "
-        "with that spec's program (--resume DIR --export-params FILE) and pass --init-params FILE"
-    )
-
-
-def checkpoint_dirs(path, step_of):
-    """{step: directory} of the checkpoints --resume `path` names: those in `path` (`step_of(name)`: the
-    step a directory's name gives, or None), or `path` itself when it is one."""
-    names = os.listdir(path) if os.path.isdir(path) else []
-    found = {step: os.path.join(path, n) for n in names if (step := step_of(n)) is not None}
-    own = step_of(os.path.basename(os.path.abspath(path)))
-    return found or ({own: path} if own is not None and names else {})
-
-
-def resume_from(path, found, verify, restore, say=True):
-    """(step, restored state) of the newest usable checkpoint of `found` ({step: directory}, what --resume
-    `path` names). `verify(step, directory)` and then `restore(step, directory)` -> (state, why not) say
-    whether one is usable (every process reaches the same verdict). A newer one that is not is skipped with
-    a warning (printed where `say`); when none is, exit 2 naming why."""
-    require(found, f"--resume {path}: no checkpoint there")
-    skipped = []
-    for step in sorted(found, reverse=True):
-        state, why = (
-            (None, why) if (why := verify(step, found[step])) else restore(step, found[step])
-        )
-        if not why:
-            for where, why in skipped if say else ():
-                print(
-                    f"warning: skipping checkpoint {where}: {why}; resuming from {found[step]} (step {step})",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            if say and (note := settings_note(found[step])):
-                print(note, flush=True)
-            return step, state
-        skipped.append((found[step], why))
-    require(
-        False,
-        f"--resume {path}: no usable checkpoint: " + "; ".join(f"{w}: {why}" for w, why in skipped),
-    )
-
-
-def settings_note(path):
-    """The note of a resume with other optimizer settings than the checkpoint `path`'s, or None."""
-    try:
-        with open(os.path.join(path, MANIFEST)) as f:
-            saved = json.load(f).get("settings") or {}
-    except (OSError, ValueError):
-        return None
-    changed = [
-        f"{k} {saved[k]} -> {v}"
-        for k, v in OPTIMIZER_SETTINGS.items()
-        if k in saved and saved[k] != v
-    ]
-    return (
-        (
-            f"note: {', '.join(changed)} (the checkpoint's -> this program's): the run continues with this "
-            "program's optimizer settings"
-        )
-        if changed
-        else None
-    )
-
-
-def check_start(args, start, saved):
-    """Before the first step: --resume must leave steps to run, and --checkpoint-dir must not hold later
-    checkpoints (`saved`: the steps it holds) of another run. With --resume of that same directory, the
-    later ones are those --resume found unusable: this run's saves replace them."""
-    # (with nothing to train, a resumed run may still export what it restored)
-    exports = any(getattr(args, flag, None) for flag in ("export_params", "export_hf", "logits"))
-    require(
-        not args.resume or args.steps > start or exports,
-        f"--resume {args.resume}: the checkpoint is at "
-        f"step {start}, --steps {args.steps} asks for nothing more: pass --steps above {start} (or "
-        "--export-params FILE to write its parameters)",
-    )
-    later = sorted(s for s in saved if s > start)
-    where = (
-        f"--checkpoint-dir {args.checkpoint_dir}"
-        if args.checkpoint_dir != CHECKPOINT_DIR
-        else f"the spec's checkpoint directory {args.checkpoint_dir} (checkpoint.dir)"
-    )
-    require(
-        not later
-        or (args.resume and os.path.realpath(args.resume) == os.path.realpath(args.checkpoint_dir)),
-        f"{where} already holds checkpoints of steps after {start} ({later}): pass --resume auto to continue "
-        "from them, or --checkpoint-dir DIR to save into another directory",
-    )
 
 
 def checkpoint_manager(directory, background=False):
@@ -1321,7 +1121,7 @@ def save_checkpoint(manager, step, state, background=False):
         if jax.process_count() > 1:
             multihost_utils.sync_global_devices(f"checkpoint {step} written")
         if jax.process_index() == 0:
-            write_manifest(final, step, arrays, stack_order=stack_order())
+            MANIFESTS.write(final, step, arrays, stack_order=stack_order())
 
     if background:
         PENDING_SAVES.append((finish, step, final, began, time.perf_counter() - began))
@@ -1403,7 +1203,7 @@ def restore_checkpoint(directory, target):
 
     def verify(step, where):
         return agree(
-            verify_manifest(where, step, want, other_stack_order)
+            MANIFESTS.verify(where, step, want, other_stack_order)
             if jax.process_index() == 0
             else None
         )
@@ -1423,7 +1223,12 @@ def restore_checkpoint(directory, target):
         )
 
     return resume_from(
-        directory, checkpoint_dirs(directory, step_of), verify, restore, jax.process_index() == 0
+        directory,
+        checkpoint_dirs(directory, step_of),
+        verify,
+        restore,
+        MANIFESTS,
+        jax.process_index() == 0,
     )[1]
 
 
@@ -1746,109 +1551,8 @@ def check_paths(args):
     args.profile_window = profile_window(args.profile_steps, args.steps) if args.profile else None
 
 
-class Metrics:
-    """JSON lines, one per optimizer step, written by the first process only."""
-
-    def __init__(self, path, enabled, append=False, start=0):
-        # A resumed run appends to the metrics of the run it continues (at step `start`), less the rows of
-        # later steps (that run went on past its checkpoint before it stopped): the file is rewritten without
-        # them, atomically. A fresh run starts the file anew.
-        if path and enabled and append and os.path.isfile(path):
-            with open(path) as f:
-                rows = [line for line in f if line.endswith("\n") and kept_row(line, start)]
-            with open(path + ".tmp", "w") as f:
-                f.writelines(rows)
-            os.replace(path + ".tmp", path)
-        self.f = open(path, "a" if append else "w") if (path and enabled) else None  # noqa: SIM115 (open for the run)
-
-    def log(self, **row):
-        if self.f:
-            self.f.write(json.dumps(row) + "\n")
-            self.f.flush()
-
-    def close(self):
-        if self.f:
-            self.f.close()
-
-
-def kept_row(line, start):
-    """Whether a metrics row of the run a resumed run continues at step `start` stays: one of step `start`
-    or before (a line that is no JSON row, the last one of a killed run, does not)."""
-    try:
-        return json.loads(line)["step"] <= start
-    except (ValueError, KeyError, TypeError):
-        return False
-
-
-# Peak dense FLOP/s per device (bfloat16/float16, TensorFloat-32, float32) of the accelerators whose name the
-# program can read (the planner's hardware table): MFU is printed only on these.
-PEAK_FLOPS = {
-    "H200": (989.4e12, 494.7e12, 66.9e12),
-    "H100": (989.4e12, 494.7e12, 66.9e12),
-    "A100": (312e12, 156e12, 19.5e12),
-}
 TRAIN_COMPUTE = "tfloat32"  # which column of PEAK_FLOPS applies
-SCALARS = ("loss", "lr", "grad_norm", "tokens_per_s", "samples_per_s", "val_loss", "val_accuracy")
-
-
-def peak_flops(device_name):
-    """The peak FLOP/s of one device named `device_name` for the compute dtype, or None when unknown."""
-    for key, (half, tf32, full) in PEAK_FLOPS.items():
-        if key in (device_name or "").upper():
-            return {"float32": full, "tfloat32": tf32}.get(TRAIN_COMPUTE, half)
-    return None
-
-
-def process_peak_rss():
-    """This process's peak resident memory in bytes."""
-    import resource
-
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB elsewhere
-
-
-def duration(s):
-    s = int(round(s))
-    return (
-        f"{s // 3600}h{s % 3600 // 60:02d}m"
-        if s >= 3600
-        else f"{s // 60}m{s % 60:02d}s"
-        if s >= 60
-        else f"{s}s"
-    )
-
-
-def tensorboard_writer(directory, start=0):
-    """--tensorboard DIR: a tensorboardX writer (an optional dependency: exit 2 when it is missing). A run
-    resumed at step `start` purges the scalars of later steps that the run it continues wrote."""
-    try:
-        from tensorboardX import SummaryWriter
-    except ImportError:
-        require(False, "--tensorboard needs tensorboardX: pip install tensorboardX")
-    return SummaryWriter(directory, purge_step=start + 1 if start else None)
-
-
-def wandb_run(project, checkpoint_dir=None, start=0):
-    """--wandb PROJECT: a Weights & Biases run holding the spec's name and mesh (an optional dependency). With
-    a checkpoint directory, the run's id is kept there (wandb_run_id), and a run resumed at step `start`
-    continues that W&B run (resume="allow"; W&B ignores a step it already holds)."""
-    import wandb
-
-    resume = {}
-    if checkpoint_dir:
-        path = os.path.join(checkpoint_dir, "wandb_run_id")
-        if not (start and os.path.isfile(path)):
-            os.makedirs(checkpoint_dir, exist_ok=True)
-            with open(path, "w") as f:
-                f.write(os.urandom(8).hex())
-        with open(path) as f:
-            resume = {"id": f.read().strip(), "resume": "allow"}
-    return wandb.init(
-        project=project,
-        name=SPEC_NAME,
-        config={"spec": SPEC_NAME, "mesh": MESH, "steps": STEPS},
-        **resume,
-    )
+RUN = {"spec": SPEC_NAME, "mesh": MESH, "steps": STEPS}  # what --wandb records of the run
 
 
 def schedule_note(steps, lr_at):
@@ -1863,162 +1567,13 @@ def schedule_note(steps, lr_at):
     )
 
 
-class Console:
-    """What the first process (`enabled`) prints while it trains, and writes to --tensorboard: `devices`
-    devices of `peak` FLOP/s each (None: unknown, no MFU), `memory()` the peak bytes of a device so far."""
-
-    def __init__(
-        self, args, start, enabled, devices=1, peak=None, memory=process_peak_rss, compiles=False
-    ):
-        self.enabled, self.start, self.steps = enabled, start, args.steps
-        self.devices, self.peak, self.memory, self.compiles = devices, peak, memory, compiles
-        self.times, self.last, self.began = [], {}, time.perf_counter()
-        self.writer = (
-            tensorboard_writer(args.tensorboard, start) if enabled and args.tensorboard else None
-        )
-        self.wandb = (
-            wandb_run(args.wandb, args.checkpoint_dir, start) if enabled and args.wandb else None
-        )
-
-    def say(self, line):
-        if self.enabled and line:
-            print(line, flush=True)
-
-    def compiling(self):
-        """Before the first step of a compiled train step."""
-        if self.compiles and self.start < self.steps:
-            self.say("compiling the train step...")
-
-    def step(self, row, extra=""):
-        """After each step: `row` is its metrics row; `extra` the rest of its line (the evaluation)."""
-        self.times.append(row["step_time_s"])
-        self.last = row
-        if self.compiles and len(self.times) == 1:
-            self.say(f"first step (compile included) took {row['step_time_s']:.1f} s")
-        if self.writer:
-            for key in SCALARS:
-                if key in row:
-                    self.writer.add_scalar(key, row[key], row["step"])
-            self.writer.flush()
-        if self.wandb:
-            self.wandb.log({key: row[key] for key in SCALARS if key in row}, step=row["step"])
-        if not self.enabled:
-            return
-        dt, done = row["step_time_s"], row["step"]
-        rate = (
-            f"{row['tokens_per_s']:,.0f} tok/s"
-            if "tokens_per_s" in row
-            else f"{row['samples_per_s']:,.1f} samples/s"
-        )
-        parts = [
-            f"step {done}/{self.steps}",
-            f"loss {row['loss']:.4f}",
-            f"lr {row['lr']:.1e}",
-            f"grad norm {row['grad_norm']:.2f}",
-            rate,
-        ]
-        if self.peak:
-            parts.append(f"mfu {100 * FLOPS_PER_STEP / dt / (self.devices * self.peak):.1f}%")
-        parts.append(f"mem {self.memory() / 1e9:.2f} GB")
-        timed = self.times[1:] or self.times  # the first step's time includes compiling
-        parts.append(f"eta {duration(sum(timed) / len(timed) * (self.steps - done))}")
-        print(" | ".join(parts) + extra, flush=True)
-
-    def summary(self):
-        """The end-of-run line; closes the tensorboard writer."""
-        if self.writer:
-            self.writer.close()
-        if self.wandb:
-            self.wandb.finish()
-        if not (self.enabled and self.times):
-            return
-        timed = self.times[1:] or self.times
-        mean = sum(timed) / len(timed)
-        rate = (
-            f"{BATCH_SIZE * TOKENS_PER_SAMPLE / mean:,.0f} tok/s"
-            if TOKENS_PER_SAMPLE
-            else f"{BATCH_SIZE / mean:,.1f} samples/s"
-        )
-        parts = [
-            f"done: {len(self.times)} steps in {duration(time.perf_counter() - self.began)}",
-            f"mean step {mean * 1e3:.1f} ms",
-            rate,
-            f"final loss {self.last['loss']:.4f}",
-        ]
-        parts += [f"{k} {self.last[k]:.4f}" for k in ("val_loss", "val_accuracy") if k in self.last]
-        parts.append(f"peak mem {self.memory() / 1e9:.2f} GB")
-        print(" | ".join(parts), flush=True)
-
-
-def resolve_resume(args, say, most=None):
-    """--resume auto: the checkpoint directory when it holds checkpoints (--resume then takes the newest
-    usable one), else a fresh start, which `say` prints in one line. `most(n)`: the largest of the processes'
-    restart counts, on every process (torchrun counts a restart where a rank failed, not always on the
-    other nodes, whose ranks would otherwise start afresh while the rest resume)."""
-    # a restart (torchrun --max-restarts, launch.sh's MAX_RESTARTS) continues from the newest checkpoint
-    restart = int(
-        os.environ.get("TORCHELASTIC_RESTART_COUNT") or os.environ.get("MITHRIL_RESTART") or 0
-    )
-    restart = most(restart) if most else restart
-    if restart and args.checkpoint_dir:
-        say(f"restart {restart}: continuing as --resume auto")
-        args.resume = "auto"
-    if args.resume != "auto":
-        return
-    where = args.checkpoint_dir
-    require(where, "--resume auto: this spec saves no checkpoints; pass --checkpoint-dir DIR")
-    found = checkpoint_dirs(where, step_of) if os.path.isdir(where) else {}
-    args.resume = where if found else None
-    if not found:  # (what it found is said once checked: `resumed from DIR at step N`)
-        say(f"--resume auto: no checkpoint in {where}: starting fresh")
-
-
-# The exit code of a run that a signal stopped once its checkpoint was saved (docs/program.md "Errors").
-PREEMPTED = 3
-
-
-class Preemption:
-    """SIGTERM or SIGUSR1 (how SLURM ends a job at its time limit or preempts it) asks the run to stop: the
-    current step finishes, every process agrees to stop after the same step (`stop`), the program saves its
-    checkpoint and exits PREEMPTED (`exit`). A second signal changes nothing."""
-
-    def __init__(self):
-        self.signal = None
-        for s in (signal.SIGTERM, signal.SIGUSR1):
-            signal.signal(s, self.ask)
-
-    def ask(self, signum, frame):
-        self.signal = self.signal or signal.Signals(signum).name
-
-    def stop(self, combine=None):
-        """Whether to stop after this step: asked on any process (`combine(flag)`: the processes' flags
-        combined, the same verdict on every one; a single process alone only looks at its own)."""
-        asked = self.signal is not None
-        return combine(asked) if combine else asked
-
-    def exit(self, step, saved, say):
-        """After stopping at `step`: one line, and the exit code (PREEMPTED once the checkpoint `saved` is
-        written; without a checkpoint directory, 128 + the signal's number, as if it had killed the run)."""
-        signum = self.signal and getattr(signal, self.signal, signal.SIGTERM)
-        say(
-            f"stopped by {self.signal or 'a signal on another process'} after step {step}: "
-            + (
-                f"checkpoint saved in {saved}; continue with --resume auto"
-                if saved
-                else "no checkpoint directory (--checkpoint-dir), nothing saved"
-            )
-        )
-        return PREEMPTED if saved else 128 + int(signum or signal.SIGTERM)
-
-
-def require(ok, message, local=False):
-    """Exits with code 2 and `message` (one line) unless `ok`: what was asked cannot run (docs/program.md).
-    Every process reaches the same verdict and the first one says why; a `local` verdict (about this
-    process's own samples) is said by the process that reaches it."""
-    if not ok and (local or os.environ.get("MITHRIL_PROCESS_ID", "0") == "0"):
-        print(f"error: {message}", file=sys.stderr, flush=True)
-    if not ok:
-        sys.exit(2)
+def refuse(refusal):
+    """Exits with code 2 and the Refusal's one line (runtime/errors.py): what was asked cannot run. Every
+    process reaches the same verdict and the first one says why; a `local` verdict (about this process's own
+    samples) is said by the process that reaches it."""
+    if refusal.local or os.environ.get("MITHRIL_PROCESS_ID", "0") == "0":
+        print(f"error: {refusal}", file=sys.stderr, flush=True)
+    sys.exit(2)
 
 
 def setup_devices(args):
@@ -2198,7 +1753,7 @@ def train(args, mesh, preempt):
     shardings, batch_shardings, abstract = layouts(mesh, optimizer)
     if args.dry_run:  # the first process prints the layouts; nothing is allocated
         return dry_run(mesh, shardings, abstract) if is_first else None
-    resolve_resume(args, print if is_first else lambda line: None)
+    resolve_resume(args, print if is_first else lambda line: None, step_of)
     state = init_state(args, optimizer, shardings, abstract)
     start = int(state["step"])
     checkpoints = (
@@ -2206,7 +1761,7 @@ def train(args, mesh, preempt):
         if args.checkpoint_dir
         else None
     )
-    check_start(args, start, checkpoints.all_steps() if checkpoints else [])
+    check_start(args, start, checkpoints.all_steps() if checkpoints else [], CHECKPOINT_DIR)
     if is_first:
         # optimizer: arrays with ndim > 0 only (optax's step counters are not counted)
         held = {
@@ -2224,9 +1779,13 @@ def train(args, mesh, preempt):
         args,
         start,
         is_first,
+        RUN,
+        BATCH_SIZE,
+        TOKENS_PER_SAMPLE,
+        FLOPS_PER_STEP,
         devices=mesh.devices.size,
         compiles=True,
-        peak=peak_flops(device.device_kind) if device.platform == "gpu" else None,
+        peak=peak_flops(device.device_kind, TRAIN_COMPUTE) if device.platform == "gpu" else None,
         memory=lambda: (device.memory_stats() or {}).get("peak_bytes_in_use") or process_peak_rss(),
     )
     console.say(schedule_note(args.steps, lr_schedule))
@@ -2327,4 +1886,7 @@ def step_row(done, m, since):
 
 
 if __name__ == "__main__":
-    main(parse_args())
+    try:
+        main(parse_args())
+    except Refusal as refusal:  # what was asked cannot run: one line, exit 2
+        refuse(refusal)

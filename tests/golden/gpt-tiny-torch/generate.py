@@ -29,6 +29,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 # isort: split
+from runtime.errors import Refusal
+
 # train.py beside this file: the model, the mesh and the loading code of the training program
 from train import (
     COMPUTE_DTYPE,
@@ -42,6 +44,7 @@ from train import (
     load_params,
     make_optimizer,
     parallelize,
+    refuse,
     require,
     setup,
     shutdown,
@@ -471,4 +474,7 @@ def main(args):
 
 
 if __name__ == "__main__":
-    main(parse_args())
+    try:
+        main(parse_args())
+    except Refusal as refusal:  # what was asked cannot run: one line, exit 2
+        refuse(refusal)

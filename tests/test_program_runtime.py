@@ -1,0 +1,94 @@
+"""The runtime/ package every build carries (templates/runtime/): the same files byte for byte in every build
+and target, no template in them, nothing in them that no program uses, and what they do (manifests, refusals)
+checked directly: they import only the standard library."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import json
+import sys
+
+import pytest
+from render_cases import ROOT
+
+from mithril_spec.frontend import compile_file
+from mithril_spec.render.build import render_files
+from mithril_spec.template_files import runtime_files, template_dirs
+
+BUILDS = [("gpt-tiny.yaml", "torch"), ("gpt-tiny.yaml", "jax"), ("mlp-dp.yaml", "mlx"), ("gpt-pipe.yaml", "torch"),
+          ("gpt-pipe.yaml", "jax"), ("moe-dp.yaml", "torch"), ("cnn-dp.yaml", "mlx")]
+
+
+@pytest.fixture(scope="module")
+def builds() -> dict[tuple[str, str], dict[str, str]]:
+    return {(spec, target): render_files(compile_file(ROOT / "specs" / spec), target, spec) for spec, target in BUILDS}
+
+
+def test_every_build_carries_the_same_runtime(builds):
+    want = runtime_files()
+    assert {"runtime/__init__.py", "runtime/errors.py", "runtime/checkpoints.py", "runtime/console.py"} <= set(want)
+    for key, files in builds.items():
+        assert {n: t for n, t in files.items() if n.startswith("runtime/")} == want, key
+    for name, text in want.items():
+        assert "{{" not in text and "{%" not in text and "{#" not in text, f"{name} holds template syntax"
+
+
+def test_nothing_in_runtime_goes_unused(builds):
+    """Every function and class of runtime/ is imported by some example's program or used by another runtime
+    module (a helper nothing calls does not ship)."""
+    programs = "\n".join(t for files in builds.values() for n, t in files.items() if not n.startswith("runtime/"))
+    runtime = runtime_files()
+    for name, text in runtime.items():
+        for node in ast.parse(text).body:
+            if isinstance(node, ast.FunctionDef | ast.ClassDef):
+                others = "\n".join(t for n, t in runtime.items() if n != name)
+                used_inside = text.count(node.name) > 1 or node.name in others
+                assert node.name in programs or used_inside, f"{name}: {node.name} is used by no program"
+
+
+@pytest.fixture()
+def runtime(monkeypatch):
+    """The runtime package, imported from the templates as a build imports it."""
+    base = next(d for d in template_dirs() if (d / "runtime").is_dir())
+    monkeypatch.syspath_prepend(str(base))
+    for name in [n for n in sys.modules if n == "runtime" or n.startswith("runtime.")]:
+        monkeypatch.delitem(sys.modules, name)
+    return importlib.import_module("runtime.checkpoints"), importlib.import_module("runtime.errors")
+
+
+def test_a_manifest_verifies_its_checkpoint_and_names_what_is_wrong(runtime, tmp_path):
+    checkpoints, errors = runtime
+    m = checkpoints.Manifests("manifest.json", "gpt", "h1", "m1", {"lr": 0.1}, {"data": 2})
+    ckpt = tmp_path / "step_00000004"
+    (ckpt / "shards").mkdir(parents=True)
+    (ckpt / "shards" / "0.bin").write_bytes(b"0123456789")
+    arrays = {"params/w": ((4, 2), "float32")}
+    m.write(str(ckpt), 4, arrays, stack_order="x")
+    saved = json.loads((ckpt / "manifest.json").read_text())
+    assert saved["files"]["shards/0.bin"]["bytes"] == 10 and saved["stack_order"] == "x" and saved["mesh"] == {"data": 2}
+    assert m.verify(str(ckpt), 4, arrays) is None
+    assert "disagree" in m.verify(str(ckpt), 5, arrays)
+    assert "train state differs" in m.verify(str(ckpt), 4, {"params/w": ((4, 3), "float32")})
+    other = checkpoints.Manifests("manifest.json", "bert", "h1", "m1", {"lr": 0.1}, {})
+    assert "checkpoint of the spec 'gpt', not of 'bert'" in other.verify(str(ckpt), 4, arrays)
+    changed = checkpoints.Manifests("manifest.json", "gpt", "h2", "m1", {"lr": 0.2}, {})
+    assert changed.verify(str(ckpt), 4, arrays) is None  # only the optimizer settings differ
+    assert changed.settings_note(str(ckpt)).startswith("note: lr 0.1 -> 0.2")
+    (ckpt / "shards" / "0.bin").write_bytes(b"0123456780")
+    assert m.verify(str(ckpt), 4, arrays) == "shards/0.bin: checksum mismatch (the file is corrupt)"
+    (ckpt / "shards" / "0.bin").write_bytes(b"01234")
+    assert "truncated" in m.verify(str(ckpt), 4, arrays)
+    (ckpt / "manifest.json").unlink()
+    assert "incomplete checkpoint" in m.verify(str(ckpt), 4, arrays)
+    assert checkpoints.checkpoint_dirs(str(tmp_path), lambda n: int(n[5:]) if n.startswith("step_") else None) == {
+        4: str(ckpt)}
+
+
+def test_a_refusal_carries_its_line_and_whose_it_is(runtime):
+    _, errors = runtime
+    errors.require(True, "never")
+    with pytest.raises(errors.Refusal) as e:
+        errors.require(False, "--data x: no such file", local=True)
+    assert str(e.value) == "--data x: no such file" and e.value.local
+    assert not issubclass(errors.Refusal, SystemExit)  # the program's entry point decides how to exit
