@@ -52,7 +52,7 @@ def compressed_ddp(mod):
     with torch.device("meta"):
         model = mod.Model()
     model.to_empty(device=device)
-    mod.fill_model(model, mod.initial_params(0), 0)
+    mod.fill_model(model, mod.initial_params(mod.PARAMS, 0), 0)
     ddp = mod.replicate(model, mesh)
     mod.compress_gradients(ddp)
     return device, model, ddp

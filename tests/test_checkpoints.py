@@ -70,7 +70,7 @@ for case, path in json.loads(cases).items():
     printed = io.StringIO()
     try:
         with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
-            m.main(m.parse_args(["--steps", "6", "--resume", path, "--checkpoint-dir", ""]))
+            m.cli(["--steps", "6", "--resume", path, "--checkpoint-dir", ""])
         code = 0
     except SystemExit as e:
         code = e.code

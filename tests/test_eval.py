@@ -155,7 +155,7 @@ for job in jobs:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             if "argv" in job:
-                mod.main(mod.parse_args(job["argv"] + ["--checkpoint-dir", ""]))
+                mod.cli(job["argv"] + ["--checkpoint-dir", ""])
             else:
                 value = eval(job["expr"], {"mod": mod, "np": np})
         except SystemExit as e:

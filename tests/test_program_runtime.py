@@ -1,6 +1,6 @@
 """The runtime/ package every build carries (templates/runtime/): the same files byte for byte in every build
 and target, no template in them, nothing in them that no program uses, and what they do (manifests, refusals)
-checked directly: they import only the standard library."""
+checked directly: they import only the standard library and numpy."""
 
 from __future__ import annotations
 

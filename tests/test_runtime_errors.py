@@ -140,7 +140,7 @@ for program, name, argv in jobs:
     mod, out, err, code = modules[program], io.StringIO(), io.StringIO(), 0
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
-            mod.main(mod.parse_args(argv))
+            mod.cli(argv)
         except SystemExit as e:
             code = e.code
         except BaseException:

@@ -96,7 +96,7 @@ TORCH_COUNT = textwrap.dedent("""
         model = t.Model()
     t.parallelize(model, mesh)
     model.to_empty(device=device)
-    t.fill_model(model, t.initial_params(0), 0)
+    t.fill_model(model, t.initial_params(t.PARAMS, 0), 0)
     batch = t.to_tensors(t.Data(None, seed=1).batch(0, t.MICRO_BATCH), device)
     with CommDebugMode() as comm:
         model(*batch).backward()

@@ -38,7 +38,7 @@ def _child(rank, world, port, path, argv):
     spec = importlib.util.spec_from_file_location("train_program", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    mod.main(mod.parse_args(argv))
+    mod.cli(argv)
 
 
 def main():

@@ -1,9 +1,10 @@
 """Helpers every program mithril-spec generates carries, the same files byte for byte in every build and
-target of one mithril-spec version: nothing here depends on the spec, and nothing imports a framework. The
+target of one mithril-spec version: nothing here depends on the spec, and nothing imports a framework (numpy at most). The
 program beside this package (train.py and the files it imports) passes in what its spec decided.
 
 errors: the one way a program refuses what it was asked (exit 2, one line).
 console: the console lines, the metrics file, --tensorboard and --wandb.
 checkpoints: checkpoint manifests, their verification, and --resume's choice of a checkpoint.
 preemption: SIGTERM / SIGUSR1 ask the run to stop after the current step.
+params: the initial values of parameters, and the lazily read tensors of parameter files.
 """

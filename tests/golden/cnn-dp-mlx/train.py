@@ -21,7 +21,6 @@ import os
 import shutil
 import sys
 import time
-import zlib
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -34,6 +33,7 @@ import numpy as np
 from runtime.checkpoints import Manifests, check_start, checkpoint_dirs, resolve_resume, resume_from
 from runtime.console import Console, Metrics, process_peak_rss
 from runtime.errors import Refusal, require
+from runtime.params import FileTensor, init_values, initial_params
 from runtime.preemption import Preemption
 
 # ----------------------------------------------------------------------------
@@ -184,129 +184,6 @@ def apply_optimizer(optimizers, grads, params):
 # ----------------------------------------------------------------------------
 # Parameters: drawn on the host with numpy (the same values for every mesh and target).
 # ----------------------------------------------------------------------------
-def slices(index, shape):
-    """An index (slices of the leading dimensions) as one plain slice per dimension of `shape`."""
-    return [slice(*s.indices(n)) for s, n in zip((*index, *[slice(None)] * len(shape)), shape)]
-
-
-def init_values(name, shape, kind, std, seed, index=()):
-    """The initial values of parameter `name` at `index` (slices, one per leading dimension; () for all),
-    float32. Each element depends only on (seed, name, its flat index), so any process computes just the
-    slice it holds, and every mesh and every target starts from the same values (docs/program.md)."""
-    box = slices(index, shape)
-    out_shape = tuple(len(range(b.start, b.stop, b.step)) for b in box)
-    if kind == "zeros":
-        return np.zeros(out_shape, np.float32)
-    # each element's flat index in the whole parameter, a chunk of the slice at a time
-    strides = [math.prod(shape[d + 1 :]) for d in range(len(shape))]
-    key = _mix(
-        np.array([(seed * 0x9E3779B97F4A7C15 + zlib.crc32(name.encode())) & (2**64 - 1)], np.uint64)
-    )
-    n = math.prod(out_shape)
-    out = np.empty(n, np.float32)
-    for lo in range(0, n, 1 << 22):
-        at = np.unravel_index(np.arange(lo, min(n, lo + (1 << 22))), out_shape) if shape else ()
-        flat = np.zeros(min(n, lo + (1 << 22)) - lo, np.uint64)
-        for pos, b, stride in zip(at, box, strides):
-            flat += (pos.astype(np.uint64) * np.uint64(b.step) + np.uint64(b.start)) * np.uint64(
-                stride
-            )
-        out[lo : lo + len(flat)] = _normal(key, flat)
-    return (out.reshape(out_shape) * np.float32(std)).astype(np.float32)
-
-
-def _mix(x):
-    """splitmix64's finaliser: a well-mixed uint64 for each uint64 (arithmetic wraps around)."""
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
-
-
-def _normal(key, i):
-    """Standard normal values (float32) for element indices `i` of the stream `key`: Box-Muller on two
-    uniforms in (0, 1] drawn from the counters 2i and 2i + 1."""
-    gamma = np.uint64(0x9E3779B97F4A7C15)
-    u1 = ((_mix(key + (i * np.uint64(2)) * gamma) >> np.uint64(11)) + np.uint64(1)) * 2.0**-53
-    u2 = (
-        (_mix(key + (i * np.uint64(2) + np.uint64(1)) * gamma) >> np.uint64(11)) + np.uint64(1)
-    ) * 2.0**-53
-    return (np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)).astype(np.float32)
-
-
-def init_param(name, shape, kind, std, seed):
-    """The whole parameter (or buffer) `name`: for what one process holds whole."""
-    return init_values(name, shape, kind, std, seed)
-
-
-class InitTensor:
-    """A parameter's initial values, computed only where they are indexed: `tensor[index]` gives that
-    slice, `np.asarray(tensor)` the whole parameter."""
-
-    def __init__(self, name, shape, kind, std, seed):
-        self.name, self.shape, self.ndim = name, tuple(shape), len(shape)
-        self.kind, self.std, self.seed = kind, std, seed
-
-    def __getitem__(self, index):
-        return init_values(
-            self.name,
-            self.shape,
-            self.kind,
-            self.std,
-            self.seed,
-            index if isinstance(index, tuple) else (index,),
-        )
-
-    def __array__(self, dtype=None, copy=None):
-        return self[()].astype(dtype or np.float32)
-
-
-def initial_params(seed):
-    """Every parameter by canonical name, lazily: nothing is computed until a slice is asked for."""
-    return {
-        name: InitTensor(name, shape, kind, std, seed)
-        for name, (shape, kind, std) in PARAMS.items()
-    }
-
-
-def swap(dims):
-    """The last two of `dims` exchanged (a matrix transposed; a stack of matrices each transposed)."""
-    dims = list(dims)
-    return dims[:-2] + dims[-2:][::-1]
-
-
-class FileTensor:
-    """A stored tensor of a safetensors file, in canonical layout, read only where it is indexed: a process
-    that holds a slice reads just that slice (`tensor[index]`). `transposed` (its last two dimensions) and
-    `part` of `parts` (of the last dimension): how the stored tensor holds the canonical one (Hugging Face's
-    layouts)."""
-
-    def __init__(self, handle, key, transposed=False, part=0, parts=1, flag="--init-params"):
-        stored = handle.get_slice(key)
-        shape = list(swap(stored.get_shape()) if transposed else stored.get_shape())
-        self.shape = tuple(shape[:-1] + [shape[-1] // parts] if shape else shape)
-        self.stored, self.key, self.transposed, self.flag = stored, key, transposed, flag
-        self.offset = part * self.shape[-1] if self.shape else 0
-        self.dtype = stored.get_dtype()  # safetensors' name: F32, BF16, I64, ...
-        self.floating = self.dtype.startswith(("F", "BF"))
-
-    def __getitem__(self, index):
-        box = slices(index if isinstance(index, tuple) else (index,), self.shape)
-        if self.offset:  # part `part` of the stored last dimension
-            box[-1] = slice(box[-1].start + self.offset, box[-1].stop + self.offset)
-        x = np.asarray(self.stored[tuple(swap(box) if self.transposed else box)], dtype=np.float32)
-        x = np.swapaxes(x, -1, -2) if self.transposed else x
-        # (this process's slice: the verdict is its own)
-        require(
-            np.isfinite(x).all(),
-            f"{self.flag}: `{self.key}` holds non-finite values (NaN or inf)",
-            local=True,
-        )
-        return x
-
-    def __array__(self, dtype=None, copy=None):
-        return self[()].astype(dtype or np.float32)
-
-
 def load_params(path, flag="--init-params"):
     """--init-params (`flag`: the option that names the file in messages): parameters by canonical name in
     canonical layout, every one with its shape. A .npz is read whole (small models); a .safetensors
@@ -757,10 +634,10 @@ def dry_run():
 def init_state(args, optimizers, rank):
     """(step, parameters, buffers): from the numpy init (or --init-params) with a fresh optimizer state,
     or all of it from the newest usable checkpoint with --resume."""
-    host = load_params(args.init_params) if args.init_params else initial_params(args.seed)
+    host = load_params(args.init_params) if args.init_params else initial_params(PARAMS, args.seed)
     params = {name: mx.array(np.asarray(host[name])) for name in PARAMS}
     buffers = {
-        name: mx.array(init_param(name, shape, kind, 0.0, args.seed))
+        name: mx.array(init_values(name, shape, kind, 0.0, args.seed))
         for name, (shape, kind) in BUFFERS.items()
     }
     init_optimizer(optimizers, params)
@@ -898,8 +775,13 @@ def main(args):
         mx.eval(mx.distributed.all_sum(mx.array(1.0), group=world))
 
 
-if __name__ == "__main__":
+def cli(argv=None):
+    """The command line (`python train.py ARGS`): what was asked that cannot run ends in one line and exit 2."""
     try:
-        main(parse_args())
-    except Refusal as refusal:  # what was asked cannot run: one line, exit 2
+        main(parse_args(argv))
+    except Refusal as refusal:
         refuse(refusal)
+
+
+if __name__ == "__main__":
+    cli()

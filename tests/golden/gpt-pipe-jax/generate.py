@@ -520,8 +520,13 @@ def main(args):
         jax.distributed.shutdown()
 
 
-if __name__ == "__main__":
+def cli(argv=None):
+    """The command line (`python generate.py ARGS`): what was asked that cannot run ends in one line and exit 2."""
     try:
-        main(parse_args())
-    except Refusal as refusal:  # what was asked cannot run: one line, exit 2
+        main(parse_args(argv))
+    except Refusal as refusal:
         refuse(refusal)
+
+
+if __name__ == "__main__":
+    cli()
