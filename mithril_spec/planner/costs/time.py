@@ -45,7 +45,10 @@ def step_time(costs: Costs, plan: Plan, hw: Hardware, options: CostOptions) -> S
     peak = hw.peak_flops(compute_dtype(tr.precision, hw))
     worst = None
     for st in costs.stages:
-        compute = st.flops_per_device / (peak * eff)
+        # precision.float8: the FP8 linear layers' matmuls at the profile's float8 peak (a profile without
+        # one is refused: planner/hardware.py float8_diagnostics), the rest at the compute dtype's
+        f8 = st.float8_flops_per_device
+        compute = (st.flops_per_device - f8) / (peak * eff) + f8 / (hw.peak_flops("float8") * eff)
         _, _, blocking, overlapped, _ = _comm(st.collectives, plan, hw)
         # (`communication.overlap: false`, or a device whose collectives do not overlap compute, the profile's
         # `overlap_collectives: false`: the data-parallel collectives wait for the compute)
