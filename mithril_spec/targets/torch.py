@@ -138,6 +138,7 @@ class TorchTarget(Target):
         "`training.zero: 0`, keep batch_norm's running statistics whole over `data`, and with a compute dtype "
         "other than the parameters', or gradient compression, every trainable parameter split over `data`.",
         *(f"Parameters split over `data` with {what}: {why}." for _, what, why in DATA_SPLIT_LIMITS),
+        *(f"`precision.float8` (FP8 linear layers) with {what}: {why}." for _, what, why in FLOAT8_LIMITS),
         "`sharding.inputs` layouts other than rows of the batch (each rank reads its block, redistributed to its "
         "rows) are refused with a `pipe` axis, with mesh axes out of the mesh's order on one dimension (the "
         "batch rule's too), and where the layout's batch split does not divide a micro-batch.",
