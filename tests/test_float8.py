@@ -10,12 +10,14 @@ from __future__ import annotations
 import contextlib
 import io
 import re
+import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch_runs as tr
 from gradients import assert_same_gradients
+from ruff.__main__ import find_ruff_bin
 
 from mithril_spec import cli
 from mithril_spec.frontend import compile_file
@@ -30,6 +32,7 @@ FLOAT8 = (("precision: {params: float32, compute: float32}", "precision: {params
 # a smaller GPT whose output layer is untied, with a vocabulary of 200 (not a multiple of 16: it stays float32)
 SMALL = (("vocab: 256, seq: 64, d: 128, heads: 4, ff: 512, layers: 4", "vocab: 200, seq: 32, d: 64, heads: 4, ff: 128, layers: 2"),
          (", tie: wte}", "}"), ("meshes:", "targets: [torch]\nmeshes:"))
+RUFF_CHECK = "E4,E7,E9,F,I,W"  # what every generated program passes (tests/test_render.py)
 ACCUM = (("  batch_size: 16\n", "  batch_size: 16\n  grad_accum: 2\n"),)
 
 
@@ -127,6 +130,20 @@ def test_program_converts_before_parallelism_and_keeps_the_spec_hash():
     assert "self.q(x)" in on and "self.q(x)" not in off
     hashes = [re.search(r'SPEC_HASH = "(\w+)"', text).group(1) for text in (on, off)]
     assert hashes[0] == hashes[1]  # a checkpoint resumes with FP8 layers on or off
+
+
+
+@pytest.mark.parametrize("mesh", ["single", "data=2", "fsdp=2", "data=2,fsdp=2"])
+def test_fp8_programs_are_ruff_clean(mesh, tmp_path):
+    files = render_files(compile_file(spec(FLOAT8, SMALL), mesh), "torch", "gpt.yaml")
+    for name, text in files.items():
+        if name.endswith(".py"):
+            (tmp_path / name).write_text(text)
+    common = ["--isolated", "--no-cache", "--line-length", "100", "--target-version", "py311", "."]
+    for cmd in (["format", "--check"], ["check", "--select", RUFF_CHECK, "--ignore", "E501"]):
+        proc = subprocess.run([find_ruff_bin(), *cmd, *common], check=False, cwd=tmp_path, capture_output=True,
+                              text=True)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 # ---------------------------------------------------------------- the programs (emulated FP8 on the CPU)
