@@ -111,6 +111,11 @@ def test_plan_times_fp8_layers_at_the_float8_peak_and_counts_their_casts():
     assert st.temporaries.float8_casts == casts
     assert st.temporaries.total == b.worst.temporaries.total + casts
     assert a.worst.activations.saved == b.worst.activations.saved  # torchao saves the inputs in their own dtype
+    # `plan`'s text says it
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        assert cli.main(["plan", str(spec(FLOAT8, SMALL)), "--mesh", "data=1", "--hardware", "h100"]) == 0
+    assert "FP8 linear layers (precision.float8): " in out.getvalue() and "their FP8 casts" in out.getvalue()
     # bfloat16 compute: the rest at the bfloat16 peak; fsdp=2 halves the rows on each device
     c = compile_file(spec(FLOAT8, SMALL, (("compute: float32, float8", "compute: bfloat16, float8"),)), "single")
     t = costing(c.plan, "torch").on(h100).time
