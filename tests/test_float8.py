@@ -34,6 +34,7 @@ SMALL = (("vocab: 256, seq: 64, d: 128, heads: 4, ff: 512, layers: 4", "vocab: 2
          (", tie: wte}", "}"), ("meshes:", "targets: [torch]\nmeshes:"))
 RUFF_CHECK = "E4,E7,E9,F,I,W"  # what every generated program passes (tests/test_render.py)
 ACCUM = (("  batch_size: 16\n", "  batch_size: 16\n  grad_accum: 2\n"),)
+ZERO2 = (("  seed: 0\n", "  seed: 0\n  zero: 2\n"),)
 ACCUM4 = (("  batch_size: 16\n", "  batch_size: 16\n  grad_accum: 4\n"),)
 
 
@@ -170,6 +171,7 @@ def runs():
         (tr.build(fp8, "fsdp=2"), *STEPS, "--export-grads", "grads.npz"),  # FSDP2
         (tr.build(spec(FLOAT8, SMALL, ACCUM4), "data=1"), *STEPS, "--export-grads", "grads.npz"),  # 4 x 4 samples
         (tr.build(fp8, "data=2,fsdp=2"), *STEPS, "--export-grads", "grads.npz"),  # HSDP, 4 ranks
+        (tr.build(spec(FLOAT8, SMALL, ZERO2), "data=2"), *STEPS, "--export-grads", "grads.npz"),  # ZeRO-2
     ]
     out = tr.run_many(jobs)
     return out, [dict(np.load(r.cwd / "grads.npz")) for r in out]
@@ -203,9 +205,10 @@ def test_fp8_under_ddp_and_fsdp2_computes_what_one_process_computes_per_rank_sam
     (grad_accum 2, or 4 for HSDP's 4 ranks: the loss of each scaled by 1/2 or 1/4, which scales the output gradients' amax by a power of two and
     leaves their FP8 rounding alone), at the gradient contract of docs/program.md (1e-5: float32's reduction
     order; measured 1.4e-7 to 1.5e-7), and differ from the one-micro-batch build by FP8 rounding (0.17 to 0.20)."""
-    (_, _, accum, ddp, fsdp, accum4, hsdp), (_, g1, ga2, gd, gf, ga4, gh) = runs
+    (_, _, accum, ddp, fsdp, accum4, hsdp, zero), (_, g1, ga2, gd, gf, ga4, gh, gz) = runs
     for what, run, g, ref, ga in (("data=2 (DDP)", ddp, gd, accum, ga2), ("fsdp=2 (FSDP2)", fsdp, gf, accum, ga2),
-                                  ("data=2 x fsdp=2 (HSDP)", hsdp, gh, accum4, ga4)):
+                                  ("data=2 x fsdp=2 (HSDP)", hsdp, gh, accum4, ga4),
+                                  ("data=2, zero 2", zero, gz, accum, ga2)):
         assert "float8: 12 linear layer(s) in FP8" in run.output
         worst = assert_same_gradients(ga, g, 1e-5, f"float8 {what}")
         assert tr.max_diff(run.losses, ref.losses) < 1e-5
