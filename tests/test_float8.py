@@ -86,6 +86,11 @@ def test_refusals_name_the_float8_field():
     for profile in ("h100-sxm-80gb", "h200-141gb", "h800-80gb"):
         assert not float8_diagnostics(c.spec, c.doc, lookup(profile))
     assert not float8_diagnostics(compile_file(spec(SMALL), "single").spec, None, lookup("cpu"))  # (off)
+    # a profile of the spec's own with a float8 figure (TFLOP/s) has them
+    mine = "data: {kind: synthetic}\nhardware:\n  - {name: mine, base: a100-80gb, flops: {float8: 500}}"
+    own = compile_file(spec(FLOAT8, SMALL, (("data: {kind: synthetic}", mine),)), "single")
+    profile = lookup("mine", own.spec, own.doc)
+    assert profile.flops["float8"] == 500e12 and not float8_diagnostics(own.spec, own.doc, profile)
 
 
 def test_plan_times_fp8_layers_at_the_float8_peak_and_counts_their_casts():
