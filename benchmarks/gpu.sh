@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# GPT-2 small (124M) in bfloat16 on this machine's GPUs: the generated torch (--compile) and jax programs next
-# to the hand-written nanoGPT-style torch GPT, on the same tokens; one table (tokens/s, MFU, peak memory per
+# GPT-2 small (124M) in bfloat16 on this machine's GPUs: the generated torch (--compile) and jax programs, and
+# the torch program with FP8 linear layers (precision.float8), next to the hand-written nanoGPT-style torch GPT,
+# on the same tokens; one table (tokens/s, MFU, peak memory per
 # GPU against the plan), with a 2-GPU row when there are two. Under 8 minutes on one H100 or H200.
 # Without a GPU the same path runs on CPU for a few steps (gpt-tiny's shape), and the table says so.
 #

@@ -9,6 +9,8 @@ seed into a nanoGPT train.bin (nothing is downloaded; the step time does not dep
 
 Rows, on 1 GPU and, when there are two or more, on 2 (data parallel):
   torch    the generated program, `--compile` (every block compiled), DDP on 2
+  torch fp8  the same with `precision.float8` (its linear layers in FP8 through torchao.float8; on a CPU,
+           and on a GPU below compute capability 8.9, emulated: the row then says nothing of FP8's speed)
   jax      the generated program (jit), data=2 on 2
   nanoGPT  the hand-written GPT: torch.compile, SDPA (flash attention), fused AdamW, autocast bfloat16
 
@@ -64,10 +66,11 @@ def write_tokens(path: Path, vocab: int, n: int) -> None:
     ids.tofile(path)
 
 
-def build(target: str, shape: dict, batch: int, devices: int, data: Path, out: Path, steps: int) -> Path:
+def build(target: str, shape: dict, batch: int, devices: int, data: Path, out: Path, steps: int,
+          float8: bool = False) -> Path:
     sets = [f"dims.{k}={v}" for k, v in shape.items()] + [
         f"training.batch_size={batch * devices}", f"training.steps={steps}",
-        "training.precision={params: float32, compute: bfloat16}",
+        f"training.precision={{params: float32, compute: bfloat16{', float8: true' if float8 else ''}}}",
         f"data={{kind: tokens, path: {data}, dtype: uint16}}"]
     argv = ["build", str(SPEC), "--target", target, "--mesh", f"data={devices}", "-o", str(out), "--force"]
     for s in sets:
@@ -170,8 +173,10 @@ def main() -> int:
     rows = []
     for devices in counts:
         programs = {t: build(t, shape, batch, devices, data, work / f"{t}-{devices}", args.steps) for t in ("torch", "jax")}
+        fp8 = build("torch", shape, batch, devices, data, work / f"torch-fp8-{devices}", args.steps, float8=True)
         flops = flops_per_step(programs["torch"])
         results = {t: generated_row(t, p, devices, args, env, smoke) for t, p in programs.items()}
+        results["torch fp8"] = generated_row("torch", fp8, devices, args, env, smoke)
         results["nanoGPT"] = handwritten_row(shape, batch, devices, data, args, env, smoke)
         for what, r in results.items():
             tokens = batch * devices * shape["seq"] / r["step_s"]
@@ -181,6 +186,7 @@ def main() -> int:
     title = f"GPT-2 small (124M), bfloat16, batch {batch} x {shape['seq']} per GPU, {where}" if not smoke else (
         f"CPU smoke run, no GPU: gpt-tiny's shape, batch {batch} x {shape['seq']}, no compilation")
     print(f"\n{title}\n")
+    print("(MFU: over the bfloat16 peak for every row, torch fp8's too)\n")
     print("| program | GPUs | tokens/s | MFU | peak GB per GPU | planned peak GB |")
     print("|---|---|---|---|---|---|")
     print("\n".join(rows))

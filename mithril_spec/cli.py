@@ -305,7 +305,7 @@ def _check_meshes(s: SpecFile, args) -> list[Diagnostic]:
     `--hardware`, whether each device's memory suffices (E050). On named meshes each diagnostic says which."""
     from .auto import fit_diagnostics
     from .planner.costs import CostOptions, estimate
-    from .planner.hardware import lookup
+    from .planner.hardware import float8_diagnostics, lookup
     from .targets import attention_kernels
 
     spec = s.spec
@@ -318,6 +318,8 @@ def _check_meshes(s: SpecFile, args) -> list[Diagnostic]:
             hw = lookup(args.hardware, spec, s.doc)  # UsageError, or DiagnosticError for a bad spec profile
         except DiagnosticError as e:
             out += s.finish(e.diagnostics)
+        else:
+            out += s.finish(float8_diagnostics(spec, s.doc, hw))  # FP8 matmuls on a device without them
     for choice in [None] + names[1:] if every else [args.mesh]:
         c, diags = s.compiled(choice)
         if c is not None:
@@ -363,6 +365,7 @@ def cmd_plan(args) -> int:
     from .auto import fit_diagnostics
     from .lowering.costing import costing
     from .planner.costs import CostOptions
+    from .planner.hardware import float8_diagnostics
     from .planner.plan_json import plan_to_json
     from .planner.table import render_plan
 
@@ -383,6 +386,10 @@ def cmd_plan(args) -> int:
             hw = _hardware(c, args.hardware)
         except DiagnosticError as e:
             _emit(e.diagnostics, sources, args)
+            return EXIT_INVALID
+        f8 = float8_diagnostics(c.spec, c.doc, hw)  # FP8 matmuls on a device without them
+        if f8:
+            _emit(diags + f8, sources, args)
             return EXIT_INVALID
     # one costing for the text, the JSON and the report: with --target, as that target's program runs the
     # plan (what a build for it embeds); without, target-neutral (the largest over the spec's targets)
@@ -424,6 +431,7 @@ def _write_report(path: Path, c: Compiled, costs) -> None:
 def _plan_auto(args) -> int:
     from .auto import search
     from .planner.costs import CostOptions
+    from .planner.hardware import float8_diagnostics
     from .planner.table import human_bytes, human_seconds
     from .targets import attention_kernels
 
@@ -443,6 +451,10 @@ def _plan_auto(args) -> int:
         hw = _hardware(c, name)
     except DiagnosticError as e:
         _emit(e.diagnostics, sources, args)
+        return EXIT_INVALID
+    f8 = float8_diagnostics(c.spec, c.doc, hw)  # FP8 matmuls on a device without them
+    if f8:
+        _emit(f8, sources, args)
         return EXIT_INVALID
     devices = args.devices or c.spec.devices or c.plan.mesh.devices
     if devices < 1:

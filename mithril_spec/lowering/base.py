@@ -212,6 +212,10 @@ class Lowering:
         if getattr(pr, "master_weights", False) and not cap.master_weights:
             refuse(("training", "precision", "master_weights"), "`precision.master_weights`",
                    cap.reason("master_weights", "keep parameters in float32 (`precision.params: float32`)"))
+        if pr.float8 and not cap.float8:
+            refuse(("training", "precision", "float8"), "`precision.float8` (FP8 linear layers)",
+                   cap.reason("float8", "build for the torch target (torchao.float8), or set `precision.float8: "
+                              "false`"))
         if tr.remat not in cap.remat:
             refuse(("training", "remat"), f"`training.remat: {tr.remat}`",
                    cap.reason("remat", f"supported: {', '.join(cap.remat)}"))

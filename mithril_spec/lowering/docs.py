@@ -28,6 +28,7 @@ def capability_markdown() -> str:
     row("mesh axes", lambda c: _list(c.mesh_axes))
     row("`training.zero` stages", lambda c: ", ".join(map(str, c.zero_stages)))
     row("fp32 master weights", lambda c: _yes(c.master_weights))
+    row("FP8 linear layers (`precision.float8`)", lambda c: _yes(c.float8))
     row("pipeline schedules", lambda c: _list(c.pipeline_schedules))
     row("explicit `stage:` or `device:` placement", lambda c: _yes(c.explicit_stages))
     row("uneven stages padded to the largest (each pipe rank holds that many copies)",

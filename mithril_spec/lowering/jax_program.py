@@ -274,9 +274,10 @@ def spec_hash(plan: Plan, settings: bool = True) -> str:
                                          if k not in OPTIMIZER_SETTINGS}
     # precision settings left out (None: loss_scale, scaler) hash as before they existed: a spec that does not
     # use them keeps its hash, and its checkpoints stay resumable; tf32 says how a GPU runs float32 matmuls,
-    # not what is trained (a checkpoint resumes with it on or off)
+    # not what is trained (a checkpoint resumes with it on or off), and float8 how the torch program runs its
+    # linear layers' matmuls (the parameters and the optimizer state are the same)
     kept["training"]["precision"] = {k: v for k, v in spec["training"]["precision"].items()
-                                     if v is not None and k != "tf32"}
+                                     if v is not None and k not in ("tf32", "float8")}
     # layer fields added later, left at their defaults, hash as before they existed (the same reason)
     model = kept["model"]
     for layers in [model["layers"], *model.get("blocks", {}).values()]:

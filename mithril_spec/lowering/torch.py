@@ -13,6 +13,7 @@ from ..diagnostics import Diagnostic
 from ..ops import OPS
 from ..targets.torch import (
     DATA_SPLIT_LIMITS,
+    FLOAT8_LIMITS,
     FSDP_MODULE_ATTRS,
     SP_KINDS,
     SP_OPS,
@@ -60,6 +61,7 @@ class TorchLowering(Lowering):
 
     def check_more(self, plan: Plan, doc: Document) -> list[Diagnostic]:
         return (_checks(plan, doc) + _zero(plan, doc) + _data_split(plan, doc) + _input_layouts(plan, doc)
+                + _float8(plan, doc)
                 + torch_communication_errors(plan, doc, data_parallel(plan), shard_axis(plan)))
 
 
@@ -122,6 +124,17 @@ def _zero(plan: Plan, doc: Document) -> list[Diagnostic]:
                     help=f"{why}; use `training.zero: 0` on this mesh (the fsdp axis is ZeRO-3), or a mesh of "
                     "`data` alone"))
     return out
+
+
+def _float8(plan: Plan, doc: Document) -> list[Diagnostic]:
+    """E049 for `precision.float8` on a mesh axis the torch program's FP8 layers do not combine with
+    (FLOAT8_LIMITS): they run on one device, under DDP (`data`) and under FSDP2 (`fsdp`, HSDP)."""
+    if not plan.spec.training.precision.float8:
+        return []
+    return [Diagnostic(codes.E049, f"the torch target does not support `precision.float8` with {words}",
+                       doc.pos(("training", "precision", "float8")),
+                       help=f"{why}; use a mesh of `data` and `fsdp` axes, or `precision.float8: false`")
+            for axis, words, why in FLOAT8_LIMITS if plan.mesh.size(axis) > 1]
 
 
 def _experts(plan: Plan, doc: Document) -> list[Diagnostic]:

@@ -101,6 +101,7 @@ class Attention(Op):
     handled_dims = {"q.weight": (1,), "k.weight": (1,), "v.weight": (1,), "o.weight": (0,),
                     "q.bias": (0,), "k.bias": (0,), "v.bias": (0,)}  # fmt: skip
     torch_transposed = frozenset({"q.weight", "k.weight", "v.weight", "o.weight"})
+    float8_weights = frozenset({"q.weight", "k.weight", "v.weight", "o.weight"})
 
     def infer(self, args, inputs, size, ctx):
         (x,) = inputs

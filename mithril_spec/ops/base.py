@@ -145,6 +145,9 @@ class Op:
     tieable: ClassVar[bool] = False
     # In torch these parameters are nn.Linear weights, stored [out, in] (canonical layout is [in, out]).
     torch_transposed: ClassVar[frozenset[str]] = frozenset()
+    # Of those, the weights whose nn.Linear modules run in FP8 with `precision.float8` (torchao.float8, when both
+    # dimensions are multiples of 16): the torch program's Linear modules whose forward it calls
+    float8_weights: ClassVar[frozenset[str]] = frozenset()
     # The JAX program constrains its output to its activation layout even where that is the batch split alone
     # (an embedding's looked-up rows would otherwise come out laid out as its table).
     constrain_output: ClassVar[bool] = False

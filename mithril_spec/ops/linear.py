@@ -27,6 +27,7 @@ class Linear(Op):
     tensor_parallel = "matmul"
     handled_dims = {"weight": (0, 1), "bias": (0,)}
     torch_transposed = frozenset({"weight"})
+    float8_weights = frozenset({"weight"})
 
     def infer(self, args, inputs, size, ctx):
         (x,) = inputs

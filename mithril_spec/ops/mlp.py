@@ -32,6 +32,7 @@ class Mlp(Op):
     handled_dims = {"fc.weight": (1,), "gate.weight": (1,), "up.weight": (1,), "proj.weight": (0,),
                     "down.weight": (0,), "fc.bias": (0,), "gate.bias": (0,), "up.bias": (0,)}  # fmt: skip
     torch_transposed = frozenset({"fc.weight", "gate.weight", "up.weight", "proj.weight", "down.weight"})
+    float8_weights = frozenset({"fc.weight", "gate.weight", "up.weight", "proj.weight", "down.weight"})
 
     def infer(self, args, inputs, size, ctx):
         (x,) = inputs

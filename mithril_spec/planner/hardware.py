@@ -78,13 +78,15 @@ BUILTIN: dict[str, Hardware] = {
         Hardware(
             "h100-sxm-80gb", "NVIDIA H100 SXM 80GB, 8 per node on NVLink 4 (450 GB/s per direction), "
             "400 Gb/s InfiniBand NDR per GPU between nodes",
-            {"bfloat16": 989.4 * T, "float16": 989.4 * T, "tfloat32": 494.7 * T, "float32": 66.9 * T},
+            {"bfloat16": 989.4 * T, "float16": 989.4 * T, "tfloat32": 494.7 * T, "float32": 66.9 * T,
+             "float8": 1978.9 * T},
             80 * G, 2 * G, 3350 * G, 8, 450 * G, 50 * G, 3e-6, 8e-6, host_bytes_per_s=55 * G,  # PCIe Gen5 x16
         ),
         Hardware(
             "h200-141gb", "NVIDIA H200 SXM 141GB, 8 per node on NVLink 4 (450 GB/s per direction), "
             "400 Gb/s InfiniBand NDR per GPU between nodes",
-            {"bfloat16": 989.4 * T, "float16": 989.4 * T, "tfloat32": 494.7 * T, "float32": 66.9 * T},
+            {"bfloat16": 989.4 * T, "float16": 989.4 * T, "tfloat32": 494.7 * T, "float32": 66.9 * T,
+             "float8": 1978.9 * T},
             141 * G, 2 * G, 4800 * G, 8, 450 * G, 50 * G, 3e-6, 8e-6, host_bytes_per_s=55 * G,  # PCIe Gen5 x16
         ),
         Hardware(
@@ -102,7 +104,8 @@ BUILTIN: dict[str, Hardware] = {
         Hardware(
             "h800-80gb", "NVIDIA H800 SXM 80GB (the H100 with NVLink cut to 400 GB/s both ways), 8 per node, "
             "400 Gb/s InfiniBand NDR per GPU between nodes",
-            {"bfloat16": 989.4 * T, "float16": 989.4 * T, "tfloat32": 494.7 * T, "float32": 66.9 * T},
+            {"bfloat16": 989.4 * T, "float16": 989.4 * T, "tfloat32": 494.7 * T, "float32": 66.9 * T,
+             "float8": 1978.9 * T},
             80 * G, 2 * G, 3350 * G, 8, 200 * G, 50 * G, 3e-6, 8e-6, host_bytes_per_s=55 * G,  # PCIe Gen5 x16
         ),
         Hardware(
@@ -232,6 +235,19 @@ def from_spec(h, path: tuple, doc: Optional[Document]) -> Hardware:
         raise DiagnosticError([Diagnostic(codes.E013, f"hardware `{h.name}`: reserved memory is not less than memory",
                                           pos(path + ("reserved_gb",)))])
     return hw
+
+
+def float8_diagnostics(spec: Spec, doc: Optional[Document], hw: Hardware) -> list[Diagnostic]:
+    """E049 for `precision.float8` on a profile without FP8 matmuls (no `float8` peak: A100, V100, TPUs, CPUs):
+    the programs would emulate them there, at no speed-up (a test run on the CPU is the emulation's use)."""
+    if not spec.training.precision.float8 or "float8" in hw.flops:
+        return []
+    return [Diagnostic(
+        codes.E049, f"`precision.float8` needs FP8 matmuls, and the profile `{hw.name}` has none (no `float8` "
+        "peak in its `flops`)", doc.pos(("training", "precision", "float8")) if doc is not None else None,
+        help="plan for a device with FP8 matmuls (h100-sxm-80gb, h200-141gb, h800-80gb, or a profile with a "
+        "`float8` figure), or set `precision.float8: false`; without FP8 hardware the torch program only "
+        "emulates them (for tests), slower than the compute dtype")]
 
 
 # ---------------------------------------------------------------- profile files (`mithril-spec calibrate`)

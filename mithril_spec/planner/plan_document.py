@@ -241,6 +241,8 @@ class Temporaries(_Doc):
     gathered_params: int = _f("parameters all-gathered over fsdp (or cast to the compute dtype)")
     unsharded_grads: int = _f("gradients of the gathered layers before their reduce-scatter")
     optimizer: int = _f("two fp32 temporaries the size of the largest optimizer-state shard")
+    float8_casts: int = _f("`precision.float8`: the FP8 copies of the largest FP8 layer's input, weight and "
+                           "output gradient (twice), and their scales (0 without it)")
     total: int = _f("the sum of the above")
 
 
@@ -274,6 +276,8 @@ class StageCosts(_Doc):
     temporaries: Temporaries = _f("temporaries per device")
     in_flight: Number = _f("micro-batches whose activations are alive at once (pipeline schedules)")
     flops_per_device: Number = _f("forward + backward + recompute FLOPs per device per step")
+    float8_flops_per_device: Number = _f("of which the FP8 linear layers' (`precision.float8`: forward and "
+                                         "backward, timed at the profile's `float8` peak; 0 without it)")
     collectives: list[Collective] = _f("this pipe rank's collectives")
     peak: int = _f("predicted peak bytes per device: `states.total + activations.total + temporaries.total`")
 

@@ -112,6 +112,11 @@ def render_costs(costs) -> str:
     f = costs.flops
     lines.append(f"FLOPs per step: forward {human_flops(f.forward)}, backward {human_flops(f.backward)}, recompute "
                  f"{human_flops(f.recompute)}; per device {human_flops(f.per_device_total)}")
+    busiest = max(costs.stages, key=lambda st: st.flops_per_device)
+    if busiest.float8_flops_per_device:
+        lines.append(f"FP8 linear layers (precision.float8): {human_flops(busiest.float8_flops_per_device)} of the "
+                     f"FLOPs per device (at the profile's float8 peak), their FP8 casts "
+                     f"{human_bytes(busiest.temporaries.float8_casts)} of the temporaries")
     if costs.collectives:
         total = sum(c.total_bytes for c in costs.collectives)
         which = ""

@@ -236,7 +236,8 @@ def context(plan: Plan, costs: Costs) -> dict[str, Any]:
             "mfu": f"{tm.mfu:.1%}", "efficiency": f"{tm.efficiency:.0%}",
         },
         "temporaries": [(k, human_bytes(getattr(st.temporaries, k))) for k in
-                        ("gradient_flow", "loss", "gathered_params", "unsharded_grads", "optimizer")],
+                        ("gradient_flow", "loss", "gathered_params", "unsharded_grads", "optimizer", "float8_casts")
+                        if k != "float8_casts" or st.temporaries.float8_casts],
         "notes": list(costs.notes),
     }
 

@@ -22,9 +22,10 @@ class Hardware(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64, description="profile name")
     base: Optional[str] = Field(None, description="a built-in profile to start from, e.g. h100-sxm-80gb")
     description: Optional[str] = None
-    flops: Optional[dict[Literal["float32", "tfloat32", "bfloat16", "float16"], Figure]] = Field(
+    flops: Optional[dict[Literal["float32", "tfloat32", "bfloat16", "float16", "float8"], Figure]] = Field(
         None, description="peak dense TFLOP/s per device, by compute dtype (`tfloat32`: float32 matmuls in "
-        "TensorFloat-32, what float32 compute runs at with `precision.tf32`)"
+        "TensorFloat-32, what float32 compute runs at with `precision.tf32`; `float8`: FP8 matmuls, what the "
+        "linear layers run at with `precision.float8`: a profile without it cannot run them)"
     )
     memory_gb: Optional[Figure] = Field(None, description="device memory, GB (10^9 bytes)")
     reserved_gb: Optional[NonNegative] = Field(

@@ -93,6 +93,14 @@ class Precision(Strict):
         "mantissa, float32 accumulation; several times faster on Ampere and Hopper); false: full float32. "
         "No effect on CPUs, nor on 16-bit compute",
     )
+    float8: bool = Field(
+        False,
+        description="the torch target only: train the linear layers (`linear`, and the q/k/v/o projections of "
+        "`attention` and the projections of `mlp`) in FP8 through torchao.float8 (`convert_to_float8_training`, "
+        "dynamic tensorwise scaling); a layer whose in or out features are not multiples of 16 stays in the "
+        "compute dtype, as do tied linear layers and moe layers. Needs a device with FP8 matmuls (compute "
+        "capability 8.9 or above: H100, H200); elsewhere the program emulates them (docs/spec.md \"Precision\")",
+    )
     loss_scale: LossScale | None = Field(
         None,
         description="float16 compute only: `dynamic` (the default there: the scale adapts, steps with non-finite "

@@ -74,6 +74,8 @@ class Capabilities:
     # axes it does not offload on (lowering/offload.py checks them)
     offload_remat: tuple[str, ...] = ()
     offload_without: tuple[str, ...] = ()
+    # FP8 linear layers (`precision.float8`): torchao.float8 in the torch target
+    float8: bool = False
     # the `communication` settings it realises (lowering/communication.py checks them): gradient compressions,
     # collective algorithms, `bucket_mb`, the `overlap` values it can honour, fsdp `prefetch` depth
     compression: tuple[str, ...] = ("none",)

@@ -44,6 +44,17 @@ DATA_SPLIT_LIMITS = (
 )
 
 
+# FP8 linear layers (`precision.float8`, torchao.float8's convert_to_float8_training) combine with `data` (DDP)
+# and `fsdp` (FSDP2, the weights all-gathered in the compute dtype). What they do not combine with (an E049 each):
+FLOAT8_LIMITS = (
+    ("tensor", "a `tensor` axis", "tensor parallelism of FP8 layers needs torchao's Float8ColwiseParallel / "
+     "Float8RowwiseParallel styles, which the torch program does not use"),
+    ("pipe", "a `pipe` axis", "the pipelined torch program builds its stage modules without the conversion"),
+    ("expert", "an `expert` axis", "the torch program's expert parallelism is not run with FP8 layers"),
+    ("context", "a `context` axis", "the torch program's context parallelism is not run with FP8 layers"),
+)
+
+
 class TorchTarget(Target):
     name = "torch"
     title = "PyTorch"
@@ -51,6 +62,7 @@ class TorchTarget(Target):
         mesh_axes=MESH_AXES,
         zero_stages=(0, 1, 2),  # over `data` alone (ZERO_LIMITS)
         master_weights=True,
+        float8=True,  # torchao.float8 on the linear layers, with DDP and FSDP2 (FLOAT8_LIMITS)
         pipeline_schedules=("gpipe", "1f1b", "interleaved"),
         explicit_stages=True,
         zero_with_pipeline=True,  # over `data` (data_parallel: "zero1" / "zero2"; templates/torch/optimizer.py.j2)
@@ -126,6 +138,7 @@ class TorchTarget(Target):
         "`training.zero: 0`, keep batch_norm's running statistics whole over `data`, and with a compute dtype "
         "other than the parameters', or gradient compression, every trainable parameter split over `data`.",
         *(f"Parameters split over `data` with {what}: {why}." for _, what, why in DATA_SPLIT_LIMITS),
+        *(f"`precision.float8` (FP8 linear layers) with {what}: {why}." for _, what, why in FLOAT8_LIMITS),
         "`sharding.inputs` layouts other than rows of the batch (each rank reads its block, redistributed to its "
         "rows) are refused with a `pipe` axis, with mesh axes out of the mesh's order on one dimension (the "
         "batch rule's too), and where the layout's batch split does not divide a micro-batch.",

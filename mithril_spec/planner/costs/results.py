@@ -76,10 +76,12 @@ class Temporaries:
     gathered_params: int  # parameters gathered over fsdp (or cast to the compute dtype)
     unsharded_grads: int  # a layer's gradients before their reduce-scatter
     optimizer: int  # update temporaries of the largest parameter shard (fp32)
+    float8_casts: int = 0  # precision.float8: the FP8 copies of the largest FP8 layer's operands and their scales
 
     @property
     def total(self) -> int:
-        return self.gradient_flow + self.loss + self.gathered_params + self.unsharded_grads + self.optimizer
+        return (self.gradient_flow + self.loss + self.gathered_params + self.unsharded_grads + self.optimizer
+                + self.float8_casts)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +97,7 @@ class StageCosts:
     in_flight: float  # micro-batches whose activations are alive at once (pipeline schedules)
     collectives: tuple["Collective", ...]
     flops_per_device: float  # forward + backward + recompute, one step
+    float8_flops_per_device: float = 0.0  # of which the FP8 linear layers' (precision.float8), forward + backward
 
     @property
     def peak(self) -> int:

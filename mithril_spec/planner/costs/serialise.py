@@ -30,9 +30,11 @@ def _stage(s: StageCosts) -> doc.StageCosts:
                                         checkpoint=bl.checkpoint) for bl in a.blocks],
         ),
         temporaries=doc.Temporaries(gradient_flow=t.gradient_flow, loss=t.loss, gathered_params=t.gathered_params,
-                                    unsharded_grads=t.unsharded_grads, optimizer=t.optimizer, total=t.total),
+                                    unsharded_grads=t.unsharded_grads, optimizer=t.optimizer,
+                                    float8_casts=t.float8_casts, total=t.total),
         in_flight=s.in_flight,
         flops_per_device=s.flops_per_device,
+        float8_flops_per_device=s.float8_flops_per_device,
         collectives=[_collective(c) for c in s.collectives],
         peak=s.peak,
     )

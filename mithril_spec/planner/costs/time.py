@@ -45,7 +45,12 @@ def step_time(costs: Costs, plan: Plan, hw: Hardware, options: CostOptions) -> S
     peak = hw.peak_flops(compute_dtype(tr.precision, hw))
     worst = None
     for st in costs.stages:
-        compute = st.flops_per_device / (peak * eff)
+        # precision.float8: the FP8 linear layers' matmuls at the profile's float8 peak, the rest at the compute
+        # dtype's (a profile without a float8 peak, which `plan --hardware` refuses: planner/hardware.py
+        # float8_diagnostics, and the programs' predictions for an A100 or a CPU, where they emulate FP8: all at
+        # the compute dtype's, the emulation's cost not modelled)
+        f8 = st.float8_flops_per_device
+        compute = (st.flops_per_device - f8) / (peak * eff) + f8 / (hw.flops.get("float8", peak) * eff)
         _, _, blocking, overlapped, _ = _comm(st.collectives, plan, hw)
         # (`communication.overlap: false`, or a device whose collectives do not overlap compute, the profile's
         # `overlap_collectives: false`: the data-parallel collectives wait for the compute)

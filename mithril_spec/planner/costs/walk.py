@@ -30,6 +30,8 @@ class _Unit:
     elems: dict = dataclasses.field(default_factory=dict)  # key of `saved` -> elements (the offload threshold)
     flops: float = 0.0  # forward
     score_flops: float = 0.0  # what selective remat recomputes
+    float8_flops: float = 0.0  # forward, of the linear layers that run in FP8 (precision.float8)
+    float8_casts: int = 0  # bytes: the FP8 copies of the largest FP8 layer's operands (precision.float8)
     colls: dict = dataclasses.field(default_factory=dict)  # (kind, axes, phase, what, bytes, blocking) -> count
     grad_flow: int = 0
     loss: int = 0
@@ -94,6 +96,8 @@ class _Unit:
             self.scatters[key] = self.scatters.get(key, 0) + v * k
         self.flops += other.flops * k
         self.score_flops += other.score_flops * k
+        self.float8_flops += other.float8_flops * k
+        self.float8_casts = max(self.float8_casts, other.float8_casts)
         self.grad_flow = max(self.grad_flow, other.grad_flow)
         self.loss = max(self.loss, other.loss)
         self.gathered += other.gathered * k
@@ -124,6 +128,7 @@ class Walk:
         self.c = DTYPE_BYTES[tr.precision.compute]
         self.pb = DTYPE_BYTES[tr.precision.params]
         self.gather_bytes = min(self.pb, self.c)  # parameters travel in the compute dtype
+        self.float8 = tr.precision.float8  # the linear layers' matmuls in FP8 (torchao.float8)
         self.zero, self.master_weights, self.slots, self.slot_bytes = precision_setup(spec)
         self.comm = spec.communication  # gradient compression: the batch axes' gradient reductions send less
         self.compression = "" if self.comm.compression_name == "none" else label(self.comm)
@@ -248,9 +253,28 @@ class Walk:
         c = LayerCosts(self, node, prefix, u, tp, needs_dx, in_remat)
         op.costs(c)
         u.flops += node.flops * self.b / self.deg(c.div_axes)
+        if self.float8:
+            self.float8_layer(node, u, self.deg(c.div_axes))
         u.grad_flow = self.nbytes(node.out, c.out_axes) + sum(
             self.nbytes(t, self.act_axes(t)) for t in node.in_types if not t.is_int)
         return u
+
+    def float8_layer(self, node: Node, u: _Unit, deg: int) -> None:
+        """precision.float8: the layer's weights that the torch program holds in nn.Linear modules, both
+        dimensions multiples of 16 (what it converts to torchao's Float8Linear), run their three matmuls in
+        FP8 (forward, input and weight gradients): their FLOPs, and the FP8 copies of their operands alive at
+        once in the backward pass, 1 byte an element: the input and the weight, the output gradient twice
+        (cast for each of the two matmuls), and a float32 scale each. The inputs and weights the backward pass
+        needs stay saved in the compute dtype (torchao's tensorwise recipe saves those, not their FP8 copies)."""
+        x = node.in_types[0]
+        if x.is_int or not x.shape:
+            return
+        tokens = self.b * (x.numel // x.shape[-1]) / deg  # rows of the matmuls on one device
+        for p in node.params:
+            if p.name in OPS[node.op].float8_weights and len(p.shape) == 2 and not (p.shape[0] % 16 or p.shape[1] % 16):
+                d_in, d_out = p.shape  # canonical [in, out]
+                u.float8_flops += 2 * tokens * d_in * d_out
+                u.float8_casts = max(u.float8_casts, math.ceil(tokens * (d_in + 2 * d_out)) + d_in * d_out + 4 * 4)
 
     # -- scopes
     def block(self, rep: RepeatNode, prefix: str, in_req: bool, in_remat: bool) -> _Unit:
@@ -411,7 +435,8 @@ class Walk:
         else:
             gathered, unsharded = total.gathered, total.unsharded_grads
         temps = Temporaries(gradient_flow=total.grad_flow, loss=top.loss, gathered_params=gathered,
-                            unsharded_grads=unsharded, optimizer=2 * total.largest_shard * 4)
+                            unsharded_grads=unsharded, optimizer=2 * total.largest_shard * 4,
+                            float8_casts=total.float8_casts)
         states = StateMemory(total.params, total.grads, total.master, total.moments, total.buffers)
         if self.held is not None and self.held.total > states.total:
             states = self.held  # what the target's program holds on this pipe rank
@@ -420,7 +445,7 @@ class Walk:
         self._forward[r] = per_fwd
         flops = 3 * per_fwd + rk.recompute * steps
         return StageCosts(r, tuple(rk.layers), self.mesh.devices // self.pipe, states, acts, temps, flight, colls,
-                          flops)
+                          flops, 3 * total.float8_flops * steps)
 
     def sends(self, ranks: list["_Rank"], last_stage: dict[int, Any]) -> None:
         """Pipeline point-to-point: each stage sends its output forward and receives its gradient back."""
