@@ -1,8 +1,8 @@
 """A linear layer tied to an embedding on another pipeline stage (torch; GPT-2's `lm_head` tied to `wte`):
 the first stage holds the table, the last a copy of it under the same name, initialised as it; after the
 backward pass the two pipe ranks of each replica sum the table's gradient (Megatron's embedding group), so
-both copies take the same update. Each mesh (1F1B on pipe=2, pipe=2 x data=2, and vocab-parallel on
-pipe=2 x tensor=2) equals the one-process build at the gradient level (docs/program.md "Equivalence": the
+both copies take the same update. Each mesh (1F1B on pipe=2, pipe=2 x data=2, vocab-parallel on
+pipe=2 x tensor=2, and pipe=4) equals the one-process build at the gradient level (docs/program.md "Equivalence": the
 first step's gradients, by canonical name: one `wte.weight`) and in its plain-SGD losses. Also: a pipe=2
 checkpoint (one table under its canonical name) resumed on one process follows the one-process run, the plan
 counts the copy on the last pipe rank (what each rank holds), and the dry run lays it out there."""
@@ -25,12 +25,15 @@ TIED = (("name: lm_head, dimension: vocab, bias: false}", "name: lm_head, dimens
         ("clip_grad_norm: 1.0", "clip_grad_norm: 0.5"))  # (the gradient norms are 0.6 to 0.9: every step clips)
 # the table split on its rows over `tensor` (vocab-parallel): the last stage's copy too
 VOCAB = TIED + (("    mlp: tensor\n", "    mlp: tensor\n    vocab: tensor\n"),)
+TIED4 = tuple(e for e in TIED if e[0] != "layers: 4}")  # 4 blocks, one per stage on pipe=4
 ARGS = ("--steps", "3", "--export-grads", "grads.npz")
 CKPT = WORK / "ckpt-gpt-tied-pipe2"
 CASES = {  # what -> (mesh, edits, extra arguments)
     "1f1b pipe=2": ("pipe=2", TIED, ("--checkpoint-dir", str(CKPT), "--checkpoint-every", "2")),
     "1f1b pipe=2 x data=2": ("pipe=2,data=2", TIED, ()),
     "1f1b pipe=2 x tensor=2, vocab-parallel": ("pipe=2,tensor=2", VOCAB, ()),
+    # the table on pipe rank 0, its copy on rank 3: a group of 2 of the 4 pipe ranks
+    "1f1b pipe=4": ("pipe4", TIED4, ()),
 }
 
 
@@ -45,7 +48,7 @@ def pipelined(what):
 
 @pytest.fixture(scope="module", autouse=True)
 def all_runs():
-    run_many([(build(GPT, "single", e), *ARGS) for e in (TIED, VOCAB)]
+    run_many([(build(GPT, "single", e), *ARGS) for e in (TIED, VOCAB, TIED4)]
              + [(build(GPT, mesh, edits), *ARGS, *extra) for mesh, edits, extra in CASES.values()])
 
 
@@ -67,7 +70,7 @@ def test_tied_table_across_stages_equals_one_process(what):
     assert dn < 1e-5 and dp < 1e-5, (dn, dp)
     # the plan counts the copy on the last pipe rank: each rank holds what the plan says its pipe rank holds
     plan = json.loads((build(GPT, mesh, edits) / "plan.json").read_text())
-    per_pipe = len(pipe.memory["ranks"]) // 2
+    per_pipe = len(pipe.memory["ranks"]) // len(plan["costs"]["stages"])
     for r, held in enumerate(pipe.memory["ranks"]):
         planned = plan["costs"]["stages"][r // per_pipe]["states"]
         assert {k: held[k] for k in ("params", "grads")} == {k: planned[k] for k in ("params", "grads")}, (r, held)
