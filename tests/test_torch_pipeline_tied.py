@@ -5,7 +5,8 @@ both copies take the same update. Each mesh (1F1B on pipe=2, pipe=2 x data=2, vo
 pipe=2 x tensor=2, and pipe=4) equals the one-process build at the gradient level (docs/program.md "Equivalence": the
 first step's gradients, by canonical name: one `wte.weight`) and in its plain-SGD losses. Also: a pipe=2
 checkpoint (one table under its canonical name) resumed on one process follows the one-process run, the plan
-counts the copy on the last pipe rank (what each rank holds), and the dry run lays it out there."""
+counts the copy on the last pipe rank (what each rank holds), the dry run lays it out there, and generate.py
+of the pipelined build samples the one-process tokens."""
 
 from __future__ import annotations
 
@@ -99,3 +100,18 @@ def test_dry_run_lays_the_copy_out_on_the_last_pipe_rank():
     assert [r["params"] for r in ranks] == [st["states"]["params"] for st in plan["costs"]["stages"]]
     table = 256 * 64 * 4  # vocab x d, float32: on both pipe ranks
     assert ranks[1]["params"] - table == plan["pipeline"]["stages"][1]["params"] * 4
+
+
+@pytest.mark.slow
+def test_generate_py_of_the_tied_pipeline_samples_the_one_process_tokens():
+    """generate.py of the pipe=2 build (the head on the last stage, its table loaded there by name) draws the
+    one-process build's greedy tokens from the same parameters, its cached decode checked (--check) against
+    its forward pass through the stages."""
+    from test_generate import _generate
+
+    params = str(one_process(TIED).cwd / "params.npz")
+    greedy = ("--params", params, "--prompt-ids", "1,2,3", "--temperature", "0", "--check", "--json")
+    want, got = _generate("torch", build(GPT, "single", TIED), greedy), _generate("torch", build(GPT, "pipe=2", TIED),
+                                                                                 greedy, 2)
+    assert want["rc"] == 0 and got["rc"] == 0, got["stderr"][-3000:]
+    assert got["json"]["new_ids"] == want["json"]["new_ids"] and len(set(want["json"]["new_ids"])) > 1
