@@ -1,6 +1,7 @@
 """`train.py --profile DIR [--profile-steps A:B]`: a framework trace in DIR and a summary of the measured
-step, collective kinds and peak memory next to the plan's; one tiny data=2 run per target. A bad window is a
-usage error (exit 2), and the mlx program says it does not profile."""
+step, collective kinds and peak memory next to the plan's; one tiny data=2 run per target, and a pipelined
+torch program (pipe=2, a summary per rank). A bad window is a usage error (exit 2), and the mlx program says it
+does not profile."""
 
 from __future__ import annotations
 
@@ -41,6 +42,27 @@ def test_torch_profile_writes_a_trace_per_rank_and_the_summary():
     s = check(run, program)
     tr.report("profile (torch data=2, cpu)", step_s=s["step_s"], comm_s=s["comm_s"], calls=s["comm_calls"],
               planned_calls=s["planned"]["comm_calls"])
+
+
+@pytest.mark.runs
+def test_pipelined_torch_profile_traces_every_stage():
+    """A pipelined torch program (1f1b, pipe=2) profiles as the one without a pipeline: a trace per rank, and
+    each rank's summary (its stage's step: the activations it sends or receives), rank 0's printed."""
+    program = tr.build(tr.SPECS / "gpt-pipe.yaml", "pipe=2")
+    run = tr.run(program, "--steps", "3", "--profile", "prof", export=False)
+    prof = run.cwd / "prof"
+    assert sorted(p.name for p in prof.glob("trace-rank*.json")) == ["trace-rank0.json", "trace-rank1.json"]
+    ranks = [json.loads((prof / f"summary-rank{r}.json").read_text()) for r in (0, 1)]
+    planned = json.loads((program / "plan.json").read_text())["costs"]
+    assert "send/recv" in {c["kind"] for c in planned["collectives"]}
+    for r, s in enumerate(ranks):
+        assert s["rank"] == r and s["steps"] == [2, 3] and s["step_s"] > 0 and len(s["peak_bytes"]) == 2
+        # the stages pass activations (forward) and their gradients (backward) both ways, every micro-batch
+        assert s["comm_calls"]["send/recv"] >= 4, s["comm_calls"]
+    assert summary(run) == {k: v for k, v in ranks[0].items() if k != "rank"}
+    assert "profile of steps 2..3" in run.output and "send/recv" in run.output and "Traceback" not in run.output
+    tr.report("profile (torch 1f1b pipe=2, cpu)", step_s=[s["step_s"] for s in ranks],
+              comm_s=[s["comm_s"] for s in ranks], calls=[s["comm_calls"] for s in ranks])
 
 
 @pytest.mark.runs

@@ -33,8 +33,7 @@ def coverage_of(spec: Path) -> Coverage:
         exported = cwd / "params.safetensors"
         first = ["--steps", STEPS, "--metrics", "metrics.jsonl", "--checkpoint-dir", "ckpt", "--export-params",
                  str(exported), "--tensorboard", "tb", "--async-checkpoint", "--checkpoint-every", "1"]
-        if "class StepProfiler" in train.read_text():  # (not in a pipelined program)
-            first += ["--profile", "prof"]  # the last step traced and summarised
+        first += ["--profile", "prof"]  # the last step traced and summarised (pipelined programs too)
         runs = [(cwd, first), (again, ["--steps", "0", "--init-params", str(exported)]),
                 (resumed, ["--steps", str(int(STEPS) + 1), "--resume", "auto", "--checkpoint-dir", str(cwd / "ckpt"),
                            "--export-grads", "grads.npz"])]

@@ -276,15 +276,22 @@ def e049(edits, mesh=None) -> list[tuple[str, int, int]]:
 @pytest.mark.runs
 def test_unsupported_pipelines_are_e049_with_their_position():
     assert e049(()) == [] and e049(INTERLEAVED) == [] and e049(GPIPE) == [] and e049((), "pipe4") == []
-    # the head tied to the embedding on the other stage
+    # the head tied to the embedding on the other stage runs (a copy of the table there:
+    # tests/test_torch_pipeline_tied.py), vocab-parallel too
     tied = (("{op: linear, name: lm_head, dimension: vocab, bias: false}",
              "{op: linear, name: lm_head, dimension: vocab, bias: false, tie: wte}"),)
-    ((msg, line, col),) = e049(tied)
-    assert "tied to `wte.weight`" in msg and (line, col) == (26, 26)
-    # vocab-parallel layers run in a pipeline (test_vocab_parallel_...); a tied head there is the tie's E049
+    assert e049(tied) == [] and e049(tied, "pipe4") == [] and e049(tied + VOCAB[:1], "pipe=2,tensor=2") == []
     assert e049(VOCAB) == [] and e049(VOCAB, "pipe=2,tensor=2") == []
-    ((msg, _, _),) = e049(tied + VOCAB[:1])
-    assert "tied to `wte.weight`" in msg
+    # ... but not on another stage of the table's pipe rank (interleaved), where one rank would hold it twice
+    # under one name: a layer tied to `wte` on stage 2, the head on stage 3, of 2 x 2 virtual stages
+    again = (("{op: linear, name: lm_head, dimension: vocab, bias: false}",
+              "{op: linear, name: tproj, dimension: vocab, bias: false, tie: wte, stage: 2}\n"
+              "    - {op: linear, name: lm_head, dimension: vocab, bias: false, stage: 3}"),
+             ("{op: layer_norm, name: ln_f}", "{op: layer_norm, name: ln_f, stage: 1}"),
+             ("{repeat: layers, block: decoder, name: blocks}", "{repeat: layers, block: decoder, name: blocks, stage: 1}"))
+    ((msg, line, col),) = e049(INTERLEAVED + again, "pipe=2")
+    assert "`tproj` is tied to `wte.weight`, which is on pipeline stage 0, a stage of the same pipe rank" in msg
+    assert (line, col) == (26, 26)
     # a layer after the block reads one before it: two tensors would cross the stage boundary
     skip = (("{op: layer_norm, name: ln_f}", "{op: add, name: skip, inputs: [blocks, wpe]}"),
             ("{op: linear, name: lm_head, dimension: vocab, bias: false}",

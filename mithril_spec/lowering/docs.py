@@ -47,6 +47,8 @@ def capability_markdown() -> str:
     row("operators", lambda c: "all" if c.ops is None else "all but " + _list(sorted(set(OPS) - c.ops)))
     row("launchers", lambda c: "; ".join(c.launchers))
     row("evaluation (`eval`) in a pipelined build", lambda c: _yes(c.eval_with_pipeline))
+    row("a linear tied to an embedding on another pipeline stage", lambda c: c.tied_across_stages or "no")
+    row("`--profile` (a trace, and time per collective kind next to the plan's)", lambda c: c.profile or "no")
     row("`generate.py` (sampling from a language model)", lambda c: c.sampling or "no")
     row("operators with a pipeline limit it runs in a pipelined build",
         lambda c: _list(sorted(c.pipelined_ops)) if c.pipelined_ops else "none")

@@ -353,6 +353,7 @@ class StageFlow:
     inputs: tuple[str, ...]  # the model inputs the stage reads (the first stage only)
     receives: str | None  # the tensor from the previous stage (None on the first)
     sends: str  # the tensor for the next stage; the loss prediction on the last
+    copies: tuple[str, ...] = ()  # embedding layers of other stages whose table a tied layer here reads (a copy)
 
 
 def pipeline_flow(plan: Plan) -> tuple[list[StageFlow], list[tuple[object, str]]]:
@@ -380,6 +381,7 @@ def pipeline_flow(plan: Plan) -> tuple[list[StageFlow], list[tuple[object, str]]
     crossing: list[list[str]] = [[] for _ in range(n - 1)]  # boundary b: from stage b to stage b + 1
     readers: list[dict[str, object]] = [{} for _ in range(n - 1)]  # boundary b: tensor -> a layer beyond it
     first_inputs: set[str] = set()
+    copies: list[list[str]] = [[] for _ in range(n)]  # per stage: the embedding layers whose table it copies
     for node in graph.layers:
         s = begins[node.name]
         for name in node.inputs:
@@ -400,8 +402,15 @@ def pipeline_flow(plan: Plan) -> tuple[list[StageFlow], list[tuple[object, str]]
         tie = None if node.is_repeat else node.attrs.get("tie")
         owner = tie.split(".")[0] if tie else None
         if owner in ends and ends[owner] != s:
-            msg = f"`{node.name}` is tied to `{tie}`, which is on pipeline stage {ends[owner]}, not on stage {s} with it"
-            problems.append((node, msg))
+            # the stage holds a copy of the table, its gradient summed with the table's after the backward pass
+            # (tied_tables); two stages of one pipe rank would hold it twice under one name
+            if ends[owner] % plan.pipeline.pipe == s % plan.pipeline.pipe:
+                msg = (f"`{node.name}` is tied to `{tie}`, which is on pipeline stage {ends[owner]}, a stage of the "
+                       f"same pipe rank as stage {s}: the torch target holds a tied table's copies on different "
+                       "pipe ranks")
+                problems.append((node, msg))
+            elif owner not in copies[s]:
+                copies[s].append(owner)
     loss = graph.loss
     if loss.targets not in inputs:
         msg = (f"the loss targets `{loss.targets}` are not a model input; the torch pipeline gives the last stage "
@@ -425,8 +434,28 @@ def pipeline_flow(plan: Plan) -> tuple[list[StageFlow], list[tuple[object, str]]
         sends = loss.prediction if s == n - 1 else (crossing[s][0] if len(crossing[s]) == 1 else "")
         receives = None if s == 0 else (crossing[s - 1][0] if len(crossing[s - 1]) == 1 else "")
         mine = tuple(i for i in inputs if i in first_inputs) if s == 0 else ()
-        flows.append(StageFlow(s, tuple(units[s]), mine, receives, sends))
+        flows.append(StageFlow(s, tuple(units[s]), mine, receives, sends, tuple(copies[s])))
     return flows, problems
+
+
+def tied_tables(plan: Plan) -> dict[str, tuple[int, ...]]:
+    """The embedding tables that tied layers of other pipeline stages read: table parameter -> the pipe ranks
+    holding it, the embedding's first, then those holding a copy (Megatron's embedding group: each copy
+    initialised as the table, and after the backward pass their gradients summed over these ranks, within
+    each replica, so that every copy takes the same update). Empty without a pipeline."""
+    pp = plan.pipeline
+    if pp is None or len(pp.stages) < 2:
+        return {}
+    flows, _ = pipeline_flow(plan)
+    owners = {node.name: f.index for f in flows for node, _, _ in f.units}
+    out: dict[str, tuple[int, ...]] = {}
+    for f in flows:
+        for node, _, _ in f.units:
+            name = None if node.is_repeat else node.attrs.get("tie")
+            table = (name or "").rsplit(".", 1)[0]
+            if table in f.copies and f.index % pp.pipe not in out.get(name, ()):
+                out[name] = out.get(name, (owners[table] % pp.pipe,)) + (f.index % pp.pipe,)
+    return out
 
 
 def sequence_parallel(plan: Plan, rep: RepeatNode) -> bool:

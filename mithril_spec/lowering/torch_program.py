@@ -49,7 +49,7 @@ from .common import RESERVED, rename_vars
 from .costing import Costing
 from .jax_program import model_hash, optimizer_settings, spec_hash
 from .torch import data_parallel as torch_data_parallel
-from .torch import pipeline_flow, relaid_inputs, shard_axis
+from .torch import pipeline_flow, relaid_inputs, shard_axis, tied_tables
 from .torch import sequence_parallel as torch_sequence_parallel
 
 # Names the generated forward methods use besides tensor variables.
@@ -138,6 +138,7 @@ def _pipeline(plan: Plan, layers: list[dict[str, Any]], top_vars: dict[str, str]
         return None
     flows, _ = pipeline_flow(plan)  # the target check has rejected any problem
     by_name = {layer["name"]: layer for layer in layers}
+    stage_of = {node.name: f.index for f in flows for node, _, _ in f.units}
     stages = []
     for f in flows:
         units = []
@@ -156,12 +157,14 @@ def _pipeline(plan: Plan, layers: list[dict[str, Any]], top_vars: dict[str, str]
             "receives": top_vars[f.receives] if f.receives else None,
             "sends": top_vars[f.sends],
             "describe": ", ".join(pp.stages[f.index].units),
+            # the embedding layers of other stages whose table a tied layer of this stage reads: it holds a copy
+            "copies": [dict(copy.deepcopy(by_name[name]), table_stage=stage_of[name]) for name in f.copies],
             # it holds a layer with a loss of its own (moe): its gradient starts at the stage's output
             "aux_loss": any(OPS[x.op].has_aux_loss for node, _, _ in f.units
                             for x in (node.layers if node.is_repeat else (node,))),
         })
     return {"pipe": pp.pipe, "virtual": pp.virtual, "n_stages": len(pp.stages), "microbatches": pp.microbatches,
-            "schedule": pp.schedule, "stages": stages,
+            "schedule": pp.schedule, "stages": stages, "tied": tied_tables(plan),
             "first_inputs": list(flows[0].inputs), "targets": plan.graph.loss.targets}
 
 

@@ -36,6 +36,9 @@ class PipelinePlan:
     # per stage, the copies of repeated blocks it runs: (repeat name, start, end), in layer order (for the
     # planner's split and explicit placement alike)
     stage_repeats: tuple[tuple[tuple[str, int, int], ...], ...] = ()
+    # a table that tied layers on other pipe ranks read -> the stages of those layers, each of which holds a copy
+    # (a target that runs a tied layer away from its table: the torch pipeline)
+    tied_copies: dict[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
 
     @property
     def stage_copies(self) -> tuple[tuple[tuple[str, int], ...], ...]:
@@ -257,6 +260,7 @@ def _summarise(graph, pipe, virtual, m, schedule, n_stages, layer_stage, repeat_
     params = [0] * n_stages
     flops = [0] * n_stages
     param_stage: dict[str, int] = {}
+    tied: dict[str, list[int]] = {}
     for n in graph.layers:
         if isinstance(n, RepeatNode):
             spans = repeat_split.get(n.name) or ((0, n.count),)
@@ -280,7 +284,13 @@ def _summarise(graph, pipe, virtual, m, schedule, n_stages, layer_stage, repeat_
                 param_stage[f"{n.name}.{p.name}"] = stage
             params[stage] += sum(p.numel for p in n.params)
             flops[stage] += n.flops
-    # A tied linear reads its table from another stage; the table stays with its embedding.
+            table = n.attrs.get("tie")
+            if table in param_stage and param_stage[table] % pipe != stage % pipe:
+                tied.setdefault(table, [])
+                if stage not in tied[table]:
+                    tied[table].append(stage)
+    # A tied linear on another pipe rank than its table reads a copy of it there (`tied_copies`); the table
+    # itself stays with its embedding (param_stage).
     stages = tuple(Stage(i, i % pipe, tuple(units[i]), params[i], flops[i]) for i in range(n_stages))
     return PipelinePlan(pipe, virtual, m, schedule, stages, param_stage, layer_stage, repeat_split,
-                        tuple(tuple(c) for c in copies))
+                        tuple(tuple(c) for c in copies), {k: tuple(v) for k, v in tied.items()})

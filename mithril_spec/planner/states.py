@@ -112,12 +112,17 @@ def state_memory(plan: Plan, outside_everywhere: bool = False, padded: bool = Fa
     # padded stages: the pipelined copies are counted as `rows` copies of the first one on every pipe rank
     rows = pl.virtual * max(map(len, pl.stage_copies)) if padded and split else 0
     one = "{}.{}.".format(*next(c for s in pl.stage_copies for c in s)) if rows else None
+    tied = getattr(plan.pipeline, "tied_copies", None) or {}
 
     def holders(name: str, stage: int):
         """(pipe ranks holding `name`, how many times each)."""
         if rows and name.split(".")[0] in split:
             return (ranks, rows) if name.startswith(one) else ((), 0)
-        return (ranks, 1) if name in outside else ((ranks[stage % pipe],), 1)
+        if name in outside:
+            return ranks, 1
+        # a tied table: also on the pipe ranks of the tied layers that hold a copy of it
+        copies = tied.get(name, ())
+        return tuple(ranks[r] for r in dict.fromkeys([stage % pipe] + [s % pipe for s in copies])), 1
 
     cache: dict[tuple, tuple] = {}
     for pp in plan.params:

@@ -56,6 +56,11 @@ class Capabilities:
     default: bool = True
     # the `eval` section in a build with more than one pipeline stage
     eval_with_pipeline: bool = False
+    # a linear layer tied to an embedding table on another pipeline stage: "" refused; else in words, how
+    # the program runs it
+    tied_across_stages: str = ""
+    # `--profile DIR` (docs/program.md "Profiling"): "" not supported; else in words, what it traces
+    profile: str = ""
     # generate.py of a language model (Plan.language_model): "" none; else in words, which builds have it
     sampling: str = ""
     # operators it runs inside a pipeline although the operator names a pipeline limit (Op.pipeline_limit):

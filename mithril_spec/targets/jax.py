@@ -19,6 +19,8 @@ class JaxTarget(Target):
         zero_with_pipeline=False,
         # forward only through the circular pipeline (templates/jax/pipeline.py.j2 pipeline_eval)
         eval_with_pipeline=True,
+        tied_across_stages="yes (the layers outside the pipelined block hold their parameters on every pipe rank)",
+        profile="yes (jax.profiler: one trace per process)",
         sampling="every mesh; a pipeline of one repeat's copies in stages of as many (not padded), through its stages",
         compute_dtypes=("float32", "bfloat16", "float16"),
         param_dtypes=("float32", "bfloat16", "float16"),

@@ -67,6 +67,11 @@ class TorchTarget(Target):
         explicit_stages=True,
         zero_with_pipeline=True,  # over `data` (data_parallel: "zero1" / "zero2"; templates/torch/optimizer.py.j2)
         eval_with_pipeline=True,  # schedule.eval: the stages forward only (templates/torch/pipeline_main.py.j2)
+        # templates/torch/pipeline_stages.py.j2 tie_groups / reduce_tied_grads; refused on a stage of the table's
+        # pipe rank (lowering/torch.py pipeline_flow)
+        tied_across_stages="yes, on another pipe rank than the table: a copy there, its gradient summed with the "
+        "table's (Megatron's embedding group)",
+        profile="yes (torch.profiler: a trace and a summary per rank, pipelined builds too)",
         sampling="every mesh; a pipeline through its stages",
         compute_dtypes=("float32", "bfloat16", "float16"),
         param_dtypes=("float32", "bfloat16", "float16"),
@@ -131,8 +136,8 @@ class TorchTarget(Target):
         "planned: FSDP2 ignores it and the program averages its gradient); with a compute dtype other than the "
         "parameters' such a parameter is refused (FSDP2's MixedPrecisionPolicy casts only what it shards).",
         "A pipeline passes exactly one tensor from stage to stage; the model inputs go to the first stage, the "
-        "loss targets (a model input) to the last; a tied linear layer sits on its embedding's stage; remat in "
-        "a pipeline needs a repeated block.",
+        "loss targets (a model input) to the last; a linear layer tied to an embedding on another stage of the "
+        "same pipe rank (interleaved) is refused; remat in a pipeline needs a repeated block.",
         *(f"`training.zero` with {what}: {why}." for what, why in ZERO_LIMITS),
         "Parameters split over `data` (FSDP2 over the data axis) need `data` among the batch axes and "
         "`training.zero: 0`, keep batch_norm's running statistics whole over `data`, and with a compute dtype "

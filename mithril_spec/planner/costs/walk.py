@@ -300,6 +300,19 @@ class Walk:
                         return s
         return pl.layer_stage.get(name, 0)
 
+    def tied_copy(self, ranks: list, table: str, rk: "_Rank") -> None:
+        """A tied layer on another pipe rank than its table (`PipelinePlan.tied_copies`): that rank holds a
+        copy of the table (its state, gathered and reduced as the table is), and after the backward pass both
+        ranks all-reduce the table's gradient over `pipe` (the pair of them, within each replica)."""
+        pp = self.by_name[table]
+        cu = _Unit(saved={})
+        self.param_state(cu, pp, OPS["embedding"].handled_dims.get("weight", ()))
+        rk.total.merge(cu.flush_gathers(self.compression), saved=False)
+        owner = ranks[self.plan.pipeline.param_stage[table] % self.pipe]
+        for r in {id(owner): owner, id(rk): rk}.values():
+            key = ("all-reduce", ("pipe",), False)
+            r.total.sync[key] = r.total.sync.get(key, 0) + math.prod(pp.local_shape) * DTYPE_BYTES[pp.dtype]
+
     def in_flight(self, rank: int) -> float:
         """Micro-batches whose activations a pipe rank holds at its peak."""
         pl = self.plan.pipeline
@@ -393,6 +406,9 @@ class Walk:
                 rk.total.merge(nu, saved=False)
                 rk.unit_gather = max(rk.unit_gather, nu.gathered)
                 rk.layers.append(node.name)
+                table = node.attrs.get("tie")
+                if pipe > 1 and stage in self.plan.pipeline.tied_copies.get(table, ()):
+                    self.tied_copy(ranks, table, rk)
                 if remat != "none":
                     rk.recompute += nu.score_flops
                 last_stage[stage] = node.out
@@ -486,11 +502,13 @@ class Walk:
                 what, phase = "updated-parameter all-gather (ZeRO)", "step"
             elif kind == "reduce-scatter":
                 what, phase = "gradient reduce-scatter (ZeRO)", "backward" if per_micro else "step"
+            elif axes == ("pipe",):
+                what, phase = "tied table gradient all-reduce (pipeline)", "step"
             else:
                 what, phase = "gradient all-reduce (data parallel)", "step"
             packed = self.compression if self.compression and kind != "all-gather" and set(axes) <= self.batch else ""
             calls = 1
-            if kind != "all-gather" and self.opt.reduction_calls and self.opt.reduction_calls > 1:
+            if kind != "all-gather" and axes != ("pipe",) and self.opt.reduction_calls and self.opt.reduction_calls > 1:
                 # the program's gradient reduction as it issues it: several calls, each a share of the gradients
                 calls = self.opt.reduction_calls
                 nbytes = -(-nbytes // calls)

@@ -496,9 +496,7 @@ def parse_args(argv=None):
         "--dry-run", action="store_true", help="print the mesh and layouts, run no step"
     )
     ap.add_argument(
-        "--profile",
-        metavar="DIR",
-        help="not supported by this program (build for torch or jax, without a torch pipeline)",
+        "--profile", metavar="DIR", help="not supported by this program (build for torch or jax)"
     )
     ap.add_argument(
         "--profile-steps",

@@ -1089,11 +1089,13 @@ def ms(seconds):
     return f"{seconds * 1e3:10.3f} ms"
 
 
-def report_profile(directory, window, device_name, step_s, comm_s, calls, peaks):
+def report_profile(directory, window, device_name, step_s, comm_s, calls, peaks, rank=None):
     """Prints the summary of the profiled steps and writes it to `directory`/summary.json: measured seconds
     per step (`step_s`), per collective kind (`comm_s`, `calls`: per step and device), the rest of the step
     (compute, and whatever else the device did), and each device's peak bytes (`peaks`), next to what the
-    plan predicts on this device's hardware profile."""
+    plan predicts on this device's hardware profile. With a `rank` (torch: every rank calls it with its own
+    measurement), it also writes `directory`/summary-rank<R>.json, and only rank 0 prints and writes
+    summary.json."""
     name = planned_profile(device_name)
     plan = PREDICTED["profiles"].get(name) if name else None
     kinds = sorted(set(PREDICTED["comm_bytes"]) | set(comm_s))
@@ -1113,18 +1115,6 @@ def report_profile(directory, window, device_name, step_s, comm_s, calls, peaks)
             )
         )
     first, last = window
-    print(
-        f"profile of steps {first}..{last} (trace in {directory}), per step and device: measured | planned "
-        f"({name or 'no hardware profile for ' + repr(device_name)})",
-        flush=True,
-    )
-    for r in rows:
-        print(f"  {r[0]:28s} {r[1]:>28s} | {r[2]:>28s} {r[3]}", flush=True)
-    for d, peak in enumerate(peaks):
-        print(
-            f"  peak memory, device {d}: {peak:,} B measured | {PREDICTED['peak_bytes']:,} B planned",
-            flush=True,
-        )
     summary = {
         "steps": [first, last],
         "device": device_name,
@@ -1141,14 +1131,31 @@ def report_profile(directory, window, device_name, step_s, comm_s, calls, peaks)
             "peak_bytes": PREDICTED["peak_bytes"],
         },
     }
+    if rank is not None:
+        with open(os.path.join(directory, f"summary-rank{rank}.json"), "w") as f:
+            json.dump({"rank": rank, **summary}, f, indent=1)
+        if rank != 0:
+            return
+    print(
+        f"profile of steps {first}..{last} (trace in {directory}), per step and device: measured | planned "
+        f"({name or 'no hardware profile for ' + repr(device_name)})",
+        flush=True,
+    )
+    for r in rows:
+        print(f"  {r[0]:28s} {r[1]:>28s} | {r[2]:>28s} {r[3]}", flush=True)
+    for d, peak in enumerate(peaks):
+        print(
+            f"  peak memory, device {d}: {peak:,} B measured | {PREDICTED['peak_bytes']:,} B planned",
+            flush=True,
+        )
     with open(os.path.join(directory, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
 
 
 class StepProfiler:
     """--profile DIR: torch.profiler traces the steps of --profile-steps on every rank (CPU, and the GPU's
-    kernels on CUDA) into DIR/trace-rank<R>.json (chrome://tracing, Perfetto); then rank 0 prints the
-    summary. A collective's time is its operation's (gloo, on the CPU) or its NCCL kernels' (CUDA)."""
+    kernels on CUDA) into DIR/trace-rank<R>.json (chrome://tracing, Perfetto); then every rank writes its
+    summary to DIR/summary-rank<R>.json, and rank 0 prints its own and writes it to DIR/summary.json. A collective's time is its operation's (gloo, on the CPU) or its NCCL kernels' (CUDA)."""
 
     def __init__(self, args, device, start):
         self.dir, self.window, self.device = args.profile, args.profile_window, device
@@ -1203,9 +1210,18 @@ class StepProfiler:
         peaks = all_ranks(
             torch.cuda.max_memory_allocated(self.device) if self.cuda else process_peak_rss()
         )
-        if is_first():
-            name = torch.cuda.get_device_name(self.device) if self.cuda else "cpu"
-            report_profile(self.dir, self.window, name, seconds / steps, comm, calls, peaks)
+        name = torch.cuda.get_device_name(self.device) if self.cuda else "cpu"
+        # every rank writes its own summary (a pipeline's stages differ); rank 0 prints its own
+        report_profile(
+            self.dir,
+            self.window,
+            name,
+            seconds / steps,
+            comm,
+            calls,
+            peaks,
+            rank=int(os.environ.get("RANK", "0")),
+        )
         self.prof = None
 
 
