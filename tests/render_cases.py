@@ -16,9 +16,11 @@ they hold no path of the machine that wrote them.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import enum
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -146,3 +148,30 @@ def golden_files(case) -> dict[Path, str]:
                     if not name.startswith("runtime/")})
     assert sorted(out) == sorted(golden_paths(case)), f"{case_id(case)}: the target's files and render_files disagree"
     return out
+
+
+# What every generated program must pass (besides `ruff format --check`): pyflakes (F: unused or undefined
+# names, ...), syntax and statement errors (E4, E7, E9), import order (I), whitespace (W).
+RUFF_CHECK = "E4,E7,E9,F,I,W"
+
+
+def ruff_problems(files: dict[str, str], directory: Path) -> str:
+    """What `ruff format --check` and `ruff check` (RUFF_CHECK) find in a build's Python files (each parsed
+    first), written under `directory` as the build lays them out; "" when nothing."""
+    from ruff.__main__ import find_ruff_bin
+
+    for name, text in files.items():
+        if name.endswith(".py"):
+            ast.parse(text)
+            (directory / name).parent.mkdir(parents=True, exist_ok=True)
+            (directory / name).write_text(text)
+    assert list(directory.glob("*.py"))
+    common = ["--isolated", "--no-cache", "--line-length", "100", "--target-version", "py311", "."]
+    found = []
+    for cmd in (["format", "--check"],
+                ["check", "--select", RUFF_CHECK, "--ignore", "E501", "--output-format", "concise"]):
+        proc = subprocess.run([find_ruff_bin(), *cmd, *common], check=False, cwd=directory, capture_output=True,
+                              text=True)
+        if proc.returncode != 0:
+            found.append(f"ruff {cmd[0]}: " + proc.stdout + proc.stderr)
+    return "\n".join(found)

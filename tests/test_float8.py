@@ -10,14 +10,13 @@ from __future__ import annotations
 import contextlib
 import io
 import re
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch_runs as tr
 from gradients import assert_same_gradients
-from ruff.__main__ import find_ruff_bin
+from render_cases import ruff_problems
 
 from mithril_spec import cli
 from mithril_spec.frontend import compile_file
@@ -32,7 +31,6 @@ FLOAT8 = (("precision: {params: float32, compute: float32}", "precision: {params
 # a smaller GPT whose output layer is untied, with a vocabulary of 200 (not a multiple of 16: it stays float32)
 SMALL = (("vocab: 256, seq: 64, d: 128, heads: 4, ff: 512, layers: 4", "vocab: 200, seq: 32, d: 64, heads: 4, ff: 128, layers: 2"),
          (", tie: wte}", "}"), ("meshes:", "targets: [torch]\nmeshes:"))
-RUFF_CHECK = "E4,E7,E9,F,I,W"  # what every generated program passes (tests/test_render.py)
 ACCUM = (("  batch_size: 16\n", "  batch_size: 16\n  grad_accum: 2\n"),)
 ZERO2 = (("  seed: 0\n", "  seed: 0\n  zero: 2\n"),)
 ACCUM4 = (("  batch_size: 16\n", "  batch_size: 16\n  grad_accum: 4\n"),)
@@ -147,15 +145,7 @@ def test_program_converts_before_parallelism_and_keeps_the_spec_hash():
 
 @pytest.mark.parametrize("mesh", ["single", "data=2", "fsdp=2", "data=2,fsdp=2"])
 def test_fp8_programs_are_ruff_clean(mesh, tmp_path):
-    files = render_files(compile_file(spec(FLOAT8, SMALL), mesh), "torch", "gpt.yaml")
-    for name, text in files.items():
-        if name.endswith(".py"):
-            (tmp_path / name).write_text(text)
-    common = ["--isolated", "--no-cache", "--line-length", "100", "--target-version", "py311", "."]
-    for cmd in (["format", "--check"], ["check", "--select", RUFF_CHECK, "--ignore", "E501"]):
-        proc = subprocess.run([find_ruff_bin(), *cmd, *common], check=False, cwd=tmp_path, capture_output=True,
-                              text=True)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert ruff_problems(render_files(compile_file(spec(FLOAT8, SMALL), mesh), "torch", "gpt.yaml"), tmp_path) == ""
 
 
 # ---------------------------------------------------------------- the programs (emulated FP8 on the CPU)

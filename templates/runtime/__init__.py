@@ -7,4 +7,5 @@ console: the console lines, the metrics file, --tensorboard and --wandb.
 checkpoints: checkpoint manifests, their verification, and --resume's choice of a checkpoint.
 preemption: SIGTERM / SIGUSR1 ask the run to stop after the current step.
 params: the initial values of parameters, and the lazily read tensors of parameter files.
+profile: --profile's summary, measured next to planned.
 """
