@@ -158,6 +158,21 @@ def tensor_parallel_errors(plan: Plan, doc: Document, name: str, title: str, voc
     return out
 
 
+def moe_left_out(plan: Plan) -> str | None:
+    """Why generate.py is left out of a build of a language model with moe layers (dropless: Op.decodes), or
+    None: it samples them on a mesh without `pipe` and `context` (their load-balancing loss crosses neither
+    the pipelined build's stages nor its prediction pass, and under context parallelism the training program's
+    layer gathers the whole sequence)."""
+    if plan.language_model is None:
+        return None
+    moe = any(n.op == "moe" for n in plan.graph.nodes())
+    if moe and (plan.mesh.pipe > 1 or plan.mesh.context > 1):
+        axis = "pipe" if plan.mesh.pipe > 1 else "context"
+        return (f"generate.py does not sample moe layers in a build over `{axis}` yet; sample from a build without "
+                "it (a checkpoint resumes on any mesh)")
+    return None
+
+
 class Lowering:
     """One target's lowering: its declaration (`target`, in targets/), the checks that refuse what its
     program cannot run (E049), the cost model's options for its program, and `lower` (program.py), which

@@ -69,6 +69,19 @@ class Moe(Op):
                                          ("dropless", attrs["dropless"]))
                          if on)
 
+    jax_function = True  # generate.py's decode calls train.py's `moe`
+
+    def decodes(self, attrs):
+        """Dropless routing decodes one position at a time: every choice is kept, so a token's output depends on
+        it alone. Capped routing fills an expert's slots over the whole sample (a later token can take the slot
+        of an earlier one's second choice), which no decode of the positions so far can follow."""
+        return bool(attrs["dropless"])
+
+    def decode_features(self, attrs):
+        out = {"moe", "moe_gated" if attrs["activation"] == "swiglu" else "moe_ungated"}
+        out |= {f"moe_{f}" for f in ("normalize", "shared", "shared_gate") if f in self.forms(attrs)}
+        return frozenset(out)
+
     def helpers(self, attrs):
         return frozenset({"gather_sequence"})  # its capacity is filled in token order: the whole sequence
 
