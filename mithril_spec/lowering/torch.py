@@ -21,7 +21,7 @@ from ..targets.torch import (
     ZERO_LIMITS,
     TorchTarget,
 )
-from .base import Lowering, _a, moe_left_out, layout_text, scopes, tensor_dims, tensor_parallel_errors, vocab_parallel_layers
+from .base import Lowering, _a, aux_loss_left_out, layout_text, scopes, tensor_dims, tensor_parallel_errors, vocab_parallel_layers
 from .communication import torch_communication_errors
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ class TorchLowering(Lowering):
     target = TorchTarget()
 
     def left_out(self, plan: Plan) -> dict[str, str]:
-        why = moe_left_out(plan)
+        why = aux_loss_left_out(plan)
         return {"generate.py": why} if why else {}
 
     def reduction_calls(self, plan: Plan) -> int | None:

@@ -78,8 +78,8 @@ class Moe(Op):
         return bool(attrs["dropless"])
 
     def decode_features(self, attrs):
-        out = {"moe", "moe_gated" if attrs["activation"] == "swiglu" else "moe_ungated"}
-        out |= {f"moe_{f}" for f in ("normalize", "shared", "shared_gate") if f in self.forms(attrs)}
+        out = {"experts", "experts_gated" if attrs["activation"] == "swiglu" else "experts_ungated"}
+        out |= {f"experts_{f}" for f in ("normalize", "shared", "shared_gate") if f in self.forms(attrs)}
         return frozenset(out)
 
     def helpers(self, attrs):
