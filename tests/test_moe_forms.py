@@ -4,10 +4,11 @@ routing, shared experts with a sigmoid gate, the router z-loss (specs/moe-shared
 The layer: the generated jax `moe` helper and the torch `MoE` module against a numpy re-implementation of
 docs/program.md "Mixture of experts" (float64), for every form alone and together. Equivalence (docs/program.md
 "Equivalence"): the first step's per-parameter gradients and 3 steps' losses of moe-shared under the targets'
-expert-parallel layouts (jax: data=2 x expert=4 and fsdp=2 x expert=2, and tensor=2 with the experts' and
-the shared expert's hidden features split; torch: data=2 x expert=2, and tensor=2 and data=2 x tensor=2 with
+expert-parallel layouts (jax: data=2 x expert=4 and fsdp=2 x expert=2, data=2 (dropless as grouped matmuls), and
+tensor=2 with the experts' and the shared expert's hidden features split; torch: data=2 x expert=2, and tensor=2 and data=2 x tensor=2 with
 the hidden features split, tensor=2 also with sequence parallelism) equal the one-device build's. The plan: the exported parameters are the plan's; dropless routing and the shared
-experts are costed (flops, activations)."""
+experts are costed (flops, activations). Dropless routing as grouped matmuls over the rows sorted by expert (jax
+ragged_dot, torch _grouped_mm or a matmul per expert) equals the slot formulation, output and gradients."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ from mithril_spec.planner.costs import estimate
 
 SPEC = jax_runs.SPECS / "moe-shared.yaml"
 ARGS = ("--steps", "3", "--export-grads", "grads.npz")
-JAX_MESHES = ["single", None, "fsdp=2,expert=2"]  # None: the default, data=2 x expert=4
+# None: the default, data=2 x expert=4; data=2: dropless routing as grouped matmuls over a split batch
+JAX_MESHES = ["single", None, "fsdp=2,expert=2", "data=2"]
 TORCH_MESHES = ["single", "four"]  # four: data=2 x expert=2
 
 
@@ -201,7 +203,7 @@ def torch_tp_grads():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mesh", JAX_MESHES[1:] + ["tensor=2"], ids=["data2xexpert4", "fsdp2xexpert2", "tensor2"])
+@pytest.mark.parametrize("mesh", JAX_MESHES[1:] + ["tensor=2"], ids=["data2xexpert4", "fsdp2xexpert2", "data2", "tensor2"])
 def test_jax_moe_forms_expert_parallel_equal_one_device(jax_grads, mesh):
     (one, g1), (par, gp) = jax_grads["single"], jax_grads[mesh]
     dg = assert_same_gradients(g1, gp, 1e-5, f"jax moe-shared {mesh}")
@@ -209,6 +211,8 @@ def test_jax_moe_forms_expert_parallel_equal_one_device(jax_grads, mesh):
     jax_runs.report(f"moe-shared jax {mesh or 'data=2 x expert=4'} vs 1 device", max_rel_dgrad=dg, max_dloss=dl)
     assert len(par.losses) == 3 and dl < 1e-5
     assert any(".moe.shared_gate.weight" in k for k in g1) and any(".moe.experts.down.weight" in k for k in g1)
+    grouped = "grouped=True" in (jax_runs.build(SPEC, mesh, TP if mesh == "tensor=2" else ()) / "train.py").read_text()
+    assert grouped == (mesh in ("data=2", "tensor=2"))  # the experts not split over a mesh axis
     if mesh == "tensor=2":  # (the hidden features split, as planned)
         plan = compile_file(jax_runs.spec_variant(SPEC, TP), mesh).plan
         assert [list(d) for d in plan.param("layers.0.moe.experts.gate.weight").spec] == [[], [], ["tensor"]]

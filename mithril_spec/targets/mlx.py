@@ -67,4 +67,7 @@ class MlxTarget(Target):
         "Opt-in: a spec without `targets:` is checked for the default targets (jax, torch) only; list `mlx` "
         "to have `validate` check it too (`build --target mlx` always does).",
         "One process per device; over `data` every process holds the whole model and optimizer state.",
+        "Mixture of experts (`moe`): capped and dropless routing (dropless as grouped matmuls, `mx.gather_mm`), "
+        "swiglu and shared experts, the router z-loss; each process runs the whole layer (over `data`), not over "
+        "`expert` (no all-to-all) nor with the experts split over `tensor`.",
     )
