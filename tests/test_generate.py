@@ -45,7 +45,8 @@ def test_language_models_get_generate_py_and_others_do_not():
     assert "generate.py" in build_files()
     # a pipeline of several stages is one (tests/test_generate_parallel.py samples through its stages)
     assert compile_file(jr.SPECS / "gpt-pipe.yaml").plan.language_model is not None
-    # not a language model: a moe layer, attention that is not causal
+    # not a language model: a moe layer with capped routing (its slots fill over the whole sample), attention
+    # that is not causal
     assert compile_file(jr.SPECS / "moe-dp.yaml").plan.language_model is None
     bidirectional = jr.spec_variant(GPT, (("causal: true", "causal: false"),))
     assert compile_file(bidirectional).plan.language_model is None
@@ -178,3 +179,54 @@ def test_bad_input_exits_2_with_one_line(runs, case):
     lines = r["stderr"].strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and BAD[case] in lines[0], lines
     assert not r["stdout"].strip()
+
+
+# ---------------------------------------------------------------- moe layers (dropless routing)
+
+MOE = jr.SPECS / "moe-shared.yaml"
+
+
+def test_dropless_moe_models_get_generate_py_but_not_over_pipe_or_context():
+    """Dropless routing keeps every choice, so a moe layer decodes one position at a time (Moe.decodes):
+    moe-shared is a language model, with generate.py in jax and torch; over `context` (and `pipe`) the build
+    leaves it out, saying why (Lowering.left_out)."""
+    from mithril_spec.lowering import LOWERINGS
+
+    assert compile_file(MOE).plan.language_model is not None
+    for target in ("jax", "torch"):
+        assert "generate.py" in render_files(compile_file(MOE, "single"), target, MOE.name)
+        plan = compile_file(MOE, "context=2").plan
+        why = LOWERINGS[target].left_out(plan)["generate.py"]
+        assert "moe layers" in why and "`context`" in why
+        assert "generate.py" not in [name for _, name in LOWERINGS[target].files_for(plan)]
+
+
+@pytest.fixture(scope="module")
+def moe_runs(tmp_path_factory):
+    """moe-shared trained 2 steps (JAX, one device, --export-params), then generate.py greedy with --check on one
+    device and on data=2 x expert=2 (JAX: 4 devices; torch: 4 ranks, the experts' weights gathered whole)."""
+    params = tmp_path_factory.mktemp("generate-moe") / "params.safetensors"
+    jr.run(jr.build(MOE, "single"), "--steps", "2", "--export-params", str(params), export=False, metrics=False)
+    args = ("--params", str(params)) + GREEDY
+    jobs = {"jax": ("jax", jr.build(MOE, "single"), args), "jax data=2 x expert=2": ("jax", jr.build(MOE, "four"), args),
+            "torch": ("torch", tr.build(MOE, "single"), args),
+            "torch data=2 x expert=2": ("torch", tr.build(MOE, "four"), args, 4)}
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        futures = {name: pool.submit(_generate, *job) for name, job in jobs.items()}
+        return {name: f.result() for name, f in futures.items()}
+
+
+@pytest.mark.slow
+def test_moe_greedy_tokens_equal_the_training_forward_everywhere(moe_runs):
+    """The cached decode's moe layers (jax: train.py's moe at one position; torch: the decoder's) give the most
+    probable token of the training program's forward pass at every position (--check), and the same tokens in
+    both targets and on both meshes."""
+    for name, r in moe_runs.items():
+        assert r["rc"] == 0, f"{name}: exit {r['rc']}\n{r['stderr'][-3000:]}"
+        check = r["json"]["check"]
+        assert check["positions"] == 15 and check["argmax_differs"] == [] and check["max_abs_diff"] < 1e-4, (name, check)
+    first = moe_runs["jax"]["json"]
+    assert first["stopped_at_context"] and len(first["prompt_ids"]) + len(first["new_ids"]) == 16
+    for name, r in moe_runs.items():
+        assert r["json"]["new_ids"] == first["new_ids"], name
+    jr.report("generate moe-shared", **{name: r["json"]["check"]["max_abs_diff"] for name, r in moe_runs.items()})

@@ -4,10 +4,11 @@ routing, shared experts with a sigmoid gate, the router z-loss (specs/moe-shared
 The layer: the generated jax `moe` helper and the torch `MoE` module against a numpy re-implementation of
 docs/program.md "Mixture of experts" (float64), for every form alone and together. Equivalence (docs/program.md
 "Equivalence"): the first step's per-parameter gradients and 3 steps' losses of moe-shared under the targets'
-expert-parallel layouts (jax: data=2 x expert=4 and fsdp=2 x expert=2, and tensor=2 with the experts' and
-the shared expert's hidden features split; torch: data=2 x expert=2, and tensor=2 and data=2 x tensor=2 with
+expert-parallel layouts (jax: data=2 x expert=4 and fsdp=2 x expert=2, data=2 (dropless as grouped matmuls), and
+tensor=2 with the experts' and the shared expert's hidden features split; torch: data=2 x expert=2, and tensor=2 and data=2 x tensor=2 with
 the hidden features split, tensor=2 also with sequence parallelism) equal the one-device build's. The plan: the exported parameters are the plan's; dropless routing and the shared
-experts are costed (flops, activations)."""
+experts are costed (flops, activations). Dropless routing as grouped matmuls over the rows sorted by expert (jax
+ragged_dot, torch _grouped_mm or a matmul per expert) equals the slot formulation, output and gradients."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ from mithril_spec.planner.costs import estimate
 
 SPEC = jax_runs.SPECS / "moe-shared.yaml"
 ARGS = ("--steps", "3", "--export-grads", "grads.npz")
-JAX_MESHES = ["single", None, "fsdp=2,expert=2"]  # None: the default, data=2 x expert=4
+# None: the default, data=2 x expert=4; data=2: dropless routing as grouped matmuls over a split batch
+JAX_MESHES = ["single", None, "fsdp=2,expert=2", "data=2"]
 TORCH_MESHES = ["single", "four"]  # four: data=2 x expert=2
 
 
@@ -203,7 +205,7 @@ def torch_tp_grads():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mesh", JAX_MESHES[1:] + ["tensor=2"], ids=["data2xexpert4", "fsdp2xexpert2", "tensor2"])
+@pytest.mark.parametrize("mesh", JAX_MESHES[1:] + ["tensor=2"], ids=["data2xexpert4", "fsdp2xexpert2", "data2", "tensor2"])
 def test_jax_moe_forms_expert_parallel_equal_one_device(jax_grads, mesh):
     (one, g1), (par, gp) = jax_grads["single"], jax_grads[mesh]
     dg = assert_same_gradients(g1, gp, 1e-5, f"jax moe-shared {mesh}")
@@ -211,6 +213,8 @@ def test_jax_moe_forms_expert_parallel_equal_one_device(jax_grads, mesh):
     jax_runs.report(f"moe-shared jax {mesh or 'data=2 x expert=4'} vs 1 device", max_rel_dgrad=dg, max_dloss=dl)
     assert len(par.losses) == 3 and dl < 1e-5
     assert any(".moe.shared_gate.weight" in k for k in g1) and any(".moe.experts.down.weight" in k for k in g1)
+    grouped = "grouped=True" in (jax_runs.build(SPEC, mesh, TP if mesh == "tensor=2" else ()) / "train.py").read_text()
+    assert grouped == (mesh in ("data=2", "tensor=2"))  # the experts not split over a mesh axis
     if mesh == "tensor=2":  # (the hidden features split, as planned)
         plan = compile_file(jax_runs.spec_variant(SPEC, TP), mesh).plan
         assert [list(d) for d in plan.param("layers.0.moe.experts.gate.weight").spec] == [[], [], ["tensor"]]
@@ -258,9 +262,11 @@ def test_jax_and_torch_moe_forms_agree(jax_grads, torch_grads):
 
 
 def test_plan_costs_the_forms():
-    """Parameters: the swiglu experts, the shared expert and its gate; flops: dropless computes every expert
-    over every token (experts / top_k times the routed tokens' expert flops), the shared expert every token's;
-    activations: the swiglu's three hidden tensors per slot, dropless's E * T slots."""
+    """Parameters: the swiglu experts, the shared expert and its gate; flops: the routed tokens' expert flops
+    (dropless or not: dropless routing runs the experts as grouped matmuls over the routed tokens), the shared
+    expert every token's, and under expert parallelism dropless's every slot (experts / top_k times the routed
+    tokens' expert flops, per device); activations: the swiglu's three hidden tensors per routed row (dropless:
+    the k * T sorted rows; capped: the slots), and dropless's E * T slots under expert parallelism."""
     plan = compile_file(SPEC, "single").plan
     names = {p.name for p in plan.params}
     assert {"layers.0.moe.experts.gate.weight", "layers.0.moe.shared.down.weight",
@@ -269,23 +275,32 @@ def test_plan_costs_the_forms():
     a = moe.attrs
     assert a["capacity"] == 16 and a["shared_hidden"] == 96 and a["dropless"]
     T, d, h, e, sh = 16, 64, 64, 4, 96
-    want = 2 * T * d * e + e * T * (6 * d * h + 4 * h) + T * (6 * d * sh + 4 * sh + 2 * d + 4) + 3 * T * e
+    want = 2 * T * d * e + 2 * T * (6 * d * h + 4 * h) + T * (6 * d * sh + 4 * sh + 2 * d + 4) + 3 * T * e
     assert moe.flops == want
-    capped = compile_file(jax_runs.spec_variant(SPEC, (("dropless: true", "dropless: false"),)), "single").plan
+    capped_spec = jax_runs.spec_variant(SPEC, (("dropless: true", "dropless: false"),))
+    capped = compile_file(capped_spec, "single").plan
     cmoe = {n.name: n for n in capped.graph.nodes()}["moe"]
     assert cmoe.attrs["capacity"] == 10  # ceil(1.25 * 16 * 2 / 4)
-    assert moe.flops - cmoe.flops == (e * T - 2 * T) * (6 * d * h + 4 * h)
-    # per device, batch 16: 16 * 16 * 4 slots dropless, ceil(1.25 * 16 * 16 * 2) capped; per slot the dispatched
-    # and combined rows (d) and the three hidden tensors (h), float32
-    saved = [estimate(p).worst.activations.by_op["moe"] for p in (plan, capped)]
-    assert saved[0] - saved[1] == 2 * (16 * 16 * 4 - 640) * (2 * d + 3 * h) * 4  # (2 layers)
+    assert moe.flops == cmoe.flops
+    # per device, batch 16: 16 * 16 * 2 sorted rows dropless, ceil(1.25 * 16 * 16 * 2) slots capped; per row the
+    # dispatched and combined rows (d) and the three hidden tensors (h), float32
+    costs = [estimate(p) for p in (plan, capped)]
+    saved = [c.worst.activations.by_op["moe"] for c in costs]
+    assert saved[0] - saved[1] == 2 * (16 * 16 * 2 - 640) * (2 * d + 3 * h) * 4  # (2 layers)
+    assert costs[0].flops.per_device_forward == costs[1].flops.per_device_forward
+    # data=2 x expert=4: 2 samples per device; dropless fills every expert's slot for every token
+    ep = [estimate(compile_file(s, None).plan) for s in (SPEC, capped_spec)]
+    extra = 2 * 2 * (e - 2) * T * (6 * d * h + 4 * h)  # 2 layers, 2 samples
+    assert ep[0].flops.per_device_forward - ep[1].flops.per_device_forward == extra
+    saved = [c.worst.activations.by_op["moe"] for c in ep]
+    assert saved[0] - saved[1] == 2 * (2 * 16 * 4 - 80) * (2 * d + 3 * h) * 4
     assert plan.param_count == sum(p.param.numel for p in plan.params)
 
 
-def test_torch_splits_the_swiglu_experts_over_tensor_together_and_mlx_refuses_moe():
+def test_torch_splits_the_swiglu_experts_over_tensor_together_and_mlx_does_not():
     """torch's tensor parallelism splits the swiglu experts and the shared expert on their hidden features, all
     of them or none (E049 for the experts split without the shared expert); jax splits any of them (XLA); mlx
-    has no moe layers."""
+    runs moe layers whole (E049 for them split over `tensor`; tests/test_mlx_moe.py runs them)."""
     from mithril_spec.lowering import check_target
 
     plan = compile_file(jax_runs.spec_variant(SPEC, TP), "tensor=2")
@@ -297,8 +312,9 @@ def test_torch_splits_the_swiglu_experts_over_tensor_together_and_mlx_refuses_mo
     assert [list(d) for d in half.plan.param("layers.0.moe.shared.down.weight").spec] == [[], []]
     torch_errors = [d for d in check_target(half.plan, half.doc, "torch") if d.code == "E049"]
     assert any("swiglu experts and shared experts" in d.message for d in torch_errors), torch_errors
-    mlx = check_target(compile_file(SPEC, "single").plan, compile_file(SPEC, "single").doc, "mlx")
-    assert any(d.code == "E049" and "`moe` operator" in d.message for d in mlx), mlx
+    mlx = check_target(plan.plan, plan.doc, "mlx")
+    assert any(d.code == "E049" and "moe layer over `tensor`" in d.message for d in mlx), mlx
+    assert not check_target(compile_file(SPEC, "single").plan, compile_file(SPEC, "single").doc, "mlx")
 
 
 NO_Z = (("z_loss_weight: 0.001", "z_loss_weight: 0.0"),)
@@ -344,3 +360,80 @@ def test_settings_that_do_not_combine_are_refused(capsys, edit, field):
     rc = cli(["validate", str(jax_runs.spec_variant(SPEC, (edit,)))])
     err = capsys.readouterr().err
     assert rc == 1 and "E030" in err and field in err, err
+
+
+# ---------------------------------------------------------------- dropless as grouped matmuls
+
+def _grouped_case(seed, h):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((B, T, D)).astype(np.float32)
+    p = _params(rng)
+    for name in ("experts.gate.weight", "experts.up.weight"):
+        p[name] = p[name][..., :h]
+    p["experts.down.weight"] = p["experts.down.weight"][:, :h]
+    return x, p
+
+
+@pytest.mark.runs
+@pytest.mark.parametrize("h", [H, 10], ids=["grouped_mm", "per-expert"])
+def test_torch_dropless_grouped_matmuls_equal_the_slots(h):
+    """Dropless routing without expert parallelism runs the experts as grouped matmuls over the chosen rows
+    sorted by expert (MoE.grouped_experts: torch._grouped_mm, or a matmul per expert where its kernel does not
+    take the rows: 10 float32 hidden features are 40 bytes, not a multiple of 16): the output, the layer's loss
+    and every parameter's and the input's gradient equal those of the slot formulation (E x T slots per
+    sample), within float32 rounding."""
+    import torch
+
+    program = _load(torch_runs.build(SPEC, "single") / "train.py", "moe_shared_torch")
+    x, p = _grouped_case(4, h)
+    got = {}
+    for grouped in (True, False):
+        m = program.MoE(D, experts=E, top_k=K, hidden=h, capacity=T, aux_loss_weight=0.5, activation="swiglu",
+                        normalize=True, dropless=True, shared_hidden=S, shared_gate=True, z_loss_weight=0.1)
+        m.grouped = grouped
+        with torch.no_grad():
+            for name, t in m.named_parameters():
+                t.copy_(torch.from_numpy(p[name]))
+        xt = torch.from_numpy(x).requires_grad_()
+        y = m(xt)
+        w = torch.from_numpy(np.random.default_rng(5).standard_normal(y.shape).astype(np.float32))
+        ((y * w).sum() + m.aux_loss).backward()
+        got[grouped] = {"y": y.detach().numpy(), "x": xt.grad.numpy(),
+                        **{n: t.grad.numpy() for n, t in m.named_parameters()}}
+    want = _expected(x, p, FORMS["all"])[0] if h == H else None
+    if want is not None:
+        assert np.abs(got[True]["y"] - want).max() < 1e-4
+    dg = assert_same_gradients(got[False], got[True], 1e-5, f"torch dropless grouped (hidden {h}) vs slots")
+    torch_runs.report(f"torch moe dropless grouped vs slots, hidden {h}", max_rel_dgrad=dg)
+    assert np.abs(got[True]["experts.down.weight"]).max() > 0
+
+
+@pytest.mark.runs
+def test_jax_dropless_grouped_matmuls_equal_the_slots():
+    """The jax helper with `grouped` (dropless without expert parallelism: jax.lax.ragged_dot over the chosen rows
+    sorted by expert) against the slot formulation (capacity = T): the output, and the gradients of a loss of it
+    (and of the load-balancing and z-losses) by the input and every parameter, equal within float32 rounding."""
+    import jax
+    import jax.numpy as jnp
+
+    program = _load(jax_runs.build(SPEC, "single") / "train.py", "moe_shared_jax")
+    assert "grouped=True" in (jax_runs.build(SPEC, "single") / "train.py").read_text()
+    x, p = _grouped_case(6, H)
+    w = np.random.default_rng(7).standard_normal(x.shape).astype(np.float32)
+    none = program.P(None, None, None, None)
+
+    def loss(x, p, grouped):
+        y, (aux, z) = program.moe(x, p, "", experts=E, top_k=K, capacity=T, activation="swiglu", tokens_layout=none,
+                                  experts_layout=none, normalize=True, grouped=grouped, shared=True, shared_gate=True,
+                                  z_loss=True)
+        return (y * w).sum() + 0.5 * aux + 0.1 * z, y
+
+    got = {}
+    with jax.set_mesh(jax.make_mesh((1,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))):
+        for grouped in (True, False):
+            (_, y), (gx, gp) = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(jnp.asarray(x), p, grouped)
+            got[grouped] = {"y": np.asarray(y), "x": np.asarray(gx), **{n: np.asarray(g) for n, g in gp.items()}}
+    assert np.abs(got[True]["y"] - _expected(x, p, FORMS["all"])[0]).max() < 1e-4
+    dg = assert_same_gradients(got[False], got[True], 1e-5, "jax dropless grouped vs slots")
+    jax_runs.report("jax moe dropless grouped vs slots", max_rel_dgrad=dg)
+    assert np.abs(got[True]["experts.down.weight"]).max() > 0

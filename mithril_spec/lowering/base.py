@@ -158,6 +158,21 @@ def tensor_parallel_errors(plan: Plan, doc: Document, name: str, title: str, voc
     return out
 
 
+def aux_loss_left_out(plan: Plan) -> str | None:
+    """Why generate.py is left out of a build of a language model with layers of a loss of their own (moe, with
+    dropless routing: Op.decodes), or None: it samples them on a mesh without `pipe` and `context` (their
+    load-balancing loss crosses neither the pipelined build's stages nor its prediction pass, and under
+    context parallelism the training program's moe layer gathers the whole sequence)."""
+    if plan.language_model is None or (plan.mesh.pipe <= 1 and plan.mesh.context <= 1):
+        return None
+    ops = sorted({n.op for n in plan.graph.nodes() if OPS[n.op].has_aux_loss})
+    if not ops:
+        return None
+    axis = "pipe" if plan.mesh.pipe > 1 else "context"
+    return (f"generate.py does not sample {', '.join(ops)} layers in a build over `{axis}` yet; sample from a "
+            "build without it (a checkpoint resumes on any mesh)")
+
+
 class Lowering:
     """One target's lowering: its declaration (`target`, in targets/), the checks that refuse what its
     program cannot run (E049), the cost model's options for its program, and `lower` (program.py), which

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from .. import codes
 from ..diagnostics import Diagnostic
 from ..targets.jax import JaxTarget
-from .base import Lowering
+from .base import Lowering, aux_loss_left_out
 from .communication import jax_communication_errors
 
 if TYPE_CHECKING:
@@ -22,6 +22,9 @@ class JaxLowering(Lowering):
     def left_out(self, plan: Plan) -> dict[str, str]:
         """generate.py of a pipelined build runs the pipelined copies stage after stage (templates/jax/generate.py.j2
         pipelined_stages): not for copies from several repeats nor stages padded to the largest."""
+        why = aux_loss_left_out(plan)
+        if why:
+            return {"generate.py": why}
         if plan.language_model is None or samples_through_pipeline(plan):
             return {}
         return {"generate.py": "the jax program samples a pipeline of one repeated block split into stages of "

@@ -61,6 +61,9 @@ def _moe(layer: dict[str, Any], plan: Plan, prefix: str) -> None:
     experts = list(plan.param(f"{prefix}{layer['name']}.experts.{form}.weight").spec[0])
     layer["moe_tokens_layout"] = [batch or None, None, None, None]
     layer["moe_experts_layout"] = [[x for x in batch if x not in experts] or None, experts or None, None, None]
+    # dropless routing keeps every choice: without the experts split over a mesh axis they run as grouped
+    # matmuls over the chosen rows (jax.lax.ragged_dot), not over every expert's slot for every token
+    layer["moe_grouped"] = bool(layer["attrs"]["dropless"] and not experts)
 
 
 def _pipeline(plan: Plan, layers: list[dict[str, Any]]) -> dict[str, Any] | None:

@@ -22,7 +22,7 @@ MODEL_NAMES = {
     "mx", "nn", "optim", "np", "zlib", "math", "linear", "layer_norm", "rms_norm", "batch_norm", "embedding",
     "attention", "rope", "mlp", "conv1d", "conv2d", "max_pool2d", "avg_pool2d", "dropout", "layer_key",
     "cross_entropy", "mse", "train", "forward", "loss_fn", "pre", "p", "batch", "buffers", "key", "x", "i", "block",
-    "COMPUTE_DTYPE", "REMAT", "pool2d", "tp_copy", "tp_sum",
+    "COMPUTE_DTYPE", "REMAT", "pool2d", "tp_copy", "tp_sum", "moe", "aux", "aux_loss",
 }  # fmt: skip
 
 
@@ -56,7 +56,8 @@ def target_fields(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
         "model_hash": model_hash(plan),
         "optimizer_settings": optimizer_settings(plan),
         "mlx": {
-            **{k: model[k] for k in ("ops", "op_attrs", "helpers", "has_dropout", "has_buffers", "train_arg")},
+            **{k: model[k] for k in ("ops", "op_attrs", "helpers", "has_dropout", "has_buffers", "has_aux",
+                                          "train_arg")},
             # tensor parallelism (a mesh of `tensor` alone): the processes split these dimensions
             "tensor": tensor,
             "data": plan.mesh.data,

@@ -52,13 +52,13 @@ class ModelSettings:
     has_dropout: bool
     has_buffers: bool
     train_arg: bool
+    has_aux: bool  # a layer with a loss of its own (moe's load balancing)
 
 
 @dataclasses.dataclass(frozen=True)
 class JaxSettings(ModelSettings):
     """`jax.*` in the jax templates (lowering/jax_program.py says what each is)."""
 
-    has_aux: bool
     pipeline: Optional[dict[str, Any]]
     stack_axis: dict[str, Optional[list[str]]]
     merged: Sequence[str]

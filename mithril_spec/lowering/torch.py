@@ -22,7 +22,7 @@ from ..targets.torch import (
     ZERO_LIMITS,
     TorchTarget,
 )
-from .base import Lowering, _a, layout_text, scopes, tensor_dims, tensor_parallel_errors, vocab_parallel_layers
+from .base import Lowering, _a, aux_loss_left_out, layout_text, scopes, tensor_dims, tensor_parallel_errors, vocab_parallel_layers
 from .communication import torch_communication_errors
 
 if TYPE_CHECKING:
@@ -33,6 +33,10 @@ if TYPE_CHECKING:
 
 class TorchLowering(Lowering):
     target = TorchTarget()
+
+    def left_out(self, plan: Plan) -> dict[str, str]:
+        why = aux_loss_left_out(plan)
+        return {"generate.py": why} if why else {}
 
     def reduction_calls(self, plan: Plan) -> int | None:
         """FSDP2 (hsdp, fsdp) reduces each fully_shard unit's gradients on its own, after that unit's backward:

@@ -194,7 +194,9 @@ class Op:
         """What the sampling program's shared decode code must handle for this layer (lowering/sampling.py
         gathers them over the layers as `sampling.features`): "kv_attention" (a cached attention), with
         "qkv_bias" (biased projections) and "o_bias_off" (biased q/k/v, not o); "dense_mlp" (an mlp), with
-        "gated" (swiglu), "ungated" (another activation) and "gate_activation" (a gate other than silu)."""
+        "gated" (swiglu), "ungated" (another activation) and "gate_activation" (a gate other than silu); "experts"
+        (a dropless moe layer), with "experts_gated" / "experts_ungated" and its forms "experts_normalize",
+        "experts_shared", "experts_shared_gate"."""
         return frozenset()
 
     def context_role(self, attrs: dict[str, Any]) -> Optional[str]:

@@ -3,7 +3,8 @@
 Two expert forms: fc -> activation -> proj with biases (gelu, relu, silu), or bias-free SwiGLU (gate, up,
 down: Mixtral's w1, w3, w2). Gates are the router's softmax probabilities of the chosen experts, optionally
 renormalised over them (Mixtral; Qwen2-MoE's norm_topk_prob). Routing has `capacity` slots per expert and
-sample, or is dropless (every expert has a slot for every token of the sample). Shared experts (Qwen2-MoE,
+sample, or is dropless (every expert has a slot for every token of the sample: the programs run the experts
+as grouped matmuls over the routed tokens sorted by expert, or under expert parallelism over every slot). Shared experts (Qwen2-MoE,
 DeepSeek) are one SwiGLU MLP that every token passes, optionally scaled by a sigmoid gate; a router z-loss
 joins the load-balancing loss."""
 
@@ -32,8 +33,9 @@ class MoeArgs(LayerArgs):
     normalize_gates: bool = Field(False, description="renormalise each token's top_k gates to sum to 1 (Mixtral; "
                                   "Qwen2-MoE's norm_topk_prob); false: the router's probabilities as they are")
     dropless: bool = Field(False, description="no capacity: every expert has a slot for every token of the sample, "
-                           "so no routed token is dropped (no capacity_factor with it); computes experts / top_k "
-                           "times the slots of capacity_factor 1")
+                           "so no routed token is dropped (no capacity_factor with it); the experts run as grouped "
+                           "matmuls over the routed tokens (under expert parallelism: over every slot, experts / "
+                           "top_k times the routed tokens)")
     shared_experts: int = Field(0, ge=0, description="experts every token passes besides its routed ones "
                                 "(Qwen2-MoE: 1, DeepSeek: n), one bias-free SwiGLU MLP of shared_experts * "
                                 "shared_hidden features; needs activation: swiglu")
@@ -63,8 +65,22 @@ class Moe(Op):
 
     def forms(self, attrs):
         return frozenset(f for f, on in (("normalize", attrs["normalize_gates"]), ("shared", attrs["shared_hidden"]),
-                                         ("shared_gate", attrs["shared_gate"]), ("z_loss", attrs["z_loss_weight"]))
+                                         ("shared_gate", attrs["shared_gate"]), ("z_loss", attrs["z_loss_weight"]),
+                                         ("dropless", attrs["dropless"]))
                          if on)
+
+    jax_function = True  # generate.py's decode calls train.py's `moe`
+
+    def decodes(self, attrs):
+        """Dropless routing decodes one position at a time: every choice is kept, so a token's output depends on
+        it alone. Capped routing fills an expert's slots over the whole sample (a later token can take the slot
+        of an earlier one's second choice), which no decode of the positions so far can follow."""
+        return bool(attrs["dropless"])
+
+    def decode_features(self, attrs):
+        out = {"experts", "experts_gated" if attrs["activation"] == "swiglu" else "experts_ungated"}
+        out |= {f"experts_{f}" for f in ("normalize", "shared", "shared_gate") if f in self.forms(attrs)}
+        return frozenset(out)
 
     def helpers(self, attrs):
         return frozenset({"gather_sequence"})  # its capacity is filled in token order: the whole sequence
@@ -94,17 +110,16 @@ class Moe(Op):
             field = "shared_gate" if args.shared_gate else "shared_hidden"
             raise OpError(codes.E030, f"{field} is a setting of the shared experts: set shared_experts", field)
         params = [ParamDef("router.weight", (d, e), (emb, None))]
-        if swiglu:
+        if swiglu:  # per routed token: three matmuls, silu and the product (expert_flops)
             params += [ParamDef("experts.gate.weight", (e, d, h), ("experts", emb, "mlp")),
                        ParamDef("experts.up.weight", (e, d, h), ("experts", emb, "mlp")),
                        ParamDef("experts.down.weight", (e, h, d), ("experts", "mlp", emb))]
-            expert_flops = 2 * 3 * d * h + 4 * h  # per routed token: three matmuls, silu and the product
         else:
             params += [ParamDef("experts.fc.weight", (e, d, h), ("experts", emb, "mlp")),
                        ParamDef("experts.fc.bias", (e, h), ("experts", "mlp"), init="zeros"),
                        ParamDef("experts.proj.weight", (e, h, d), ("experts", "mlp", emb)),
                        ParamDef("experts.proj.bias", (e, d), ("experts", emb), init="zeros")]
-            expert_flops = 2 * 2 * d * h + 8 * h
+        expert_flops = self.expert_flops({"dim": d, "hidden": h, "activation": args.activation})
         sh = n_shared * (size("shared_hidden") if args.shared_hidden is not None else h)
         if n_shared:
             params += [ParamDef("shared.gate.weight", (d, sh), (emb, "mlp")),
@@ -115,10 +130,9 @@ class Moe(Op):
         # Slots per expert per sample (docs/program.md "Mixture of experts"): decided here, once, for every
         # target. Dropless: as many as the sample's tokens (a token chooses an expert at most once).
         capacity = tokens_per_sample if args.dropless else math.ceil(args.capacity_factor * tokens_per_sample * k / e)
-        # the router and the experts: top_k expert MLPs per token, or under dropless routing what the programs
-        # compute, every expert over every slot (experts / top_k times as much)
-        routed = e * capacity if args.dropless else k * tokens
-        flops = 2 * tokens * d * e + routed * expert_flops
+        # the router and the experts: top_k expert MLPs per token (dropless routing runs the experts as grouped
+        # matmuls over the routed tokens alone; under expert parallelism it fills every slot: `costs` adds them)
+        flops = 2 * tokens * d * e + k * tokens * expert_flops
         if n_shared:
             flops += tokens * (2 * 3 * d * sh + 4 * sh + (2 * d + 4 if args.shared_gate else 0))
         if args.z_loss_weight:
@@ -137,8 +151,16 @@ class Moe(Op):
         ep = c.sorted_axes(c.param(first).spec[0])  # expert parallel axes
         T = c.tp.get(first, frozenset())
         c.div_axes |= T
-        # token slots computed per device: dropless, every expert has one for every token
-        slots = tokens * a["experts"] if a["dropless"] else math.ceil(a["capacity_factor"] * tokens * a["top_k"])
+        # token slots computed per device: dropless, the routed tokens sorted by expert (grouped matmuls) or,
+        # under expert parallelism, every expert's slot for every token (the slots travel whole: all-to-all)
+        grouped = a["dropless"] and not ep
+        if grouped:
+            slots = tokens * a["top_k"]
+        elif a["dropless"]:
+            slots = tokens * a["experts"]
+            c.flops += (a["experts"] - a["top_k"]) * (c.x.numel // a["dim"]) * self.expert_flops(a)
+        else:
+            slots = math.ceil(a["capacity_factor"] * tokens * a["top_k"])
         cb = c.compute_bytes
         if c.context > 1:  # the sequence split over `context`: gathered whole in its order on every rank, and
             c.gather_sequence()  # kept for the backward pass instead of the rank's places
@@ -162,8 +184,9 @@ class Moe(Op):
             for ph in c.phases:
                 c.add_coll("all-to-all", ep, ph, what, payload, True, 2)
             c.add_coll("all-to-all", ep, "backward", what, payload, True, 2)
-        if T:  # each expert's MLP split on its hidden features (Megatron's, per expert)
-            self._tensor_parallel(c, T, c.b * a["experts"] * a["capacity"] * a["dim"] * cb)
+        if T:  # each expert's MLP split on its hidden features (Megatron's, per expert): its rows' partial sums
+            rows = tokens * a["top_k"] if grouped else c.b * a["experts"] * a["capacity"]
+            self._tensor_parallel(c, T, rows * a["dim"] * cb)
         Ts = c.tp.get("shared.gate.weight", frozenset()) if a["shared_hidden"] else frozenset()
         if Ts:  # the shared experts' MLP split alike: its partial output and its input's gradient all-reduced
             ax, nbytes = c.sorted_axes(Ts), tokens * a["dim"] * cb
@@ -172,6 +195,12 @@ class Moe(Op):
             if c.needs_dx:
                 c.add_coll("all-reduce", ax, "backward", "tensor-parallel (moe) shared experts' input-gradient "
                            "all-reduce", nbytes, True)
+
+    @staticmethod
+    def expert_flops(a) -> int:
+        """One routed token's flops in one expert's MLP."""
+        d, h = a["dim"], a["hidden"]
+        return 2 * 3 * d * h + 4 * h if a["activation"] == "swiglu" else 2 * 2 * d * h + 8 * h
 
     @staticmethod
     def _tensor_parallel(c, T, slot_bytes: int) -> None:

@@ -8,7 +8,7 @@ A plan qualifies when
   (the next tokens), where vocab is the embedding's vocabulary;
 - no layer reads another model input, and every layer can run one position at a time with the earlier
   positions' keys and values cached (Op.decodes: per-position operators, embeddings, the mlp, causal
-  attention; not moe, batch_norm, convolutions, reshapes).
+  attention, moe with dropless routing; not capped moe, batch_norm, convolutions, reshapes).
 
 Pipelined builds sample through their stages and context-parallel ones decode one position at a time
 (the targets' generate.py templates); the jax target renders it for pipelines of one repeat's evenly split

@@ -5,7 +5,6 @@ same programs, which is how the tests run them."""
 
 from __future__ import annotations
 
-from ..ops import OPS
 from .base import Capabilities, Target
 
 # mx.distributed's ring backend (the one every MLX install has) cannot split its group into sub-groups, so
@@ -27,7 +26,6 @@ _REASONS = (
     ("remat", "mx.checkpoint recomputes a whole block (no policy keeps the matmuls)"),
     ("float16", "the mlx target computes in float32 or bfloat16 (no loss scaling for float16)"),
     ("bfloat16", "the mlx target stores parameters in float32"),
-    ("moe", "the mixture-of-experts operator is not in the mlx target yet"),
     ("data_param_layouts", "over `data` every mlx process holds the whole model"),
     ("input_layouts", "the mlx target gives each process whole samples: its rows of the batch"),
     ("context", _ONE_GROUP + ", and ring attention needs point-to-point autograd between processes"),
@@ -51,7 +49,7 @@ class MlxTarget(Target):
         global_batch_statistics=False,
         data_param_layouts=False,
         input_layouts=False,
-        ops=frozenset(k for k in OPS if not OPS[k].expert_dims),
+        ops=None,
         launchers=("launch.sh (mlx.launch: processes on one machine, or --hosts for several)",
                    "launch.sbatch (SLURM, one node)"),
         reasons=_REASONS,
@@ -69,4 +67,7 @@ class MlxTarget(Target):
         "Opt-in: a spec without `targets:` is checked for the default targets (jax, torch) only; list `mlx` "
         "to have `validate` check it too (`build --target mlx` always does).",
         "One process per device; over `data` every process holds the whole model and optimizer state.",
+        "Mixture of experts (`moe`): capped and dropless routing (dropless as grouped matmuls, `mx.gather_mm`), "
+        "swiglu and shared experts, the router z-loss; each process runs the whole layer (over `data`), not over "
+        "`expert` (no all-to-all) nor with the experts split over `tensor`.",
     )

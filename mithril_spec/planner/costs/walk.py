@@ -252,7 +252,7 @@ class Walk:
         needs_dx = any(req.get(i, False) for i in node.inputs)
         c = LayerCosts(self, node, prefix, u, tp, needs_dx, in_remat)
         op.costs(c)
-        u.flops += node.flops * self.b / self.deg(c.div_axes)
+        u.flops += c.flops * self.b / self.deg(c.div_axes)
         if self.float8:
             self.float8_layer(node, u, self.deg(c.div_axes))
         u.grad_flow = self.nbytes(node.out, c.out_axes) + sum(
@@ -590,6 +590,9 @@ class LayerCosts:
         self.fused_attention = walk.opt.fused_attention  # the target's attention kernel stores no probabilities
         self.context = walk.deg(walk.context)  # context-parallel degree (the sequence split over `context`)
         self.phases = ["forward"] + (["recompute"] if in_remat else [])
+        # the forward flops per sample the program computes: the operator's (node.flops), or more where this
+        # layout makes the program compute more (a dropless moe layer's every slot under expert parallelism)
+        self.flops = node.flops
 
     # -- layouts and sizes
     def act_axes(self, t: TensorType, dims: Optional[tuple[int, ...]] = None) -> frozenset:
