@@ -10,6 +10,7 @@ from typing import Any
 
 from ..planner import hardware as hw
 from ..planner.costs import KINDS
+from ..targets import TARGETS
 from .costing import Costing
 
 # A device name the program reads (torch.cuda.get_device_name, jax's device_kind) -> the built-in profile.
@@ -27,8 +28,10 @@ def predicted(costing: Costing) -> dict[str, Any]:
     acts = costs.worst.activations
     comm = {k: sum(c.total_bytes for c in costs.collectives if c.kind == k) for k in KINDS}
     calls = {k: sum(c.count for c in costs.collectives if c.kind == k) for k in KINDS}
+    # the devices the target's programs run on (a torch program's table holds no TPU)
+    devices = [(key, name) for key, name in DEVICE_PROFILES if key in TARGETS[costing.target].capabilities.profiled_devices]
     profiles = {}
-    for name in dict.fromkeys(name for _key, name in DEVICE_PROFILES):  # the profiles a device name selects
+    for name in dict.fromkeys(name for _key, name in devices):  # the profiles a device name selects
         t = costing.on(hw.lookup(name, plan.spec)).time
         assert t is not None
         per_kind = {k: 0.0 for k in KINDS}
@@ -43,7 +46,7 @@ def predicted(costing: Costing) -> dict[str, Any]:
         "comm_bytes": {k: v for k, v in comm.items() if v},
         "comm_calls": {k: v for k, v in calls.items() if comm[k]},
         "profiles": profiles,
-        "device_profiles": [list(p) for p in DEVICE_PROFILES],
+        "device_profiles": [list(p) for p in devices],
         # activation offload (training.offload): the threshold, bytes moved out per step, held on the host
         "offload": None if costs.offload_threshold is None else {
             "threshold": costs.offload_threshold, "per_step": acts.offload_per_step, "host_bytes": acts.offloaded},

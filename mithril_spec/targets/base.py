@@ -61,6 +61,9 @@ class Capabilities:
     tied_across_stages: str = ""
     # `--profile DIR` (docs/program.md "Profiling"): "" not supported; else in words, what it traces
     profile: str = ""
+    # the devices (names as lowering/predicted.py's DEVICE_PROFILES read them) its programs run on: the
+    # hardware profiles whose predictions --profile compares with (a torch program never runs on a TPU)
+    profiled_devices: tuple[str, ...] = ()
     # generate.py of a language model (Plan.language_model): "" none; else in words, which builds have it
     sampling: str = ""
     # operators it runs inside a pipeline although the operator names a pipeline limit (Op.pipeline_limit):

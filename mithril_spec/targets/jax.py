@@ -21,6 +21,7 @@ class JaxTarget(Target):
         eval_with_pipeline=True,
         tied_across_stages="yes (the layers outside the pipelined block hold their parameters on every pipe rank)",
         profile="yes (jax.profiler: one trace per process)",
+        profiled_devices=("H200", "H100", "A100", "TPU v5", "cpu"),
         sampling="every mesh; a pipeline of one repeat's copies in stages of as many (not padded), through its stages",
         compute_dtypes=("float32", "bfloat16", "float16"),
         param_dtypes=("float32", "bfloat16", "float16"),

@@ -72,6 +72,7 @@ class TorchTarget(Target):
         tied_across_stages="yes, on another pipe rank than the table: a copy there, its gradient summed with the "
         "table's (Megatron's embedding group)",
         profile="yes (torch.profiler: a trace and a summary per rank, pipelined builds too)",
+        profiled_devices=("H200", "H100", "A100", "cpu"),
         sampling="every mesh; a pipeline through its stages",
         compute_dtypes=("float32", "bfloat16", "float16"),
         param_dtypes=("float32", "bfloat16", "float16"),

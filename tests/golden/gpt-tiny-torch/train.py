@@ -244,16 +244,6 @@ PREDICTED = {
                 "reduce-scatter": 2.392e-05,
             },
         },
-        "tpu-v5e": {
-            "step_s": 0.0001345,
-            "compute_s": 2.19e-05,
-            "offload_s": 0.0,
-            "comm_s": {
-                "all-reduce": 7.973e-05,
-                "all-gather": 3.152e-05,
-                "reduce-scatter": 1.576e-05,
-            },
-        },
         "cpu": {
             "step_s": 0.005359,
             "compute_s": 0.004793,
@@ -269,7 +259,6 @@ PREDICTED = {
         ["H200", "h200-141gb"],
         ["H100", "h100-sxm-80gb"],
         ["A100", "a100-80gb"],
-        ["TPU v5", "tpu-v5e"],
         ["cpu", "cpu"],
     ],
     "offload": None,
