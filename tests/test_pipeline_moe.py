@@ -1,42 +1,63 @@
-"""Mixture-of-experts layers on some pipeline stages only, on none and on all (torch): three explicit stages
-on pipe=3, 1F1B over 4 micro-batches, plain SGD. Each equals the one-process build of the same spec (which
+"""Mixture-of-experts layers on some pipeline stages only, on none and on all (torch and jax): three explicit
+stages on pipe=3, 1F1B over 4 micro-batches, plain SGD. Each equals the one-process build of the same spec (which
 runs the pipeline's micro-batches one after the other) at the gradient level (docs/program.md
 "Equivalence"): the first step's gradients and the losses. (A stage without moe layers once ended every
-rank at step 1: its load-balancing loss was the int 0.)"""
+rank at step 1: its load-balancing loss was the int 0.)
+
+The jax program stacks each block's copies apart (a `dense` stack, a `sparse` stack), each stage holding as
+many rows of each as the stage with the most copies of it, and runs its own copies (lax.switch on the stage):
+device 0 holds the bytes the plan counts for it (Plan.memory_for). The gpipe schedule (the circular pipeline)
+runs it too."""
 
 from __future__ import annotations
 
+import concurrent.futures
+
+import jax_runs as jr
 import numpy as np
 import pytest
+import torch_runs as tr
 from gradients import assert_same_gradients
-from torch_runs import TESTS, build, report, run, run_many
+from pipeline_edits import GPIPE
 
-SPEC = TESTS / "specs" / "moe-stages.yaml"
+from mithril_spec.frontend import compile_file
+
+SPEC = tr.TESTS / "specs" / "moe-stages.yaml"
 WHERE = {  # which stages hold moe layers -> edits of the spec's blocks
     "stage 1 only": (),
     "none": (("block: sparse", "block: dense"),),
     "all": (("block: dense", "block: sparse"),),
 }
 ARGS = ("--steps", "3", "--export-grads", "grads.npz")
+BUILD = {"torch": tr.build, "jax": jr.build}
+RUN = {"torch": tr.run, "jax": jr.run}
+CASES = [(t, w, ()) for t in ("torch", "jax") for w in WHERE] + [("jax", "stage 1 only", GPIPE)]
 
 
-def runs(where):
-    edits = WHERE[where]
-    return build(SPEC, "data=1", edits), build(SPEC, None, edits)
+def runs(target, where, more=()):
+    edits = WHERE[where] + more
+    return BUILD[target](SPEC, "data=1", edits), BUILD[target](SPEC, None, edits)
 
 
 @pytest.fixture(scope="module", autouse=True)
 def all_runs():
-    run_many([(program, *ARGS) for w in WHERE for program in runs(w)])
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        pool.submit(tr.run_many, [(program, *ARGS) for w in WHERE for program in runs("torch", w)])
+        jr.run_many([(program, *ARGS) for t, w, more in CASES if t == "jax" for program in runs(t, w, more)])
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("where", list(WHERE))
-def test_moe_on_some_pipeline_stages_equals_one_process(where):
-    one, pipe = (run(program, *ARGS) for program in runs(where))
+@pytest.mark.parametrize("case", CASES, ids=[f"{t}-{w.replace(' ', '_')}{'-gpipe' if m else ''}" for t, w, m in CASES])
+def test_moe_on_some_pipeline_stages_equals_one_process(case):
+    target, where, more = case
+    one, pipe = (RUN[target](program, *ARGS) for program in runs(target, where, more))
     grads = [dict(np.load(r.cwd / "grads.npz")) for r in (one, pipe)]
-    dg = assert_same_gradients(*grads, 1e-5, f"moe on {where}")
+    dg = assert_same_gradients(*grads, 1e-5, f"{target}: moe on {where}")
     dl = float(np.abs(pipe.losses - one.losses).max())
-    report(f"pipeline moe on {where}", max_rel_dgrad=dg, max_dloss=dl)
+    jr.report(f"pipeline moe on {where} ({target}{', gpipe' if more else ''})", max_rel_dgrad=dg, max_dloss=dl)
     assert dl < 1e-5, (pipe.losses, one.losses)
     assert any(k.startswith("middle.") and ".ffn.experts" in k for k in grads[0]) == (where != "none")
+    if target == "jax":
+        plan = compile_file(jr.spec_variant(SPEC, WHERE[where] + more)).plan.memory_for("jax")
+        assert pipe.memory["device0"] == {"params": plan.params, "optimizer": plan.optimizer,
+                                          "buffers": plan.buffers}, (pipe.memory, plan)

@@ -1,6 +1,7 @@
 """The JAX target (templates/jax): jit with NamedSharding over every mesh axis, optax, orbax checkpoints,
-and a shard_map pipeline of the copies of one repeated block over `pipe` (the planner's even split, or
-`stage:` / `device:` placement, uneven stages padded to the largest)."""
+and a shard_map pipeline of the copies of repeated blocks over `pipe` (the planner's even split, or
+`stage:` / `device:` placement, uneven stages padded to the largest; stages of several blocks, each
+block's copies stacked apart)."""
 
 from __future__ import annotations
 
@@ -52,10 +53,13 @@ class JaxTarget(Target):
     imports = "numpy, jax, optax, orbax-checkpoint"
     pipeline_limit_field = ("op",)
     limits = (
-        "A pipeline runs the copies of one repeated block over the `pipe` axis: the planner's even split, or "
-        "`stage:` / `device:` placement of one repeat or of consecutive repeats of the block (each reading the "
-        "one before; no other layer between them), "
-        "possibly uneven: every stage is padded to the largest stage's copies, which the plan counts.",
+        "A pipeline runs the copies of repeated blocks over the `pipe` axis: the planner's even split, or "
+        "`stage:` / `device:` placement of one repeat or of consecutive repeats (each reading the one before; "
+        "no other layer between them), possibly uneven: every stage is padded to the largest stage's copies, "
+        "which the plan counts. Consecutive repeats of several blocks (heterogeneous stages, such as moe on "
+        "some stages only) stack each block's copies apart, every stage holding as many rows of each block as "
+        "the stage with the most copies of it, and each pipe rank runs its own stage's copies (lax.switch); "
+        "not with batch_norm in the pipelined blocks.",
         "The pipelined block takes one input; the layers after it (and the loss) read only its output, later "
         "layers and the model inputs, never the layers before it (those run apart, on every pipe rank).",
         CONTEXT_LIMIT,
