@@ -7,7 +7,7 @@ rank at step 1: its load-balancing loss was the int 0.)
 The jax program stacks each block's copies apart (a `dense` stack, a `sparse` stack), each stage holding as
 many rows of each as the stage with the most copies of it, and runs its own copies (lax.switch on the stage):
 device 0 holds the bytes the plan counts for it (Plan.memory_for). The gpipe schedule (the circular pipeline)
-runs it too."""
+and interleaved (pipe=2 x 2 virtual stages) run it too, and a checkpoint of the stacks resumes exactly."""
 
 from __future__ import annotations
 
@@ -31,7 +31,14 @@ WHERE = {  # which stages hold moe layers -> edits of the spec's blocks
 ARGS = ("--steps", "3", "--export-grads", "grads.npz")
 BUILD = {"torch": tr.build, "jax": jr.build}
 RUN = {"torch": tr.run, "jax": jr.run}
-CASES = [(t, w, ()) for t in ("torch", "jax") for w in WHERE] + [("jax", "stage 1 only", GPIPE)]
+# interleaved: pipe=2 x 2 virtual stages, the same four stages (ranks 0, 1, 0, 1; ln_f and lm_head on stage 3)
+INTERLEAVED = (("default: {pipe: 3}", "default: {pipe: 2}"),
+               ("schedule: 1f1b}", "schedule: interleaved, virtual_stages: 2}"),
+               ("{op: layer_norm, name: ln_f}", "{op: layer_norm, name: ln_f, stage: 3}"))
+CASES = [(t, w, ()) for t in ("torch", "jax") for w in WHERE] + [("jax", "stage 1 only", GPIPE),
+                                                                 ("jax", "stage 1 only", INTERLEAVED)]
+LABEL = {(): "1f1b", GPIPE: "gpipe", INTERLEAVED: "interleaved"}
+CKPT = ("--steps", "3", "--checkpoint-every", "1")  # (the jax stage-1-only run's checkpoints: resumed below)
 
 
 def runs(target, where, more=()):
@@ -43,21 +50,35 @@ def runs(target, where, more=()):
 def all_runs():
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         pool.submit(tr.run_many, [(program, *ARGS) for w in WHERE for program in runs("torch", w)])
-        jr.run_many([(program, *ARGS) for t, w, more in CASES if t == "jax" for program in runs(t, w, more)])
+        jr.run_many([(program, *ARGS) for t, w, more in CASES if t == "jax" for program in runs(t, w, more)]
+                    + [(runs("jax", "stage 1 only")[1], *CKPT, "--checkpoint-dir", str(jr.WORK / "ckpt-moe-stages"))])
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", CASES, ids=[f"{t}-{w.replace(' ', '_')}{'-gpipe' if m else ''}" for t, w, m in CASES])
+@pytest.mark.parametrize("case", CASES, ids=[f"{t}-{w.replace(' ', '_')}-{LABEL[m]}" for t, w, m in CASES])
 def test_moe_on_some_pipeline_stages_equals_one_process(case):
     target, where, more = case
     one, pipe = (RUN[target](program, *ARGS) for program in runs(target, where, more))
     grads = [dict(np.load(r.cwd / "grads.npz")) for r in (one, pipe)]
     dg = assert_same_gradients(*grads, 1e-5, f"{target}: moe on {where}")
     dl = float(np.abs(pipe.losses - one.losses).max())
-    jr.report(f"pipeline moe on {where} ({target}{', gpipe' if more else ''})", max_rel_dgrad=dg, max_dloss=dl)
+    jr.report(f"pipeline moe on {where} ({target}, {LABEL[more]})", max_rel_dgrad=dg, max_dloss=dl)
     assert dl < 1e-5, (pipe.losses, one.losses)
     assert any(k.startswith("middle.") and ".ffn.experts" in k for k in grads[0]) == (where != "none")
     if target == "jax":
         plan = compile_file(jr.spec_variant(SPEC, WHERE[where] + more)).plan.memory_for("jax")
         assert pipe.memory["device0"] == {"params": plan.params, "optimizer": plan.optimizer,
                                           "buffers": plan.buffers}, (pipe.memory, plan)
+
+
+@pytest.mark.slow
+def test_jax_stages_of_several_blocks_resume_exactly():
+    """The stacks of each block (STACK_ORDERS, which the checkpoint records) resume at step 2 on the trajectory."""
+    program = runs("jax", "stage 1 only")[1]
+    ck = jr.WORK / "ckpt-moe-stages"
+    first = jr.run(program, *CKPT, "--checkpoint-dir", str(ck))
+    resumed = jr.run(program, "--steps", "3", "--resume", str(ck / "2"), export=False)
+    assert [r["step"] for r in resumed.metrics] == [3]
+    d = abs(resumed.losses[-1] - first.losses[-1])
+    jr.report("pipeline moe on stage 1 only (jax): resumed step 3", dloss=d)
+    assert d < 1e-6, (resumed.losses, first.losses)

@@ -5,6 +5,7 @@ runs for every assignment the schedules cannot execute."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -132,7 +133,7 @@ def test_jax_runs_device_placement_of_one_block_and_refuses_a_layer_between_its_
     assert err[0] == "E049" and "`mid` runs between the repeats `blocks` and `more`" in err[1], err
 
 
-MOE_STAGES = __import__("pathlib").Path(__file__).parent / "specs" / "moe-stages.yaml"
+MOE_STAGES = Path(__file__).parent / "specs" / "moe-stages.yaml"
 
 
 def test_jax_runs_stages_of_several_blocks_and_counts_each_blocks_rows(tmp_path):
