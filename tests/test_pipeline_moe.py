@@ -7,7 +7,7 @@ rank at step 1: its load-balancing loss was the int 0.)
 The jax program stacks each block's copies apart (a `dense` stack, a `sparse` stack), each stage holding as
 many rows of each as the stage with the most copies of it, and runs its own copies (lax.switch on the stage):
 device 0 holds the bytes the plan counts for it (Plan.memory_for). The gpipe schedule (the circular pipeline)
-and interleaved (pipe=2 x 2 virtual stages) run it too, so does ZeRO-1 on pipe=3 x data=2 (AdamW) and a stage
+and interleaved (pipe=2 x 2 virtual stages) run it too, so does ZeRO-1 on pipe=3 x data=2 x tensor=2 (AdamW) and a stage
 running copies of both blocks (pipe=2), and a checkpoint of the stacks resumes exactly."""
 
 from __future__ import annotations
@@ -36,8 +36,10 @@ RUN = {"torch": tr.run, "jax": jr.run}
 INTERLEAVED = (("default: {pipe: 3}", "default: {pipe: 2}"),
                ("schedule: 1f1b}", "schedule: interleaved, virtual_stages: 2}"),
                ("{op: layer_norm, name: ln_f}", "{op: layer_norm, name: ln_f, stage: 3}"))
-# ZeRO-1 over data=2 beside the pipe (adamw: an optimizer state to split; the plan's bytes halve it)
-ZERO = (("default: {pipe: 3}", "default: {pipe: 3, data: 2}"),
+# ZeRO-1 over data=2 beside the pipe and tensor=2 (adamw: an optimizer state to split; the plan's bytes halve
+# it). (Unpinned, the stacked rows' gradients took ZeRO's layout inside the stages' lax.switch: a deadlock.)
+ZERO = (("default: {pipe: 3}", "default: {pipe: 3, data: 2, tensor: 2}"),
+        ("pipeline: {", "sharding: {rules: {heads: tensor, kv_heads: tensor, mlp: tensor}}\npipeline: {"),
         ("optimizer: {name: sgd, lr: 0.5}, seed: 0}", "optimizer: {name: adamw, lr: 1.0e-3}, seed: 0, zero: 1}"))
 # two stages on pipe=2, the second running copies of both blocks: 2 sparse, then `last`'s dense one
 MIXED = (("default: {pipe: 3}", "default: {pipe: 2}"), (", stage: 2}", ", stage: 1}"))
@@ -45,7 +47,7 @@ CASES = [(t, w, ()) for t in ("torch", "jax") for w in WHERE] + [("jax", "stage 
                                                                  ("jax", "stage 1 only", INTERLEAVED),
                                                                  ("jax", "stage 1 only", ZERO),
                                                                  ("jax", "stage 1 only", MIXED)]
-LABEL = {(): "1f1b", GPIPE: "gpipe", INTERLEAVED: "interleaved", ZERO: "zero1-data2", MIXED: "mixed-stage"}
+LABEL = {(): "1f1b", GPIPE: "gpipe", INTERLEAVED: "interleaved", ZERO: "zero1-data2-tensor2", MIXED: "mixed-stage"}
 CKPT = ("--steps", "3", "--checkpoint-every", "1")  # (the jax stage-1-only run's checkpoints: resumed below)
 
 
