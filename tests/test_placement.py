@@ -5,6 +5,7 @@ runs for every assignment the schedules cannot execute."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -130,3 +131,37 @@ def test_jax_runs_device_placement_of_one_block_and_refuses_a_layer_between_its_
     assert errors(split, target="torch") == []
     (err,) = errors(split, target="jax")
     assert err[0] == "E049" and "`mid` runs between the repeats `blocks` and `more`" in err[1], err
+
+
+MOE_STAGES = Path(__file__).parent / "specs" / "moe-stages.yaml"
+
+
+def test_jax_runs_stages_of_several_blocks_and_counts_each_blocks_rows(tmp_path):
+    """tests/specs/moe-stages.yaml (dense, sparse x 2, dense on pipe=3): the jax program stacks each block's
+    copies apart, each stage holding as many rows of each as the stage with the most copies of it (tests/
+    test_pipeline_moe.py runs it); the plan counts exactly those rows on every pipe rank."""
+    c = compile_file(MOE_STAGES)
+    assert errors(MOE_STAGES, None, target="jax") == []
+    plan = c.plan
+    size = {p.name: p.bytes for p in plan.params}
+    copy = {r: sum(b for n, b in size.items() if n.startswith(f"{r}.0.")) for r in ("first", "middle")}
+    outside = sum(b for n, b in size.items() if n.split(".")[0] not in ("first", "middle", "last"))
+    # every rank: 1 row of the dense stack, 2 of the sparse one (stage 1's copies), and the layers outside
+    assert plan.memory_for("jax").params == outside + copy["first"] + 2 * copy["middle"]
+    text = render_files(c, "jax", "x")["train.py"]
+    assert 'STACK_ORDERS = {"first": (0, -1, 3), "middle": (-1, -1, 1, 2, -1, -1)}' in text
+    assert 'PIPELINED_COPIES = ("first.0", "middle.0", "middle.1", "last.0")' in text
+    assert "jax.lax.switch(chunk * PIPE + jax.lax.axis_index(\"pipe\"), stages, sp, x)" in text
+    # (the stacked arrays of each block, under its first repeat's name; `last` has none of its own)
+    assert '"middle.*.ffn.router.weight": P("pipe"' in text and '"last.*.' not in text
+
+
+def test_jax_refuses_batch_norm_in_stages_of_several_blocks(tmp_path):
+    path = tmp_path / "bn.yaml"
+    path.write_text(MOE_STAGES.read_text().replace(
+        "      - {op: add, name: res2, inputs: [res1, ffn]}\n    sparse:",
+        "      - {op: batch_norm, name: bn}\n      - {op: add, name: res2, inputs: [res1, bn]}\n    sparse:"))
+    assert errors(path, None, target="torch") == []
+    (err,) = errors(path, None, target="jax")
+    assert err[0] == "E049" and "`middle` repeats block `sparse` and `first` block `dense`, and `bn` keeps running " \
+        "statistics" in err[1], err

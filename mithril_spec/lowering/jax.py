@@ -50,14 +50,15 @@ def samples_through_pipeline(plan: Plan) -> bool:
 
 def pipelined_repeats(plan: Plan) -> list:
     """The repeats whose copies the jax pipeline runs: every repeated block of the model (targets/jax.py
-    `_pipeline` accepts one block, repeated in consecutive repeats, each reading the one before)."""
+    `_pipeline` accepts consecutive repeats, each reading the one before, of one block or of several)."""
     return [n for n in plan.graph.layers if n.is_repeat]
 
 
 def _pipeline(plan: Plan, doc: Document) -> list[Diagnostic]:
-    """The jax target pipelines the copies of one repeated block (the planner's even split, or `stage:` /
-    `device:` placement: consecutive repeats of one block, possibly uneven, each stage padded to the largest
-    stage's copies; templates/jax/pipeline.py.j2). The layers before and after them run outside the pipeline
+    """The jax target pipelines the copies of consecutive repeats (the planner's even split, or `stage:` /
+    `device:` placement, possibly uneven, each stage padded to the largest stage's copies; of several blocks,
+    each stage runs its own copies and holds as many rows of each block as the stage with the most of it:
+    templates/jax/pipeline.py.j2). The layers before and after them run outside the pipeline
     on every pipe rank, so they may not read what the other side computes."""
     out: list[Diagnostic] = []
 
@@ -74,18 +75,21 @@ def _pipeline(plan: Plan, doc: Document) -> list[Diagnostic]:
     at = next(i for i, n in enumerate(plan.graph.layers) if n.name == name)
     for k, n in enumerate(reps[1:], 1):
         prev = reps[k - 1]
-        if n.block != rep.block:
-            err(n.path + ("block",), f"`{n.name}` repeats block `{n.block}` and `{name}` block `{rep.block}`: the jax "
-                "target pipelines the copies of one block", help=f"repeat `{rep.block}` in every pipelined repeat, or "
-                "build for the torch target, which pipelines any layers")
-        elif plan.graph.layers[at + k] is not n:
+        if plan.graph.layers[at + k] is not n:
             between = plan.graph.layers[at + k]
             err(between.path + ("name",), f"`{between.name}` runs between the repeats `{prev.name}` and `{n.name}`: the "
                 "jax target pipelines consecutive copies of one block", help=f"move `{between.name}` before "
                 f"`{name}` or after `{reps[-1].name}`, or build for the torch target")
-        elif tuple(n.inputs) != (prev.name,) or n.in_types != rep.in_types:
+        elif tuple(n.inputs) != (prev.name,) or n.in_types != rep.in_types or n.out != rep.out:
             err(n.path + ("name",), f"`{n.name}` does not read `{prev.name}` alone: the jax target pipelines a chain "
-                "of copies, each reading the one before", help=f"let `{n.name}` take `{prev.name}`'s output")
+                "of copies, each reading the one before (of one shape)", help=f"let `{n.name}` take `{prev.name}`'s "
+                "output")
+        elif n.block != rep.block and any(inner.buffers for r in reps for inner in r.layers):
+            bn = next(inner for r in reps for inner in r.layers if inner.buffers)
+            err(n.path + ("block",), f"`{n.name}` repeats block `{n.block}` and `{name}` block `{rep.block}`, and "
+                f"`{bn.name}` keeps running statistics: the jax target pipelines stages of several blocks without "
+                "batch_norm only", help="use layer_norm or rms_norm in the pipelined blocks, repeat one block, or "
+                "build for the torch target")
     if out:
         return out
     at_last = at + len(reps) - 1

@@ -90,6 +90,11 @@ def _pipeline(plan: Plan, layers: list[dict[str, Any]]) -> dict[str, Any] | None
     number = {c: n for n, c in enumerate(names)}
     stage_rows = [[number[f"{r}.{i}"] for r, i in s] for s in pp.stage_copies]
     per = max(map(len, stage_rows))
+    block = {r: layers[at + k]["block"] for k, r in enumerate(reps)}
+    kinds = list(dict.fromkeys(block.values()))
+    groups = None
+    if len(kinds) > 1:
+        groups = _groups(pp, reps, block, kinds, number)
     # stacked row q holds copy order[q]: pipe rank r's rows are those of its stages r, r + pipe, ..., each
     # stage's copies then its padding (-1)
     order = [c for r in range(pp.pipe) for v in range(pp.virtual)
@@ -119,12 +124,47 @@ def _pipeline(plan: Plan, layers: list[dict[str, Any]]) -> dict[str, Any] | None
         "schedule": pp.schedule,
         "per_stage": per,
         "order": tuple(order),
-        "even": order == even,  # STACK_ORDER follows from PIPE, VIRTUAL_STAGES and PER_STAGE
-        "padded": -1 in order,  # some stage skips padding rows
+        "even": order == even and not groups,  # STACK_ORDER follows from PIPE, VIRTUAL_STAGES and PER_STAGE
+        # some stage skips padding rows (several blocks: some stack has padding rows)
+        "padded": any(-1 in o for o in groups["orders"].values()) if groups else -1 in order,
         # rank 0 shares the finished micro-batches: each pipe rank runs the head on its own share when
         # the pipe ranks divide them, else every rank on all of them
         "share_outputs": pp.microbatches % pp.pipe == 0,
+        # several blocks (heterogeneous stages): one stack per block, and each stage's runs of copies
+        "groups": groups,
+        "blocks": tuple(kinds),
     }
+
+
+def _groups(pp, reps: list[str], block: dict[str, str], kinds: list[str], number: dict[str, int]) -> dict[str, Any]:
+    """Heterogeneous stages: the pipelined repeats repeat several blocks. The train state stacks the copies
+    of each block in one array per block parameter, named after the block's first pipelined repeat (the
+    group's head), whose rows are, per pipe rank, per_stage[block] rows for each of its stages: that stage's
+    copies of the block, then padding (-1). Each stage runs its copies in order, as runs of consecutive
+    copies of one block: (head, first row within the stage's rows, end row, copy numbers)."""
+    head = {k: next(r for r in reps if block[r] == k) for k in kinds}
+    stage_of_kind = [[[number[f"{r}.{i}"] for r, i in s if block[r] == k] for s in pp.stage_copies] for k in kinds]
+    per = {head[k]: max(1, max(map(len, stage_of_kind[n]))) for n, k in enumerate(kinds)}
+    orders = {}
+    for n, k in enumerate(kinds):
+        rows = stage_of_kind[n]
+        orders[head[k]] = tuple(c for r in range(pp.pipe) for v in range(pp.virtual)
+                                for c in rows[v * pp.pipe + r] + [-1] * (per[head[k]] - len(rows[v * pp.pipe + r])))
+    runs = []
+    for s in pp.stage_copies:
+        out: list[list] = []
+        seen = {h: 0 for h in per}
+        for r, i in s:
+            h = head[block[r]]
+            if out and out[-1][0] == h:
+                out[-1][2] += 1
+                out[-1][3].append(number[f"{r}.{i}"])
+            else:
+                out.append([h, seen[h], seen[h] + 1, [number[f"{r}.{i}"]]])
+            seen[h] += 1
+        runs.append(tuple((h, a, b, tuple(c)) for h, a, b, c in out))
+    return {"heads": tuple(head[k] for k in kinds), "stacked": tuple(f"{head[k]}.*." for k in kinds), "block_of": {head[k]: k for k in kinds}, "per_stage": per,
+            "orders": orders, "runs": tuple(runs)}
 
 
 def free(name: str, taken: set[str]) -> str:
@@ -300,6 +340,8 @@ def target_fields(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
         b["shared"] = sorted({layer["attrs"]["tie"] for layer in b["layers"] if layer["attrs"].get("tie")})
     layers = model["layers"]
     pipeline = _pipeline(plan, layers)
+    # the repeats whose stacked arrays hold the pipelined copies (split over `pipe`)
+    heads = () if not pipeline else pipeline["groups"]["heads"] if pipeline["groups"] else (pipeline["repeat"]["name"],)
     tr = plan.spec.training
     held = costing.held  # a pipelined jax program holds more than the stage split (Plan.memory_for)
     # micro-batch iterations of the train step's loop: pipeline runs, else micro-batches, else a one-stage
@@ -315,11 +357,10 @@ def target_fields(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
                                      "train_arg")},
             "pipeline": pipeline,
             # repeat -> the mesh axes of the copy dimension of its stacked arrays (None: whole)
-            "stack_axis": {r["name"]: ["pipe"] if pipeline and pipeline["repeat"]["name"] == r["name"] else None
-                           for r in ctx["repeats"]},
-            # repeats whose copies another repeat's stacked arrays hold (the pipelined repeats but the first):
-            # no arrays of their own in the train state
-            "merged": pipeline["repeats"][1:] if pipeline else [],
+            "stack_axis": {r["name"]: ["pipe"] if pipeline and r["name"] in heads else None for r in ctx["repeats"]},
+            # repeats whose copies another repeat's stacked arrays hold (the pipelined repeats but the first, or
+            # but each block's first): no arrays of their own in the train state
+            "merged": tuple(r for r in pipeline["repeats"] if r not in heads) if pipeline else (),
             "zero": tr.zero,  # not in the shared context (yet)
             # context parallelism: the ranks of the `context` axis (None without it; planner/context_parallel.py)
             "context": plan.mesh.context if plan.context_sequence_axis else None,

@@ -109,15 +109,22 @@ def state_memory(plan: Plan, outside_everywhere: bool = False, padded: bool = Fa
     pl = plan.pipeline if outside_everywhere else None
     split = {r for s in pl.stage_repeats for r, _, _ in s} if pl is not None else set()
     outside = {p.name for p in plan.params + plan.buffers if split and p.name.split(".")[0] not in split}
-    # padded stages: the pipelined copies are counted as `rows` copies of the first one on every pipe rank
-    rows = pl.virtual * max(map(len, pl.stage_copies)) if padded and split else 0
-    one = "{}.{}.".format(*next(c for s in pl.stage_copies for c in s)) if rows else None
+    # padded stages: the pipelined copies of each block are counted as `rows` copies of its first one on every
+    # pipe rank (stages of several blocks hold, per block, as many rows as the stage with the most copies of it)
+    block = {n.name: n.block for n in plan.graph.layers if n.is_repeat}
+    rows: dict[str, int] = {}  # "<repeat>.<copy>." of each block's first pipelined copy -> rows per pipe rank
+    if padded and split:
+        for kind in dict.fromkeys(block[r] for s in pl.stage_copies for r, _ in s):
+            first = next(c for s in pl.stage_copies for c in s if block[c[0]] == kind)
+            rows["{}.{}.".format(*first)] = pl.virtual * max(
+                sum(block[r] == kind for r, _ in s) for s in pl.stage_copies)
     tied = getattr(plan.pipeline, "tied_copies", None) or {}
 
     def holders(name: str, stage: int):
         """(pipe ranks holding `name`, how many times each)."""
         if rows and name.split(".")[0] in split:
-            return (ranks, rows) if name.startswith(one) else ((), 0)
+            one = next((one for one in rows if name.startswith(one)), None)
+            return (ranks, rows[one]) if one else ((), 0)
         if name in outside:
             return ranks, 1
         # a tied table: also on the pipe ranks of the tied layers that hold a copy of it

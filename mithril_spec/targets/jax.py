@@ -1,6 +1,7 @@
 """The JAX target (templates/jax): jit with NamedSharding over every mesh axis, optax, orbax checkpoints,
-and a shard_map pipeline of the copies of one repeated block over `pipe` (the planner's even split, or
-`stage:` / `device:` placement, uneven stages padded to the largest)."""
+and a shard_map pipeline of the copies of repeated blocks over `pipe` (the planner's even split, or
+`stage:` / `device:` placement, uneven stages padded to the largest; stages of several blocks, each
+block's copies stacked apart)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ class JaxTarget(Target):
         master_weights=True,
         pipeline_schedules=("gpipe", "1f1b", "interleaved"),
         explicit_stages=True,
-        zero_with_pipeline=False,
+        # the pipelined train state's optimizer state (ZeRO-2: its gradients too) split over `data` like any
+        # other: zero_layout (templates/jax/optimizer.py.j2) on a dimension of each stacked copy
+        zero_with_pipeline=True,
         # forward only through the circular pipeline (templates/jax/pipeline.py.j2 pipeline_eval)
         eval_with_pipeline=True,
         tied_across_stages="yes (the layers outside the pipelined block hold their parameters on every pipe rank)",
@@ -41,8 +44,6 @@ class JaxTarget(Target):
         overlap=(True, False),
         reasons=(
             ("prefetch", "XLA's scheduler decides how far ahead the fsdp all-gathers run"),
-            ("zero_pipeline", "the jax program does not split the pipelined train state's optimizer state over "
-             "`data` yet (the torch program does)"),
             ("offload", "XLA's host offload of saved values did not lower the device's memory: measured on an "
              "H200 (jax 0.11.2), an offload policy on a 4-layer MLP raised the peak from 0.82 to 1.14 GB and "
              "moved 2.3x the planned bytes, and the CPU backend compiles the transfers away"),
@@ -55,10 +56,13 @@ class JaxTarget(Target):
     imports = "numpy, jax, optax, orbax-checkpoint"
     pipeline_limit_field = ("op",)
     limits = (
-        "A pipeline runs the copies of one repeated block over the `pipe` axis: the planner's even split, or "
-        "`stage:` / `device:` placement of one repeat or of consecutive repeats of the block (each reading the "
-        "one before; no other layer between them), "
-        "possibly uneven: every stage is padded to the largest stage's copies, which the plan counts.",
+        "A pipeline runs the copies of repeated blocks over the `pipe` axis: the planner's even split, or "
+        "`stage:` / `device:` placement of one repeat or of consecutive repeats (each reading the one before; "
+        "no other layer between them), possibly uneven: every stage is padded to the largest stage's copies, "
+        "which the plan counts. Consecutive repeats of several blocks (heterogeneous stages, such as moe on "
+        "some stages only) stack each block's copies apart, every stage holding as many rows of each block as "
+        "the stage with the most copies of it, and each pipe rank runs its own stage's copies (lax.switch); "
+        "not with batch_norm in the pipelined blocks.",
         "The pipelined block takes one input; the layers after it (and the loss) read only its output, later "
         "layers and the model inputs, never the layers before it (those run apart, on every pipe rank).",
         CONTEXT_LIMIT,
