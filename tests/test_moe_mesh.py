@@ -1,0 +1,67 @@
+"""Expert parallelism beside fsdp and tensor, in both targets (docs/program.md "Equivalence").
+
+A Mixtral-style moe transformer (specs/moe-shared.yaml: bias-free swiglu experts, top-2 gates renormalised,
+a shared expert with a sigmoid gate, the router z-loss) with Megatron's rules (heads, kv_heads and the
+experts' hidden features over `tensor`) on expert=2 x fsdp=2 x tensor=2, 8 ranks: the planner splits the 4
+experts of every moe layer over expert x fsdp on dimension 0 (each rank one expert, tokens sent to it by
+all-to-all over those 4 ranks) and their hidden features over `tensor`; everything else is sharded over
+fsdp. Trained by plain SGD (a wrong gradient scale shows in the update), the first step's gradients and 3
+steps' losses equal the one-device build's, in torch (8 gloo ranks) and jax (8 CPU devices), and every
+torch rank (jax: device 0) holds the bytes the plan predicts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gradients import assert_same_gradients
+
+import jax_runs
+import torch_runs
+from mithril_spec.frontend import compile_file
+
+SPEC = jax_runs.SPECS / "moe-shared.yaml"
+MESH = "expert=2,fsdp=2,tensor=2"
+SGD = (("optimizer: {name: adamw, lr: 1.0e-3}", "optimizer: {name: sgd, lr: 0.5}"),)
+RULES = (("meshes:", "sharding:\n  rules: {heads: tensor, kv_heads: tensor, mlp: tensor}\nmeshes:"),)
+ARGS = ("--steps", "3", "--export-grads", "grads.npz")
+
+
+@pytest.fixture(scope="module")
+def runs():
+    """target -> (one device, the 8-rank mesh): (run, first-step gradients)."""
+    out = {}
+    for runner in (torch_runs, jax_runs):
+        done = runner.run_many([(runner.build(SPEC, "single", SGD), *ARGS), (runner.build(SPEC, MESH, SGD + RULES), *ARGS)])
+        out[runner] = [(r, dict(np.load(r.cwd / "grads.npz"))) for r in done]
+    return out
+
+
+def test_the_plan_splits_the_experts_over_expert_fsdp_and_tensor():
+    plan = compile_file(jax_runs.spec_variant(SPEC, SGD + RULES), MESH).plan
+    assert [list(d) for d in plan.param("layers.0.moe.experts.gate.weight").spec] == [["expert", "fsdp"], [], ["tensor"]]
+    assert [list(d) for d in plan.param("layers.0.moe.experts.down.weight").spec] == [["expert", "fsdp"], ["tensor"], []]
+    assert "fsdp" in plan.param("layers.0.attn.q.weight").spec[0] and plan.param("layers.0.attn.q.weight").spec[1] == ("tensor",)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("runner", [torch_runs, jax_runs], ids=["torch", "jax"])
+def test_expert_fsdp_tensor_equals_one_device(runs, runner):
+    (one, g1), (par, gp) = runs[runner]
+    what = f"moe-shared {runner.__name__} {MESH}"
+    dg = assert_same_gradients(g1, gp, 1e-5, what)
+    dl = float(np.abs(par.losses - one.losses).max())
+    runner.report(f"{what} vs 1 device (plain SGD)", max_rel_dgrad=dg, max_dloss=dl)
+    assert len(par.losses) == 3 and dl < 1e-5, (par.losses, one.losses)
+    assert any(k.endswith("moe.experts.gate.weight") for k in gp) and any(k.endswith("shared_gate.weight") for k in gp)
+    target = "torch" if runner is torch_runs else "jax"
+    plan = compile_file(runner.spec_variant(SPEC, SGD + RULES), MESH).plan.memory_for(target)
+    planned = {"params": plan.params, "grads": plan.grads, "optimizer": plan.optimizer, "buffers": plan.buffers}
+    if runner is torch_runs:
+        assert len(par.memory["ranks"]) == 8
+        for rank, held in enumerate(par.memory["ranks"]):
+            assert held == planned, f"rank {rank} holds {held}, the plan says {planned}"
+    else:
+        held = par.memory["device0"]
+        assert {k: held[k] for k in ("params", "optimizer", "buffers")} == {
+            k: planned[k] for k in ("params", "optimizer", "buffers")}, (held, planned)
