@@ -141,18 +141,14 @@ def expert_group(plan: Plan) -> tuple[str, ...]:
 def _experts(plan: Plan, doc: Document) -> list[Diagnostic]:
     """Expert parallelism in the torch target: the experts of every moe layer split on dimension 0 over
     `expert` (or `expert` and `fsdp`: more ranks, each with its own experts), tokens sent to them with
-    all-to-all over those ranks; their hidden features may be split over `tensor` too (split_tensor, as
-    without experts split). Everything else data parallel over the batch axes (DDP, or FSDP2 beside `fsdp` /
-    `tensor`, whose gradients the program then averages over `expert` too)."""
+    all-to-all over those ranks (in a pipeline: the ranks of the layer's stage); their hidden features may
+    be split over `tensor` too (split_tensor, as without experts split). Everything else data parallel over
+    the batch axes (DDP, or FSDP2 beside `fsdp`, `tensor` or `pipe`, whose gradients the program then
+    averages over `expert` too)."""
     out: list[Diagnostic] = []
     mesh = plan.mesh
     if not mesh.expert_enabled:
         return out
-    if mesh.pipe_enabled:
-        out.append(Diagnostic(
-            codes.E049, "the torch target does not combine the `expert` mesh axis with `pipe`: its pipeline "
-            "stages do not split experts", doc.pos(plan.mesh.source),
-            help="use a mesh of data, fsdp, tensor and expert axes for expert parallelism in the torch target"))
     moe_params = set()
     group = None
     for prefix, nodes in scopes(plan):
@@ -466,9 +462,9 @@ def data_parallel(plan: Plan) -> str:
         # ZeRO in a pipeline: the stages replicated over data without FSDP2, their gradients reduced by the
         # program (Shards.take_grads: all-reduced for ZeRO-1, reduce-scattered for ZeRO-2)
         return "zero2" if zero >= 2 else "zero1"
-    if Fs > 1 or (T > 1 and (D > 1 or X > 1)) or (P > 1 and D > 1):
-        # (expert x tensor: FSDP2 with fsdp = 1 keeps the tensor-parallel DTensors; the experts are its
-        # ignored parameters, and the program averages the others' gradients over `expert` too)
+    if Fs > 1 or (T > 1 and (D > 1 or X > 1)) or (P > 1 and (D > 1 or X > 1)):
+        # (expert x tensor, expert x pipe: FSDP2 with fsdp = 1, as beside `data`; the experts are its ignored
+        # parameters, and the program averages the others' gradients over `expert` too)
         return "hsdp" if D > 1 else "fsdp"
     if D > 1 and X == 1 and plan.spec.training.zero >= 2:
         return "zero2"
