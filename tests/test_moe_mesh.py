@@ -8,6 +8,9 @@ all-to-all over those 4 ranks) and their hidden features over `tensor`; everythi
 fsdp. Trained by plain SGD (a wrong gradient scale shows in the update), the first step's gradients and 3
 steps' losses equal the one-device build's, in torch (8 gloo ranks) and jax (8 CPU devices), and every
 torch rank (jax: device 0) holds the bytes the plan predicts.
+
+In a torch pipeline too: 1f1b over pipe=2 x expert=2 with a moe layer before the repeated block and one after
+it (each stage splits its own experts over `expert`) equals the one-stage build (jax: tests/test_jax_moe.py).
 """
 
 from __future__ import annotations
@@ -65,3 +68,26 @@ def test_expert_fsdp_tensor_equals_one_device(runs, runner):
         held = par.memory["device0"]
         assert {k: held[k] for k in ("params", "optimizer", "buffers")} == {
             k: planned[k] for k in ("params", "optimizer", "buffers")}, (held, planned)
+
+
+PIPE = (("training:", "pipeline: {microbatches: 4, schedule: 1f1b}\n\ntraining:"),
+        ("    - {repeat: layers, block: decoder, name: layers}\n    - {op: rms_norm, name: norm}",
+         "    - {op: moe, name: pre_moe, experts: experts, top_k: 1, hidden: ff, activation: swiglu, aux_loss_weight: 0.01}\n"
+         "    - {repeat: layers, block: decoder, name: layers}\n"
+         "    - {op: moe, name: post_moe, experts: experts, top_k: 2, hidden: ff, activation: swiglu, aux_loss_weight: 0.01}\n"
+         "    - {op: rms_norm, name: norm}"))
+
+
+@pytest.mark.slow
+def test_torch_pipeline_with_experts_split_equals_one_stage():
+    one, par = torch_runs.run_many([(torch_runs.build(SPEC, m, SGD + PIPE), *ARGS) for m in ("single", "pipe=2,expert=2")])
+    g1, gp = (dict(np.load(r.cwd / "grads.npz")) for r in (one, par))
+    dg = assert_same_gradients(g1, gp, 1e-5, "moe-shared torch 1f1b pipe=2 x expert=2")
+    dl = float(np.abs(par.losses - one.losses).max())
+    torch_runs.report("moe-shared torch 1f1b pipe=2 x expert=2 vs one stage (plain SGD)", max_rel_dgrad=dg, max_dloss=dl)
+    assert len(par.losses) == 3 and dl < 1e-5
+    assert "pre_moe.experts.gate.weight" in gp and "post_moe.experts.down.weight" in gp
+    planned = compile_file(torch_runs.spec_variant(SPEC, SGD + PIPE), "pipe=2,expert=2").plan.memory_for("torch")
+    fullest = max(par.memory["ranks"], key=lambda r: sum(r.values()))  # (the plan's figure: the fullest stage's)
+    assert fullest == {"params": planned.params, "grads": planned.grads, "optimizer": planned.optimizer,
+                       "buffers": planned.buffers}
