@@ -7,7 +7,7 @@ experts of every moe layer over expert x fsdp on dimension 0 (each rank one expe
 all-to-all over those 4 ranks) and their hidden features over `tensor`; everything else is sharded over
 fsdp. Trained by plain SGD (a wrong gradient scale shows in the update), the first step's gradients and 3
 steps' losses equal the one-device build's, in torch (8 gloo ranks) and jax (8 CPU devices), and every
-torch rank (jax: device 0) holds the bytes the plan predicts.
+torch rank (jax: device 0) holds the bytes the plan predicts; the torch run's checkpoint resumes on one process.
 
 In a torch pipeline too: 1f1b over pipe=2 x expert=2 with a moe layer before the repeated block and one after
 it (each stage splits its own experts over `expert`) equals the one-stage build (jax: tests/test_jax_moe.py).
@@ -30,21 +30,30 @@ RULES = (("meshes:", "sharding:\n  rules: {heads: tensor, kv_heads: tensor, mlp:
 ARGS = ("--steps", "3", "--export-grads", "grads.npz")
 
 
+CKPT = torch_runs.WORK / "ckpt-moe-mesh"  # the torch mesh run's checkpoint after step 2
+
+
+def mesh_args(runner) -> tuple:
+    return ARGS + (("--checkpoint-dir", str(CKPT), "--checkpoint-every", "2") if runner is torch_runs else ())
+
+
 @pytest.fixture(scope="module")
 def runs():
     """target -> (one device, the 8-rank mesh): (run, first-step gradients)."""
     out = {}
     for runner in (torch_runs, jax_runs):
-        done = runner.run_many([(runner.build(SPEC, "single", SGD), *ARGS), (runner.build(SPEC, MESH, SGD + RULES), *ARGS)])
+        done = runner.run_many([(runner.build(SPEC, "single", SGD), *ARGS),
+                                (runner.build(SPEC, MESH, SGD + RULES), *mesh_args(runner))])
         out[runner] = [(r, dict(np.load(r.cwd / "grads.npz"))) for r in done]
     return out
 
 
 def test_the_plan_splits_the_experts_over_expert_fsdp_and_tensor():
     plan = compile_file(jax_runs.spec_variant(SPEC, SGD + RULES), MESH).plan
-    assert [list(d) for d in plan.param("layers.0.moe.experts.gate.weight").spec] == [["expert", "fsdp"], [], ["tensor"]]
-    assert [list(d) for d in plan.param("layers.0.moe.experts.down.weight").spec] == [["expert", "fsdp"], ["tensor"], []]
-    assert "fsdp" in plan.param("layers.0.attn.q.weight").spec[0] and plan.param("layers.0.attn.q.weight").spec[1] == ("tensor",)
+    layout = {p.name: [list(d) for d in p.spec] for p in plan.params}
+    assert layout["layers.0.moe.experts.gate.weight"] == [["expert", "fsdp"], [], ["tensor"]]
+    assert layout["layers.0.moe.experts.down.weight"] == [["expert", "fsdp"], ["tensor"], []]
+    assert layout["layers.0.attn.q.weight"] == [["fsdp"], ["tensor"]]
 
 
 @pytest.mark.slow
@@ -68,6 +77,19 @@ def test_expert_fsdp_tensor_equals_one_device(runs, runner):
         held = par.memory["device0"]
         assert {k: held[k] for k in ("params", "optimizer", "buffers")} == {
             k: planned[k] for k in ("params", "optimizer", "buffers")}, (held, planned)
+
+
+
+@pytest.mark.slow
+def test_torch_checkpoint_of_the_mesh_resumes_on_one_process(runs):
+    """The experts saved as DTensors over expert x fsdp x tensor (DCP): one process resumes at step 2 on the
+    trajectory of the one-process run."""
+    (one, _), _ = runs[torch_runs]
+    resumed = torch_runs.run(torch_runs.build(SPEC, "single", SGD), "--steps", "3", "--resume", str(CKPT / "step_00000002"))
+    dl = float(np.abs(resumed.losses - one.losses[2:]).max())
+    torch_runs.report(f"moe-shared torch {MESH} checkpoint -> 1 process, step 3", max_dloss=dl)
+    assert len(resumed.losses) == 1 and dl < 1e-5
+    assert torch_runs.max_param_diff(resumed.params, one.params) < 1e-5
 
 
 PIPE = (("training:", "pipeline: {microbatches: 4, schedule: 1f1b}\n\ntraining:"),

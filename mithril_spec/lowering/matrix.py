@@ -109,7 +109,8 @@ PARALLELISMS: dict[str, tuple[str, Any]] = {
     # the experts split over expert, their hidden features over tensor
     "expert x tensor": ("expert=2,tensor=2", lambda s: (_moe(s), _rules(s, TP_RULES))),
     # each pipeline stage's experts split over expert
-    "expert x pipe": ("pipe=2,expert=2", lambda s: (_moe(s), s.update(pipeline={"microbatches": 2, "schedule": "1f1b"}))),
+    "expert x pipe": ("pipe=2,expert=2",
+                      lambda s: (_moe(s), s.update(pipeline={"microbatches": 2, "schedule": "1f1b"}))),
     "zero": ("data=2", lambda s: s["training"].update(zero=1)),
     "context": ("context=2", lambda s: None),  # the sequence split, ring attention
 }

@@ -77,8 +77,9 @@ class TorchTarget(Target):
         # dropout, attention: each pipeline micro-batch takes its rows of the micro-step's masks; moe: each
         # stage's load-balancing losses start their gradient at its output (CarryAuxLoss), their values are
         # summed per rank for the logged loss (templates/torch/pipeline_*.py.j2); under expert parallelism
-        # each stage splits its own experts (expert_parallel). batch_norm: each pipeline micro-batch has its id, by which the running
-        # statistics move once per micro-batch in their order, never in remat's recomputation.
+        # each stage splits its own experts (expert_parallel). batch_norm: each pipeline micro-batch has its
+        # id, by which the running statistics move once per micro-batch in their order, never in remat's
+        # recomputation.
         pipelined_ops=frozenset({"dropout", "attention", "moe", "batch_norm"}),
         # DDP communication hooks (FSDP2: its reduce dtype), NCCL_ALGO in launch.sh, DDP's bucket_cap_mb,
         # FSDP2's explicit prefetch; DDP and FSDP2 always overlap the gradient reduction with the backward pass
