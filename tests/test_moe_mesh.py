@@ -11,9 +11,13 @@ torch rank (jax: device 0) holds the bytes the plan predicts; the torch run's ch
 
 In a torch pipeline too: 1f1b over pipe=2 x expert=2 with a moe layer before the repeated block and one after
 it (each stage splits its own experts over `expert`) equals the one-stage build (jax: tests/test_jax_moe.py).
+And the `expert` axis beside pipe, fsdp or tensor in a model without moe layers (it splits the batch only).
 """
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,6 +26,7 @@ from gradients import assert_same_gradients
 import jax_runs
 import torch_runs
 from mithril_spec.frontend import compile_file
+from mithril_spec.lowering import matrix as mx
 
 SPEC = jax_runs.SPECS / "moe-shared.yaml"
 MESH = "expert=2,fsdp=2,tensor=2"
@@ -113,3 +118,32 @@ def test_torch_pipeline_with_experts_split_equals_one_stage():
     fullest = max(par.memory["ranks"], key=lambda r: sum(r.values()))  # (the plan's figure: the fullest stage's)
     assert fullest == {"params": planned.params, "grads": planned.grads, "optimizer": planned.optimizer,
                        "buffers": planned.buffers}
+
+
+# The `expert` axis beside fsdp, tensor or pipe in a model without moe layers: it only splits the batch, and
+# the program averages FSDP2's gradients over it too (the capability matrix's tiny transformer, plain SGD).
+NO_EXPERTS = [("pipe", "pipe=2,expert=2"), ("fsdp", "fsdp=2,expert=2"), ("tensor", "expert=2,tensor=2")]
+
+
+def _matrix_spec(row: str, sharded: bool) -> Path:
+    spec = mx.cell_spec(row, "none")
+    spec["training"]["optimizer"] = {"name": "sgd", "lr": 0.5}
+    if not sharded:
+        spec.pop("sharding", None)
+    path = torch_runs.WORK / f"no-experts-{row}-{sharded}.yaml"
+    path.write_text(json.dumps(spec, indent=1))
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", NO_EXPERTS, ids=[m for _, m in NO_EXPERTS])
+def test_torch_expert_axis_without_experts_equals_one_device(case):
+    row, mesh = case
+    one, par = torch_runs.run_many([(torch_runs.build(_matrix_spec(row, False), "data=1"), *ARGS),
+                                    (torch_runs.build(_matrix_spec(row, True), mesh), *ARGS)])
+    assert "expert" in compile_file(_matrix_spec(row, True), mesh).plan.batch_axes
+    g1, gp = (dict(np.load(r.cwd / "grads.npz")) for r in (one, par))
+    dg = assert_same_gradients(g1, gp, 1e-5, f"torch no experts {mesh}")
+    dl = float(np.abs(par.losses - one.losses).max())
+    torch_runs.report(f"torch expert axis without experts {mesh} vs 1 device (plain SGD)", max_rel_dgrad=dg, max_dloss=dl)
+    assert len(par.losses) == 3 and dl < 1e-5

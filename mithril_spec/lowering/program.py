@@ -118,6 +118,7 @@ class TorchSettings:
     expert_group: list[str]
     expert_sum: list[str]
     expert_divisor: int
+    expert_average: bool
     pipeline: Optional[dict[str, Any]]
     chunks: int
     optimizer_slots: int

@@ -385,6 +385,8 @@ def target_fields(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
             # batch axes too, and divided by every rank summed over: the mean over the batch
             "expert_sum": [a for a in plan.batch_axes if mesh.size(a) > 1 and a not in group],
             "expert_divisor": math.prod(mesh.size(a) for a in set(group) | set(plan.batch_axes)),
+            # FSDP2 beside `expert` (fsdp, tensor, pipe): the program averages the gradients over `expert` too
+            "expert_average": X > 1 and fsdp,
             "pipeline": _pipeline(plan, layers, top_vars),
             # a pipeline spec built for one stage runs its micro-batches one after the other
             "chunks": plan.pipeline.microbatches if plan.pipeline and len(plan.pipeline.stages) == 1 else 1,
