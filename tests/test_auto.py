@@ -164,7 +164,10 @@ def test_expert_is_chosen_for_large_experts_and_only_with_moe_layers(tmp_path):
                hw="devices_per_node: 1, inter_node_gb_per_s: 1")
     _c, _hw, res = searched(path, 4)
     assert "expert" in res.axes
-    assert dict(res.best.sizes)["expert"] == 4
+    # (expert=4, or pipe=2 x expert=2 where both targets run that: the slow network favours the pipeline's
+    # few activations over moving the experts' tokens between 4 devices)
+    assert dict(res.best.sizes)["expert"] > 1
+    assert {(dict(x.sizes)["expert"], dict(x.sizes)["pipe"]) for x in res.candidates} >= {(4, 1), (2, 2)}
 
 
 def test_tensor_is_chosen_when_the_batch_cannot_split(tmp_path):

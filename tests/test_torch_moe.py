@@ -152,10 +152,11 @@ def e049(mesh=None, edits=()) -> list[tuple[str, int, int]]:
 @pytest.mark.runs
 def test_unsupported_expert_layouts_are_e049_with_their_position():
     assert e049() == [] and e049("four") == [] and e049("single") == []
-    # with fsdp too (whose default rules also split the experts over fsdp)
-    (mesh_msg, _, _), (layout, line, col) = e049("expert=2,fsdp=2")
-    assert "`expert` mesh axis with `data` only, not with `fsdp`" in mesh_msg
-    assert "splits a moe layer's experts over exactly the `expert` axis" in layout and "[expert,fsdp, -, -]" in layout
+    # with fsdp too, whose default rules split the experts over expert x fsdp on dimension 0 (test_moe_mesh.py)
+    assert e049("expert=2,fsdp=2") == [] and e049("expert=2,fsdp=2,tensor=2") == []
+    # 2 experts on expert=2 x fsdp=2: fsdp splits their features, which the torch target does not gather
+    (layout, line, col), = e049("expert=2,fsdp=2", (("experts: 4,", "experts: 2,"),))
+    assert "splits a moe layer's experts on dimension 0 over `expert`" in layout and "[expert, fsdp, -]" in layout
     assert (line, col) == (19, 25)  # the moe layer's name
     # the experts' hidden dimension split over `data`
     rules = (("meshes:", "sharding:\n  rules: {batch: [data, expert], experts: expert, mlp: data}\nmeshes:"),)

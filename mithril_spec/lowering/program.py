@@ -115,6 +115,10 @@ class TorchSettings:
     context: Optional[int]
     expert: int
     ep: bool
+    expert_group: list[str]
+    expert_sum: list[str]
+    expert_divisor: int
+    expert_average: bool
     pipeline: Optional[dict[str, Any]]
     chunks: int
     optimizer_slots: int

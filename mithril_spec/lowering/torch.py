@@ -141,21 +141,33 @@ def _float8(plan: Plan, doc: Document) -> list[Diagnostic]:
             for axis, words, why in FLOAT8_LIMITS if plan.mesh.size(axis) > 1]
 
 
+def expert_group(plan: Plan) -> tuple[str, ...]:
+    """The mesh axes the plan splits the moe experts' dimension 0 over, in its order (`expert`, or `expert`
+    then `fsdp`: each rank of that group holds its own experts, whole on that dimension, and the tokens travel
+    to them by all-to-all over the group); () where no expert is split."""
+    for prefix, nodes in scopes(plan):
+        for node in nodes:
+            if not node.is_repeat and OPS[node.op].expert_dims:
+                for p in node.params:
+                    if p.name in OPS[node.op].expert_dims:
+                        return tuple(a for a in plan.param(f"{prefix}{node.name}.{p.name}").spec[0]
+                                     if plan.mesh.size(a) > 1)
+    return ()
+
+
 def _experts(plan: Plan, doc: Document) -> list[Diagnostic]:
-    """Expert parallelism in the torch target: the experts of every moe layer split over `expert` (dim 0,
-    DTensor Shard(0)), tokens sent to them with all-to-all; everything else data parallel (DDP) over
-    data x expert. So the expert axis goes with data alone, and only the experts are split over it."""
+    """Expert parallelism in the torch target: the experts of every moe layer split on dimension 0 over
+    `expert` (or `expert` and `fsdp`: more ranks, each with its own experts), tokens sent to them with
+    all-to-all over those ranks (in a pipeline: the ranks of the layer's stage); their hidden features may
+    be split over `tensor` too (split_tensor, as without experts split). Everything else data parallel over
+    the batch axes (DDP, or FSDP2 beside `fsdp`, `tensor` or `pipe`, whose gradients the program then
+    averages over `expert` too)."""
     out: list[Diagnostic] = []
     mesh = plan.mesh
     if not mesh.expert_enabled:
         return out
-    others = [a for a in ("pipe", "fsdp", "tensor") if mesh.size(a) > 1]
-    if others:
-        out.append(Diagnostic(
-            codes.E049, f"the torch target combines the `expert` mesh axis with `data` only, not with "
-            f"{', '.join(f'`{a}`' for a in others)}", doc.pos(plan.mesh.source),
-            help="use a mesh of data and expert axes for expert parallelism in the torch target"))
     moe_params = set()
+    group = None
     for prefix, nodes in scopes(plan):
         for node in nodes:
             if node.is_repeat or not OPS[node.op].expert_dims:
@@ -167,14 +179,19 @@ def _experts(plan: Plan, doc: Document) -> list[Diagnostic]:
                 if p.name not in OPS[node.op].expert_dims:
                     continue
                 spec = plan.param(f"{prefix}{node.name}.{p.name}").spec
-                if tuple(spec[0]) != ("expert",) or any(spec[1:]):
+                first = tuple(a for a in spec[0] if mesh.size(a) > 1)
+                rest = {a for d in spec[1:] for a in d if mesh.size(a) > 1}
+                if "expert" not in first or not set(first) <= {"expert", "fsdp"} or not rest <= {"tensor"} or (
+                        group is not None and first != group):
                     out.append(Diagnostic(
-                        codes.E049, f"`{node.name}`: the torch target splits a moe layer's experts over exactly the "
-                        f"`expert` axis (its `{p.name}` is laid out as {layout_text(spec)})",
-                        doc.pos(node.path + ("name",)),
-                        help="rule the `experts` axis to `expert` alone (the default) and leave the other "
-                        "dimensions of the experts whole"))
+                        codes.E049, f"`{node.name}`: the torch target splits a moe layer's experts on dimension 0 "
+                        "over `expert` (and `fsdp`: more ranks with experts of their own), the same in every moe "
+                        f"layer, and their other dimensions over `tensor` at most (its `{p.name}` is laid out as "
+                        f"{layout_text(spec)})", doc.pos(node.path + ("name",)),
+                        help="rule the `experts` axis to `expert` (the default), and choose a number of experts "
+                        "that the expert (x fsdp) ranks divide"))
                     break
+                group = first
     for pp in plan.params:
         if "expert" in {a for d in pp.spec for a in d} and _first_copy(plan, pp.name) not in moe_params:
             out.append(Diagnostic(
@@ -216,7 +233,9 @@ def _whole_under_fsdp(plan: Plan, doc: Document) -> list[Diagnostic]:
     axis = shard_axis(plan)  # (parameters split over `data`: FSDP2 shards over data, and leaves the others whole)
     if plan.mesh.size(axis) <= 1 or pr.compute == pr.params:
         return []
-    whole = next((pp for pp in plan.params if pp.param.trainable and not any(axis in d for d in pp.spec)), None)
+    # (the experts split over `expert` are the program's own, cast to the compute dtype where they are used)
+    whole = next((pp for pp in plan.params if pp.param.trainable and not any(axis in d for d in pp.spec)
+                  and not any("expert" in d for d in pp.spec)), None)
     if whole is None:
         return []
     why = "no dimension divides" if axis == "fsdp" else "not split over it"
@@ -478,7 +497,7 @@ def data_parallel(plan: Plan) -> str:
     and data x pipe, with an fsdp axis of size 1, which keeps the tensor-parallel DTensors DTensors and
     survives the interleaved schedules), "zero2" (replicated over data, gradients reduce-scattered onto the
     ranks that update them), "zero1" (a pipeline with ZeRO-1: replicated over data, gradients all-reduced by
-    the program), "ddp" (DistributedDataParallel over data x expert) or "none"."""
+    the program), "ddp" (DistributedDataParallel over data x expert, without fsdp and tensor) or "none"."""
     mesh = plan.mesh
     D, Fs, T = mesh.data, mesh.fsdp, mesh.tensor
     P, X = mesh.pipe, mesh.expert
@@ -489,7 +508,9 @@ def data_parallel(plan: Plan) -> str:
         # ZeRO in a pipeline: the stages replicated over data without FSDP2, their gradients reduced by the
         # program (Shards.take_grads: all-reduced for ZeRO-1, reduce-scattered for ZeRO-2)
         return "zero2" if zero >= 2 else "zero1"
-    if Fs > 1 or (T > 1 and D > 1) or (P > 1 and D > 1):
+    if Fs > 1 or (T > 1 and (D > 1 or X > 1)) or (P > 1 and (D > 1 or X > 1)):
+        # (expert x tensor, expert x pipe: FSDP2 with fsdp = 1, as beside `data`; the experts are its ignored
+        # parameters, and the program averages the others' gradients over `expert` too)
         return "hsdp" if D > 1 else "fsdp"
     if D > 1 and X == 1 and plan.spec.training.zero >= 2:
         return "zero2"

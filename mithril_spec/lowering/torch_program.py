@@ -35,6 +35,7 @@
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 from ..graph import Node, RepeatNode
@@ -49,7 +50,7 @@ from .common import RESERVED, rename_vars
 from .costing import Costing
 from .jax_program import model_hash, optimizer_settings, spec_hash
 from .torch import data_parallel as torch_data_parallel
-from .torch import pipeline_flow, relaid_inputs, shard_axis, tied_tables
+from .torch import expert_group, pipeline_flow, relaid_inputs, shard_axis, tied_tables
 from .torch import sequence_parallel as torch_sequence_parallel
 
 # Names the generated forward methods use besides tensor variables.
@@ -244,6 +245,7 @@ def target_fields(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
     # replicate over data with FSDP2 (fsdp = 1), not DDP: DDP's reducer fails under the interleaved schedule.
     P, X, C = mesh.pipe, mesh.expert, mesh.context
     dp = torch_data_parallel(plan)
+    group = expert_group(plan) if X > 1 else ()
 
     # ---- tensor (and sequence) parallelism
     tp_plan: dict[str, str] = {}
@@ -287,9 +289,12 @@ def target_fields(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
 
     def torch_row(p: dict[str, Any]) -> dict[str, Any]:
         zd = zero_dim(tuple(p["local_shape"]), zero_degree)
-        sd = next((i for i, d in enumerate(p["layout"]) if d and axis in d), None)
-        return {**p, "torch_fsdp_dim": torch_dim(sd, p), "torch_zero_dim": torch_dim(zd, p),
-                "expert": any(a and "expert" in a for a in p["layout"])}
+        expert = X > 1 and any(a and "expert" in a for a in p["layout"])
+        # (the experts split over `expert` are the program's own DTensors, left alone by FSDP2)
+        sd = None if expert else next((i for i, d in enumerate(p["layout"]) if d and axis in d), None)
+        return {**p, "torch_fsdp_dim": torch_dim(sd, p), "torch_zero_dim": torch_dim(zd, p), "expert": expert,
+                # the mesh axes of each dimension (experts are not nn.Linear weights: the canonical layout)
+                "expert_layout": [[a for a in (d or []) if mesh.size(a) > 1] for d in p["layout"]] if expert else None}
 
     top_params = [torch_row(p) for p in ctx["top_params"]]
     repeats = [{**r, "params": [torch_row(p) for p in r["params"]]} for r in ctx["repeats"]]
@@ -358,7 +363,7 @@ def target_fields(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
             # parameters the plan keeps whole under fsdp (no dimension divides; over `data`: those not split
             # over it): FSDP2 ignores them (its dimension-0 padding would hold other bytes than the plan),
             # reduce_whole_grads averages theirs
-            "whole": mesh.size(axis) > 1 and any(p["torch_fsdp_dim"] is None for p in rows),
+            "whole": mesh.size(axis) > 1 and any(p["torch_fsdp_dim"] is None and not p["expert"] for p in rows),
             "mixed": mixed,  # compute dtype differs from the parameters' dtype
             "autocast": mixed and not fsdp,  # torch.autocast (FSDP2 casts with its MixedPrecisionPolicy)
             "tp_plan": tp_plan,
@@ -377,6 +382,14 @@ def target_fields(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
             "context": C if plan.context_sequence_axis else None,
             "expert": X,
             "ep": X > 1 and expert_params,  # experts split over `expert` (all-to-all)
+            # the axes of the experts' dimension 0 (`expert`, or `expert` and `fsdp`): the all-to-all's group
+            "expert_group": list(group),
+            # their gradients (summed over that group by the all-to-all's backward) are summed over the other
+            # batch axes too, and divided by every rank summed over: the mean over the batch
+            "expert_sum": [a for a in plan.batch_axes if mesh.size(a) > 1 and a not in group],
+            "expert_divisor": math.prod(mesh.size(a) for a in set(group) | set(plan.batch_axes)),
+            # FSDP2 beside `expert` (fsdp, tensor, pipe): the program averages the gradients over `expert` too
+            "expert_average": X > 1 and fsdp,
             "pipeline": _pipeline(plan, layers, top_vars),
             # a pipeline spec built for one stage runs its micro-batches one after the other
             "chunks": plan.pipeline.microbatches if plan.pipeline and len(plan.pipeline.stages) == 1 else 1,

@@ -39,7 +39,8 @@ DATA_SPLIT_LIMITS = (
     ("tensor", "a `tensor` axis", "the tensor-parallel parameters are DTensors that FSDP2 shards over `fsdp` "
      "only"),
     ("pipe", "a `pipe` axis", "the pipeline stages replicate over `data`"),
-    ("expert", "an `expert` axis", "the parameters outside the experts are replicated over data x expert (DDP)"),
+    ("expert", "an `expert` axis", "the parameters outside the experts are replicated over `expert` (DDP over "
+     "data x expert, or FSDP2 and the program's average over `expert`)"),
     ("context", "a `context` axis", "the parameters' gradients are averaged over `context` apart from FSDP2"),
 )
 
@@ -93,9 +94,10 @@ class TorchTarget(Target):
         fused_attention=True,  # F.scaled_dot_product_attention (at attention dropout 0)
         # dropout, attention: each pipeline micro-batch takes its rows of the micro-step's masks; moe: each
         # stage's load-balancing losses start their gradient at its output (CarryAuxLoss), their values are
-        # summed per rank for the logged loss (templates/torch/pipeline_*.py.j2). The expert axis is refused
-        # with a pipeline (_experts). batch_norm: each pipeline micro-batch has its id, by which the running
-        # statistics move once per micro-batch in their order, never in remat's recomputation.
+        # summed per rank for the logged loss (templates/torch/pipeline_*.py.j2); under expert parallelism
+        # each stage splits its own experts (expert_parallel). batch_norm: each pipeline micro-batch has its
+        # id, by which the running statistics move once per micro-batch in their order, never in remat's
+        # recomputation.
         pipelined_ops=frozenset({"dropout", "attention", "moe", "batch_norm"}),
         # DDP communication hooks (FSDP2: its reduce dtype), NCCL_ALGO in launch.sh, DDP's bucket_cap_mb,
         # FSDP2's explicit prefetch; DDP and FSDP2 always overlap the gradient reduction with the backward pass
@@ -131,8 +133,10 @@ class TorchTarget(Target):
         "to be per-position operators or tensor-parallel attention / mlp / moe (dropout keeps its positions' "
         "slice of the whole sequence's masks; a moe layer gathers the whole sequence, over which its capacity "
         "is filled), and is not combined with a pipeline.",
-        "Expert parallelism: the `expert` axis combines with `data` only, and splits exactly the experts of moe "
-        "layers (dimension 0).",
+        "Expert parallelism: the `expert` axis splits exactly the experts of moe layers, on dimension 0, over "
+        "`expert` or `expert` then `fsdp` (each rank its own experts; the same in every moe layer), their other "
+        "dimensions whole or their hidden features over `tensor`; it combines with `data`, `fsdp`, `tensor` and "
+        "`pipe`.",
         "Under fsdp, a parameter none of whose dimensions the fsdp axis divides stays whole on every rank (as "
         "planned: FSDP2 ignores it and the program averages its gradient); with a compute dtype other than the "
         "parameters' such a parameter is refused (FSDP2's MixedPrecisionPolicy casts only what it shards).",
