@@ -3,6 +3,7 @@ reserves every name a template defines (lowering/common.py `program_names`)."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 _PKG = Path(__file__).resolve().parent
@@ -16,9 +17,11 @@ def template_dirs() -> list[Path]:
 RUNTIME = "runtime"  # the package every build carries: templates/runtime/*.py, copied as they are
 
 
+@functools.lru_cache(maxsize=1)
 def runtime_files() -> dict[str, str]:
     """{"runtime/NAME.py": text} of the helpers every program carries, the same files byte for byte in every
-    build and target of one mithril-spec version (they are no templates: nothing of a spec reaches them)."""
+    build and target of one mithril-spec version (they are no templates: nothing of a spec reaches them);
+    read once per process (callers do not change the mapping)."""
     for directory in template_dirs():
         found = sorted((directory / RUNTIME).glob("*.py"))
         if found:
