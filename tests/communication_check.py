@@ -14,7 +14,6 @@ order, cast back to float32.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import socket
@@ -29,11 +28,9 @@ SYNCED_PASSES = 3  # PowerSGD compresses from its start step (2 in the tests) on
 
 
 def _load(build: str):
-    sys.path.insert(0, os.path.dirname(os.path.abspath(os.path.join(build, "train.py"))))  # the build's runtime/ package
-    spec = importlib.util.spec_from_file_location(f"train_{abs(hash(build))}", os.path.join(build, "train.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from program_import import load_program  # (this script's directory is on sys.path)
+
+    return load_program(build)
 
 
 def _batch(mod, rank: int):

@@ -20,7 +20,6 @@ did something), and the collectives of the compiled step 1 (kind, element type, 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import re
@@ -30,11 +29,11 @@ from jax_runs import FAST_COMPILE  # (this script's directory: tests/)
 
 os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count=2 {FAST_COMPILE}"
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from jax.sharding import NamedSharding  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 BYTES = {"u16": 2, "f16": 2, "bf16": 2, "f32": 4, "s32": 4, "u32": 4}
 COLLECTIVE = re.compile(r"= \(?((?:[a-z0-9]+\[[0-9,]*\][^ ]*,? ?)+)\)? (all-reduce|all-gather|all-to-all|"
@@ -42,11 +41,9 @@ COLLECTIVE = re.compile(r"= \(?((?:[a-z0-9]+\[[0-9,]*\][^ ]*,? ?)+)\)? (all-redu
 
 
 def _load(build: str):
-    sys.path.insert(0, os.path.dirname(os.path.abspath(os.path.join(build, "train.py"))))  # the build's runtime/ package
-    spec = importlib.util.spec_from_file_location(f"train_{abs(hash(build))}", os.path.join(build, "train.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from program_import import load_program  # (this script's directory is on sys.path)
+
+    return load_program(build)
 
 
 def _collectives(hlo: str) -> list[dict]:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import coverage
+from program_files import TRAINING
 
 ROOT = Path(__file__).resolve().parent.parent
 # every example (its TOML twin builds the same program: tests/test_twins.py)
@@ -40,9 +41,9 @@ def mesh_of(spec: Path) -> str | None:
 class Coverage:
     target: str
     spec: Path
-    program: Path  # the generated train.py
-    statements: list[int]
-    missing: list[int]  # line numbers of the statements that never ran
+    program: Path  # the generated train.py (its build's training files are measured: program_files.TRAINING)
+    statements: list[tuple[str, int]]  # (file, line)
+    missing: list[tuple[str, int]]  # the statements that never ran
 
     @property
     def percent(self) -> float:
@@ -54,8 +55,8 @@ class Coverage:
 
     def missing_lines(self) -> str:
         """The statements that never ran, with their source (for an assertion message)."""
-        src = self.program.read_text().splitlines()
-        return "\n".join(f"{n:5d}  {src[n - 1]}" for n in self.missing)
+        src = {name: (self.program.parent / name).read_text().splitlines() for name, _ in self.missing}
+        return "\n".join(f"{name}:{n:<5d} {src[name][n - 1]}" for name, n in self.missing)
 
 
 def _jax(spec: Path) -> tuple[Path, list[Path]]:
@@ -106,10 +107,20 @@ def coverage_of(target: str, spec: Path) -> Coverage:
             program, data = RUNNERS[target](spec)
             cov = coverage.Coverage(data_file=str(program.parent / f".coverage-{program.parent.name}"))
             cov.combine([str(d) for d in data], keep=True)
-            _, statements, _, missing, _ = cov.analysis2(str(program))
-            assert statements, f"{program}: no statements measured"
-            _results[key] = Coverage(target, spec, program, list(statements), list(missing))
+            statements, missing = measured(cov, program)
+            _results[key] = Coverage(target, spec, program, statements, missing)
         return _results[key]
+
+
+def measured(cov: coverage.Coverage, program: Path) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    """(statements, missing) of the training files of `program`'s build, as (file, line)."""
+    statements, missing = [], []
+    for name in TRAINING:
+        _, lines, _, never, _ = cov.analysis2(str(program.parent / name))
+        assert lines, f"{program.parent / name}: no statements measured"
+        statements += [(name, n) for n in lines]
+        missing += [(name, n) for n in never]
+    return statements, missing
 
 
 def prefetch(cases: list[tuple[str, Path]], workers: int = 2) -> None:

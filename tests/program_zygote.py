@@ -152,9 +152,11 @@ def _program(req: dict, rank: int | None) -> int:
     if req.get("coverage") and (measured is None or (rank or 0) in measured):
         import coverage
 
-        # (the build's train.py, also when the script is generate.py, which imports the model from it)
-        measured_file = os.path.join(os.path.dirname(train), "train.py")
-        cov = coverage.Coverage(data_file=req["coverage"], data_suffix=True, include=[measured_file],
+        # (the build's files beside the script, runtime/ aside: generate.py imports the model from them)
+        import glob
+
+        measured = sorted(glob.glob(os.path.join(glob.escape(os.path.dirname(train)), "*.py")))
+        cov = coverage.Coverage(data_file=req["coverage"], data_suffix=True, include=measured,
                                 config_file=False)
         cov.set_option("run:patch", ["_exit"])  # the program's own os._exit saves the data first
         cov.start()

@@ -28,6 +28,7 @@ from mithril_spec.frontend import compile_file
 from mithril_spec.lowering.costing import Costing
 from mithril_spec.lowering.program import Program, lower
 from mithril_spec.render.build import origin, render_program
+from program_files import TRAINING
 from mithril_spec.targets import TARGETS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,7 +72,8 @@ def golden_paths(case) -> list[Path]:
     out = [snapshot_path(case)]
     if whole_program(case):
         files = TARGETS[target].files_for(compile_file(spec).plan)
-        out += [GOLDEN / case_id(case) / name for _, name in files] + [GOLDEN / case_id(case) / "plan.json"]
+        names = [n for _, name in files for n in (TRAINING if name == "train.py" else (name,))]  # train.py.j2: the package
+        out += [GOLDEN / case_id(case) / name for name in names] + [GOLDEN / case_id(case) / "plan.json"]
     return out
 
 

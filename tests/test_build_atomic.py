@@ -188,14 +188,16 @@ def test_jax_build_over_a_torch_build_keeps_no_torch_file(tmp_path, capsys):
     (out / "metrics.jsonl").write_text("{}\n")  # written by the program
     rc, stdout, _ = run(capsys, "build", SPEC, "--target", "jax", "-o", out)
     assert rc == 0
-    assert sorted(os.listdir(out)) == ["README.md", "build-manifest.json", "launch.sbatch", "launch.sh",
-                                       "metrics.jsonl", "plan.json", "runtime", "train.py"]
+    assert sorted(os.listdir(out)) == ["README.md", "build-manifest.json", "checkpoint.py", "config.py", "data.py",
+                                       "launch.sbatch", "launch.sh", "metrics.jsonl", "model.py", "parallel.py",
+                                       "plan.json", "runtime", "train.py"]
     assert "(JAX)" in (out / "README.md").read_text()
     assert "import jax" in (out / "launch.sbatch").read_text()  # jax's own, torch's replaced
     runtime = sorted(f"runtime/{p.name}" for p in (out / "runtime").glob("*.py"))
     assert "runtime/console.py" in runtime
-    assert stdout.splitlines() == [f"wrote {out / n}" for n in ("train.py", "launch.sh", "launch.sbatch",
-                                                                "README.md", *runtime, "plan.json",
+    assert stdout.splitlines() == [f"wrote {out / n}" for n in ("config.py", "model.py", "parallel.py", "data.py",
+                                                                "checkpoint.py", "train.py", "launch.sh",
+                                                                "launch.sbatch", "README.md", *runtime, "plan.json",
                                                                 "build-manifest.json")]
     assert not leftovers(out)
 
@@ -204,19 +206,20 @@ def test_a_file_edited_since_the_build_is_not_overwritten_without_force(tmp_path
     out = tmp_path / "out"
     assert run(capsys, "build", SPEC, "--target", "jax", "-o", out)[0] == 0
     manifest = json.loads((out / "build-manifest.json").read_text())["files"]
-    assert sorted(n for n in manifest if not n.startswith("runtime/")) == ["README.md", "launch.sbatch", "launch.sh",
-                                                                          "plan.json", "train.py"]
+    assert sorted(n for n in manifest if not n.startswith("runtime/")) == [
+        "README.md", "checkpoint.py", "config.py", "data.py", "launch.sbatch", "launch.sh", "model.py", "parallel.py",
+        "plan.json", "train.py"]
     assert "runtime/checkpoints.py" in manifest
     assert run(capsys, "build", SPEC, "--target", "jax", "-o", out)[0] == 0  # unchanged: rebuilt
-    edited = (out / "train.py").read_text().replace("\nLR = ", "\nLR = 2 * ", 1)
-    (out / "train.py").write_text(edited)
+    edited = (out / "config.py").read_text().replace("\nLR = ", "\nLR = 2 * ", 1)
+    (out / "config.py").write_text(edited)
     (out / "metrics.jsonl").write_text("{}\n")  # not a build file: never in the way
     rc, stdout, err = run(capsys, "build", SPEC, "--target", "torch", "-o", out)
     assert rc == 2 and stdout == ""
-    assert "train.py changed since the build that wrote it" in err and "--force" in err and err.count("\n") == 1
-    assert (out / "train.py").read_text() == edited  # nothing replaced
+    assert "config.py changed since the build that wrote it" in err and "--force" in err and err.count("\n") == 1
+    assert (out / "config.py").read_text() == edited  # nothing replaced
     rc, _stdout, _err = run(capsys, "build", SPEC, "--target", "torch", "-o", out, "--force")
-    assert rc == 0 and (out / "launch.sbatch").is_file() and "LR = 2 * " not in (out / "train.py").read_text()
+    assert rc == 0 and (out / "launch.sbatch").is_file() and "LR = 2 * " not in (out / "config.py").read_text()
     (out / "build-manifest.json").write_text("{not json")
     rc, _stdout, err = run(capsys, "build", SPEC, "--target", "torch", "-o", out)
     assert rc == 2 and "build-manifest.json changed" in err

@@ -22,10 +22,11 @@ import numpy as np
 import pytest
 import torch_runs as tr
 from gradients import assert_same_gradients
+from program_files import program_text
 
 from mithril_spec.frontend import compile_file
-from mithril_spec.targets import TARGETS
 from mithril_spec.lowering import matrix as mx
+from mithril_spec.targets import TARGETS
 
 STEPS = "3"
 CELLS = mx.cells(list(TARGETS))
@@ -219,7 +220,7 @@ def test_a_doubled_gradient_fails_the_contract(target):
     wrong = program.parent / f"{program.name}-injected"
     if not wrong.exists():
         shutil.copytree(program, wrong)
-        code = (wrong / "train.py").read_text()
+        code = program_text(wrong)
         line, fault = INJECT[target]
         assert code.count(line) == 1, f"{target}: the injection point moved: {line!r}"
         (wrong / "train.py").write_text(code.replace(line, f"{fault}\n{line}"))

@@ -36,10 +36,9 @@ MANIFEST = {"jax": "manifest.json", "torch": "manifest.json", "mlx": "train_stat
 DRIVER = r'''
 import contextlib, importlib.util, io, json, os, sys, traceback
 program, target, source, nan_dir, cases, out = sys.argv[1:]
-sys.path.insert(0, os.path.dirname(os.path.abspath(os.path.join(program, "train.py"))))  # the build's runtime/ package
-spec = importlib.util.spec_from_file_location("train", os.path.join(program, "train.py"))
-m = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(m)
+sys.path.insert(0, @TESTS@)
+from program_import import load_program
+m = load_program(program)
 if target == "jax":
     import jax
     args = m.parse_args(["--resume", source])
@@ -81,6 +80,7 @@ for case, path in json.loads(cases).items():
 with open(out, "w") as f:
     json.dump(results, f)
 '''
+DRIVER = DRIVER.replace("@TESTS@", repr(str(Path(__file__).resolve().parent)))  # tests/program_import.py
 
 
 def step_dir(target: str, root: Path, step: int) -> Path:

@@ -20,14 +20,15 @@ import sys
 import jax_runs
 import numpy as np
 import pytest
+from program_files import program_text
 from torch_runs import TESTS, WORK, build, env_for, report, run_many, spec_variant
 
 from mithril_spec import cli
 from mithril_spec.frontend import compile_file
+from mithril_spec.lowering import check_target
 from mithril_spec.planner.costs import collective_time, costs_to_json, estimate, ring_time, tree_time
 from mithril_spec.planner.hardware import BUILTIN
 from mithril_spec.render.build import render_files
-from mithril_spec.lowering import check_target
 
 GPT = TESTS.parent / "specs" / "gpt-tiny.yaml"
 MOE = TESTS.parent / "specs" / "moe-dp.yaml"
@@ -212,12 +213,12 @@ def test_rendered_settings():
     c = compile_file(toy_spec("communication: {algorithm: ring, bucket_mb: 4, overlap: true}"), "two")
     torch_files = render_files(c, "torch", "comm")
     assert "export NCCL_ALGO=Ring" in torch_files["launch.sh"]
-    assert "bucket_cap_mb=4" in torch_files["train.py"]
-    jax_file = render_files(c, "jax", "comm")["train.py"]
+    assert "bucket_cap_mb=4" in program_text(torch_files)
+    jax_file = program_text(render_files(c, "jax", "comm"))
     assert '"--xla_gpu_all_reduce_combine_threshold_bytes=4194304"' in jax_file
     assert '"--xla_gpu_enable_latency_hiding_scheduler=true"' in jax_file and 'os.environ["NCCL_ALGO"] = "Ring"' in jax_file
     plain = render_files(compile_file(toy_spec(), "two"), "torch", "comm")
-    assert "NCCL_ALGO" not in plain["launch.sh"] and "compress_gradients" not in plain["train.py"]
+    assert "NCCL_ALGO" not in plain["launch.sh"] and "compress_gradients" not in program_text(plain)
 
 
 # -- the programs

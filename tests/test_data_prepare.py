@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+from program_files import program_text
 from test_cli import run
 from tokenizers import Tokenizer
 
@@ -96,7 +97,7 @@ def test_the_main_job_spec_builds_on_prepared_data(tmp_path, capsys):
         rc, out, err = run(capsys, "build", spec, "--target", target, "-o", tmp_path / target, *settings)
         assert rc == 0, err
         assert "generate.py" in out
-        config = (tmp_path / target / "train.py").read_text()
+        config = program_text(tmp_path / target)
         assert repr(str(data / "train.bin")).replace("'", '"') in config  # the resolved path, absolute
 
 

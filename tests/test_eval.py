@@ -142,15 +142,14 @@ def test_tokens_and_evaluation_are_the_same_in_every_target_and_mesh(gpt, tmp_pa
 
 DRIVER = r"""
 import contextlib, importlib.util, io, json, os, sys, traceback
+sys.path.insert(0, @TESTS@)
+from program_import import load_program
 import numpy as np
 jobs, results, modules = json.loads(sys.argv[1]), [], {}
 for job in jobs:
     program = job["program"]
     if program not in modules:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(program)))  # the build's runtime/ package
-        spec = importlib.util.spec_from_file_location(f"train{len(modules)}", program)
-        modules[program] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(modules[program])
+        modules[program] = load_program(os.path.dirname(program))
     mod, out, err, code, value = modules[program], io.StringIO(), io.StringIO(), 0, None
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
@@ -166,6 +165,7 @@ for job in jobs:
     results.append({"code": code, "value": value, "stdout": out.getvalue(), "stderr": err.getvalue()})
 print(json.dumps(results))
 """
+DRIVER = DRIVER.replace("@TESTS@", repr(str(Path(__file__).resolve().parent)))  # tests/program_import.py
 
 
 def drive(jobs: list[dict], cwd: Path) -> list[dict]:

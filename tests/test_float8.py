@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch_runs as tr
 from gradients import assert_same_gradients
+from program_files import program_text
 from render_cases import ruff_problems
 
 from mithril_spec import cli
@@ -130,8 +131,8 @@ def test_plan_times_fp8_layers_at_the_float8_peak_and_counts_their_casts():
 
 
 def test_program_converts_before_parallelism_and_keeps_the_spec_hash():
-    on = render_files(compile_file(spec(FLOAT8, SMALL), "data=2"), "torch", "gpt.yaml")["train.py"]
-    off = render_files(compile_file(spec(SMALL), "data=2"), "torch", "gpt.yaml")["train.py"]
+    on = program_text(render_files(compile_file(spec(FLOAT8, SMALL), "data=2"), "torch", "gpt.yaml"))
+    off = program_text(render_files(compile_file(spec(SMALL), "data=2"), "torch", "gpt.yaml"))
     assert "convert_to_float8_training" in on and "torchao" not in off
     assert "Float8LinearConfig(emulate=emulate)" in on and "get_device_capability(device) >= (8, 9)" in on
     # on the meta device, before DDP; q, k and v as their own modules (each its own Float8Linear)

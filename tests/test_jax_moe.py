@@ -16,15 +16,13 @@ aux_loss_weight 0 differs).
 from __future__ import annotations
 
 import concurrent.futures
-import importlib.util
 import math
-import os
 import re
-import sys
 
 import numpy as np
 import pytest
 from jax_runs import SPECS, WORKERS, build, max_diff, max_param_diff, report, run
+from program_import import load_program
 
 from mithril_spec.frontend import compile_file
 
@@ -141,10 +139,7 @@ def test_moe_layer_follows_the_documented_rules():
     dropped), and a zero router (every probability equal: the lower experts win the ties)."""
     import jax
 
-    sys.path.insert(0, os.path.dirname(os.path.abspath(build(MOE_DP, "single") / "train.py")))  # the build's runtime/ package
-    spec = importlib.util.spec_from_file_location("moe_train", build(MOE_DP, "single") / "train.py")
-    program = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(program)
+    program = load_program(build(MOE_DP, "single"))
     rng = np.random.default_rng(0)
     B, T, d, E, h, k = 3, 8, 16, 4, 32, 2
     x = rng.standard_normal((B, T, d)).astype(np.float32)

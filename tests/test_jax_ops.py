@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from jax_runs import SPECS, WORK, build, max_diff, max_param_diff, report, run, run_many
+from program_import import load_program
 
 from mithril_spec.frontend import compile_file
 from mithril_spec.ops import OPS
@@ -145,12 +145,8 @@ def numpy_attention(x, p, pre, heads, kv_heads, head_dim, base):
 @pytest.mark.runs
 def test_attention_matches_a_numpy_reference():
     """The generated attention (grouped-query, rotary, bias, causal) against the documented conventions."""
-    import importlib.util
 
-    sys.path.insert(0, os.path.dirname(os.path.abspath(build(ALL_OPS, "single") / "train.py")))  # the build's runtime/ package
-    spec = importlib.util.spec_from_file_location("all_ops_train", build(ALL_OPS, "single") / "train.py")
-    train = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(train)
+    train = load_program(build(ALL_OPS, "single"))
     rng = np.random.default_rng(0)
     pre = "blocks.0.attn."
     p = {n: rng.standard_normal(shape).astype(np.float32) * 0.3 for n, (shape, _, _) in train.PARAMS.items()

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from jax_runs import SPECS, WORK, build, max_diff, max_param_diff, report, run, run_many, spec_variant
 from pipeline_edits import BATCH_NORM, GPIPE, REMAT
+from program_files import program_text
 
 from mithril_spec.frontend import compile_file
 from mithril_spec.lowering import check_target
@@ -210,10 +211,10 @@ def test_stacked_checkpoints_move_between_builds_with_the_same_rows():
 
 @pytest.mark.runs
 def test_single_stage_build_runs_the_micro_batches_one_after_the_other():
-    text = (build(GPT_PIPE, "single") / "train.py").read_text()
+    text = program_text(build(GPT_PIPE, "single"))
     assert "shard_map" not in text and "STACK_ORDER" not in text
     assert "MICROBATCHES = 4" in text and "jnp.arange(CHUNKS)" in text
-    text = (build(GPT_PIPE) / "train.py").read_text()
+    text = program_text(build(GPT_PIPE))
     assert "def pipeline_1f1b(" in text and '"blocks.*.mlp.fc.weight": P("pipe", None, "tensor")' in text
 
 

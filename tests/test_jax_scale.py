@@ -13,16 +13,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from jax_runs import PY, SPECS, WORK, build, env_for, max_diff, report, run, run_many, spec_variant
+from program_files import program_text
+from program_import import load_program
 
 from mithril_spec.frontend import compile_file
 from mithril_spec.render.build import render_files
@@ -49,7 +48,7 @@ def test_program_length_does_not_grow_with_depth(spec, mesh):
     shallow, deep = rendered(depth(spec, 2), mesh), rendered(depth(spec, 8), mesh)
     for name in ("train.py", "README.md"):
         assert len(shallow[name].splitlines()) == len(deep[name].splitlines()), name
-    text = deep["train.py"]
+    text = program_text(deep)
     assert "blocks.1." not in text and "blocks.7." not in text  # no per-copy row
     assert "REPEATS = {\"blocks\": 8}" in text
     report(f"program lines at 2 and 8 copies ({spec.name}, {mesh or 'default mesh'})",
@@ -57,11 +56,7 @@ def test_program_length_does_not_grow_with_depth(spec, mesh):
 
 
 def load(program: Path, name: str):
-    sys.path.insert(0, os.path.dirname(os.path.abspath(program / "train.py")))  # the build's runtime/ package
-    spec = importlib.util.spec_from_file_location(name, program / "train.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_program(program)
 
 
 def step_primitives(n: int) -> tuple[dict, list[int]]:
@@ -135,10 +130,9 @@ import jax
 import numpy as np
 
 program, out, ckpt = sys.argv[1:4]
-sys.path.insert(0, os.path.dirname(os.path.abspath(program + "/train.py")))  # the build's runtime/ package
-spec = importlib.util.spec_from_file_location("train", program + "/train.py")
-m = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(m)
+sys.path.insert(0, @TESTS@)
+from program_import import load_program
+m = load_program(program)
 args = m.parse_args(["--checkpoint-dir", ckpt])
 m.setup_devices(args)
 asked = []
@@ -181,6 +175,7 @@ with jax.set_mesh(mesh):
                    "shapes": {k: list(v[0]) for k, v in m.PARAMS.items()}}, f)
 jax.distributed.shutdown()
 '''
+PROBE = PROBE.replace("@TESTS@", repr(str(Path(__file__).resolve().parent)))  # tests/program_import.py
 
 
 @pytest.mark.slow

@@ -16,6 +16,7 @@ import mlx_runs as mr
 import numpy as np
 import pytest
 from gradients import assert_same_gradients
+from program_files import program_text
 
 from mithril_spec.frontend import compile_file
 from mithril_spec.lowering import check_target
@@ -64,7 +65,7 @@ def test_mlx_moe_data_parallel_equals_one_process(runs, spec):
 def test_mlx_renders_both_routings_and_refuses_what_it_cannot_run():
     """moe-dp's capped routing renders the slots only, moe-shared's dropless routing the grouped matmuls only;
     the `expert` axis and the experts split over `tensor` are E049 with the reason."""
-    dp, shared = ((mr.build(s, "data=1", SMALL) / "train.py").read_text() for s in SPECS.values())
+    dp, shared = (program_text(mr.build(s, "data=1", SMALL)) for s in SPECS.values())
     assert "def slot_experts" in dp and "gather_mm" not in dp
     assert "mx.gather_mm" in shared and "def slot_experts" not in shared and "grouped=True" in shared
     expert = compile_file(SPECS["moe-dp"], "four")  # data=2 x expert=2

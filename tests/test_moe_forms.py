@@ -12,16 +12,16 @@ ragged_dot, torch _grouped_mm or a matmul per expert) equals the slot formulatio
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
-
-import numpy as np
-import pytest
-from gradients import assert_same_gradients
 
 import jax_runs
+import numpy as np
+import pytest
 import torch_runs
+from gradients import assert_same_gradients
+from program_files import program_text
+from program_import import load_program
+
 from mithril_spec.frontend import compile_file
 from mithril_spec.planner.costs import estimate
 
@@ -37,7 +37,7 @@ def numpy_moe(x, p, E, k, capacity, swiglu, normalize, shared, shared_gate):
     router z-loss, dropped choices)."""
     B, T, _ = x.shape
     out, aux, z, dropped = np.zeros_like(x), [], [], 0
-    silu = lambda h: h / (1 + np.exp(-h))  # noqa: E731
+    silu = lambda h: h / (1 + np.exp(-h))
     for b in range(B):
         logits = x[b] @ p["router.weight"]
         probs = np.exp(logits - logits.max(-1, keepdims=True))
@@ -103,12 +103,7 @@ def _expected(x, p, form):
 
 
 def _load(path, name):
-    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))  # the build's runtime/ package
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_program(os.path.dirname(path))
 
 
 @pytest.mark.runs
@@ -213,7 +208,7 @@ def test_jax_moe_forms_expert_parallel_equal_one_device(jax_grads, mesh):
     jax_runs.report(f"moe-shared jax {mesh or 'data=2 x expert=4'} vs 1 device", max_rel_dgrad=dg, max_dloss=dl)
     assert len(par.losses) == 3 and dl < 1e-5
     assert any(".moe.shared_gate.weight" in k for k in g1) and any(".moe.experts.down.weight" in k for k in g1)
-    grouped = "grouped=True" in (jax_runs.build(SPEC, mesh, TP if mesh == "tensor=2" else ()) / "train.py").read_text()
+    grouped = "grouped=True" in program_text(jax_runs.build(SPEC, mesh, TP if mesh == "tensor=2" else ()))
     assert grouped == (mesh in ("data=2", "tensor=2"))  # the experts not split over a mesh axis
     if mesh == "tensor=2":  # (the hidden features split, as planned)
         plan = compile_file(jax_runs.spec_variant(SPEC, TP), mesh).plan
@@ -243,7 +238,7 @@ def test_torch_moe_forms_tensor_parallel_equal_one_process(torch_grads, torch_tp
     torch_runs.report(f"moe-shared torch {case} vs 1 process", max_rel_dgrad=dg, max_dloss=dl)
     assert len(par.losses) == 3 and dl < 1e-5
     style = "experts_sp" if case.endswith("-sp") else "experts"
-    assert f'"layers.*.moe": "{style}"' in (torch_runs.build(SPEC, mesh, edits) / "train.py").read_text()
+    assert f'"layers.*.moe": "{style}"' in program_text(torch_runs.build(SPEC, mesh, edits))
     plan = compile_file(jax_runs.spec_variant(SPEC, edits), mesh).plan  # every rank holds the planned bytes
     assert [list(d) for d in plan.param("layers.0.moe.experts.down.weight").spec] == [[], ["tensor"], []]
     predicted = {"params": plan.memory.params, "grads": plan.memory.grads, "optimizer": plan.memory.optimizer,
@@ -417,7 +412,7 @@ def test_jax_dropless_grouped_matmuls_equal_the_slots():
     import jax.numpy as jnp
 
     program = _load(jax_runs.build(SPEC, "single") / "train.py", "moe_shared_jax")
-    assert "grouped=True" in (jax_runs.build(SPEC, "single") / "train.py").read_text()
+    assert "grouped=True" in program_text(jax_runs.build(SPEC, "single"))
     x, p = _grouped_case(6, H)
     w = np.random.default_rng(7).standard_normal(x.shape).astype(np.float32)
     none = program.P(None, None, None, None)

@@ -28,6 +28,7 @@ import mlx_runs as mr
 import numpy as np
 import pytest
 import torch_runs as tr
+from program_files import program_text
 from render_cases import cases, program
 
 from mithril_spec.cli import main as cli
@@ -183,7 +184,7 @@ def test_no_spec_name_becomes_a_python_name(target):
     """The names a spec brings (what the names program binds beyond the neutral one: variables, block
     functions and classes) are never a builtin, an import or another module-level name of the program;
     every module-level name that does not come from the spec is reserved."""
-    named, plain = ((p / "train.py").read_text() for p in programs(target))
+    named, plain = (program_text(p) for p in programs(target))
     module, fixed = module_names(named), module_names(named) & module_names(plain)
     introduced = stored_names(named) - stored_names(plain)
     assert {"range_", "np_", "len_"} <= introduced

@@ -9,6 +9,7 @@ import json
 import re
 from pathlib import Path
 
+from program_files import program_text
 from test_cli import run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,7 +37,7 @@ def test_later_overrides_win_and_values_are_yaml(capsys, tmp_path):
     rc, _out, err = run(capsys, "build", GPT, "--target", "jax", "-o", out, "--set", "training.optimizer.lr=1",
                         "--set", "training.optimizer.lr=1e-3", "--set", "training.checkpoint=null")
     assert rc == 0, err
-    text = (out / "train.py").read_text()
+    text = program_text(out)
     assert "\nLR = 0.001\n" in text  # `1e-3` is a float, and the later --set won
     assert "\nCHECKPOINT_DIR = None  #" in text  # `null` removed the spec's checkpoint section
     assert ('SPEC_FILE = "gpt-tiny.yaml --set training.optimizer.lr=1 --set training.optimizer.lr=1e-3 '

@@ -8,11 +8,12 @@ import re
 from pathlib import Path
 
 import pytest
+from program_files import program_text
 
 from mithril_spec.diagnostics import DiagnosticError
 from mithril_spec.frontend import compile_file
-from mithril_spec.render.build import render_files
 from mithril_spec.lowering import check_target
+from mithril_spec.render.build import render_files
 
 SPEC = """\
 version: 1
@@ -76,8 +77,8 @@ def test_devices_give_the_stages_stage_fields_give(tmp_path):
     by_stage = spec(tmp_path, "stage", inp="stage: 0", blocks="stage: 1")
     assert stages(by_device) == stages(by_stage) == {0: (0, ("inp",)), 1: (1, ("blocks[0:4]", "mid", "head"))}
     # the torch programs are the same but for the spec's name and hashes
-    strip = re.compile(r"^(SPEC_HASH|MODEL_HASH|SPEC_FILE) = .*$", re.M)
-    a, b = (strip.sub("", render_files(compile_file(p, "two"), "torch", "x")["train.py"]) for p in (by_device, by_stage))
+    strip = re.compile(r"^(SPEC_HASH|MODEL_HASH|SPEC_FILE) = .*$", re.MULTILINE)
+    a, b = (strip.sub("", program_text(render_files(compile_file(p, "two"), "torch", "x"))) for p in (by_device, by_stage))
     assert a == b
     # interleaved: devices 0, 1, 0, 1 are stages 0-3 on pipe 2 x virtual_stages 2
     inter = spec(tmp_path, "inter", blocks="device: 1", mid="device: 0", head="device: 1",
@@ -148,7 +149,7 @@ def test_jax_runs_stages_of_several_blocks_and_counts_each_blocks_rows(tmp_path)
     outside = sum(b for n, b in size.items() if n.split(".")[0] not in ("first", "middle", "last"))
     # every rank: 1 row of the dense stack, 2 of the sparse one (stage 1's copies), and the layers outside
     assert plan.memory_for("jax").params == outside + copy["first"] + 2 * copy["middle"]
-    text = render_files(c, "jax", "x")["train.py"]
+    text = program_text(render_files(c, "jax", "x"))
     assert 'STACK_ORDERS = {"first": (0, -1, 3), "middle": (-1, -1, 1, 2, -1, -1)}' in text
     assert 'PIPELINED_COPIES = ("first.0", "middle.0", "middle.1", "last.0")' in text
     assert "jax.lax.switch(chunk * PIPE + jax.lax.axis_index(\"pipe\"), stages, sp, x)" in text

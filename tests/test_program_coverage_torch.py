@@ -13,7 +13,7 @@ from pathlib import Path
 
 import coverage
 import pytest
-from program_coverage import SPECS, STEPS, THRESHOLD, Coverage, mesh_of
+from program_coverage import SPECS, STEPS, THRESHOLD, Coverage, measured, mesh_of
 from program_zygote import zygote
 from torch_runs import WORK, WORKERS, build, env_for, report, world_of
 
@@ -22,7 +22,7 @@ _results: dict[Path, Coverage] = {}
 
 def coverage_of(spec: Path) -> Coverage:
     """Builds `spec`'s torch program for its mesh (mesh_of), runs STEPS steps on its ranks with --metrics and
-    --checkpoint-dir under coverage, and returns its train.py's statements and those that never ran."""
+    --checkpoint-dir under coverage, and returns the statements of its training files and those that never ran."""
     if spec not in _results:
         program = build(spec, mesh_of(spec))
         train = program / "train.py"
@@ -51,9 +51,7 @@ def coverage_of(spec: Path) -> Coverage:
         assert len(rows) == int(STEPS) and (cwd / "ckpt" / f"step_{int(STEPS):08d}").is_dir(), out[-3000:]
         cov = coverage.Coverage(data_file=str(cwd / ".coverage"))
         cov.combine([str(cwd), str(again), str(resumed)])  # one data file per rank and run
-        _, statements, _, missing, _ = cov.analysis2(str(train))
-        assert statements, f"{train}: no statements measured"
-        _results[spec] = Coverage("torch", spec, train, list(statements), list(missing))
+        _results[spec] = Coverage("torch", spec, train, *measured(cov, train))
     return _results[spec]
 
 

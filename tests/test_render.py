@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from program_files import program_text
 from render_cases import (
     GOLDEN,
     ROOT,
@@ -26,6 +27,7 @@ from mithril_spec import cli
 from mithril_spec.frontend import compile_file
 from mithril_spec.render.build import render_files
 from mithril_spec.render.environment import py
+from mithril_spec.render.link import PROGRAM_FILES
 
 CASES = cases()
 UPDATE = "run `.venv/bin/python scripts/update_goldens.py` and review `git diff tests/golden`"
@@ -117,8 +119,8 @@ def test_program_imports_only_stdlib_numpy_and_framework(case):
                 for n in ([a.name for a in node.names] if isinstance(node, ast.Import) else
                           [node.module] if isinstance(node, ast.ImportFrom) else []):
                     assert n.split(".")[0] in sys.stdlib_module_names | {"numpy", "tensorboardX", "wandb"}, (name, n)
-    allowed |= {"runtime"}
-    tree = ast.parse(files["train.py"])
+    allowed |= {"runtime"} | {f[:-3] for f in PROGRAM_FILES}  # and the build's own files
+    tree = ast.parse(program_text(files))
     module_level = {id(n) for n in tree.body}
     for node in ast.walk(tree):
         if id(node) not in module_level and isinstance(node, ast.ImportFrom) and (node.module or "").startswith("safetensors"):
@@ -148,7 +150,7 @@ def test_spec_text_is_escaped(tmp_path):
     for target in ("jax", "torch"):
         if not (ROOT / "templates" / target / "train.py.j2").exists():
             continue
-        text = render_files(c, target, spec.name)["train.py"]
+        text = program_text(render_files(c, target, spec.name))
         tree = ast.parse(text)
         strings = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
         # (resolved against the spec's directory: the program holds the absolute path)

@@ -128,15 +128,14 @@ def shared_cases(data: Path, params: Path, tmp: Path) -> list[tuple[str, list[st
 # Imports each program once, then runs main(parse_args(argv)) per case in this process.
 DRIVER = r"""
 import contextlib, importlib.util, io, json, os, sys, traceback, warnings
+sys.path.insert(0, @TESTS@)
+from program_import import load_program
 warnings.simplefilter("always")
 jobs, results = json.loads(sys.argv[1]), []
 modules = {}
 for program, name, argv in jobs:
     if program not in modules:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(program)))  # the build's runtime/ package
-        spec = importlib.util.spec_from_file_location(f"train{len(modules)}", program)
-        modules[program] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(modules[program])
+        modules[program] = load_program(os.path.dirname(program))
     mod, out, err, code = modules[program], io.StringIO(), io.StringIO(), 0
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
@@ -149,6 +148,7 @@ for program, name, argv in jobs:
     results.append({"name": name, "code": code, "stdout": out.getvalue(), "stderr": err.getvalue()})
 print(json.dumps(results))
 """
+DRIVER = DRIVER.replace("@TESTS@", repr(str(Path(__file__).resolve().parent)))  # tests/program_import.py
 
 
 def one_line(stderr: str) -> str:

@@ -9,11 +9,12 @@ import re
 from pathlib import Path
 
 import pytest
+from program_files import program_text
 
 from mithril_spec.frontend import compile_file
+from mithril_spec.lowering.costing import costing
 from mithril_spec.planner.hardware import lookup
 from mithril_spec.render.build import render_files
-from mithril_spec.lowering.costing import costing
 
 GPT = Path(__file__).resolve().parent.parent / "specs" / "gpt-tiny.yaml"
 
@@ -41,7 +42,7 @@ def test_float32_compute_is_priced_at_the_tf32_peak_only_with_tf32(tmp_path, pro
 
 @pytest.mark.parametrize("target", ["torch", "jax"])
 def test_programs_switch_matmul_precision_on_gpus_only(tmp_path, target):
-    on, off = (render_files(compile_file(spec(tmp_path, tf32), "single"), target, "gpt.yaml")["train.py"]
+    on, off = (program_text(render_files(compile_file(spec(tmp_path, tf32), "single"), target, "gpt.yaml"))
                for tf32 in (True, False))
     assert "TF32 = True" in on and "TF32 = False" in off
     if target == "torch":  # inside `if cuda:`

@@ -16,6 +16,7 @@ expert layouts the torch target does not run.
 from __future__ import annotations
 
 import pytest
+from program_files import program_text
 from torch_runs import SPECS, WORK, build, max_diff, max_param_diff, report, run, run_many, spec_variant
 
 from mithril_spec.frontend import compile_file
@@ -104,7 +105,7 @@ def test_tensor_parallel_experts_equal_one_process_and_hold_the_plan(case):
     bytes the plan predicts."""
     what, mesh, edits = case
     program = build(MOE_DP, mesh, edits)
-    assert '"blocks.*.moe": "experts' in (program / "train.py").read_text()  # (experts_sp: the sequence split)
+    assert '"blocks.*.moe": "experts' in program_text(program)  # (experts_sp: the sequence split)
     ref, par = reference(), run(program, "--steps", str(STEPS))
     dl = max_diff(par.losses, ref.losses)
     dg = max_diff(par.grad_norms, ref.grad_norms)
@@ -136,11 +137,11 @@ def test_checkpoint_with_sharded_experts_resumes_on_one_process():
 
 @pytest.mark.runs
 def test_rendered_program():
-    text = (build(MOE_DP) / "train.py").read_text()
+    text = program_text(build(MOE_DP))
     assert "all_to_all_single_autograd" in text and "def expert_parallel(" in text
     assert "capacity=10" in text  # ceil(1.25 * 16 tokens * top-2 / 4 experts), decided by the plan
     assert "return loss_fn(lm_head, targets) + moe_aux_loss(self)" in text
-    single = (build(MOE_DP, "single") / "train.py").read_text()
+    single = program_text(build(MOE_DP, "single"))
     assert "def expert_parallel(" not in single and "class MoE(nn.Module)" in single
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from pipeline_edits import BATCH_NORM, GPIPE, REMAT
+from program_files import program_text
 from torch_runs import SPECS, WORK, build, max_diff, max_param_diff, report, run, run_many, spec_variant
 
 from mithril_spec.frontend import compile_file
@@ -152,7 +153,7 @@ def test_vocab_parallel_in_the_stages_equals_one_process(case):
     spec = spec_variant(GPT_PIPE, VOCAB + edits)
     plan = compile_file(spec, mesh).plan
     assert plan.param("wte.weight").spec[0] == ("tensor",) and plan.param("lm_head.weight").spec[1] == ("tensor",)
-    text = (build(GPT_PIPE, mesh, VOCAB + edits) / "train.py").read_text()
+    text = program_text(build(GPT_PIPE, mesh, VOCAB + edits))
     assert '"wte": "vocab_rows"' in text and '"lm_head": "colwise_logits"' in text and "with loss_parallel():" in text
     ref = run(build(GPT_PIPE, "single", VOCAB), "--steps", str(STEPS))
     par = run(build(GPT_PIPE, mesh, VOCAB + edits), "--steps", str(STEPS))
@@ -258,13 +259,13 @@ def test_checkpoint_from_default_mesh_resumes_on_pipe4():
 
 @pytest.mark.runs
 def test_single_stage_build_runs_the_micro_batches_one_after_the_other():
-    text = (build(GPT_PIPE, "single") / "train.py").read_text()
+    text = program_text(build(GPT_PIPE, "single"))
     assert "pipelining" not in text and "class Stage0" not in text
     assert "GRAD_ACCUM = 4" in text  # 4 pipeline micro-batches, one after the other
-    text = (build(GPT_PIPE) / "train.py").read_text()
+    text = program_text(build(GPT_PIPE))
     assert "Schedule1F1B(" in text and "class Stage1(nn.Module)" in text
     assert 'self.blocks = nn.ModuleDict({str(i): Decoder() for i in range(2, 4)})' in text
-    text = (build(GPT_PIPE, None, INTERLEAVED) / "train.py").read_text()
+    text = program_text(build(GPT_PIPE, None, INTERLEAVED))
     assert "ScheduleInterleaved1F1B(" in text and "STAGES = 4" in text
 
 

@@ -9,12 +9,13 @@ import subprocess
 import sys
 
 import pytest
+from program_files import program_text
 from torch_runs import ROOT, SPECS, TESTS, spec_variant
 
 from mithril_spec.diagnostics import DiagnosticError
 from mithril_spec.frontend import compile_file
-from mithril_spec.render.build import render_files
 from mithril_spec.lowering.torch_program import attr_path
+from mithril_spec.render.build import render_files
 
 GPT = SPECS / "gpt-tiny.yaml"
 
@@ -62,7 +63,7 @@ def test_build_never_imports_torch(tmp_path):
 
 
 def test_tensor_parallel_plan_and_fsdp_dims_follow_the_plan():
-    text = render(GPT, "fsdp_tp")["train.py"]
+    text = program_text(render(GPT, "fsdp_tp"))
     assert config(text, "TP_PLAN") == {
         "blocks.*.attn.q": "colwise", "blocks.*.attn.k": "colwise", "blocks.*.attn.v": "colwise",
         "blocks.*.attn.o": "rowwise", "blocks.*.mlp.fc": "colwise", "blocks.*.mlp.proj": "rowwise",
@@ -77,7 +78,7 @@ def test_tensor_parallel_plan_and_fsdp_dims_follow_the_plan():
 
 
 def test_sequence_parallel_where_the_rules_split_the_sequence():
-    plan = config(render(GPT, "fsdp_tp", (("    mlp: tensor\n", "    mlp: tensor\n    seq: tensor\n"),))["train.py"],
+    plan = config(program_text(render(GPT, "fsdp_tp", (("    mlp: tensor\n", "    mlp: tensor\n    seq: tensor\n"),))),
                   "TP_PLAN")
     assert plan["blocks.*.ln1"] == "sequence" and plan["blocks.*.attn"] == "gather_input"
     assert plan["blocks.*.attn.o"] == "rowwise_sp" and plan["blocks.*.mlp.proj"] == "rowwise_sp"
@@ -85,9 +86,9 @@ def test_sequence_parallel_where_the_rules_split_the_sequence():
 
 
 def test_one_process_and_ddp_builds_carry_no_sharding_code():
-    single = render(GPT, "data=1")["train.py"]
+    single = program_text(render(GPT, "data=1"))
     assert "def parallelize" not in single and "init_process_group" not in single
-    ddp = render(SPECS / "mlp-dp.yaml", "four")["train.py"]
+    ddp = program_text(render(SPECS / "mlp-dp.yaml", "four"))
     assert "DistributedDataParallel" in ddp and "fully_shard" not in ddp and "no_sync" in ddp
 
 
@@ -96,7 +97,7 @@ def test_names_never_collide_with_the_programs_own():
     edits = (("    decoder:\n", "    attention:\n"), ("block: decoder", "block: attention"),
              ("name: ln1}", "name: F}"), ("name: attn,", "name: block,"),
              ("inputs: [block_input, attn]", "inputs: [block_input, block]"))
-    text = render(GPT, "data=1", edits)["train.py"]
+    text = program_text(render(GPT, "data=1", edits))
     tree = ast.parse(text)
     classes = [n.name for n in tree.body if isinstance(n, ast.ClassDef)]
     assert "AttentionBlock" in classes and classes.count("Attention") == 1
@@ -109,7 +110,7 @@ def test_attr_path():
 
 
 def test_all_ops_renders_every_operator():
-    text = render(TESTS / "specs" / "all-ops.yaml", "single")["train.py"]
+    text = program_text(render(TESTS / "specs" / "all-ops.yaml", "single"))
     for needle in ("class Attention", "def rope", "class RMSNorm", "class LayerNorm", "class BatchNorm",
                    "class PosEmbedding", "class MLP", "F.max_pool2d", "F.avg_pool2d", "nn.Conv2d", "torch.softmax",
                    "torch.tanh", "torch.sigmoid", "F.silu", 'approximate="none"', ".reshape(", ".flatten(1)",
@@ -118,7 +119,7 @@ def test_all_ops_renders_every_operator():
 
 
 def test_unsupported_plans_are_e049():
-    assert "class BatchNorm" in render(TESTS / "specs" / "all-ops.yaml", "two")["train.py"]  # batch_norm over data: runs
+    assert "class BatchNorm" in program_text(render(TESTS / "specs" / "all-ops.yaml", "two"))  # batch_norm over data: runs
     diags = e049(GPT, None, (("precision: {params: float32, compute: float32}", "precision: {params: bfloat16}"),))
     assert "float32 with bfloat16 parameters" in diags[0].message
     # sequence parallelism needs tensor-parallel attention and mlp

@@ -18,6 +18,7 @@ import subprocess
 
 import numpy as np
 import pytest
+from program_files import program_text
 from torch_runs import GPT, PY, SPECS, WORK, build, env_for, report, run, run_many, spec_variant
 
 from mithril_spec.frontend import compile_file
@@ -64,7 +65,7 @@ data: {kind: synthetic}
 
 
 def train_py(spec, mesh=None, edits=()) -> str:
-    return render_files(compile_file(spec_variant(spec, tuple(edits)), mesh), "torch", "spec.yaml")["train.py"]
+    return program_text(render_files(compile_file(spec_variant(spec, tuple(edits)), mesh), "torch", "spec.yaml"))
 
 
 def copies(n: int) -> tuple:
@@ -140,7 +141,7 @@ def test_dry_run_of_a_7b_model_on_fsdp8_is_cheap():
     # one table row per block parameter: the program of 32 layers is as long as that of 2 (within 20 lines)
     two = WORK / "llama-7b-2-layers.yaml"
     two.write_text(LLAMA_7B.replace("layers: 32}", "layers: 2}"))
-    lines = [len((p / "train.py").read_text().splitlines()) for p in (program, build(two))]
+    lines = [len(program_text(p).splitlines()) for p in (program, build(two))]
     assert abs(lines[0] - lines[1]) <= 20, lines
     wrapper = ("import resource, subprocess, sys, time; t = time.perf_counter(); "
                "p = subprocess.run(sys.argv[1:], capture_output=True, text=True); "

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import textwrap
+from pathlib import Path
 
 import jax_runs as jr
 import pytest
@@ -50,10 +51,9 @@ JAX_COUNT = """
 import os, re, sys
 sys.argv = ["train.py"]
 import importlib.util
-sys.path.insert(0, os.path.dirname(os.path.abspath("train.py")))  # the build's runtime/ package
-spec = importlib.util.spec_from_file_location("train", "train.py")
-t = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(t)
+sys.path.insert(0, @TESTS@)
+from program_import import load_program
+t = load_program(".")
 import jax
 args = t.parse_args([])
 t.setup_devices(args)
@@ -66,6 +66,7 @@ with jax.set_mesh(mesh):
     step = jax.jit(t.make_train_step(opt, 0), in_shardings=(shardings, batch_shardings))
     print(step.lower(state, batch).compile().as_text())
 """
+JAX_COUNT = JAX_COUNT.replace("@TESTS@", repr(str(Path(__file__).resolve().parent)))  # tests/program_import.py
 
 
 @pytest.mark.slow
@@ -84,11 +85,10 @@ def test_compiled_jax_step_all_reduces_as_planned(edits):
 TORCH_COUNT = textwrap.dedent("""
     import importlib.util, json, os, sys
     os.environ.pop("WORLD_SIZE", None)
-    sys.path.insert(0, os.path.dirname(os.path.abspath("train.py")))  # the build's runtime/ package
-    spec = importlib.util.spec_from_file_location("train", "train.py")
-    t = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, @TESTS@)
+    from program_import import load_program
     sys.argv = ["train.py"]
-    spec.loader.exec_module(t)
+    t = load_program(".")
     import torch
     from torch.distributed.tensor.debug import CommDebugMode
     device, mesh, _ = t.setup(True)  # a fake process group: collectives are counted, not run
@@ -102,6 +102,7 @@ TORCH_COUNT = textwrap.dedent("""
         model(*batch).backward()
     print(json.dumps({str(k): v for k, v in comm.get_comm_counts().items()}))
 """)
+TORCH_COUNT = TORCH_COUNT.replace("@TESTS@", repr(str(Path(__file__).resolve().parent)))  # tests/program_import.py
 
 
 @pytest.mark.slow

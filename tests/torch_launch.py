@@ -14,7 +14,6 @@ HSDP and the loss) and writes them
 to PREFIX.<rank>.json when the program destroys its process group.
 """
 
-import importlib.util
 import os
 import socket
 import sys
@@ -34,11 +33,9 @@ def _child(rank, world, port, path, argv):
         from program_zygote import _count_collectives  # (this script's directory is on sys.path)
 
         _count_collectives(os.environ["MITHRIL_COUNT_COLLECTIVES"], rank)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))  # the build's runtime/ package
-    spec = importlib.util.spec_from_file_location("train_program", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    mod.cli(argv)
+    from program_import import load_program  # (this script's directory is on sys.path)
+
+    load_program(os.path.dirname(path)).cli(argv)
 
 
 def main():

@@ -22,6 +22,7 @@ from ..frontend import Compiled
 from ..lowering.program import BUILD_DIR_PLACEHOLDER, PYTHON_PLACEHOLDER, Program, lower
 from ..targets import TARGETS
 from ..template_files import runtime_files
+from . import link
 from .environment import environment
 
 
@@ -41,16 +42,19 @@ def render_files(compiled: Compiled, target: str, spec_path: str, overrides: Seq
 
 
 def render_program(program: Program) -> dict[str, str]:
-    """The files of a Program: each template rendered from the Program's fields (Python formatted), the
-    runtime/ package every build carries as it is (template_files.runtime_files), and plan.json."""
+    """The files of a Program: each template rendered from the Program's fields, a program template cut into
+    its files and each file given its imports (render/link.py), Python formatted; the runtime/ package every build carries as it is (template_files.runtime_files), and plan.json."""
     env = environment()
     ctx = program.context()
-    out: dict[str, str] = {}
-    for template, name in program.files:
-        text = env.get_template(template).render(**ctx)
-        if name.endswith(".py"):
-            text = format_python(text, name)
-        out[name] = text
+    rendered: dict[str, str] = {}
+    try:
+        for template, name in program.files:
+            text = env.get_template(template).render(**ctx)
+            rendered.update(link.split(text, name) if name.endswith(".py") else {name: text})
+        rendered = link.link(rendered)
+    except (link.LinkError, SyntaxError) as e:
+        raise RenderError(f"{program.target}: {e}") from None
+    out = {name: format_python(text, name) if name.endswith(".py") else text for name, text in rendered.items()}
     out.update(runtime_files())
     out["plan.json"] = json.dumps(program.plan_json, indent=2) + "\n"
     return out
@@ -108,7 +112,8 @@ MANIFEST = "build-manifest.json"
 def build_files() -> set[str]:
     """Every file name a build of any target may write (conditional files too): what a new build replaces in
     its output directory."""
-    return ({name for entry in TARGETS.values() for _, name in entry.files} | set(runtime_files())
+    return ({name for entry in TARGETS.values() for _, name in entry.files} | set(link.PROGRAM_FILES)
+            | set(runtime_files())
             | {"plan.json", MANIFEST})
 
 

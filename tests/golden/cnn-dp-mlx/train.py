@@ -16,9 +16,7 @@ gradients are averaged over the processes (`mx.distributed`, started by `mlx.lau
 
 import argparse
 import json
-import math
 import os
-import shutil
 import sys
 import time
 
@@ -28,122 +26,49 @@ import mlx.optimizers as optim
 import numpy as np
 
 # isort: split
-# runtime/ beside this file: the helpers every build carries unchanged (what a run prints and records,
-# checkpoint manifests, refusals, preemption)
-from runtime.checkpoints import Manifests, check_start, checkpoint_dirs, resolve_resume, resume_from
+# beside this file: runtime/ (the helpers every build carries unchanged) and this build's files
+from checkpoint import (
+    dtype_name,
+    load_params,
+    load_state,
+    restore_checkpoint,
+    save_checkpoint,
+    save_params,
+    state_arrays,
+    step_dirs,
+    step_of,
+)
+from config import (
+    BATCH_SIZE,
+    BUFFERS,
+    CHECKPOINT_DIR,
+    CHECKPOINT_EVERY,
+    DATA,
+    FLOPS_PER_STEP,
+    GRAD_ACCUM,
+    LR,
+    MESH,
+    MICRO_BATCH,
+    MICROBATCHES,
+    MOMENTUM,
+    NESTEROV,
+    PARAMS,
+    PLANNED_BYTES,
+    SEED,
+    SPEC_FILE,
+    SPEC_NAME,
+    STEPS,
+    TOKENS_PER_SAMPLE,
+    WARMUP_STEPS,
+)
+from data import Data, micro_batch_start
+from model import loss_fn
+from parallel import dry_run, join_processes, nbytes, refuse
+from runtime.checkpoints import check_start, resolve_resume
 from runtime.console import Console, Metrics, process_peak_rss
 from runtime.errors import Refusal, require
-from runtime.params import FileTensor, init_values, initial_params
+from runtime.params import init_values, initial_params
 from runtime.preemption import Preemption
-
-# ----------------------------------------------------------------------------
-# Config: what the spec decided (mithril-spec plan shows the same numbers).
-# ----------------------------------------------------------------------------
-SPEC_NAME = "cnn-dp"
-SPEC_FILE = "cnn-dp.yaml"
-MITHRIL_VERSION = "0.1.0"
-
-
-# Device mesh: axis -> size (axes of size 1 are left out). One process per device.
-MESH = {"data": 4}
-PROCESSES = 4
-DATA = 4  # data-parallel degree: processes reading different rows of each batch
-
-# Parameters by canonical name: shape (canonical layout), init, std (docs/program.md "Parameters").
-PARAMS = {
-    "conv1.weight": ((32, 3, 3, 3), "normal", 0.02),
-    "conv1.bias": ((32,), "zeros", 0.02),
-    "fc1.weight": ((7200, 128), "normal", 0.02),
-    "fc1.bias": ((128,), "zeros", 0.02),
-    "fc2.weight": ((128, 10), "normal", 0.02),
-    "fc2.bias": ((10,), "zeros", 0.02),
-}
-BUFFERS = {}  # no batch_norm: nothing but parameters and optimizer state
-
-# Model inputs in spec order: shape without the batch, dtype, and for integer inputs the exclusive upper
-# bound of synthetic values (0 for float inputs).
-INPUTS = {
-    "images": ((3, 32, 32), "float32", 0),
-    "labels": ((), "int32", 10),
-}
-TOKENS_PER_SAMPLE = None  # for tokens/s: the first input's sequence length
-FLOPS_PER_STEP = (
-    332034048  # model FLOPs of one optimizer step (forward + backward, no recompute): for MFU
-)
-
-# Training
-BATCH_SIZE = 32  # global: samples per optimizer step
-GRAD_ACCUM = 1  # micro-batches per step
-MICRO_BATCH = BATCH_SIZE // GRAD_ACCUM
-MICROBATCHES = 1
-STEPS = 10  # also T of the lr schedule (--steps changes only how far this run goes)
-SEED = 0
-DATA_SEED = SEED + 1
-OPTIMIZER = "sgd"  # make_optimizer() below is written for it
-LR = 0.01
-MOMENTUM = 0.9
-NESTEROV = False
-OPTIMIZER_SLOTS = 1 if MOMENTUM else 0  # state tensors per parameter: the momentum buffer
-SCHEDULE = "constant"  # lr_schedule() below is written for it
-WARMUP_STEPS = 0
-CLIP_GRAD_NORM = None
-COMPUTE_DTYPE = mx.float32  # forward and backward; parameters, loss and update in float32
-REMAT = "none"  # none | full (mx.checkpoint around each block)
-CHECKPOINT_DIR = None  # the spec asks for no checkpoints (--checkpoint-dir DIR writes them)
-CHECKPOINT_EVERY = 0
-DATA_KIND = "synthetic"
-DATA_PATH = None
-# Bytes per device the planner predicts (`mithril-spec plan`); the program prints what it really holds.
-PLANNED_BYTES = {"params": 3695656, "optimizer": 3695656, "buffers": 0}
-
-
-# ----------------------------------------------------------------------------
-# Model: pure functions over a flat dict of parameters keyed by canonical name.
-# ----------------------------------------------------------------------------
-def conv2d(x, weight, bias, stride, padding):
-    """NCHW input, OIHW weight (the canonical layout), zero padding of `padding` on each side; MLX
-    convolves channels-last (NHWC, OHWI)."""
-    y = mx.conv2d(
-        x.transpose(0, 2, 3, 1), weight.transpose(0, 2, 3, 1), stride=stride, padding=padding
-    )
-    y = y.transpose(0, 3, 1, 2)
-    return y if bias is None else y + bias[None, :, None, None]
-
-
-def pool2d(pool, x):
-    """An mlx.nn pooling layer (channels-last) over an NCHW tensor."""
-    return pool(x.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
-
-
-def cross_entropy(logits, targets):
-    """Mean cross-entropy over every position, in float32: logits [..., classes], targets [...] ids."""
-    logits = logits.astype(mx.float32).reshape(-1, logits.shape[-1])
-    targets = targets.reshape(-1).astype(mx.int32)
-    picked = mx.take_along_axis(logits, targets[:, None], axis=-1)[:, 0]
-    return (mx.logsumexp(logits, axis=-1) - picked).mean()
-
-
-def forward(p, batch):
-    """The model, in the compute dtype: a batch of inputs -> `fc2`."""
-    images = batch["images"].astype(COMPUTE_DTYPE)
-    conv1 = conv2d(images, p["conv1.weight"], p["conv1.bias"], stride=(1, 1), padding=(0, 0))
-    relu1 = nn.relu(conv1)
-    # padded positions hold -inf, so they never win
-    pool1 = pool2d(nn.MaxPool2d((2, 2), stride=(2, 2), padding=(0, 0)), relu1)
-    flat = pool1.reshape(pool1.shape[0], -1)
-    fc1 = flat @ p["fc1.weight"] + p["fc1.bias"]
-    relu2 = nn.relu(fc1)
-    fc2 = relu2 @ p["fc2.weight"] + p["fc2.bias"]
-    return fc2
-
-
-def loss_fn(params, buffers, batch, key):
-    """The mean loss of one micro-batch (float32) and the updated buffers. Parameters are stored in float32
-    and cast to COMPUTE_DTYPE here, so their gradients come back in float32."""
-    p = {name: w.astype(COMPUTE_DTYPE) for name, w in params.items()}
-    fc2 = forward(p, batch)
-    labels = batch["labels"]
-    return cross_entropy(fc2, labels), buffers
 
 
 # ----------------------------------------------------------------------------
@@ -182,119 +107,6 @@ def apply_optimizer(optimizers, grads, params):
 
 
 # ----------------------------------------------------------------------------
-# Parameters: drawn on the host with numpy (the same values for every mesh and target).
-# ----------------------------------------------------------------------------
-def load_params(path, flag="--init-params"):
-    """--init-params (`flag`: the option that names the file in messages): parameters by canonical name in
-    canonical layout, every one with its shape. A .npz is read whole (small models); a .safetensors
-    file lazily, each process reading only its slices."""
-    require(
-        os.path.isfile(path),
-        f"{flag} {path}: {'not a file' if os.path.exists(path) else 'no such file'}",
-    )
-    try:
-        if path.endswith(".npz"):
-            with np.load(path) as f:
-                found = {k: f[k] for k in f.files}
-        else:
-            found = safetensors_tensors(path)
-    except Exception as e:  # not such a file, truncated, unreadable, Python objects in a .npz
-        require(
-            False,
-            f"{flag} {path}: cannot read it as a "
-            f"{'.npz archive' if path.endswith('.npz') else '.safetensors file'} "
-            f"({' '.join(str(e).split())})",
-        )
-    nonfinite = [
-        k
-        for k, a in found.items()
-        if not isinstance(a, tuple) and a.dtype.kind == "f" and not np.isfinite(a).all()
-    ]
-    require(
-        not nonfinite,
-        f"{flag} {path}: non-finite values (NaN or inf) in {', '.join(nonfinite[:5])}",
-    )
-    out, wrong = {}, []
-    for name, (shape, _, _) in PARAMS.items():
-        key, t = name, found.get(name)
-        if isinstance(t, tuple):  # (handle, key) of a safetensors tensor
-            t = FileTensor(*t, flag=flag)
-        why = (
-            "(missing)"
-            if t is None
-            else f"of shape {list(t.shape)} (expected {list(shape)})"
-            if tuple(t.shape) != tuple(shape)
-            else None
-            if (t.floating if isinstance(t, FileTensor) else t.dtype.kind == "f")
-            else f"of dtype {t.dtype} (expected floating point)"
-        )
-        if why:
-            wrong.append(f"{key} {why}")
-        else:
-            out[name] = t if isinstance(t, FileTensor) else np.asarray(t, np.float32)
-    wrong += [f"{key} (unknown)" for key in found if key not in PARAMS]
-    more = f" and {len(wrong) - 5} more" if len(wrong) > 5 else ""
-    require(not wrong, f"{flag} {path}: not this model's parameters: {', '.join(wrong[:5])}{more}")
-    return out
-
-
-def safetensors_tensors(path):
-    """name -> (open file, name) of every tensor in a safetensors file."""
-    from safetensors import safe_open
-
-    handle = safe_open(path, framework="numpy")
-    return {key: (handle, key) for key in handle.keys()}
-
-
-def save_params(path, arrays):
-    """--export-params: canonical names and layout, float32; .safetensors, or .npz for any other name.
-    Written atomically: a temporary file beside the target, then a rename."""
-    arrays = {k: np.ascontiguousarray(np.asarray(v, dtype=np.float32)) for k, v in arrays.items()}
-    if path.endswith(".safetensors"):
-        from safetensors.numpy import save_file
-
-        tmp = f"{path}.tmp-{os.getpid()}"
-        save_file(arrays, tmp, metadata={"format": "mithril-spec", "spec": SPEC_NAME})
-    else:
-        tmp = f"{path}.tmp-{os.getpid()}.npz"
-        np.savez(tmp, **arrays)
-    os.chmod(tmp, 0o644)  # (safetensors creates its files readable by their owner only)
-    os.replace(tmp, path)
-    print(f"wrote {path} ({len(arrays)} arrays)", flush=True)
-
-
-# ----------------------------------------------------------------------------
-# Data: samples by global index (the same batches for every mesh and target).
-# ----------------------------------------------------------------------------
-class Data:
-    """Samples by global index: every mesh sees the same batches in the same order."""
-
-    def __init__(self, path=None, seed=None):
-        # synthetic data is drawn from the parameters' seed + 1 (docs/program.md "Data")
-        self.seed = DATA_SEED if seed is None else seed
-
-    def sample(self, i):
-        rng = np.random.default_rng([self.seed, i])
-        out = {}
-        for n, (shape, dtype, high) in INPUTS.items():
-            if high:
-                out[n] = rng.integers(0, high, size=shape, dtype=np.int64).astype(dtype)
-            else:
-                out[n] = rng.standard_normal(shape, dtype=np.float32).astype(dtype)
-        return out
-
-    def batch(self, start, count):
-        """Samples start .. start+count-1, stacked per input."""
-        samples = [self.sample(start + j) for j in range(count)]
-        return {n: np.stack([s[n] for s in samples]) for n in INPUTS}
-
-
-def micro_batch_start(step, micro):
-    """First global sample index of micro-batch `micro` of optimizer step `step` (both 0-based)."""
-    return step * BATCH_SIZE + micro * MICRO_BATCH
-
-
-# ----------------------------------------------------------------------------
 # Train step
 # ----------------------------------------------------------------------------
 def global_norm(grads):
@@ -329,118 +141,6 @@ def train_step(world, optimizers, params, buffers, micro_batches, tag):
     return params, buffers, {"loss": loss, "grad_norm": grad_norm}, unclipped
 
 
-# ----------------------------------------------------------------------------
-# Checkpoints: DIR/step_00000010/{state.safetensors, train_state.json}. Every process holds the same
-# state, so the first one writes: into a temporary directory, the manifest (train_state.json: the spec,
-# the step, every array's shape and dtype, the state file's sha256) last, then a rename. The last
-# KEEP_CHECKPOINTS are kept.
-# ----------------------------------------------------------------------------
-MANIFEST = "train_state.json"  # the manifest (below), the last file of a checkpoint directory
-
-
-SPEC_HASH = "99da9411074f3196"  # the spec less where and how it runs (mesh, sharding, pipeline, data, steps)
-# SPEC_HASH less the optimizer settings below, which a resumed run may change (a note says which changed)
-MODEL_HASH = "4ed52b6fabf18356"
-OPTIMIZER_SETTINGS = {
-    "lr": 0.01,
-    "schedule.name": "constant",
-    "schedule.warmup_steps": 0,
-    "schedule.min_lr_ratio": 0.0,
-    "clip_grad_norm": None,
-}
-MANIFESTS = Manifests(MANIFEST, SPEC_NAME, SPEC_HASH, MODEL_HASH, OPTIMIZER_SETTINGS, MESH)
-KEEP_CHECKPOINTS = 2  # the newest ones are kept; older ones are deleted after each save
-
-
-def step_of(name):
-    """The step a checkpoint directory's name gives (step_00000010), or None."""
-    return int(name[5:]) if name.startswith("step_") and name[5:].isdigit() else None
-
-
-def step_dirs(directory):
-    """{step: path} of the checkpoints in `directory`."""
-    names = os.listdir(directory) if os.path.isdir(directory) else []
-    return {step_of(n): os.path.join(directory, n) for n in names if step_of(n) is not None}
-
-
-def dtype_name(a):
-    return str(a.dtype).removeprefix("mlx.core.")
-
-
-def save_checkpoint(directory, step, arrays):
-    """Saves the train state `arrays` after `step` as DIR/step_<step>; returns that directory."""
-    began = time.perf_counter()
-    final, tmp = (
-        os.path.join(directory, f"step_{step:08d}"),
-        os.path.join(directory, f".tmp_step_{step:08d}"),
-    )
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    mx.save_safetensors(os.path.join(tmp, "state.safetensors"), arrays)
-    MANIFESTS.write(tmp, step, {n: (a.shape, dtype_name(a)) for n, a in arrays.items()})
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
-    for old in sorted(step_dirs(directory))[:-KEEP_CHECKPOINTS]:
-        shutil.rmtree(step_dirs(directory)[old], ignore_errors=True)
-    print(
-        f"checkpoint: step {step} saved in {final} ({time.perf_counter() - began:.1f} s)",
-        flush=True,
-    )
-    return final
-
-
-def state_arrays(params, buffers, optimizers):
-    """The whole train state as flat arrays: params/<name>, buffers/<name>, optimizer/<group>/step and
-    optimizer/<group>/<name>/<slot>."""
-    out = {f"params/{n}": a for n, a in params.items()} | {
-        f"buffers/{n}": a for n, a in buffers.items()
-    }
-    for group, (opt, names) in optimizers.items():
-        out[f"optimizer/{group}/step"] = opt.state["step"]
-        out.update(
-            {
-                f"optimizer/{group}/{n}/{slot}": a
-                for n in names
-                for slot, a in opt.state.get(n, {}).items()
-            }
-        )
-    return out
-
-
-def load_state(arrays, optimizers):
-    """The inverse of state_arrays: (parameters, buffers), and the optimizers' state set in place."""
-    for group, (opt, names) in optimizers.items():
-        opt.state.update(
-            {
-                n: {s: arrays[f"optimizer/{group}/{n}/{s}"] for s in opt.state.get(n, {})}
-                for n in names
-            }
-        )
-        opt.state["step"] = arrays[f"optimizer/{group}/step"]
-    return {n: arrays[f"params/{n}"] for n in PARAMS}, {n: arrays[f"buffers/{n}"] for n in BUFFERS}
-
-
-def read_checkpoint(step, path):
-    """(arrays, why not) of the verified checkpoint directory `path`: its values must be finite."""
-    arrays = mx.load(os.path.join(path, "state.safetensors"))
-    bad = sorted(n for n, a in arrays.items() if not mx.isfinite(a).all().item())
-    return arrays, (f"it holds non-finite values ({', '.join(bad[:3])})" if bad else None)
-
-
-def restore_checkpoint(path, want):
-    """(step, arrays) of the newest usable checkpoint (resume_from): `path` is a checkpoint directory or one
-    step_* directory; `want`: name -> (whole shape, dtype) of this program's train state. Every process
-    holds the whole state, so every process verifies and reads the same files, reaching the same verdict."""
-
-    def verify(step, where):
-        return MANIFESTS.verify(where, step, want)
-
-    return resume_from(path, checkpoint_dirs(path, step_of), verify, read_checkpoint, MANIFESTS)
-
-
-# ----------------------------------------------------------------------------
-# Command line and processes.
-# ----------------------------------------------------------------------------
 def parse_args(argv=None):
     about = f"Train {SPEC_NAME} (generated by mithril-spec from {SPEC_FILE})."
     # argparse %-formats a description that mentions %(prog): then a `%` in the file name is only text
@@ -571,58 +271,6 @@ def schedule_note(steps, lr_at):
     return (
         f"note: --steps {steps} goes past the schedule's {STEPS} steps: steps {STEPS + 1}-{steps} run at the "
         f"schedule's final lr ({lr_after:.1e})"
-    )
-
-
-def refuse(refusal):
-    """Exits with code 2 and the Refusal's one line (runtime/errors.py): what was asked cannot run. Every
-    process reaches the same verdict and the first one (MLX_RANK 0, or alone) says why; a `local` verdict
-    (about this process's own samples) is said by the process that reaches it."""
-    if refusal.local or os.environ.get("MLX_RANK", "0") == "0":
-        print(f"error: {refusal}", file=sys.stderr, flush=True)
-    sys.exit(2)
-
-
-def join_processes():
-    """The process group: under mlx.launch (launch.sh) every process of the mesh, else this one alone."""
-    world = mx.distributed.init()
-    require(
-        world.size() == PROCESSES,
-        f"this program was built for the mesh {MESH or '(one device)'}: it needs {PROCESSES} process(es), "
-        f"but {world.size()} started. Run it with ./launch.sh (mlx.launch starts {PROCESSES}), or rebuild it "
-        "for this machine with `mithril-spec build --target mlx --mesh ...`.",
-    )
-    return world
-
-
-def nbytes(arrays):
-    """Bytes of the arrays with at least one dimension (step counters are not counted)."""
-    return sum(a.nbytes for a in arrays if a.ndim > 0)
-
-
-def local_shape(name, shape):
-    """The shape of the part of a parameter each process holds."""
-    return tuple(shape)  # every process holds every parameter whole
-
-
-def dry_run():
-    """What every process would hold, computed without allocating: its part of each parameter,
-    OPTIMIZER_SLOTS float32 tensors of state per parameter, the buffers."""
-    params = 4 * sum(math.prod(local_shape(name, shape)) for name, (shape, _, _) in PARAMS.items())
-    held = {
-        "params": params,
-        "optimizer": OPTIMIZER_SLOTS * params,
-        "buffers": 4 * sum(math.prod(shape) for shape, _ in BUFFERS.values()),
-    }
-    print(
-        f"mesh: {MESH or '(one device)'} ({PROCESSES} process(es), {mx.default_device()})",
-        f"{'parameter':40s} {'shape':>16s} per-process shape",
-        *(
-            f"{name:40s} {list(shape)!s:>16s} {list(local_shape(name, shape))}"
-            for name, (shape, _, _) in PARAMS.items()
-        ),
-        "per-process bytes " + json.dumps({"held": held, "planned": PLANNED_BYTES}),
-        sep="\n",
     )
 
 

@@ -31,39 +31,32 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 # isort: split
-from runtime.errors import Refusal
-
-# train.py beside this file: the model, the mesh and the loading code of the training program
-from train import (
+# beside this file: runtime/ (the helpers every build carries unchanged) and this build's files
+from checkpoint import load_params, place, to_host
+from config import (
     CHUNK,
     COMPUTE_DTYPE,
     INPUT_LAYOUTS,
     MICROBATCHES,
     PARAM_DTYPE,
-    PER_STAGE,
-    PIPE,
     SEED,
     SPEC_FILE,
     SPEC_NAME,
+)
+from model import embedding, layer_norm, mlp, project_together
+from parallel import (
+    PER_STAGE,
+    PIPE,
     STACKED,
     VIRTUAL_STAGES,
-    embedding,
-    init_state,
-    layer_norm,
-    layouts,
-    load_params,
     make_mesh,
-    make_optimizer,
-    mlp,
     pipeline_predict,
-    place,
-    project_together,
     refuse,
-    require,
     setup_devices,
-    to_host,
     varying,
 )
+from runtime.errors import Refusal, require
+from train import init_state, layouts, make_optimizer
 
 TOKENS = "tokens"  # the model input of token ids
 VOCAB = 256

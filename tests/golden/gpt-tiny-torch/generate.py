@@ -29,26 +29,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 # isort: split
-from runtime.errors import Refusal
-
-# train.py beside this file: the model, the mesh and the loading code of the training program
-from train import (
-    COMPUTE_DTYPE,
-    SEED,
-    SPEC_FILE,
-    SPEC_NAME,
-    Model,
-    fill_model,
-    is_first,
-    load_checkpoint,
-    load_params,
-    make_optimizer,
-    parallelize,
-    refuse,
-    require,
-    setup,
-    shutdown,
-)
+# beside this file: runtime/ (the helpers every build carries unchanged) and this build's files
+from checkpoint import fill_model, load_checkpoint, load_params
+from config import COMPUTE_DTYPE, SEED, SPEC_FILE, SPEC_NAME
+from model import Model
+from parallel import is_first, parallelize, refuse, setup, shutdown
+from runtime.errors import Refusal, require
+from train import make_optimizer
 
 TOKENS = "tokens"  # the model input of token ids
 VOCAB = 256

@@ -1,0 +1,204 @@
+"""cnn-dp: parameters (initial values drawn on the host with numpy, the same for every mesh and
+target; --init-params, --export-params) and checkpoints (with a manifest of checksums beside each)."""
+
+import os
+import shutil
+import time
+
+import mlx.core as mx
+import numpy as np
+
+# isort: split
+# beside this file: runtime/ (the helpers every build carries unchanged) and this build's files
+from config import BUFFERS, MESH, PARAMS, SPEC_NAME
+from runtime.checkpoints import Manifests, checkpoint_dirs, resume_from
+from runtime.errors import require
+from runtime.params import FileTensor
+
+
+def load_params(path, flag="--init-params"):
+    """--init-params (`flag`: the option that names the file in messages): parameters by canonical name in
+    canonical layout, every one with its shape. A .npz is read whole (small models); a .safetensors
+    file lazily, each process reading only its slices."""
+    require(
+        os.path.isfile(path),
+        f"{flag} {path}: {'not a file' if os.path.exists(path) else 'no such file'}",
+    )
+    try:
+        if path.endswith(".npz"):
+            with np.load(path) as f:
+                found = {k: f[k] for k in f.files}
+        else:
+            found = safetensors_tensors(path)
+    except Exception as e:  # not such a file, truncated, unreadable, Python objects in a .npz
+        require(
+            False,
+            f"{flag} {path}: cannot read it as a "
+            f"{'.npz archive' if path.endswith('.npz') else '.safetensors file'} "
+            f"({' '.join(str(e).split())})",
+        )
+    nonfinite = [
+        k
+        for k, a in found.items()
+        if not isinstance(a, tuple) and a.dtype.kind == "f" and not np.isfinite(a).all()
+    ]
+    require(
+        not nonfinite,
+        f"{flag} {path}: non-finite values (NaN or inf) in {', '.join(nonfinite[:5])}",
+    )
+    out, wrong = {}, []
+    for name, (shape, _, _) in PARAMS.items():
+        key, t = name, found.get(name)
+        if isinstance(t, tuple):  # (handle, key) of a safetensors tensor
+            t = FileTensor(*t, flag=flag)
+        why = (
+            "(missing)"
+            if t is None
+            else f"of shape {list(t.shape)} (expected {list(shape)})"
+            if tuple(t.shape) != tuple(shape)
+            else None
+            if (t.floating if isinstance(t, FileTensor) else t.dtype.kind == "f")
+            else f"of dtype {t.dtype} (expected floating point)"
+        )
+        if why:
+            wrong.append(f"{key} {why}")
+        else:
+            out[name] = t if isinstance(t, FileTensor) else np.asarray(t, np.float32)
+    wrong += [f"{key} (unknown)" for key in found if key not in PARAMS]
+    more = f" and {len(wrong) - 5} more" if len(wrong) > 5 else ""
+    require(not wrong, f"{flag} {path}: not this model's parameters: {', '.join(wrong[:5])}{more}")
+    return out
+
+
+def safetensors_tensors(path):
+    """name -> (open file, name) of every tensor in a safetensors file."""
+    from safetensors import safe_open
+
+    handle = safe_open(path, framework="numpy")
+    return {key: (handle, key) for key in handle.keys()}
+
+
+def save_params(path, arrays):
+    """--export-params: canonical names and layout, float32; .safetensors, or .npz for any other name.
+    Written atomically: a temporary file beside the target, then a rename."""
+    arrays = {k: np.ascontiguousarray(np.asarray(v, dtype=np.float32)) for k, v in arrays.items()}
+    if path.endswith(".safetensors"):
+        from safetensors.numpy import save_file
+
+        tmp = f"{path}.tmp-{os.getpid()}"
+        save_file(arrays, tmp, metadata={"format": "mithril-spec", "spec": SPEC_NAME})
+    else:
+        tmp = f"{path}.tmp-{os.getpid()}.npz"
+        np.savez(tmp, **arrays)
+    os.chmod(tmp, 0o644)  # (safetensors creates its files readable by their owner only)
+    os.replace(tmp, path)
+    print(f"wrote {path} ({len(arrays)} arrays)", flush=True)
+
+
+# ----------------------------------------------------------------------------
+# Checkpoints: DIR/step_00000010/{state.safetensors, train_state.json}. Every process holds the same
+# state, so the first one writes: into a temporary directory, the manifest (train_state.json: the spec,
+# the step, every array's shape and dtype, the state file's sha256) last, then a rename. The last
+# KEEP_CHECKPOINTS are kept.
+# ----------------------------------------------------------------------------
+MANIFEST = "train_state.json"  # the manifest (below), the last file of a checkpoint directory
+
+
+SPEC_HASH = "99da9411074f3196"  # the spec less where and how it runs (mesh, sharding, pipeline, data, steps)
+# SPEC_HASH less the optimizer settings below, which a resumed run may change (a note says which changed)
+MODEL_HASH = "4ed52b6fabf18356"
+OPTIMIZER_SETTINGS = {
+    "lr": 0.01,
+    "schedule.name": "constant",
+    "schedule.warmup_steps": 0,
+    "schedule.min_lr_ratio": 0.0,
+    "clip_grad_norm": None,
+}
+MANIFESTS = Manifests(MANIFEST, SPEC_NAME, SPEC_HASH, MODEL_HASH, OPTIMIZER_SETTINGS, MESH)
+KEEP_CHECKPOINTS = 2  # the newest ones are kept; older ones are deleted after each save
+
+
+def step_of(name):
+    """The step a checkpoint directory's name gives (step_00000010), or None."""
+    return int(name[5:]) if name.startswith("step_") and name[5:].isdigit() else None
+
+
+def step_dirs(directory):
+    """{step: path} of the checkpoints in `directory`."""
+    names = os.listdir(directory) if os.path.isdir(directory) else []
+    return {step_of(n): os.path.join(directory, n) for n in names if step_of(n) is not None}
+
+
+def dtype_name(a):
+    return str(a.dtype).removeprefix("mlx.core.")
+
+
+def save_checkpoint(directory, step, arrays):
+    """Saves the train state `arrays` after `step` as DIR/step_<step>; returns that directory."""
+    began = time.perf_counter()
+    final, tmp = (
+        os.path.join(directory, f"step_{step:08d}"),
+        os.path.join(directory, f".tmp_step_{step:08d}"),
+    )
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    mx.save_safetensors(os.path.join(tmp, "state.safetensors"), arrays)
+    MANIFESTS.write(tmp, step, {n: (a.shape, dtype_name(a)) for n, a in arrays.items()})
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    for old in sorted(step_dirs(directory))[:-KEEP_CHECKPOINTS]:
+        shutil.rmtree(step_dirs(directory)[old], ignore_errors=True)
+    print(
+        f"checkpoint: step {step} saved in {final} ({time.perf_counter() - began:.1f} s)",
+        flush=True,
+    )
+    return final
+
+
+def state_arrays(params, buffers, optimizers):
+    """The whole train state as flat arrays: params/<name>, buffers/<name>, optimizer/<group>/step and
+    optimizer/<group>/<name>/<slot>."""
+    out = {f"params/{n}": a for n, a in params.items()} | {
+        f"buffers/{n}": a for n, a in buffers.items()
+    }
+    for group, (opt, names) in optimizers.items():
+        out[f"optimizer/{group}/step"] = opt.state["step"]
+        out.update(
+            {
+                f"optimizer/{group}/{n}/{slot}": a
+                for n in names
+                for slot, a in opt.state.get(n, {}).items()
+            }
+        )
+    return out
+
+
+def load_state(arrays, optimizers):
+    """The inverse of state_arrays: (parameters, buffers), and the optimizers' state set in place."""
+    for group, (opt, names) in optimizers.items():
+        opt.state.update(
+            {
+                n: {s: arrays[f"optimizer/{group}/{n}/{s}"] for s in opt.state.get(n, {})}
+                for n in names
+            }
+        )
+        opt.state["step"] = arrays[f"optimizer/{group}/step"]
+    return {n: arrays[f"params/{n}"] for n in PARAMS}, {n: arrays[f"buffers/{n}"] for n in BUFFERS}
+
+
+def read_checkpoint(step, path):
+    """(arrays, why not) of the verified checkpoint directory `path`: its values must be finite."""
+    arrays = mx.load(os.path.join(path, "state.safetensors"))
+    bad = sorted(n for n, a in arrays.items() if not mx.isfinite(a).all().item())
+    return arrays, (f"it holds non-finite values ({', '.join(bad[:3])})" if bad else None)
+
+
+def restore_checkpoint(path, want):
+    """(step, arrays) of the newest usable checkpoint (resume_from): `path` is a checkpoint directory or one
+    step_* directory; `want`: name -> (whole shape, dtype) of this program's train state. Every process
+    holds the whole state, so every process verifies and reads the same files, reaching the same verdict."""
+
+    def verify(step, where):
+        return MANIFESTS.verify(where, step, want)
+
+    return resume_from(path, checkpoint_dirs(path, step_of), verify, read_checkpoint, MANIFESTS)

@@ -1,0 +1,35 @@
+"""cnn-dp: the data, by global sample index (the same batches for every mesh and target)."""
+
+import numpy as np
+
+# isort: split
+# beside this file: runtime/ (the helpers every build carries unchanged) and this build's files
+from config import BATCH_SIZE, DATA_SEED, INPUTS, MICRO_BATCH
+
+
+class Data:
+    """Samples by global index: every mesh sees the same batches in the same order."""
+
+    def __init__(self, path=None, seed=None):
+        # synthetic data is drawn from the parameters' seed + 1 (docs/program.md "Data")
+        self.seed = DATA_SEED if seed is None else seed
+
+    def sample(self, i):
+        rng = np.random.default_rng([self.seed, i])
+        out = {}
+        for n, (shape, dtype, high) in INPUTS.items():
+            if high:
+                out[n] = rng.integers(0, high, size=shape, dtype=np.int64).astype(dtype)
+            else:
+                out[n] = rng.standard_normal(shape, dtype=np.float32).astype(dtype)
+        return out
+
+    def batch(self, start, count):
+        """Samples start .. start+count-1, stacked per input."""
+        samples = [self.sample(start + j) for j in range(count)]
+        return {n: np.stack([s[n] for s in samples]) for n in INPUTS}
+
+
+def micro_batch_start(step, micro):
+    """First global sample index of micro-batch `micro` of optimizer step `step` (both 0-based)."""
+    return step * BATCH_SIZE + micro * MICRO_BATCH

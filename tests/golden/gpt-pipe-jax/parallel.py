@@ -1,0 +1,337 @@
+"""gpt-pipe: the processes and devices, the mesh and how it is applied (the pipeline schedule);
+what each device holds (--dry-run)."""
+
+import math
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import AxisType
+from jax.sharding import PartitionSpec as P
+
+# isort: split
+# beside this file: runtime/ (the helpers every build carries unchanged) and this build's files
+from config import BATCH_AXES, COMPUTE_DTYPE, MESH, MICROBATCHES, PLANNED_BYTES, TF32
+from model import cross_entropy, decoder_stack, embedding, layer_norm
+from runtime.errors import require
+
+
+def pre_forward(p, batch):
+    """The layers before the pipelined `blocks` (the plan's first stage), in the compute dtype: a
+    micro-batch of inputs -> the input of `blocks`. They run outside the pipeline, on every pipe rank."""
+    tokens = batch["tokens"]
+    wte = embedding(tokens, p["wte.weight"])
+    wte = jax.lax.with_sharding_constraint(wte, P("data", None, None))
+    wpe = wte + p["wpe.weight"][: wte.shape[1]]
+    return wpe
+
+
+def post_loss(p, blocks, batch):
+    """The layers after the pipelined `blocks` (the plan's last stage) and the loss: the output of
+    `blocks` for a micro-batch -> its mean loss (float32)."""
+    ln_f = layer_norm(blocks, p["ln_f.weight"], p["ln_f.bias"], eps=1e-05)
+    lm_head = ln_f @ p["lm_head.weight"]
+    targets = batch["targets"]
+    return cross_entropy(lm_head, targets)
+
+
+# ----------------------------------------------------------------------------
+# Pipeline: the 4 copies of `blocks` in 2 stages of 2 over the `pipe` axis (2 ranks),
+# schedule 1f1b, 4 micro-batches (docs/program.md "Pipeline stages").
+# jax.shard_map is manual over `pipe` only: inside it the other mesh axes stay automatic, so the block
+# runs as it does without a pipeline (tensor-parallel collectives and all). The layers before and after
+# `blocks` are not pipelined: their parameters are replicated over `pipe` (an SPMD program cannot keep
+# an array on some pipe ranks only), the layers before it run on every pipe rank, the head once per
+# micro-batch.
+# ----------------------------------------------------------------------------
+PIPE = 2  # pipe ranks
+VIRTUAL_STAGES = 1  # stages per pipe rank (stage v * PIPE + r on rank r)
+PER_STAGE = 2  # copies of `blocks` per stage
+PIPELINE_SCHEDULE = "1f1b"
+STACKED = "blocks.*."  # the train state's names of the stacked copies start with it
+# Row q of the stacked arrays holds copy STACK_ORDER[q]. Pipe rank r holds a contiguous block of rows: the
+# copies of its stages r, r + PIPE, ... (stage s runs copies s * PER_STAGE ... (s + 1) * PER_STAGE - 1).
+STACK_ORDER = tuple(
+    (v * PIPE + r) * PER_STAGE + c
+    for r in range(PIPE)
+    for v in range(VIRTUAL_STAGES)
+    for c in range(PER_STAGE)
+)
+
+
+def varying(tree):
+    """Marks values as differing between pipe ranks: lax.scan carries and the branches of lax.cond must
+    agree on it (and pcast of a value that already varies is an error)."""
+
+    def cast(a):
+        return (
+            a
+            if "pipe" in jax.typeof(a).manual_axis_type.varying
+            else jax.lax.pcast(a, ("pipe",), to="varying")
+        )
+
+    return jax.tree.map(cast, tree)
+
+
+def pipeline_stage(sp, chunk, x):
+    """Stage `chunk` (0 .. VIRTUAL_STAGES - 1) of this pipe rank: PER_STAGE copies of the block, whose
+    parameters are the rows chunk * PER_STAGE ... of this rank's stacked arrays `sp`."""
+    rows = {
+        name: jax.lax.dynamic_slice_in_dim(w, chunk * PER_STAGE, PER_STAGE)
+        for name, w in sp.items()
+    }
+    return decoder_stack(rows, "blocks", x)
+
+
+def circular_pipeline(sp, xs):
+    """The forward pass of the evaluation and of generate.py --check (no backward to interleave: gpipe's order): a circular pipeline (gpipe is the case of one virtual stage), inside shard_map.
+    xs: the input of `blocks` for every micro-batch, [MICROBATCHES, ...]. At tick t rank r works on
+    iteration i = t - r: micro-batch i % MICROBATCHES through its stage chunk i // MICROBATCHES, and passes
+    the result to rank r + 1 (the last rank to rank 0) with ppermute. Rank 0 keeps the micro-batches that
+    come back for their next lap (`laps`) and the finished ones (`outs`). jax.grad differentiates the loop:
+    the backward is the mirrored loop, with gradients sent back by the transposed ppermute. Idle ticks
+    compute on clamped indices; their results are never stored."""
+    M = MICROBATCHES
+    r = jax.lax.axis_index("pipe")
+    ring = [(k, (k + 1) % PIPE) for k in range(PIPE)]
+    # xs comes in float32 and is marked as varying before the cast: the gradient of that mark is a sum over
+    # `pipe`, which XLA:CPU fails on in bfloat16 ("Invalid binary instruction opcode copy")
+    xs = varying(xs).astype(COMPUTE_DTYPE)
+    zeros = jnp.zeros_like(xs)
+    cur, laps, outs = varying((zeros[0], zeros, zeros))
+
+    def store(laps, outs, cur, t):
+        """Rank 0 files what the last rank sent at tick t - 1 (iteration t - PIPE)."""
+        i = t - PIPE
+        ok = (r == 0) & (i >= 0) & (i < VIRTUAL_STAGES * M)
+        j, done = jnp.maximum(i, 0) % M, i // M == VIRTUAL_STAGES - 1
+        laps = laps.at[j].set(jnp.where(ok & ~done, cur, laps[j]))
+        outs = outs.at[j].set(jnp.where(ok & done, cur, outs[j]))
+        return laps, outs
+
+    def tick(carry, t):
+        cur, laps, outs = carry
+        laps, outs = store(laps, outs, cur, t)
+        i = jnp.clip(t - r, 0, VIRTUAL_STAGES * M - 1)
+        j, chunk = i % M, i // M
+        x = jnp.where(r == 0, jnp.where(chunk == 0, xs[j], laps[j]), cur)
+        y = pipeline_stage(sp, chunk, x)
+        return (jax.lax.ppermute(y, "pipe", ring), laps, outs), None
+
+    ticks = VIRTUAL_STAGES * M + PIPE - 1
+    (cur, laps, outs), _ = jax.lax.scan(tick, (cur, laps, outs), jnp.arange(ticks))
+    _, outs = store(laps, outs, cur, ticks)
+    # Rank 0 shares the outputs: each rank gets MICROBATCHES / PIPE of them (and runs the head on those).
+    # The sums over `pipe` are in float32, as above.
+    outs = jnp.where(r == 0, outs, 0).astype(jnp.float32)
+    return jax.lax.psum_scatter(outs, "pipe", scatter_dimension=0, tiled=True).astype(xs.dtype)
+
+
+def pipeline_1f1b(sp, rest, xs, batch):
+    """1f1b, inside shard_map. At tick t rank r runs the forward of micro-batch t - r and the backward of
+    micro-batch t - (2 * PIPE - 2 - r). The last rank runs the head and the loss right after a
+    micro-batch's forward, so its backward starts at once; the other ranks get their output gradients
+    from the next rank one tick later. A backward recomputes its stage from the stashed stage input
+    (jax.vjp), so a rank keeps only the inputs of the micro-batches in flight: at most 2 * (PIPE - r) - 1,
+    in a ring of min(MICROBATCHES, 2 * PIPE - 1) slots, instead of all of them.
+    Returns the loss, the gradients of the stacked copies and of the other parameters (the head's), and
+    the gradients of the input xs."""
+    M = MICROBATCHES
+    r = jax.lax.axis_index("pipe")
+    last = PIPE - 1
+    slots = min(M, 2 * PIPE - 1)
+    rest = varying(rest)
+    zero = jnp.zeros_like(xs[0])
+    carry = varying(
+        {
+            "fwd": zero,  # the stage input received from rank r - 1
+            "bwd": zero,  # the output gradient received from rank r + 1
+            "stash": jnp.zeros((slots, *xs.shape[1:]), xs.dtype),
+            "g_stage": jax.tree.map(jnp.zeros_like, sp),
+            "g_rest": jax.tree.map(jnp.zeros_like, rest),
+            "dxs": jnp.zeros_like(xs),
+            "loss": jnp.zeros((), jnp.float32),
+        }
+    )
+
+    def head(rest, y, mb):
+        loss, pullback = jax.vjp(lambda w, y: post_loss(w, y, mb), rest, y)
+        g_rest, dy = pullback(jnp.ones_like(loss) / M)
+        return loss / M, g_rest, dy
+
+    def no_head(rest, y, mb):
+        return varying(
+            (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, rest), jnp.zeros_like(y))
+        )
+
+    def add_if(ok):
+        return lambda acc, g: acc + jnp.where(ok, g, jnp.zeros_like(g))
+
+    def tick(c, t):
+        jf = t - r  # forward
+        f_ok = (jf >= 0) & (jf < M)
+        jf = jnp.clip(jf, 0, M - 1)
+        x = jnp.where(r == 0, xs[jf], c["fwd"])
+        stash = c["stash"].at[jf % slots].set(jnp.where(f_ok, x, c["stash"][jf % slots]))
+        y = pipeline_stage(sp, 0, x)
+        mb = jax.tree.map(lambda a: a[jf], batch)
+        # the head on the last rank only: a real conditional, the other ranks skip it
+        loss, g_head, dy_head = jax.lax.cond(r == last, head, no_head, rest, y, mb)
+        jb = t - (2 * PIPE - 2 - r)  # backward
+        b_ok = (jb >= 0) & (jb < M)
+        jb = jnp.clip(jb, 0, M - 1)
+        dy = jnp.where(r == last, dy_head, c["bwd"])
+        _, pullback = jax.vjp(lambda w, x: pipeline_stage(w, 0, x), sp, stash[jb % slots])
+        g_stage, dx = pullback(dy)
+        new = {
+            "fwd": jax.lax.ppermute(y, "pipe", [(k, k + 1) for k in range(PIPE - 1)]),
+            "bwd": jax.lax.ppermute(dx, "pipe", [(k + 1, k) for k in range(PIPE - 1)]),
+            "stash": stash,
+            "g_stage": jax.tree.map(add_if(b_ok), c["g_stage"], g_stage),
+            "g_rest": jax.tree.map(add_if(f_ok), c["g_rest"], g_head),
+            "dxs": c["dxs"].at[jb].set(jnp.where(b_ok & (r == 0), dx, c["dxs"][jb])),
+            "loss": c["loss"] + jnp.where(f_ok, loss, 0.0),
+        }
+        return new, None
+
+    c, _ = jax.lax.scan(tick, carry, jnp.arange(M + 2 * PIPE - 2))
+    # one rank holds each of these (the last rank the loss and the head's gradients, rank 0 dxs); summed in
+    # float32: XLA:CPU fails on bfloat16 sums here ("Invalid binary instruction opcode copy")
+    loss, g_rest, dxs = jax.tree.map(
+        lambda a: jax.lax.psum(a.astype(jnp.float32), "pipe").astype(a.dtype),
+        (c["loss"], c["g_rest"], c["dxs"]),
+    )
+    return loss, c["g_stage"], g_rest, dxs
+
+
+def pipeline_value_and_grad(params, buffers, batch, key):
+    """The mean loss of one micro-batch, [MICROBATCHES, CHUNK, ...], through the 1f1b pipeline, and its
+    gradients: the pipeline returns those of the stacked copies, of the head, and of the input of
+    `blocks`, which jax.vjp of the layers before it takes back to their parameters."""
+    del key  # no dropout in this model
+    p = {name: w.astype(COMPUTE_DTYPE) for name, w in params.items()}
+    sp = {name: w for name, w in p.items() if name.startswith(STACKED)}
+    rest = {name: w for name, w in p.items() if not name.startswith(STACKED)}
+    xs, pre_pullback = jax.vjp(lambda w: jax.vmap(lambda mb: pre_forward(w, mb))(batch), rest)
+    run = jax.shard_map(
+        pipeline_1f1b,
+        in_specs=(P("pipe"), P(), P(), P()),
+        out_specs=(P(), P("pipe"), P(), P()),
+        axis_names={"pipe"},
+    )
+    loss, g_stage, g_head, dxs = run(sp, rest, xs, batch)
+    (g_pre,) = pre_pullback(dxs)
+    grads = {**jax.tree.map(jnp.add, g_pre, g_head), **g_stage}
+    return (loss, buffers), {name: g.astype(params[name].dtype) for name, g in grads.items()}
+
+
+def post_predict(p, blocks, batch):
+    """The layers after the pipelined `blocks` for one micro-batch: the model's output (float32)."""
+    ln_f = layer_norm(blocks, p["ln_f.weight"], p["ln_f.bias"], eps=1e-05)
+    lm_head = ln_f @ p["lm_head.weight"]
+    return lm_head.astype(jnp.float32)
+
+
+def pipeline_predict(params, batch):
+    """generate.py --check: the model's output (float32) for a micro-batch of inputs, [MICROBATCHES, CHUNK, ...],
+    forward only through the pipeline (the circular pipeline's loop, as the evaluation runs it)."""
+    p = {name: w.astype(COMPUTE_DTYPE) for name, w in params.items()}
+    sp = {name: w for name, w in p.items() if name.startswith(STACKED)}
+    xs = jax.vmap(lambda mb: pre_forward(p, mb))(batch)
+    run = jax.shard_map(
+        circular_pipeline, in_specs=(P("pipe"), P()), out_specs=P("pipe"), axis_names={"pipe"}
+    )
+    ys = run(sp, xs.astype(jnp.float32))
+    return jax.vmap(lambda y, mb: post_predict(p, y, mb), spmd_axis_name="pipe")(ys, batch)
+
+
+# ----------------------------------------------------------------------------
+# Processes and devices.
+# ----------------------------------------------------------------------------
+
+
+def refuse(refusal):
+    """Exits with code 2 and the Refusal's one line (runtime/errors.py): what was asked cannot run. Every
+    process reaches the same verdict and the first one says why; a `local` verdict (about this process's own
+    samples) is said by the process that reaches it."""
+    if refusal.local or os.environ.get("MITHRIL_PROCESS_ID", "0") == "0":
+        print(f"error: {refusal}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+def setup_devices(args):
+    """The device count and the distributed runtime can only be configured before JAX touches a device."""
+    devices = math.prod(MESH.values())
+    n = args.num_processes
+    require(
+        n >= 1 and devices % n == 0 and 0 <= args.process_id < n,
+        f"{n} processes cannot share a mesh of {devices} devices (process id {args.process_id})",
+    )
+    require(
+        n == 1 or args.coordinator,
+        "several processes need MITHRIL_COORDINATOR=host:port (or --coordinator)",
+    )
+    # Without an accelerator, simulate the mesh with CPU devices: mesh size / processes per process.
+    # This only affects the CPU backend. An explicit setting wins (and can provoke a wrong count).
+    flags = os.environ.get("XLA_FLAGS", "")
+    explicit = (
+        "JAX_NUM_CPU_DEVICES" in os.environ or "xla_force_host_platform_device_count" in flags
+    )
+    if not explicit:
+        jax.config.update("jax_num_cpu_devices", devices // n)
+    if n > 1:
+        # CPU collectives across processes need gloo (the default fails at the first all-reduce).
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(args.coordinator, num_processes=n, process_id=args.process_id)
+    # float32 matmuls on GPUs (precision.tf32); XLA:CPU computes them in float32 whatever this says
+    if jax.devices()[0].platform == "gpu":
+        jax.config.update("jax_default_matmul_precision", "tensorfloat32" if TF32 else "highest")
+    require(
+        jax.device_count() == devices,
+        f"this program was built for the mesh {MESH or '(one device)'}: it needs {devices} device(s), "
+        f"but {jax.device_count()} are visible ({jax.process_count()} process(es) x "
+        f"{jax.local_device_count()} {jax.devices()[0].platform} device(s)). Run it with {devices} "
+        "devices in all, or rebuild it for this machine with `mithril-spec build --mesh ...`.",
+    )
+
+
+def make_mesh():
+    """The device mesh. A single-device build gets a one-device mesh, so there is one code path."""
+    shape, names = tuple(MESH.values()) or (1,), tuple(MESH) or ("data",)
+    # Auto axes: XLA propagates layouts from the jit shardings and the constraints in the model.
+    # (jax.make_mesh defaults to Explicit axes in recent jax; this program is not written for them.)
+    return jax.make_mesh(shape, names, axis_types=(AxisType.Auto,) * len(names))
+
+
+def device0_bytes(tree):
+    """Bytes of the arrays (ndim > 0) of `tree` that the first device holds: its addressable shards."""
+    d0 = jax.devices()[0]
+    shards = [s for x in jax.tree.leaves(tree) if x.ndim > 0 for s in x.addressable_shards]
+    return sum(s.data.nbytes for s in shards if s.device == d0)
+
+
+def dry_run(mesh, shardings, abstract):
+    """What the program would hold: the mesh, every parameter's layout and per-device shape (a repeated
+    block's parameters as the train state holds them: stacked over the copies), bytes per device."""
+    held = {
+        key: sum(
+            math.prod(s.shard_shape(a.shape)) * a.dtype.itemsize
+            for a, s in zip(jax.tree.leaves(abstract[key]), jax.tree.leaves(shardings[key]))
+            if a.ndim > 0
+        )
+        for key in ("params", "opt_state", "buffers")
+    }
+    print(
+        f"mesh: {dict(mesh.shape)} ({mesh.devices.size} {jax.devices()[0].platform} devices, "
+        f"{jax.process_count()} process(es)); batch over {BATCH_AXES or 'no axis'}",
+        f"{'parameter':40s} {'shape':>16s} {'layout':32s} per-device shape",
+        *(
+            f"{name:40s} {list(a.shape)!s:>16s} {s.spec!s:32s} {list(s.shard_shape(a.shape))}"
+            for name, a in abstract["params"].items()
+            for s in [shardings["params"][name]]
+        ),
+        f"device 0 bytes: params {held['params']}, optimizer state {held['opt_state']}, buffers "
+        f"{held['buffers']}; planned: {PLANNED_BYTES}",
+        sep="\n",
+    )

@@ -1,0 +1,66 @@
+"""gpt-tiny: the data, by global sample index, so every mesh sees the same batches in the same order."""
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import torch
+
+# isort: split
+# beside this file: runtime/ (the helpers every build carries unchanged) and this build's files
+from config import BATCH_SIZE, DATA_SEED, INPUTS, MICRO_BATCH
+
+
+# ----------------------------------------------------------------------------
+# Data by global sample index, so every mesh sees the same batches in the same order. A data-parallel
+# rank reads only its contiguous slice of each micro-batch.
+# ----------------------------------------------------------------------------
+class Data:
+    """Samples by global index: every mesh sees the same batches in the same order."""
+
+    def __init__(self, path=None, seed=None):
+        # synthetic data is drawn from the parameters' seed + 1 (docs/program.md "Data")
+        self.seed = DATA_SEED if seed is None else seed
+
+    def sample(self, i):
+        rng = np.random.default_rng([self.seed, i])
+        out = {}
+        for n, (shape, dtype, high) in INPUTS.items():
+            out[n] = rng.integers(0, high, size=shape, dtype=np.int64).astype(dtype)
+        return out
+
+    def batch(self, start, count):
+        """Samples start .. start+count-1, stacked per input."""
+        samples = [self.sample(start + j) for j in range(count)]
+        return {n: np.stack([s[n] for s in samples]) for n in INPUTS}
+
+
+def micro_batch_start(step, micro):
+    """First global sample index of micro-batch `micro` of optimizer step `step` (both 0-based)."""
+    return step * BATCH_SIZE + micro * MICRO_BATCH
+
+
+def to_tensors(arrays, device):
+    """numpy -> torch, in INPUTS order; integer inputs as int64 (what embeddings and losses index with)."""
+    out = []
+    for name in INPUTS:
+        t = torch.from_numpy(np.ascontiguousarray(arrays[name]))
+        out.append((t.long() if not t.is_floating_point() else t).to(device))
+    return out
+
+
+def prefetched(data, starts, count, device):
+    """to_tensors(data.batch(first, count)) for each `first` of `starts`, in order, each drawn by a background
+    thread while the micro-batch before it trains (numpy and torch let go of the GIL in their kernels), so
+    that drawing a batch is off the step's path."""
+
+    def draw(first):
+        return to_tensors(data.batch(first, count), device)
+
+    with ThreadPoolExecutor(1) as pool:
+        ahead = None
+        for first in starts:
+            now, ahead = ahead, pool.submit(draw, first)
+            if now:
+                yield now.result()
+        if ahead:
+            yield ahead.result()
