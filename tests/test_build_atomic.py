@@ -211,15 +211,15 @@ def test_a_file_edited_since_the_build_is_not_overwritten_without_force(tmp_path
         "plan.json", "train.py"]
     assert "runtime/checkpoints.py" in manifest
     assert run(capsys, "build", SPEC, "--target", "jax", "-o", out)[0] == 0  # unchanged: rebuilt
-    edited = (out / "config.py").read_text().replace("\nLR = ", "\nLR = 2 * ", 1)
-    (out / "config.py").write_text(edited)
+    edited = (out / "train.py").read_text().replace("\nLR = ", "\nLR = 2 * ", 1)
+    (out / "train.py").write_text(edited)
     (out / "metrics.jsonl").write_text("{}\n")  # not a build file: never in the way
     rc, stdout, err = run(capsys, "build", SPEC, "--target", "torch", "-o", out)
     assert rc == 2 and stdout == ""
-    assert "config.py changed since the build that wrote it" in err and "--force" in err and err.count("\n") == 1
-    assert (out / "config.py").read_text() == edited  # nothing replaced
+    assert "train.py changed since the build that wrote it" in err and "--force" in err and err.count("\n") == 1
+    assert (out / "train.py").read_text() == edited  # nothing replaced
     rc, _stdout, _err = run(capsys, "build", SPEC, "--target", "torch", "-o", out, "--force")
-    assert rc == 0 and (out / "launch.sbatch").is_file() and "LR = 2 * " not in (out / "config.py").read_text()
+    assert rc == 0 and (out / "launch.sbatch").is_file() and "LR = 2 * " not in (out / "train.py").read_text()
     (out / "build-manifest.json").write_text("{not json")
     rc, _stdout, err = run(capsys, "build", SPEC, "--target", "torch", "-o", out)
     assert rc == 2 and "build-manifest.json changed" in err

@@ -63,6 +63,7 @@ def link(files: dict[str, str]) -> dict[str, str]:
     """The program files of `files` (PROGRAM_FILES present), each with only the imports it uses and its
     imports of the earlier files' names it uses; other files unchanged."""
     order = [f for f in PROGRAM_FILES if f in files]
+    files = _settle_config(files, order)
     defined = {f: _defined(files[f], f) for f in order}
     out = dict(files)
     for i, name in enumerate(order):
@@ -81,6 +82,60 @@ def link(files: dict[str, str]) -> dict[str, str]:
                             f"before them: {' -> '.join(order)})")
         out[name] = _with_imports(files[name], _used(files[name], name), own)
     return out
+
+
+SHARED = "config.py"
+OWN_SETTINGS = "# what the spec decided that only this file uses (the settings several files share: config.py)"
+
+
+def _settle_config(files: dict[str, str], order: list[str]) -> dict[str, str]:
+    """Every assignment of config.py whose names one other training file alone reads moves to the top of that
+    file (with the comment lines right above it), as nanoGPT's train.py opens with its settings: config.py
+    keeps what several files share. Decided from the last statement up, so that a setting read only by
+    settings that moved goes with them."""
+    if SHARED not in files:
+        return files
+    text = files[SHARED]
+    lines = text.splitlines(keepends=True)
+    readers = {f: _used(files[f], f) for f in order if f not in (SHARED, "generate.py")}
+    readers["generate.py"] = _used(files["generate.py"], "generate.py") if "generate.py" in files else set()
+    stays: set[str] = set()  # names read by what stays in config.py
+    moving: dict[str, list[tuple[int, int]]] = {}
+    for node in reversed(pyast.parse(text).body):
+        names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        reads = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        users = [f for f, used in readers.items() if names & used]
+        if (isinstance(node, (ast.Assign, ast.AnnAssign)) and len(users) == 1 and users[0] != "generate.py"
+                and not names & stays):
+            start = node.lineno - 1
+            while start and lines[start - 1].startswith("#") and not lines[start - 1].startswith("# ---"):
+                start -= 1  # its comment
+            moving.setdefault(users[0], []).insert(0, (start, node.end_lineno))
+            readers[users[0]] |= reads
+        else:
+            stays |= reads
+    if not moving:
+        return files
+    out = dict(files)
+    gone = {i for spans in moving.values() for a, b in spans for i in range(a, b)}
+    out[SHARED] = "".join(line for i, line in enumerate(lines) if i not in gone)
+    for f, spans in moving.items():
+        block = OWN_SETTINGS + "\n" + "".join("".join(lines[a:b]) for a, b in spans)
+        out[f] = _after_imports(files[f], block)
+    return out
+
+
+def _after_imports(text: str, block: str) -> str:
+    """`text` with `block` after its docstring and top-level imports."""
+    tree = pyast.parse(text)
+    at = 0
+    for i, node in enumerate(tree.body):
+        if isinstance(node, (ast.Import, ast.ImportFrom)) or (i == 0 and _docstring(text)[0]):
+            at = node.end_lineno
+        else:
+            break
+    lines = text.splitlines(keepends=True)
+    return "".join(lines[:at]) + "\n\n" + block + "\n\n" + "".join(lines[at:])
 
 
 def _defined(text: str, name: str) -> set[str]:

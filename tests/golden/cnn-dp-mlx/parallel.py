@@ -9,8 +9,13 @@ import mlx.core as mx
 
 # isort: split
 # beside this file: runtime/ (the helpers every build carries unchanged) and this build's files
-from config import BUFFERS, MESH, OPTIMIZER_SLOTS, PARAMS, PLANNED_BYTES, PROCESSES
+from config import BUFFERS, MESH, MOMENTUM, PARAMS, PLANNED_BYTES
 from runtime.errors import require
+
+# what the spec decided that only this file uses (the settings several files share: config.py)
+PROCESSES = 4
+OPTIMIZER_SLOTS = 1 if MOMENTUM else 0  # state tensors per parameter: the momentum buffer
+
 
 # ----------------------------------------------------------------------------
 # Processes.

@@ -5,8 +5,18 @@ import numpy as np
 
 # isort: split
 # beside this file: runtime/ (the helpers every build carries unchanged) and this build's files
-from config import BATCH_SIZE, CHUNK, CHUNKS, DATA_SEED, INPUTS, MICRO_BATCH
+from config import BATCH_SIZE, CHUNK, GRAD_ACCUM, MICRO_BATCH, MICROBATCHES, SEED
 from runtime.errors import require
+
+# what the spec decided that only this file uses (the settings several files share: config.py)
+# Model inputs in spec order: shape without the batch, dtype, and for integer inputs the exclusive upper
+# bound of synthetic values (0 for float inputs).
+INPUTS = {
+    "tokens": ((32,), "int32", 256),
+    "targets": ((32,), "int32", 256),
+}
+CHUNKS = GRAD_ACCUM * MICROBATCHES
+DATA_SEED = SEED + 1
 
 
 # ----------------------------------------------------------------------------

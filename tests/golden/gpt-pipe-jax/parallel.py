@@ -12,9 +12,13 @@ from jax.sharding import PartitionSpec as P
 
 # isort: split
 # beside this file: runtime/ (the helpers every build carries unchanged) and this build's files
-from config import BATCH_AXES, COMPUTE_DTYPE, MESH, MICROBATCHES, PLANNED_BYTES, TF32
+from config import COMPUTE_DTYPE, MESH, MICROBATCHES, PLANNED_BYTES
 from model import cross_entropy, decoder_stack, embedding, layer_norm
 from runtime.errors import require
+
+# what the spec decided that only this file uses (the settings several files share: config.py)
+BATCH_AXES = ("data",)  # the batch is split over these (data-parallel degree 2)
+TF32 = True  # on GPUs: float32 matmuls and convolutions in TensorFloat-32 (precision.tf32)
 
 
 def pre_forward(p, batch):

@@ -15,12 +15,29 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 
 # isort: split
 # beside this file: runtime/ (the helpers every build carries unchanged) and this build's files
-from config import MESH, PARAMS, SPEC_NAME, TRANSPOSED
+from config import MESH, PARAMS, SPEC_NAME, every_copy
 from model import local_part
 from parallel import all_ranks, is_first, local_box, log
 from runtime.checkpoints import Manifests, checkpoint_dirs, resume_from
 from runtime.errors import require
 from runtime.params import FileTensor
+
+# what the spec decided that only this file uses (the settings several files share: config.py)
+# nn.Linear keeps its weight as [out, in]; the canonical layout is [in, out]: transposed at the boundary
+# (initialisation, --init-params, --export-params).
+TRANSPOSED = every_copy(
+    set(),
+    {
+        "blocks": {
+            "attn.q.weight",
+            "attn.k.weight",
+            "attn.v.weight",
+            "attn.o.weight",
+            "mlp.fc.weight",
+            "mlp.proj.weight",
+        },
+    },
+)
 
 
 # ----------------------------------------------------------------------------

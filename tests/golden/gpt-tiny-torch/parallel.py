@@ -16,19 +16,51 @@ import torch.distributed as dist
 
 # isort: split
 # beside this file: runtime/ (the helpers every build carries unchanged) and this build's files
-from config import (
-    BATCH_AXES,
-    FSDP_DIMS,
-    MESH,
-    OPTIMIZER_SLOTS,
-    PARAMS,
-    PLANNED_BYTES,
-    TF32,
-    TP_PLAN,
-    WORLD,
-)
+from config import MESH, PARAMS, PLANNED_BYTES, WORLD, every_copy
 from model import local_part
 from runtime.errors import require
+
+# what the spec decided that only this file uses (the settings several files share: config.py)
+BATCH_AXES = ("data", "fsdp")  # the batch is split over these (data-parallel degree 4)
+# The torch dimension FSDP2 shards each parameter along: the plan's fsdp dimension (None: FSDP2's
+# default, dimension 0).
+FSDP_DIMS = every_copy(
+    {
+        "wte.weight": 1,
+        "wpe.weight": 1,
+        "ln_f.weight": 0,
+        "ln_f.bias": 0,
+    },
+    {
+        "blocks": {
+            "ln1.weight": 0,
+            "ln1.bias": 0,
+            "attn.q.weight": 1,
+            "attn.k.weight": 1,
+            "attn.v.weight": 1,
+            "attn.o.weight": 0,
+            "ln2.weight": 0,
+            "ln2.bias": 0,
+            "mlp.fc.weight": 1,
+            "mlp.fc.bias": 0,
+            "mlp.proj.weight": 0,
+            "mlp.proj.bias": 0,
+        },
+    },
+)
+# Tensor parallelism: parallelize_module style per sub-module (`*`: every copy of a block).
+TP_PLAN = {
+    "blocks.*.attn.q": "colwise",
+    "blocks.*.attn.k": "colwise",
+    "blocks.*.attn.v": "colwise",
+    "blocks.*.attn.o": "rowwise",
+    "blocks.*.attn": "replicate_input",
+    "blocks.*.mlp.fc": "colwise",
+    "blocks.*.mlp.proj": "rowwise",
+}
+TF32 = True  # on GPUs: float32 matmuls and convolutions in TensorFloat-32 (precision.tf32)
+OPTIMIZER_SLOTS = 2  # state tensors per parameter (adamw)
+
 
 # ----------------------------------------------------------------------------
 # Command line, processes and devices.
