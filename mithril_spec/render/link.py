@@ -21,6 +21,7 @@ from .. import pyast
 PROGRAM_FILES = ("config.py", "model.py", "parallel.py", "data.py", "checkpoint.py", "train.py", "generate.py")
 MARKER = re.compile(r"^# mithril-file: (\S+)[ \t]*\n", re.M)
 RUNTIME = "runtime"
+WIDTH = 100  # the programs' line length (render/build.py RUFF_SETTINGS)
 LOCAL_IMPORTS = "# beside this file: runtime/ (the helpers every build carries unchanged) and this build's files"
 
 
@@ -198,11 +199,37 @@ def _with_imports(text: str, used: set[str], own: list[str]) -> str:
             local.append(f"from {node.module} import {names}")
         else:
             outside.append(f"from {node.module} import {names}")
-    local += own
+    local = sorted(local + own, key=lambda line: line.split()[1])
     lines = text.splitlines(keepends=True)
     start = head[0].lineno - 1 if head else (body[0].lineno - 1 if body else len(lines))
     end = head[-1].end_lineno if head else start
     block = "\n".join(outside) + "\n"
     if local:
-        block += "\n# isort: split\n" + LOCAL_IMPORTS + "\n" + "\n".join(local) + "\n"
+        block += "\n" + _local_block(local)
     return "".join(lines[:start]) + block + "".join(lines[end:])
+
+
+def _local_block(imports: list[str]) -> str:
+    """The imports of runtime/ and the build's files, after the others. Where one does not fit on a line it is
+    wrapped at WIDTH, the names packed (ruff would give each name a line of its own: dozens of lines at the
+    top of train.py), between pragmas that keep ruff's formatter and import sorter off them."""
+    if all(len(line) <= WIDTH for line in imports):
+        return "# isort: split\n" + LOCAL_IMPORTS + "\n" + "\n".join(imports) + "\n"
+    wrapped = []
+    for line in imports:
+        if len(line) <= WIDTH:
+            wrapped.append(line)
+            continue
+        head, names = line.split(" import ", 1)
+        indent = " " * len(head + " import (")
+        rows, row = [], head + " import ("
+        for name in names.split(", "):
+            piece = name + ", "
+            if len(row) + len(piece.rstrip()) + 1 > WIDTH:  # (+1: a closing parenthesis may follow)
+                rows.append(row.rstrip())
+                row = indent
+            row += piece
+        rows.append(row.rstrip(", ") + ")")
+        wrapped.append("\n".join(rows))
+    return ("# isort: off\n# fmt: off\n" + LOCAL_IMPORTS + "\n" + "\n".join(wrapped) + "\n# fmt: on\n"
+            "# isort: on\n")

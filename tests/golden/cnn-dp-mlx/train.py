@@ -3,10 +3,10 @@
 Mesh: data=4 (4 processes, one device each).
 It needs only the standard library, numpy and mlx (`pip install mlx` on Apple silicon, `mlx[cpu]` on
 Linux). This file holds the optimizer (mlx.optimizers), the train step, the training loop and the
-command line; beside it are config.py (everything the spec decided), model.py (plain functions over a
-flat dict of parameters keyed by canonical name), parallel.py (the processes), data.py (by global sample
-index), checkpoint.py (parameters, safetensors checkpoints) and runtime/ (helpers that do not depend on
-the spec).
+command line; beside it are config.py (what the spec decided that several files use), model.py (plain
+functions over a flat dict of parameters keyed by canonical name), parallel.py (the processes), data.py
+(by global sample index), checkpoint.py (parameters, safetensors checkpoints) and runtime/ (helpers that
+do not depend on the spec).
 
     python train.py --steps 20 --metrics metrics.jsonl     # one process
     python train.py --dry-run                              # every parameter, bytes per process
@@ -27,31 +27,13 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
 
-# isort: split
+# isort: off
+# fmt: off
 # beside this file: runtime/ (the helpers every build carries unchanged) and this build's files
-from checkpoint import (
-    dtype_name,
-    load_params,
-    load_state,
-    restore_checkpoint,
-    save_checkpoint,
-    save_params,
-    state_arrays,
-    step_dirs,
-    step_of,
-)
-from config import (
-    BATCH_SIZE,
-    BUFFERS,
-    GRAD_ACCUM,
-    MESH,
-    MICRO_BATCH,
-    MOMENTUM,
-    PARAMS,
-    PLANNED_BYTES,
-    SEED,
-    SPEC_NAME,
-)
+from checkpoint import (dtype_name, load_params, load_state, restore_checkpoint, save_checkpoint,
+                        save_params, state_arrays, step_dirs, step_of)
+from config import (BATCH_SIZE, BUFFERS, GRAD_ACCUM, MESH, MICRO_BATCH, MOMENTUM, PARAMS,
+                    PLANNED_BYTES, SEED, SPEC_NAME)
 from data import Data, micro_batch_start
 from model import loss_fn
 from parallel import dry_run, join_processes, nbytes, refuse
@@ -60,6 +42,9 @@ from runtime.console import Console, Metrics, process_peak_rss
 from runtime.errors import Refusal, require
 from runtime.params import init_values, initial_params
 from runtime.preemption import Preemption
+# fmt: on
+# isort: on
+
 
 # what the spec decided that only this file uses (the settings several files share: config.py)
 SPEC_FILE = "cnn-dp.yaml"

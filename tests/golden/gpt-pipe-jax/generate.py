@@ -30,33 +30,20 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-# isort: split
+# isort: off
+# fmt: off
 # beside this file: runtime/ (the helpers every build carries unchanged) and this build's files
 from checkpoint import load_params, place, to_host
-from config import (
-    CHUNK,
-    COMPUTE_DTYPE,
-    INPUT_LAYOUTS,
-    MICROBATCHES,
-    PARAM_DTYPE,
-    SEED,
-    SPEC_FILE,
-    SPEC_NAME,
-)
+from config import (CHUNK, COMPUTE_DTYPE, INPUT_LAYOUTS, MICROBATCHES, PARAM_DTYPE, SEED,
+                    SPEC_FILE, SPEC_NAME)
 from model import embedding, layer_norm, mlp, project_together
-from parallel import (
-    PER_STAGE,
-    PIPE,
-    STACKED,
-    VIRTUAL_STAGES,
-    make_mesh,
-    pipeline_predict,
-    refuse,
-    setup_devices,
-    varying,
-)
-from runtime.errors import Refusal, require
+from parallel import (PER_STAGE, PIPE, STACKED, VIRTUAL_STAGES, make_mesh, pipeline_predict,
+                      refuse, setup_devices, varying)
+from runtime.errors import Refusal
+from runtime.errors import require
 from train import init_state, layouts, make_optimizer
+# fmt: on
+# isort: on
 
 TOKENS = "tokens"  # the model input of token ids
 VOCAB = 256

@@ -3,9 +3,10 @@
 Mesh: pipe=2, data=2, tensor=2 (8 devices).
 It needs only the standard library, numpy, jax, optax and orbax-checkpoint. This file holds the
 optimizer, the jitted train step, the training loop and the command line; beside it are config.py
-(everything the spec decided), model.py (plain functions over a flat dict of parameters keyed by
-canonical name), parallel.py (devices, the mesh, shardings), data.py (by global sample index),
-checkpoint.py (parameters, orbax checkpoints) and runtime/ (helpers that do not depend on the spec).
+(what the spec decided that several files use), model.py (plain functions over a flat dict of
+parameters keyed by canonical name), parallel.py (devices, the mesh, shardings), data.py (by global
+sample index), checkpoint.py (parameters, orbax checkpoints) and runtime/ (helpers that do not depend on
+the spec).
 
     python train.py --steps 20 --metrics metrics.jsonl     # one process, all devices
     python train.py --dry-run                              # the mesh, every layout, bytes per device
@@ -37,49 +38,26 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-# isort: split
+# isort: off
+# fmt: off
 # beside this file: runtime/ (the helpers every build carries unchanged) and this build's files
-from checkpoint import (
-    checkpoint_manager,
-    copy_name,
-    finish_saves,
-    gather_params,
-    load_params,
-    place,
-    restore_checkpoint,
-    save_checkpoint,
-    save_params,
-    state_shape,
-    step_of,
-)
-from config import (
-    BATCH_SIZE,
-    GRAD_ACCUM,
-    INPUT_LAYOUTS,
-    MESH,
-    MICROBATCHES,
-    PARAM_DTYPE,
-    PARAMS,
-    PLANNED_BYTES,
-    SEED,
-    SPEC_FILE,
-    SPEC_NAME,
-)
+from checkpoint import (checkpoint_manager, copy_name, finish_saves, gather_params, load_params,
+                        place, restore_checkpoint, save_checkpoint, save_params, state_shape,
+                        step_of)
+from config import (BATCH_SIZE, GRAD_ACCUM, INPUT_LAYOUTS, MESH, MICROBATCHES, PARAMS, PARAM_DTYPE,
+                    PLANNED_BYTES, SEED, SPEC_FILE, SPEC_NAME)
 from data import Data, global_batch
-from parallel import (
-    device0_bytes,
-    dry_run,
-    make_mesh,
-    pipeline_value_and_grad,
-    refuse,
-    setup_devices,
-)
+from parallel import (device0_bytes, dry_run, make_mesh, pipeline_value_and_grad, refuse,
+                      setup_devices)
 from runtime.checkpoints import check_start, resolve_resume
 from runtime.console import Console, Metrics, peak_flops, process_peak_rss
 from runtime.errors import Refusal, require
 from runtime.params import InitTensor, initial_params
 from runtime.preemption import Preemption
 from runtime.profile import collective_kind, profile_window, report_profile
+# fmt: on
+# isort: on
+
 
 # what the spec decided that only this file uses (the settings several files share: config.py)
 # The train state's parameters and the plan's layout of each: the mesh axes each dimension is split over.

@@ -2,11 +2,11 @@
 
 It runs on the mesh it was built for (data=2, fsdp=2, tensor=2: 8 rank(s)) and needs only the standard
 library, numpy and torch. This file holds the optimizer, the training loop and the command line; beside it
-are config.py (everything the spec decided), model.py (one nn.Module per block, parameter names equal to
-the spec's canonical names), parallel.py (processes, devices, the mesh applied to the model), data.py (by
-global sample index), checkpoint.py (parameters, torch.distributed.checkpoint) and runtime/ (helpers that
-do not depend on the spec). The model is built and parallelised on the meta device; each rank then
-computes only the shards of the initial parameters it holds.
+are config.py (what the spec decided that several files use), model.py (one nn.Module per block,
+parameter names equal to the spec's canonical names), parallel.py (processes, devices, the mesh applied
+to the model), data.py (by global sample index), checkpoint.py (parameters, torch.distributed.checkpoint)
+and runtime/ (helpers that do not depend on the spec). The model is built and parallelised on the meta
+device; each rank then computes only the shards of the initial parameters it holds.
 
     torchrun --standalone --nproc-per-node 8 train.py --steps 20 --metrics metrics.jsonl
     python train.py --dry-run   # mesh, layouts, bytes per rank: one process for the whole mesh, nothing allocated
@@ -24,53 +24,26 @@ from collections import defaultdict
 import torch
 import torch.distributed as dist
 
-# isort: split
+# isort: off
+# fmt: off
 # beside this file: runtime/ (the helpers every build carries unchanged) and this build's files
-from checkpoint import (
-    export_grads,
-    export_params,
-    fill_model,
-    finish_saves,
-    load_checkpoint,
-    load_params,
-    save_checkpoint,
-    saved_steps,
-    step_of,
-)
-from config import (
-    BATCH_SIZE,
-    GRAD_ACCUM,
-    MESH,
-    MICRO_BATCH,
-    PARAMS,
-    PLANNED_BYTES,
-    SEED,
-    SPEC_FILE,
-    SPEC_NAME,
-    WORLD,
-)
+from checkpoint import (export_grads, export_params, fill_model, finish_saves, load_checkpoint,
+                        load_params, save_checkpoint, saved_steps, step_of)
+from config import (BATCH_SIZE, GRAD_ACCUM, MESH, MICRO_BATCH, PARAMS, PLANNED_BYTES, SEED,
+                    SPEC_FILE, SPEC_NAME, WORLD)
 from data import Data, micro_batch_start, prefetched
 from model import Model
-from parallel import (
-    all_ranks,
-    any_rank,
-    die_with_launcher,
-    dry_run,
-    held_bytes,
-    is_first,
-    log,
-    most,
-    parallelize,
-    refuse,
-    setup,
-    shutdown,
-)
+from parallel import (all_ranks, any_rank, die_with_launcher, dry_run, held_bytes, is_first, log,
+                      most, parallelize, refuse, setup, shutdown)
 from runtime.checkpoints import check_start, resolve_resume
 from runtime.console import Console, Metrics, peak_flops, process_peak_rss
 from runtime.errors import Refusal, require
 from runtime.params import initial_params
 from runtime.preemption import Preemption
 from runtime.profile import collective_kind, profile_window, report_profile
+# fmt: on
+# isort: on
+
 
 # what the spec decided that only this file uses (the settings several files share: config.py)
 TOKENS_PER_SAMPLE = 64  # for tokens/s: the first input's sequence length
