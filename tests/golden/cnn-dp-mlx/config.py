@@ -2,9 +2,6 @@
 the same numbers): the mesh, every parameter's shape and layout, the batch, precision. Each file opens
 with the settings only it uses (the optimizer's in train.py)."""
 
-# ----------------------------------------------------------------------------
-# Config: what the spec decided (mithril-spec plan shows the same numbers).
-# ----------------------------------------------------------------------------
 SPEC_NAME = "cnn-dp"
 MITHRIL_VERSION = "0.1.0"
 

@@ -4,9 +4,6 @@ with the settings only it uses (the optimizer's in train.py)."""
 
 from jax.sharding import PartitionSpec as P
 
-# ----------------------------------------------------------------------------
-# Config: what the spec decided (mithril-spec plan shows the same numbers).
-# ----------------------------------------------------------------------------
 SPEC_NAME = "gpt-pipe"
 SPEC_FILE = "gpt-pipe.yaml"
 MITHRIL_VERSION = "0.1.0"

@@ -4,9 +4,6 @@ with the settings only it uses (the optimizer's in train.py)."""
 
 import torch
 
-# ----------------------------------------------------------------------------
-# Config: what the spec decided (mithril-spec plan shows the same numbers).
-# ----------------------------------------------------------------------------
 SPEC_NAME = "gpt-tiny"
 SPEC_FILE = "gpt-tiny.yaml"
 MITHRIL_VERSION = "0.1.0"

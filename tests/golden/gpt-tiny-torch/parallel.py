@@ -63,7 +63,7 @@ OPTIMIZER_SLOTS = 2  # state tensors per parameter (adamw)
 
 
 # ----------------------------------------------------------------------------
-# Command line, processes and devices.
+# Processes and devices.
 # ----------------------------------------------------------------------------
 
 
