@@ -2040,13 +2040,6 @@ def die_with_launcher():
         os._exit(1)
 
 
-def any_rank(flag, device):
-    """Whether `flag` holds on any rank, on every rank (a collective of one number: every rank calls it)."""
-    x = torch.tensor(float(flag), device=device)
-    dist.all_reduce(x)
-    return x.item() > 0
-
-
 def most(n, device):
     """The largest of the ranks' numbers `n`, on every rank (a collective of one number: every rank calls it)."""
     x = torch.tensor(float(n), device=device)
@@ -2125,8 +2118,11 @@ def main(args):
             loss.backward()
             loss_sum += loss.detach()
         # each rank's mean over an equal share of the batch (tensor peers hold the same one), summed while
-        # the update runs
-        summed = dist.all_reduce(loss_sum, async_op=True)
+        # the update runs; beside it whether a signal asked this rank to stop (one all-reduce for both)
+        shared = torch.stack(
+            [loss_sum, torch.full((), float(preempt.signal is not None), device=device)]
+        )
+        summed = dist.all_reduce(shared, async_op=True)
         if args.export_grads and step == start:  # what the update below steps on (before clipping)
             export_grads(model.named_parameters(), args.export_grads)
         grad_norm = clip_grad_norm(list(model.parameters()))
@@ -2140,7 +2136,7 @@ def main(args):
             log(f"{resumed}memory {json.dumps(report)}")
         optimizer.zero_grad(set_to_none=True)
         summed.wait()
-        loss_sum /= WORLD
+        loss_sum, asked = shared[0] / WORLD, shared[1]
         mean_loss = loss_sum.item()  # also waits for the step to finish
         profiler.end(step)
         now = time.perf_counter()
@@ -2152,8 +2148,9 @@ def main(args):
         metrics.log(**row)
         console.step(row)
         done = step + 1
-        # a signal on any rank: every rank stops after this step (one number all-reduced per step)
-        stop = preempt.stop(lambda asked: any_rank(asked, device))
+        # a signal on any rank: every rank stops after this step (the ranks' flags as they were when the loss's
+        # all-reduce began, summed with it: a later signal stops the run after the next step)
+        stop = preempt.stop(lambda _: asked.item() > 0)
         if args.checkpoint_dir and (
             stop
             or (args.checkpoint_every > 0 and done % args.checkpoint_every == 0)
