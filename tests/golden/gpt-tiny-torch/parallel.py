@@ -177,13 +177,6 @@ def die_with_launcher():
         os._exit(1)
 
 
-def any_rank(flag, device):
-    """Whether `flag` holds on any rank, on every rank (a collective of one number: every rank calls it)."""
-    x = torch.tensor(float(flag), device=device)
-    dist.all_reduce(x)
-    return x.item() > 0
-
-
 def most(n, device):
     """The largest of the ranks' numbers `n`, on every rank (a collective of one number: every rank calls it)."""
     x = torch.tensor(float(n), device=device)

@@ -33,8 +33,8 @@ from config import (BATCH_SIZE, GRAD_ACCUM, MESH, MICRO_BATCH, PARAMS, PLANNED_B
                     SPEC_FILE, SPEC_NAME, WORLD)
 from data import Data, micro_batch_start, prefetched
 from model import Model
-from parallel import (all_ranks, any_rank, die_with_launcher, dry_run, held_bytes, is_first, log,
-                      most, parallelize, refuse, setup, shutdown)
+from parallel import (all_ranks, die_with_launcher, dry_run, held_bytes, is_first, log, most,
+                      parallelize, refuse, setup, shutdown)
 from runtime.checkpoints import check_start, resolve_resume
 from runtime.console import Console, Metrics, peak_flops, process_peak_rss
 from runtime.errors import Refusal, require
@@ -492,8 +492,11 @@ def main(args):
             loss.backward()
             loss_sum += loss.detach()
         # each rank's mean over an equal share of the batch (tensor peers hold the same one), summed while
-        # the update runs
-        summed = dist.all_reduce(loss_sum, async_op=True)
+        # the update runs; beside it whether a signal asked this rank to stop (one all-reduce for both)
+        shared = torch.stack(
+            [loss_sum, torch.full((), float(preempt.signal is not None), device=device)]
+        )
+        summed = dist.all_reduce(shared, async_op=True)
         if args.export_grads and step == start:  # what the update below steps on (before clipping)
             export_grads(model.named_parameters(), args.export_grads)
         grad_norm = clip_grad_norm(list(model.parameters()))
@@ -507,7 +510,7 @@ def main(args):
             log(f"{resumed}memory {json.dumps(report)}")
         optimizer.zero_grad(set_to_none=True)
         summed.wait()
-        loss_sum /= WORLD
+        loss_sum, asked = shared[0] / WORLD, shared[1]
         mean_loss = loss_sum.item()  # also waits for the step to finish
         profiler.end(step)
         now = time.perf_counter()
@@ -519,8 +522,9 @@ def main(args):
         metrics.log(**row)
         console.step(row)
         done = step + 1
-        # a signal on any rank: every rank stops after this step (one number all-reduced per step)
-        stop = preempt.stop(lambda asked: any_rank(asked, device))
+        # a signal on any rank: every rank stops after this step (the ranks' flags as they were when the loss's
+        # all-reduce began, summed with it: a later signal stops the run after the next step)
+        stop = preempt.stop(lambda _: asked.item() > 0)
         if args.checkpoint_dir and (
             stop
             or (args.checkpoint_every > 0 and done % args.checkpoint_every == 0)
