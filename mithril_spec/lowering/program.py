@@ -27,6 +27,7 @@ from ..targets import TARGETS
 from . import LOWERINGS, jax_program, mlx_program, torch_program
 from .common import common_fields
 from .costing import Costing, costing
+from .predicted import digest, profile_predictions
 from .sampling import sampling_context
 
 if TYPE_CHECKING:
@@ -177,7 +178,8 @@ class Program:
     seq_len: Optional[int]
     flops_per_step: int
     hf: Optional[dict[str, Any]]
-    predicted: dict[str, Any]  # the costing's figures the program embeds (lowering/predicted.py)
+    predicted: dict[str, Any]  # the costing's figures for --profile and offload (lowering/predicted.py)
+    predicted_digest: Optional[str]  # of plan.json's `predicted` (None: the target does not profile)
     # ---- given by every target's adapter
     spec_hash: str
     model_hash: str
@@ -250,4 +252,6 @@ def lower(plan: Plan, doc: Document, target: str, spec_file: str, build_dir: str
     ctx["sampling"] = sampling_context(plan, ctx, target)  # generate.py (a language model), or None
     ctx["slurm"] = slurm_context(plan.mesh.devices, plan.spec.name, build_dir, python)
     ctx[cls.settings_field] = settings(**ctx[cls.settings_field])
-    return cls(files=LOWERINGS[target].files_for(plan), costing=cost, plan_json=plan_to_json(plan, cost.costs), **ctx)
+    plan_json = plan_to_json(plan, cost.costs, profile_predictions(cost))
+    ctx["predicted_digest"] = digest(plan_json["predicted"])  # the program knows its plan.json by it
+    return cls(files=LOWERINGS[target].files_for(plan), costing=cost, plan_json=plan_json, **ctx)
