@@ -6,8 +6,8 @@ lowering/costing.py), and everything its templates need: the shared part (loweri
 layouts, parameters, training settings, the prediction), the target's part (lowering/<target>_program.py:
 `jax`, `torch`, `mlx` settings), sampling (lowering/sampling.py) and the SLURM launch. The renderer
 (render/build.py) renders the templates from the Program's fields and formats what they give; plan.json, the
-figures the program embeds (`predicted`: PREDICTED, PLANNED_BYTES), `plan --target` and the HTML report are
-views of the same costing.
+predictions in it that --profile reads (`predicted`), the figures the program embeds (PLANNED_BYTES,
+PREDICTED_DIGEST), `plan --target` and the HTML report are views of the same costing.
 
 The Program is frozen and typed: a key an adapter gives that the Program does not declare (or one it
 declares and the adapter does not give) is a TypeError at lowering time, not a template's undefined name.
@@ -148,7 +148,7 @@ class Program:
     name in the templates' context), its files and its one costing."""
 
     files: tuple[tuple[str, str], ...] = dataclasses.field(metadata=_NOT_RENDERED)  # (template, output file)
-    costing: Costing = dataclasses.field(metadata=_NOT_RENDERED)  # plan.json's, PREDICTED's, plan --target's
+    costing: Costing = dataclasses.field(metadata=_NOT_RENDERED)  # plan.json's (its `predicted` too), plan --target's
     plan_json: dict[str, Any] = dataclasses.field(metadata=_NOT_RENDERED)  # plan.json, a view of `costing`
     # ---- the templates' context: shared by every target (lowering/common.py)
     mithril_version: str
