@@ -364,6 +364,7 @@ def _hardware(c: Compiled, name: str):
 def cmd_plan(args) -> int:
     from .auto import fit_diagnostics
     from .lowering.costing import costing
+    from .lowering.predicted import profile_predictions
     from .planner.costs import CostOptions
     from .planner.hardware import float8_diagnostics
     from .planner.plan_json import plan_to_json
@@ -401,7 +402,8 @@ def cmd_plan(args) -> int:
     if args.report:
         _write_report(Path(args.report), c, costs)
     if args.format == "json":
-        out = plan_to_json(c.plan, costs)
+        # with --target, what that target's program compares --profile with (a build's plan.json holds it)
+        out = plan_to_json(c.plan, costs, profile_predictions(cost) if args.target else None)
         out["diagnostics"] += [d.to_json() for d in diags if d.code == codes.E050]
         sys.stdout.write(json.dumps(out, indent=2, sort_keys=False) + "\n")
     else:

@@ -1,7 +1,8 @@
 """One costing per build (mithril_spec/lowering/costing.py): for every example spec, each of its meshes, and
-every target that builds it, the figures of the build's plan.json, those embedded in its program
-(`PREDICTED`, `PLANNED_BYTES`), and what `plan --target T --format json` prints (with its `--report`, and with
-`--hardware NAME` its step time) come from one computation. Builds only: no program runs."""
+every target that builds it, the figures of the build's plan.json (its `costs`, and the `predicted` the
+program's --profile reads), those embedded in its program (`PLANNED_BYTES`, `PREDICTED_DIGEST`), and what
+`plan --target T --format json` prints (with its `--report`, and with `--hardware NAME` its step time) come
+from one computation. Builds only: no program runs."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 from mithril_spec import cli
 from mithril_spec.frontend import compile_file
 from mithril_spec.planner.table import human_bytes
+from mithril_spec.lowering.predicted import digest
 from mithril_spec.lowering.program import Program, lower
 from mithril_spec.render.build import render_files, render_program
 from mithril_spec.lowering import LOWERINGS
@@ -46,7 +48,8 @@ CASES = _cases()
 
 
 def _embedded(files: dict[str, str]) -> dict[str, object]:
-    """The module-level literals PREDICTED and PLANNED_BYTES of the generated Python files, by name."""
+    """The module-level literals PREDICTED, PREDICTED_DIGEST and PLANNED_BYTES of the generated Python files,
+    by name."""
     found: dict[str, object] = {}
     for name, text in files.items():
         if not name.endswith(".py"):
@@ -54,7 +57,7 @@ def _embedded(files: dict[str, str]) -> dict[str, object]:
         for node in ast.parse(text).body:
             if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
                 var = node.targets[0].id
-                if var in ("PREDICTED", "PLANNED_BYTES"):
+                if var in ("PREDICTED", "PREDICTED_DIGEST", "PLANNED_BYTES"):
                     assert var not in found, f"{var} assigned twice"
                     found[var] = ast.literal_eval(node.value)
     return found
@@ -95,8 +98,11 @@ def test_build_program_and_plan_share_one_costing(case, capsys, tmp_path):
     held = compiled.plan.memory_for(target)  # what the running programs' tests hold them to
     assert planned == {k: getattr(held, k) for k in planned}
 
-    predicted = embedded.get("PREDICTED")
-    assert (predicted is None) == (target == "mlx"), "the mlx program embeds the planned bytes only"
+    # the predictions --profile prints are plan.json's; the program knows its own plan.json by their digest
+    assert "PREDICTED" not in embedded, "the program embeds no prediction but the planned bytes"
+    predicted = built["predicted"]
+    assert (predicted is None) == (target == "mlx"), "the mlx program does not profile"
+    assert embedded.get("PREDICTED_DIGEST") == digest(predicted)
     if predicted is not None:
         _check_predicted(predicted, costs, spec, on_mesh, target, capsys)
 
@@ -104,12 +110,13 @@ def test_build_program_and_plan_share_one_costing(case, capsys, tmp_path):
     report = tmp_path / "report.html"
     assert _plan(capsys, spec, *on_mesh, "--target", target, "--report", str(report)) == built
 
-    # the build is a rendering of the target's Program (lowering/program.py): plan.json and PREDICTED are
-    # views of its one costing
+    # the build is a rendering of the target's Program (lowering/program.py): plan.json and its predictions
+    # are views of its one costing
     program = lower(compiled.plan, compiled.doc, target, spec.name)
     assert isinstance(program, Program) and program.target == target == program.costing.target
     assert program.plan_json == built
     assert program.predicted == (predicted if predicted is not None else program.predicted)
+    assert program.predicted_digest == embedded.get("PREDICTED_DIGEST")
     assert render_program(program) == files
     assert costs["target"] == target, "a build costs the plan as its target's program runs it"
     peak = f'<div class="k">peak memory / device</div><div class="v">{human_bytes(costs["peak_bytes"])}</div>'
@@ -117,7 +124,8 @@ def test_build_program_and_plan_share_one_costing(case, capsys, tmp_path):
 
 
 def _check_predicted(predicted, costs: dict, spec: Path, on_mesh: tuple[str, ...], target: str, capsys) -> None:
-    """PREDICTED against plan.json's `costs`, and its step times against `plan --target T --hardware NAME`."""
+    """plan.json's `predicted` against its `costs`, and its step times against `plan --target T --hardware
+    NAME`."""
     assert isinstance(predicted, dict)
     assert predicted["peak_bytes"] == costs["peak_bytes"]
     comm_bytes: dict[str, int] = {}

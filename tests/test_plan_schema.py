@@ -67,7 +67,7 @@ def test_plan_schema_is_a_2020_12_schema(validator):
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
     assert schema["$id"] == PLAN_SCHEMA_ID
     assert list(schema["properties"]) == ["format", "name", "mesh", "batch", "inputs", "params", "repeats",
-                                          "totals", "pipeline", "diagnostics", "costs"]
+                                          "totals", "pipeline", "diagnostics", "costs", "predicted"]
     assert schema["required"] == list(schema["properties"])
     assert schema["additionalProperties"] is False
 
@@ -92,6 +92,24 @@ def test_example_plans_conform(capsys, validator, spec, hardware):
     validator.validate(doc)
     assert (doc["costs"]["hardware"] is None) == (hardware is None)
     assert (doc["costs"]["time"] is None) == (hardware is None)
+
+
+@pytest.mark.parametrize("target", ["torch", "jax", "mlx"])
+def test_target_plans_carry_the_programs_predictions(capsys, validator, target):
+    """`plan --target T` (a build's plan.json): `predicted`, what T's program's --profile compares with; null
+    without --target and for mlx (its programs do not profile)."""
+    assert plan_output(capsys, ROOT / "specs" / "mlp-dp.yaml")["predicted"] is None
+    doc = plan_output(capsys, ROOT / "specs" / "mlp-dp.yaml", "--target", target)
+    validator.validate(doc)
+    predicted = doc["predicted"]
+    assert (predicted is None) == (target == "mlx")
+    if predicted is not None:
+        assert predicted["peak_bytes"] == doc["costs"]["peak_bytes"] and predicted["offload"] is None
+        assert set(predicted["profiles"]) == {name for _, name in predicted["device_profiles"]} >= {"cpu"}
+        bad = copy.deepcopy(doc)
+        bad["predicted"]["profiles"]["cpu"]["step_s"] = "fast"
+        with pytest.raises(jsonschema.ValidationError):
+            validator.validate(bad)
 
 
 @pytest.mark.parametrize("extra", [[], ["--hardware", "h100"], ["--mesh", "pipe4"]], ids=["default", "h100", "pipe4"])

@@ -1,11 +1,13 @@
 """`train.py --profile DIR [--profile-steps A:B]`: a framework trace in DIR and a summary of the measured
 step, collective kinds and peak memory next to the plan's; one tiny data=2 run per target, and a pipelined
-torch program (pipe=2, a summary per rank). A bad window is a usage error (exit 2), and the mlx program says it
-does not profile."""
+torch program (pipe=2, a summary per rank). A bad window is a usage error (exit 2), as is --profile beside no
+plan.json or another build's (the plan's predictions live there), and the mlx program says it does not
+profile."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import jax_runs as jr
@@ -87,6 +89,30 @@ def test_bad_profile_windows_are_usage_errors(flags, message):
     jax_run = jr.run(jr.build(MLP, "single"), "--steps", "3", *flags, expect_rc=2, metrics=False, export=False)
     for run in (torch_run, jax_run):
         assert message in run.output and "Traceback" not in run.output
+
+
+@pytest.mark.runs
+def test_profile_reads_the_predictions_of_the_programs_own_plan_json(tmp_path):
+    """The program embeds no prediction: --profile reads plan.json's "predicted" beside train.py, and refuses
+    (exit 2, one line) where there is none or it is another build's; without --profile no plan.json is read."""
+    for lib in (tr, jr):
+        program = lib.build(MLP, "single")
+        built = json.loads((program / "plan.json").read_text())
+        assert "PREDICTED =" not in (program / "train.py").read_text() and built["predicted"]["profiles"]
+        alone, other = tmp_path / f"{lib.__name__}-alone", tmp_path / f"{lib.__name__}-other"
+        shutil.copytree(program, alone)
+        shutil.copytree(program, other)
+        (alone / "plan.json").unlink()
+        shutil.copy(lib.build(MLP, "data=2") / "plan.json", other / "plan.json")  # another mesh's figures
+        kw = {"ranks": 1} if lib is tr else {}
+        missing = lib.run(alone, "--steps", "1", "--profile", "p", expect_rc=2, metrics=False, export=False, **kw)
+        assert f"--profile: no {alone / 'plan.json'}: the build writes it beside train.py" in missing.output
+        wrong = lib.run(other, "--steps", "1", "--profile", "p", expect_rc=2, metrics=False, export=False, **kw)
+        assert f"--profile: {other / 'plan.json'} is not this program's plan" in wrong.output
+        assert "it is the plan of spec 'mlp-dp' for target" in wrong.output and "{'data': 2}" in wrong.output
+        for run in (missing, wrong):
+            assert "Traceback" not in run.output and not (run.cwd / "p").exists()
+        lib.run(alone, "--steps", "1", metrics=False, export=False, **kw)  # (no --profile: plan.json not read)
 
 
 @pytest.mark.runs

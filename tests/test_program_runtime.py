@@ -13,6 +13,7 @@ import pytest
 from render_cases import ROOT
 
 from mithril_spec.frontend import compile_file
+from mithril_spec.lowering.predicted import digest as digest_of
 from mithril_spec.render.build import render_files
 from mithril_spec.template_files import runtime_files, template_dirs
 
@@ -92,3 +93,38 @@ def test_a_refusal_carries_its_line_and_whose_it_is(runtime):
         errors.require(False, "--data x: no such file", local=True)
     assert str(e.value) == "--data x: no such file" and e.value.local
     assert not issubclass(errors.Refusal, SystemExit)  # the program's entry point decides how to exit
+
+
+def test_profile_reads_the_predictions_of_its_own_plan_json(runtime, builds, tmp_path):
+    """runtime/profile.py `plan_predictions`: plan.json's "predicted" beside the program, when its digest is
+    the one the build embedded (PREDICTED_DIGEST, lowering/predicted.py `digest`); else a Refusal."""
+    _, errors = runtime
+    profile = importlib.import_module("runtime.profile")
+    for key in (("gpt-tiny.yaml", "torch"), ("gpt-pipe.yaml", "jax")):
+        files = builds[key]
+        (tmp_path / "plan.json").write_text(files["plan.json"])
+        digest = next(line.split('"')[1] for line in files["train.py"].splitlines()
+                      if line.startswith("PREDICTED_DIGEST = "))
+        want = json.loads(files["plan.json"])["predicted"]
+        assert profile.plan_predictions(str(tmp_path / "train.py"), digest) == want
+        assert profile.predictions_digest(want) == digest == digest_of(want)
+    with pytest.raises(errors.Refusal, match="is not this program's plan .* it is the plan of spec 'gpt-pipe' for "
+                                             "target jax on mesh"):
+        profile.plan_predictions(str(tmp_path / "train.py"), digest_of(json.loads(builds[
+            ("gpt-tiny.yaml", "jax")]["plan.json"])["predicted"]))
+    (tmp_path / "plan.json").write_text("{")
+    with pytest.raises(errors.Refusal, match="plan.json cannot be read"):
+        profile.plan_predictions(str(tmp_path / "train.py"), digest)
+    (tmp_path / "plan.json").unlink()
+    with pytest.raises(errors.Refusal, match="--profile: no .*plan.json: the build writes it beside train.py"):
+        profile.plan_predictions(str(tmp_path / "train.py"), digest)
+    mlx = json.loads(builds[("mlp-dp.yaml", "mlx")]["plan.json"])
+    assert mlx["predicted"] is None and "PREDICTED_DIGEST" not in builds[("mlp-dp.yaml", "mlx")]["train.py"]
+
+
+def test_collectives_are_summed_per_kind_and_step(runtime):
+    profile = importlib.import_module("runtime.profile")
+    events = [("nccl:all_reduce", 0.5, 2), ("ncclDevKernel_AllGather_RING", 0.25, 1), ("gemm", 9.0, 4),
+              ("all-reduce.3", 0.5, 2)]
+    assert profile.collective_totals(events, 2) == ({"all-reduce": 0.5, "all-gather": 0.125},
+                                                    {"all-reduce": 2.0, "all-gather": 0.5})

@@ -223,7 +223,7 @@ def _eval(plan: Plan) -> dict[str, Any] | None:
 
 def common_fields(plan: Plan, target: str, spec_file: str, costing: Costing) -> dict[str, Any]:
     """`costing`: the build's one costing of `plan` for `target` (lowering/costing.py), whose figures the program
-    embeds as plan.json holds them."""
+    embeds (and plan.json's `predicted` holds) as plan.json's `costs` holds them."""
     spec, graph, mesh = plan.spec, plan.graph, plan.mesh
     tr = spec.training
     blocks: dict[str, dict[str, Any]] = {}
@@ -331,6 +331,6 @@ def common_fields(plan: Plan, target: str, spec_file: str, costing: Costing) -> 
         # model FLOPs of one optimizer step: forward and backward (twice the forward) over the batch
         "flops_per_step": 3 * int(graph.flops_per_sample) * tr.batch_size,
         "hf": hf_context(plan),  # a spec imported from Hugging Face: its checkpoints' names (hf_import.py)
-        # the plan's figures for one step (--profile prints them next to its measurements; activation offload)
+        # the plan's figures for one step (plan.json's `predicted`, which --profile reads; activation offload)
         "predicted": predicted(costing),
     }

@@ -1,9 +1,10 @@
 """One costing of a plan: the cost model run once, with one target's options, and read by everything that
 reports that prediction. `plan --target T` (text, `--format json`, `--report`) and a build for T (its
-plan.json, and the figures embedded in the program: `PREDICTED`, `PLANNED_BYTES`) all take the `Costing`
-of (plan, T), computed once by the command and passed down: a second estimate with other options is how a
-build once wrote one peak into plan.json and another into train.py. `plan` without `--target` takes the
-target-neutral costing: the largest over the spec's targets, what every build must fit.
+plan.json with the `predicted` its program's --profile reads, and the figures embedded in the program:
+`PLANNED_BYTES`, `PREDICTED_DIGEST`) all take the `Costing` of (plan, T), computed once by the command and
+passed down: a second estimate with other options is how a build once wrote one peak into plan.json and
+another into train.py. `plan` without `--target` takes the target-neutral costing: the largest over the
+spec's targets, what every build must fit.
 
 Step times need a hardware profile but no second walk of the graph (`Costing.on`): the walk decides memory,
 communication and FLOPs, a profile only prices them. A build takes its costing from its Program

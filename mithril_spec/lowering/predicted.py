@@ -1,11 +1,15 @@
-"""What the plan predicts for one step of the program being built, as plain data for its config: the figures
-`--profile` prints next to what it measures (docs/program.md "Profiling"), and the activation offload the
-program counts. Read from the build's one `Costing` (lowering/costing.py), the costs its plan.json holds and
-`plan --target TARGET` prints; step times for the built-in profiles a device's name selects at run time
-(DEVICE_PROFILES), each pricing those costs (no second estimate)."""
+"""What the plan predicts for one step of the program being built, as plain data: the figures `--profile`
+prints next to what it measures (docs/program.md "Profiling"), and the activation offload the program counts.
+Read from the build's one `Costing` (lowering/costing.py), the costs its plan.json holds and `plan --target
+TARGET` prints; step times for the built-in profiles a device's name selects at run time (DEVICE_PROFILES),
+each pricing those costs (no second estimate). They live in plan.json (`predicted`, `profile_predictions`),
+which the program's `--profile` reads (runtime/profile.py `plan_predictions`); the program embeds only their
+digest (`PREDICTED_DIGEST`, to know its own plan.json) and the offload threshold it runs with."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 
 from ..planner import hardware as hw
@@ -51,3 +55,19 @@ def predicted(costing: Costing) -> dict[str, Any]:
         "offload": None if costs.offload_threshold is None else {
             "threshold": costs.offload_threshold, "per_step": acts.offload_per_step, "host_bytes": acts.offloaded},
     }
+
+
+def profile_predictions(costing: Costing) -> dict[str, Any] | None:
+    """plan.json's `predicted` (and `plan --target T --format json`'s): `predicted(costing)` where the
+    target's programs profile (`--profile`), else None."""
+    return predicted(costing) if TARGETS[costing.target].capabilities.profile else None
+
+
+def digest(document: dict[str, Any] | None) -> str | None:
+    """The first 16 hex digits of the sha256 of `document` (plan.json's `predicted`) as compact JSON with
+    sorted keys: what the program embeds (`PREDICTED_DIGEST`) and runtime/profile.py `plan_predictions`
+    computes the same way from the plan.json it finds, to know it is the program's own."""
+    if document is None:
+        return None
+    text = json.dumps(document, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]

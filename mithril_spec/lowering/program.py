@@ -6,8 +6,8 @@ lowering/costing.py), and everything its templates need: the shared part (loweri
 layouts, parameters, training settings, the prediction), the target's part (lowering/<target>_program.py:
 `jax`, `torch`, `mlx` settings), sampling (lowering/sampling.py) and the SLURM launch. The renderer
 (render/build.py) renders the templates from the Program's fields and formats what they give; plan.json, the
-figures the program embeds (`predicted`: PREDICTED, PLANNED_BYTES), `plan --target` and the HTML report are
-views of the same costing.
+predictions in it that --profile reads (`predicted`), the figures the program embeds (PLANNED_BYTES,
+PREDICTED_DIGEST), `plan --target` and the HTML report are views of the same costing.
 
 The Program is frozen and typed: a key an adapter gives that the Program does not declare (or one it
 declares and the adapter does not give) is a TypeError at lowering time, not a template's undefined name.
@@ -27,6 +27,7 @@ from ..targets import TARGETS
 from . import LOWERINGS, jax_program, mlx_program, torch_program
 from .common import common_fields
 from .costing import Costing, costing
+from .predicted import digest, profile_predictions
 from .sampling import sampling_context
 
 if TYPE_CHECKING:
@@ -147,7 +148,7 @@ class Program:
     name in the templates' context), its files and its one costing."""
 
     files: tuple[tuple[str, str], ...] = dataclasses.field(metadata=_NOT_RENDERED)  # (template, output file)
-    costing: Costing = dataclasses.field(metadata=_NOT_RENDERED)  # plan.json's, PREDICTED's, plan --target's
+    costing: Costing = dataclasses.field(metadata=_NOT_RENDERED)  # plan.json's (its `predicted` too), plan --target's
     plan_json: dict[str, Any] = dataclasses.field(metadata=_NOT_RENDERED)  # plan.json, a view of `costing`
     # ---- the templates' context: shared by every target (lowering/common.py)
     mithril_version: str
@@ -177,7 +178,8 @@ class Program:
     seq_len: Optional[int]
     flops_per_step: int
     hf: Optional[dict[str, Any]]
-    predicted: dict[str, Any]  # the costing's figures the program embeds (lowering/predicted.py)
+    predicted: dict[str, Any]  # the costing's figures for --profile and offload (lowering/predicted.py)
+    predicted_digest: Optional[str]  # of plan.json's `predicted` (None: the target does not profile)
     # ---- given by every target's adapter
     spec_hash: str
     model_hash: str
@@ -250,4 +252,6 @@ def lower(plan: Plan, doc: Document, target: str, spec_file: str, build_dir: str
     ctx["sampling"] = sampling_context(plan, ctx, target)  # generate.py (a language model), or None
     ctx["slurm"] = slurm_context(plan.mesh.devices, plan.spec.name, build_dir, python)
     ctx[cls.settings_field] = settings(**ctx[cls.settings_field])
-    return cls(files=LOWERINGS[target].files_for(plan), costing=cost, plan_json=plan_to_json(plan, cost.costs), **ctx)
+    plan_json = plan_to_json(plan, cost.costs, profile_predictions(cost))
+    ctx["predicted_digest"] = digest(plan_json["predicted"])  # the program knows its plan.json by it
+    return cls(files=LOWERINGS[target].files_for(plan), costing=cost, plan_json=plan_json, **ctx)

@@ -385,6 +385,43 @@ class Costs(_Doc):
     notes: list[str] = _f("caveats for this plan (e.g. remat on a model without repeated blocks)")
 
 
+class ProfilePrediction(_Doc):
+    """One hardware profile's step time for the program's `--profile` (rounded to 4 significant digits)."""
+
+    step_s: Number = _f("seconds per step: `costs.time.step_s` on this profile (`plan --target T --hardware NAME`)")
+    compute_s: Number = _f("compute seconds per step: `costs.time.compute_s` on this profile")
+    offload_s: Number = _f("activation offload's seconds per step: `costs.time.offload_s` on this profile")
+    comm_s: dict[str, Number] = _f("collective kind -> seconds per step, summed over `costs.time.collective_s` "
+                                   "(the kinds of `predicted.comm_bytes`)")
+
+
+class OffloadPrediction(_Doc):
+    """Activation offload (`training.offload`) as the program counts it."""
+
+    threshold: int = _f("`costs.offload_threshold`: saved tensors of at least this many elements go to the host")
+    per_step: int = _f("bytes moved out per step (and as many back) on the fullest pipe rank: "
+                       "`activations.offload_per_step` of the largest `costs.stages[].peak`")
+    host_bytes: int = _f("bytes held in host memory at once: that stage's `activations.offloaded`")
+
+
+class Predicted(_Doc):
+    """What the build's program compares its measurements with (`train.py --profile`, docs/program.md
+    "Profiling"): `costs` summed per collective kind, and the step time on each built-in hardware profile a
+    device's name selects at run time."""
+
+    peak_bytes: int = _f("`costs.peak_bytes`")
+    comm_bytes: dict[str, int] = _f("collective kind -> bytes per device per step: `costs.collectives[].total_bytes` "
+                                    "summed per kind, the kinds with bytes")
+    comm_calls: dict[str, int] = _f("collective kind -> calls per step (`costs.collectives[].count`), the kinds "
+                                    "of `comm_bytes`")
+    profiles: dict[str, ProfilePrediction] = _f("built-in hardware profile -> the step time on it")
+    device_profiles: list[list[str]] = _f("`[name part, profile]` pairs, in the order tried: a device whose name "
+                                          "(torch.cuda.get_device_name, jax's device_kind) holds the part (any "
+                                          "case) is compared with the profile's figures; the devices the target's "
+                                          "programs run on")
+    offload: OffloadPrediction | None = _f("activation offload; null without `training.offload`")
+
+
 class PlanDocument(_Doc):
     """What `mithril-spec plan SPEC --format json` prints for a valid spec (and `build --target T` writes to
     `plan.json`, as `plan --target T` prints it): everything the plan says, per device where it says "per
@@ -405,6 +442,10 @@ class PlanDocument(_Doc):
     diagnostics: list[Diagnostic] = _f("the plan's warnings (W001, W002; with `--hardware`, E050); empty when "
                                        "there are none")
     costs: Costs = _f("the cost model's prediction for one step (docs/cost-model.md)")
+    predicted: Predicted | None = _f("what the program of `costs.target` compares `train.py --profile` with, "
+                                     "read from `costs` (a build's `plan.json` is where the program reads "
+                                     "them); null without `--target`, or for a target whose programs do not "
+                                     "profile (mlx)")
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True)

@@ -19,10 +19,11 @@ def _layout(spec) -> doc.Layout:
     return [list(d) if d else None for d in spec]
 
 
-def plan_document(plan: Plan, costs: Costs) -> doc.PlanDocument:
+def plan_document(plan: Plan, costs: Costs, predicted: dict[str, Any] | None = None) -> doc.PlanDocument:
     """The `plan --format json` document of `plan`, as a model. `costs`: the command's one costing of it
     (lowering/costing.py; with a hardware profile, its step time), never estimated here: a document that
-    costed the plan itself could disagree with what the command prints beside it."""
+    costed the plan itself could disagree with what the command prints beside it. `predicted`: what the
+    target's program compares `--profile` with, read from the same costing (lowering/predicted.py), or None."""
     tr = plan.spec.training
     mem = plan.memory
     pipe = plan.pipeline
@@ -61,6 +62,7 @@ def plan_document(plan: Plan, costs: Costs) -> doc.PlanDocument:
         ),
         diagnostics=[doc.Diagnostic(d.to_json()) for d in plan.warnings],
         costs=costs_document(costs),
+        predicted=None if predicted is None else doc.Predicted.model_validate(predicted),
     )
 
 
@@ -96,7 +98,7 @@ def per_copy_params(document: dict[str, Any]) -> list[dict[str, Any]]:
     return [{k: p[k] for k in order} for p in out]
 
 
-def plan_to_json(plan: Plan, costs: Costs) -> dict[str, Any]:
+def plan_to_json(plan: Plan, costs: Costs, predicted: dict[str, Any] | None = None) -> dict[str, Any]:
     """Everything `plan --format json` prints, as plain JSON data (its fields: schemas/plan.schema.json), with
-    `costs` (see `plan_document`)."""
-    return plan_document(plan, costs).to_json()
+    `costs` and `predicted` (see `plan_document`)."""
+    return plan_document(plan, costs, predicted).to_json()

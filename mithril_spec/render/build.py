@@ -34,8 +34,8 @@ def render_files(compiled: Compiled, target: str, spec_path: str, overrides: Seq
                  build_dir: str = BUILD_DIR_PLACEHOLDER, python: str = PYTHON_PLACEHOLDER) -> dict[str, str]:
     """Returns {relative file name: text} without writing anything: `target`'s Program of the plan
     (lowering/program.py `lower`: E049 where the target refuses it, the plan costed once as the program runs
-    it), rendered. plan.json and the figures the program embeds (`PREDICTED`, `PLANNED_BYTES`) are that one
-    costing's, and `plan --target TARGET` prints the same. `build_dir` (absolute) and `python` are what
+    it), rendered. plan.json (its `predicted` too) and the figures the program embeds (`PLANNED_BYTES`) are
+    that one costing's, and `plan --target TARGET` prints the same. `build_dir` (absolute) and `python` are what
     launch.sbatch runs by default (it is copied to a spool directory under SLURM)."""
     program = lower(compiled.plan, compiled.doc, target, origin(spec_path, overrides), build_dir, python)
     return render_program(program)

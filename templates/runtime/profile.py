@@ -1,9 +1,13 @@
-"""--profile's summary for the torch and jax programs (docs/program.md "Profiling"): the steps profiled, the
-collective kind of a traced event's name, the plan's figures for this device, and the table of measured next
-to planned, printed and written to DIR/summary.json. Each program's profiler measures; this reports."""
+"""--profile for the torch and jax programs (docs/program.md "Profiling"): the steps profiled and their time,
+the plan's predictions (plan.json's "predicted", read from the plan.json beside the program), the collective
+kind of a traced event's name and the sums per kind, and the table of measured next to planned, printed and
+written to DIR/summary.json. Each program's profiler traces with its framework and reads its trace back;
+this does the rest."""
 
+import hashlib
 import json
 import os
+import time
 
 from .errors import require
 
@@ -47,9 +51,113 @@ def profile_window(text, steps):
     return first, last
 
 
+def collective_totals(events, per):
+    """The seconds and calls of each collective kind over `events` ((name, seconds, calls) of a trace's
+    events), divided by `per` (the steps profiled, times the devices where the trace holds several)."""
+    comm, calls = {}, {}
+    for name, seconds, count in events:
+        kind = collective_kind(name)
+        if kind:
+            comm[kind] = comm.get(kind, 0.0) + seconds
+            calls[kind] = calls.get(kind, 0) + count
+    return {k: v / per for k, v in comm.items()}, {k: v / per for k, v in calls.items()}
+
+
+def predictions_digest(predicted):
+    """The first 16 hex digits of the sha256 of `predicted` as compact JSON with sorted keys (the build
+    computes its program's PREDICTED_DIGEST so: mithril_spec/lowering/predicted.py `digest`)."""
+    text = json.dumps(predicted, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def plan_predictions(program, digest):
+    """What the plan predicts for the program whose file is `program` (train.py's `__file__`): "predicted" of
+    the plan.json the build wrote beside it, when its figures have the program's `digest` (PREDICTED_DIGEST);
+    else a Refusal saying which plan.json is missing or whose it is."""
+    path = os.path.join(os.path.dirname(os.path.abspath(program)), "plan.json")
+    again = "copy the build's plan.json there, or build the spec again (mithril-spec build)"
+    try:
+        with open(path, encoding="utf-8") as f:
+            plan = json.load(f)
+    except FileNotFoundError:
+        plan = None
+    except (OSError, ValueError) as e:
+        plan = f"{type(e).__name__}: {e}"
+    require(
+        plan is not None,
+        f"--profile: no {path}: the build writes it beside {os.path.basename(program)}, with the "
+        f"predictions --profile prints next to what it measures; {again}",
+    )
+    require(not isinstance(plan, str), f"--profile: {path} cannot be read ({plan}); {again}")
+    plan = plan if isinstance(plan, dict) else {}
+    predicted = plan.get("predicted")
+    if predicted is None or predictions_digest(predicted) != digest:
+        costs, mesh = plan.get("costs"), plan.get("mesh")
+        whose = (
+            f"the plan of spec {plan.get('name')!r} for target {costs.get('target')} on mesh "
+            f"{mesh.get('axes')}"
+            if isinstance(costs, dict) and isinstance(mesh, dict)
+            else "not a build's plan"
+        )
+        require(
+            False,
+            f"--profile: {path} is not this program's plan (its predictions differ from those "
+            f"{os.path.basename(program)} was built with: it is {whose}); {again}",
+        )
+    return predicted
+
+
+class ProfileWindow:
+    """What every program's profiler (train.py's StepProfiler) shares: --profile DIR's steps (args.profile,
+    args.profile_window) in a run that starts after step `start` (resumed; 0 otherwise), their time, and the
+    summary next to the plan's predictions (args.predicted: plan_predictions'). The profiler starts and
+    stops its framework's trace around `begins`/`started` and `ends`/`stopped`."""
+
+    def __init__(self, args, start):
+        self.dir, self.window, self.predicted = args.profile, args.profile_window, args.predicted
+        self.tick = None
+        require(
+            not self.dir or self.window[0] > start,
+            f"--profile-steps: the run starts after step {start} (resumed), and step "
+            f"{self.window[0] if self.dir else 0} is done already",
+        )
+
+    def begins(self, step):
+        """Whether the trace starts before step `step` (counted from 0): the window's first step."""
+        return bool(self.dir) and step + 1 == self.window[0]
+
+    def started(self):
+        """The trace runs: the window's time counts from now."""
+        self.tick = time.perf_counter()
+
+    def ends(self, step):
+        """Whether the trace stops after step `step`: the window's last step, the trace running."""
+        return self.tick is not None and step + 1 == self.window[1]
+
+    def stopped(self):
+        """The window's steps are done (the device waited for): their seconds per step."""
+        seconds, self.tick = time.perf_counter() - self.tick, None
+        return seconds / self.steps
+
+    @property
+    def steps(self):
+        return self.window[1] - self.window[0] + 1
+
+    def path(self, name):
+        """DIR/`name`, DIR created."""
+        os.makedirs(self.dir, exist_ok=True)
+        return os.path.join(self.dir, name)
+
+    def report(self, device_name, step_s, comm_s, calls, peaks, rank=None):
+        """report_profile with this window and the plan's predictions."""
+        report_profile(
+            self.dir, self.window, device_name, step_s, comm_s, calls, peaks, self.predicted, rank
+        )
+
+
 def planned_profile(device_name, predicted):
-    """The hardware profile whose predictions (`predicted`: the program's predicted) apply to a device
-    named `device_name`, or None."""
+    """The hardware profile whose predictions (`predicted`: plan.json's) apply to a device named
+    `device_name`, or None."""
     for key, name in predicted["device_profiles"]:
         if key.lower() in (device_name or "").lower() and name in predicted["profiles"]:
             return name
@@ -66,7 +174,7 @@ def report_profile(
     """Prints the summary of the profiled steps and writes it to `directory`/summary.json: measured seconds
     per step (`step_s`), per collective kind (`comm_s`, `calls`: per step and device), the rest of the step
     (compute, and whatever else the device did), and each device's peak bytes (`peaks`), next to what the
-    plan predicts on this device's hardware profile (`predicted`: the program's PREDICTED). With a `rank`
+    plan predicts on this device's hardware profile (`predicted`: plan.json's). With a `rank`
     (torch: every rank calls it with its own measurement), it also writes `directory`/summary-rank<R>.json,
     and only rank 0 prints and writes summary.json."""
     name = planned_profile(device_name, predicted)

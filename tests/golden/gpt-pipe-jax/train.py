@@ -54,7 +54,7 @@ from runtime.console import Console, Metrics, peak_flops, process_peak_rss
 from runtime.errors import Refusal, require
 from runtime.params import InitTensor, initial_params
 from runtime.preemption import Preemption
-from runtime.profile import collective_kind, profile_window, report_profile
+from runtime.profile import ProfileWindow, collective_totals, plan_predictions, profile_window
 # fmt: on
 # isort: on
 
@@ -101,76 +101,9 @@ MIN_LR_RATIO = 0.0
 CLIP_GRAD_NORM = 1.0
 CHECKPOINT_DIR = None  # the spec asks for no checkpoints (--checkpoint-dir DIR writes them)
 CHECKPOINT_EVERY = 0
-# What the plan predicts for one step (`mithril-spec plan --target jax`): per device, the peak bytes,
-# the bytes and calls of each collective kind, and per hardware profile the step time, its compute and each
-# kind's seconds. --profile prints them next to what it measures, on the profile of this device's name
-# (PREDICTED["device_profiles"]).
-PREDICTED = {
-    "peak_bytes": 2261504,
-    "comm_bytes": {
-        "all-reduce": 790548,
-        "send/recv": 65536,
-    },
-    "comm_calls": {
-        "all-reduce": 38,
-        "send/recv": 4,
-    },
-    "profiles": {
-        "h200-141gb": {
-            "step_s": 0.0003104,
-            "compute_s": 4.475e-07,
-            "offload_s": 0.0,
-            "comm_s": {
-                "all-reduce": 0.0002358,
-                "send/recv": 1.215e-05,
-            },
-        },
-        "h100-sxm-80gb": {
-            "step_s": 0.0003106,
-            "compute_s": 4.475e-07,
-            "offload_s": 0.0,
-            "comm_s": {
-                "all-reduce": 0.0002358,
-                "send/recv": 1.215e-05,
-            },
-        },
-        "a100-80gb": {
-            "step_s": 0.0003122,
-            "compute_s": 1.419e-06,
-            "offload_s": 0.0,
-            "comm_s": {
-                "all-reduce": 0.0002366,
-                "send/recv": 1.222e-05,
-            },
-        },
-        "tpu-v5e": {
-            "step_s": 0.0001161,
-            "compute_s": 3.371e-06,
-            "offload_s": 0.0,
-            "comm_s": {
-                "all-reduce": 8.591e-05,
-                "send/recv": 4.655e-06,
-            },
-        },
-        "cpu": {
-            "step_s": 0.001983,
-            "compute_s": 0.0007379,
-            "offload_s": 0.0,
-            "comm_s": {
-                "all-reduce": 0.0008195,
-                "send/recv": 4.328e-05,
-            },
-        },
-    },
-    "device_profiles": [
-        ["H200", "h200-141gb"],
-        ["H100", "h100-sxm-80gb"],
-        ["A100", "a100-80gb"],
-        ["TPU v5", "tpu-v5e"],
-        ["cpu", "cpu"],
-    ],
-    "offload": None,
-}
+# --profile prints what the plan predicts next to what it measures: plan.json's "predicted" (`mithril-spec
+# plan --target jax`), read from the plan.json beside this file, whose figures have this digest.
+PREDICTED_DIGEST = "714b074073155cf3"
 
 
 # ----------------------------------------------------------------------------
@@ -279,7 +212,7 @@ def make_train_step(optimizer, seed, with_grads=False):
 
 
 # ----------------------------------------------------------------------------
-# Profiling (--profile): the steps traced here; runtime/profile.py's summary (measured next to planned)
+# Profiling (--profile): jax.profiler's trace; runtime/profile.py's window and summary (measured | planned)
 # ----------------------------------------------------------------------------
 
 
@@ -289,68 +222,53 @@ class StepProfiler:
     TPU their device events ("XLA Ops"), on the CPU backend the host threads running them."""
 
     def __init__(self, args, start):
-        self.dir, self.window = args.profile, args.profile_window
-        self.tick = None
-        require(
-            not self.dir or self.window[0] > start,
-            f"--profile-steps: the run starts after step {start} "
-            f"(resumed), and step {self.window[0] if self.dir else 0} is done already",
-        )
+        self.window = ProfileWindow(args, start)
 
     def begin(self, step, state):
         """Before step `step` (counted from 0) is queued: the trace starts at the window's first step, once
         the steps before it are done."""
-        if self.dir and step + 1 == self.window[0]:
+        if self.window.begins(step):
             jax.block_until_ready(state)
-            jax.profiler.start_trace(self.dir)
-            self.tick = time.perf_counter()
+            jax.profiler.start_trace(self.window.dir)
+            self.window.started()
 
     def end(self, step, state):
         """After step `step` is queued: at the window's last step, waits for it, stops the trace and sums it up."""
-        if self.tick is None or step + 1 != self.window[1]:
+        if not self.window.ends(step):
             return
         jax.block_until_ready(state)
-        seconds = time.perf_counter() - self.tick
+        step_s = self.window.stopped()
         jax.profiler.stop_trace()
-        self.tick = None
-        steps = self.window[1] - self.window[0] + 1
-        comm, calls = collective_times(self.dir)
         devices = jax.local_devices()
-        per = steps * len(devices)  # per step and device
+        # per step and device
+        comm, calls = collective_totals(
+            collective_events(self.window.dir), self.window.steps * len(devices)
+        )
         peaks = [
             (d.memory_stats() or {}).get("peak_bytes_in_use") or process_peak_rss() for d in devices
         ]
         if jax.process_index() == 0:
-            report_profile(
-                self.dir,
-                self.window,
-                devices[0].device_kind,
-                seconds / steps,
-                {k: v / per for k, v in comm.items()},
-                {k: v / per for k, v in calls.items()},
-                peaks,
-                PREDICTED,
-            )
+            self.window.report(devices[0].device_kind, step_s, comm, calls, peaks)
 
 
-def collective_times(directory):
-    """Seconds and calls of each collective kind in the newest trace under `directory`, summed over this
-    process's devices."""
+def collective_events(directory):
+    """(name, seconds, 1) of each event of XLA's instructions in the newest trace under `directory`, over this
+    process's devices (runtime/profile.py `collective_totals` keeps the collectives)."""
     traces = sorted(Path(directory).glob("plugins/profile/*/*.xplane.pb"), key=os.path.getmtime)
     trace = jax.profiler.ProfileData.from_file(str(traces[-1]))  # (kept: its planes read from it)
     planes = list(trace.planes)
     devices = [p for p in planes if p.name.startswith("/device:")]
-    comm, calls = {}, {}
+    events = []
     for plane in devices or [p for p in planes if p.name.startswith("/host:CPU")]:
         for line in plane.lines:
             if devices and line.name != "XLA Ops":
                 continue  # (the kernels' lines repeat the ops)
-            for event in line.events:
-                kind = None if event.name.startswith("end: ") else collective_kind(event.name)
-                if kind:
-                    comm[kind] = comm.get(kind, 0.0) + event.duration_ns / 1e9
-                    calls[kind] = calls.get(kind, 0) + 1
-    return comm, calls
+            events += [
+                (e.name, e.duration_ns / 1e9, 1)
+                for e in line.events
+                if not e.name.startswith("end: ")
+            ]
+    return events
 
 
 def parse_args(argv=None):
@@ -487,6 +405,8 @@ def check_paths(args):
         require(not path or not os.path.isfile(path), f"{flag} {path}: is a file, not a directory")
     require(args.profile or args.profile_steps is None, "--profile-steps needs --profile DIR")
     args.profile_window = profile_window(args.profile_steps, args.steps) if args.profile else None
+    # what the plan predicts, from the build's plan.json beside this file (a Refusal where it is not there)
+    args.predicted = plan_predictions(__file__, PREDICTED_DIGEST) if args.profile else None
 
 
 TRAIN_COMPUTE = "tfloat32"  # which column of PEAK_FLOPS applies

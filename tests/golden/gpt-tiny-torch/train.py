@@ -40,7 +40,7 @@ from runtime.console import Console, Metrics, peak_flops, process_peak_rss
 from runtime.errors import Refusal, require
 from runtime.params import initial_params
 from runtime.preemption import Preemption
-from runtime.profile import collective_kind, profile_window, report_profile
+from runtime.profile import ProfileWindow, collective_totals, plan_predictions, profile_window
 # fmt: on
 # isort: on
 
@@ -60,72 +60,9 @@ MIN_LR_RATIO = 0.0
 CLIP_GRAD_NORM = 1.0
 CHECKPOINT_DIR = "checkpoints"
 CHECKPOINT_EVERY = 10
-# What the plan predicts for one step (`mithril-spec plan --target torch`): per device, the peak bytes,
-# the bytes and calls of each collective kind, and per hardware profile the step time, its compute and each
-# kind's seconds. --profile prints them next to what it measures, on the profile of this device's name
-# (PREDICTED["device_profiles"]).
-PREDICTED = {
-    "peak_bytes": 11916288,
-    "comm_bytes": {
-        "all-reduce": 2973195,
-        "all-gather": 3504128,
-        "reduce-scatter": 1752064,
-    },
-    "comm_calls": {
-        "all-reduce": 23,
-        "all-gather": 14,
-        "reduce-scatter": 7,
-    },
-    "profiles": {
-        "h200-141gb": {
-            "step_s": 0.0002267,
-            "compute_s": 2.906e-06,
-            "offload_s": 0.0,
-            "comm_s": {
-                "all-reduce": 0.0001566,
-                "all-gather": 4.589e-05,
-                "reduce-scatter": 2.295e-05,
-            },
-        },
-        "h100-sxm-80gb": {
-            "step_s": 0.0002273,
-            "compute_s": 2.906e-06,
-            "offload_s": 0.0,
-            "comm_s": {
-                "all-reduce": 0.0001566,
-                "all-gather": 4.589e-05,
-                "reduce-scatter": 2.295e-05,
-            },
-        },
-        "a100-80gb": {
-            "step_s": 0.0002347,
-            "compute_s": 9.217e-06,
-            "offload_s": 0.0,
-            "comm_s": {
-                "all-reduce": 0.0001599,
-                "all-gather": 4.784e-05,
-                "reduce-scatter": 2.392e-05,
-            },
-        },
-        "cpu": {
-            "step_s": 0.005359,
-            "compute_s": 0.004793,
-            "offload_s": 0.0,
-            "comm_s": {
-                "all-reduce": 0.0006487,
-                "all-gather": 0.0002276,
-                "reduce-scatter": 0.0001138,
-            },
-        },
-    },
-    "device_profiles": [
-        ["H200", "h200-141gb"],
-        ["H100", "h100-sxm-80gb"],
-        ["A100", "a100-80gb"],
-        ["cpu", "cpu"],
-    ],
-    "offload": None,
-}
+# --profile prints what the plan predicts next to what it measures: plan.json's "predicted" (`mithril-spec
+# plan --target torch`), read from the plan.json beside this file, whose figures have this digest.
+PREDICTED_DIGEST = "7e61f12ee5a20d39"
 
 
 # ----------------------------------------------------------------------------
@@ -193,7 +130,7 @@ def clip_grad_norm(params):
 
 
 # ----------------------------------------------------------------------------
-# Profiling (--profile): the steps traced here; runtime/profile.py's summary (measured next to planned)
+# Profiling (--profile): torch.profiler's trace; runtime/profile.py's window and summary (measured | planned)
 # ----------------------------------------------------------------------------
 
 
@@ -203,18 +140,12 @@ class StepProfiler:
     summary to DIR/summary-rank<R>.json, and rank 0 prints its own and writes it to DIR/summary.json. A collective's time is its operation's (gloo, on the CPU) or its NCCL kernels' (CUDA)."""
 
     def __init__(self, args, device, start):
-        self.dir, self.window, self.device = args.profile, args.profile_window, device
-        self.cuda = device.type == "cuda"
-        self.prof = None
-        require(
-            not self.dir or self.window[0] > start,
-            f"--profile-steps: the run starts after step {start} "
-            f"(resumed), and step {self.window[0] if self.dir else 0} is done already",
-        )
+        self.window = ProfileWindow(args, start)
+        self.device, self.cuda = device, device.type == "cuda"
 
     def begin(self, step):
         """Before step `step` (counted from 0): the trace starts at the window's first step."""
-        if not self.dir or step + 1 != self.window[0]:
+        if not self.window.begins(step):
             return
         activities = [torch.profiler.ProfilerActivity.CPU]
         if self.cuda:
@@ -222,53 +153,38 @@ class StepProfiler:
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         self.prof = torch.profiler.profile(activities=activities)
         self.prof.start()
-        self.tick = time.perf_counter()
+        self.window.started()
 
     def end(self, step):
         """After step `step` is done (its loss read): at the window's last step the trace stops, is written,
         and summarised."""
-        if self.prof is None or step + 1 != self.window[1]:
+        if not self.window.ends(step):
             return
         if self.cuda:
             torch.cuda.synchronize(self.device)
-        seconds = time.perf_counter() - self.tick
+        step_s = self.window.stopped()
         self.prof.stop()
-        steps = self.window[1] - self.window[0] + 1
-        os.makedirs(self.dir, exist_ok=True)
-        self.prof.export_chrome_trace(
-            os.path.join(self.dir, f"trace-rank{os.environ.get('RANK', '0')}.json")
-        )
-        comm, calls = {}, {}
-        for e in self.prof.key_averages():
-            if self.cuda:  # the NCCL kernels, on the GPU's clock
-                if e.device_type != torch.autograd.DeviceType.CUDA or not e.key.startswith("nccl"):
-                    continue
-                spent = e.self_device_time_total / 1e6
-            else:  # gloo's operations (the work, on its threads)
-                if not e.key.startswith("gloo:"):
-                    continue
-                spent = e.cpu_time_total / 1e6
-            kind = collective_kind(e.key)
-            if kind:
-                comm[kind] = comm.get(kind, 0.0) + spent / steps
-                calls[kind] = calls.get(kind, 0) + e.count / steps
+        rank = int(os.environ.get("RANK", "0"))
+        self.prof.export_chrome_trace(self.window.path(f"trace-rank{rank}.json"))
+        if self.cuda:  # the NCCL kernels, on the GPU's clock
+            events = [
+                (e.key, e.self_device_time_total / 1e6, e.count)
+                for e in self.prof.key_averages()
+                if e.device_type == torch.autograd.DeviceType.CUDA and e.key.startswith("nccl")
+            ]
+        else:  # gloo's operations (the work, on its threads)
+            events = [
+                (e.key, e.cpu_time_total / 1e6, e.count)
+                for e in self.prof.key_averages()
+                if e.key.startswith("gloo:")
+            ]
+        comm, calls = collective_totals(events, self.window.steps)
         peaks = all_ranks(
             torch.cuda.max_memory_allocated(self.device) if self.cuda else process_peak_rss()
         )
         name = torch.cuda.get_device_name(self.device) if self.cuda else "cpu"
         # every rank writes its own summary (a pipeline's stages differ); rank 0 prints its own
-        report_profile(
-            self.dir,
-            self.window,
-            name,
-            seconds / steps,
-            comm,
-            calls,
-            peaks,
-            PREDICTED,
-            rank=int(os.environ.get("RANK", "0")),
-        )
-        self.prof = None
+        self.window.report(name, step_s, comm, calls, peaks, rank=rank)
 
 
 def parse_args(argv=None):
@@ -397,6 +313,8 @@ def check_paths(args):
         require(not path or not os.path.isfile(path), f"{flag} {path}: is a file, not a directory")
     require(args.profile or args.profile_steps is None, "--profile-steps needs --profile DIR")
     args.profile_window = profile_window(args.profile_steps, args.steps) if args.profile else None
+    # what the plan predicts, from the build's plan.json beside this file (a Refusal where it is not there)
+    args.predicted = plan_predictions(__file__, PREDICTED_DIGEST) if args.profile else None
 
 
 TRAIN_COMPUTE = "tfloat32"  # which column of PEAK_FLOPS applies
