@@ -122,6 +122,7 @@ class TorchSettings:
     expert_average: bool
     pipeline: Optional[dict[str, Any]]
     chunks: int
+    prefetch: bool
     optimizer_slots: int
     slot_bytes: int
     zero: int

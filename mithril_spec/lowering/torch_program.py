@@ -408,6 +408,10 @@ def target_fields(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
         },
     }
     t = out["torch"]
+    # the next steps' batches drawn by a thread while this one runs (torch/data.py.j2 `prefetched`): not in a
+    # pipeline, and not where a bounded input's ids are checked on the host as they are read
+    t["prefetch"] = not t["pipeline"] and (ctx["data"]["kind"] == "synthetic"
+                                           or not any(i["bounded"] for i in ctx["inputs"]))
     # templates/torch/ops.py.j2 TiedHead: a sharded FSDP2 program's tied output layer (plain tensors: no
     # tensor parallelism, no pipeline stages, no autocast)
     t["tied_head"] = bool(t["plain_tied"] and t["sharded"] and t["fsdp"] and not t["tp_plan"]
