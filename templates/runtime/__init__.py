@@ -8,6 +8,7 @@ checkpoints: checkpoint manifests, their verification, and --resume's choice of 
 preemption: SIGTERM / SIGUSR1 ask the run to stop after the current step.
 params: the initial values of parameters, and parameter files: --init-params' reading (lazily, by slices;
     Hugging Face's names and layouts) and --export-params' writing.
+cli: train.py's command line, its checks, and the jax programs' process options.
 sampling: generate.py's command line, prompt, sampling and output.
 profile: --profile's summary, measured next to planned.
 """
