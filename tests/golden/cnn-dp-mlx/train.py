@@ -14,7 +14,6 @@ Data parallelism: every process holds the whole model, reads its own slice of ea
 gradients are averaged over the processes (`mx.distributed`, started by `mlx.launch`).
 """
 
-import argparse
 import json
 import math
 import os
@@ -31,9 +30,11 @@ import numpy as np
 # runtime/ beside this file: the helpers every build carries unchanged (what a run prints and records,
 # checkpoint manifests, refusals, preemption)
 from runtime.checkpoints import Manifests, check_start, checkpoint_dirs, resolve_resume, resume_from
+from runtime.cli import check_arguments, train_parser
 from runtime.console import Console, Metrics, process_peak_rss
 from runtime.errors import Refusal, require
-from runtime.params import FileTensor, init_values, initial_params
+from runtime.param_files import read_params, write_params
+from runtime.params import init_values, initial_params
 from runtime.preemption import Preemption
 
 # ----------------------------------------------------------------------------
@@ -185,82 +186,15 @@ def apply_optimizer(optimizers, grads, params):
 # Parameters: drawn on the host with numpy (the same values for every mesh and target).
 # ----------------------------------------------------------------------------
 def load_params(path, flag="--init-params"):
-    """--init-params (`flag`: the option that names the file in messages): parameters by canonical name in
-    canonical layout, every one with its shape. A .npz is read whole (small models); a .safetensors
-    file lazily, each process reading only its slices."""
-    require(
-        os.path.isfile(path),
-        f"{flag} {path}: {'not a file' if os.path.exists(path) else 'no such file'}",
-    )
-    try:
-        if path.endswith(".npz"):
-            with np.load(path) as f:
-                found = {k: f[k] for k in f.files}
-        else:
-            found = safetensors_tensors(path)
-    except Exception as e:  # not such a file, truncated, unreadable, Python objects in a .npz
-        require(
-            False,
-            f"{flag} {path}: cannot read it as a "
-            f"{'.npz archive' if path.endswith('.npz') else '.safetensors file'} "
-            f"({' '.join(str(e).split())})",
-        )
-    nonfinite = [
-        k
-        for k, a in found.items()
-        if not isinstance(a, tuple) and a.dtype.kind == "f" and not np.isfinite(a).all()
-    ]
-    require(
-        not nonfinite,
-        f"{flag} {path}: non-finite values (NaN or inf) in {', '.join(nonfinite[:5])}",
-    )
-    out, wrong = {}, []
-    for name, (shape, _, _) in PARAMS.items():
-        key, t = name, found.get(name)
-        if isinstance(t, tuple):  # (handle, key) of a safetensors tensor
-            t = FileTensor(*t, flag=flag)
-        why = (
-            "(missing)"
-            if t is None
-            else f"of shape {list(t.shape)} (expected {list(shape)})"
-            if tuple(t.shape) != tuple(shape)
-            else None
-            if (t.floating if isinstance(t, FileTensor) else t.dtype.kind == "f")
-            else f"of dtype {t.dtype} (expected floating point)"
-        )
-        if why:
-            wrong.append(f"{key} {why}")
-        else:
-            out[name] = t if isinstance(t, FileTensor) else np.asarray(t, np.float32)
-    wrong += [f"{key} (unknown)" for key in found if key not in PARAMS]
-    more = f" and {len(wrong) - 5} more" if len(wrong) > 5 else ""
-    require(not wrong, f"{flag} {path}: not this model's parameters: {', '.join(wrong[:5])}{more}")
-    return out
-
-
-def safetensors_tensors(path):
-    """name -> (open file, name) of every tensor in a safetensors file."""
-    from safetensors import safe_open
-
-    handle = safe_open(path, framework="numpy")
-    return {key: (handle, key) for key in handle.keys()}
+    """--init-params (`flag`: the option that names the file in messages): this model's PARAMS by canonical
+    name in canonical layout, read by
+    runtime/param_files.py's read_params."""
+    return read_params(path, PARAMS, flag)
 
 
 def save_params(path, arrays):
-    """--export-params: canonical names and layout, float32; .safetensors, or .npz for any other name.
-    Written atomically: a temporary file beside the target, then a rename."""
-    arrays = {k: np.ascontiguousarray(np.asarray(v, dtype=np.float32)) for k, v in arrays.items()}
-    if path.endswith(".safetensors"):
-        from safetensors.numpy import save_file
-
-        tmp = f"{path}.tmp-{os.getpid()}"
-        save_file(arrays, tmp, metadata={"format": "mithril-spec", "spec": SPEC_NAME})
-    else:
-        tmp = f"{path}.tmp-{os.getpid()}.npz"
-        np.savez(tmp, **arrays)
-    os.chmod(tmp, 0o644)  # (safetensors creates its files readable by their owner only)
-    os.replace(tmp, path)
-    print(f"wrote {path} ({len(arrays)} arrays)", flush=True)
+    """--export-params: canonical names and layout, float32 (runtime/param_files.py's write_params)."""
+    write_params(path, arrays, SPEC_NAME)
 
 
 # ----------------------------------------------------------------------------
@@ -442,121 +376,11 @@ def restore_checkpoint(path, want):
 # Command line and processes.
 # ----------------------------------------------------------------------------
 def parse_args(argv=None):
+    """The command line: runtime/cli.py's options of every target and their checks."""
     about = f"Train {SPEC_NAME} (generated by mithril-spec from {SPEC_FILE})."
-    # argparse %-formats a description that mentions %(prog): then a `%` in the file name is only text
-    ap = argparse.ArgumentParser(
-        description=about.replace("%", "%%") if "%(prog)" in about else about
-    )
-    ap.error = lambda message: require(False, f"{message} (train.py --help lists the options)")
-    ap.add_argument(
-        "--steps", type=int, default=STEPS, help="optimizer steps in total (default: %(default)s)"
-    )
-    ap.add_argument("--metrics", help="write one JSON line per step to this file")
-    ap.add_argument(
-        "--tensorboard",
-        metavar="DIR",
-        help="write loss, lr, grad_norm and tokens/s per step as "
-        "tensorboard scalars to DIR (needs tensorboardX)",
-    )
-    ap.add_argument(
-        "--wandb",
-        metavar="PROJECT",
-        help="log the same scalars to this Weights & Biases project "
-        "(needs wandb; WANDB_MODE=offline keeps the run on this machine)",
-    )
-    ap.add_argument(
-        "--init-params",
-        help="start from these parameters (.safetensors or .npz, canonical names and "
-        "layout; each process reads only its slices of a .safetensors file)",
-    )
-    ap.add_argument(
-        "--export-params",
-        help="write the final parameters here (.safetensors, or .npz for any other "
-        "name); with --steps 0, the initial",
-    )
-    ap.add_argument(
-        "--export-grads",
-        metavar="FILE",
-        help="write the gradients of the run's first step here, "
-        "what its update steps on (the mean over the global batch, unscaled, before clipping; canonical "
-        "names and layout, float32; .safetensors, or .npz for any other name)",
-    )
-    ap.add_argument(
-        "--resume",
-        help="continue from the newest usable checkpoint in this directory; `auto`: from "
-        "the checkpoint directory's when it holds one, else start fresh",
-    )
-    ap.add_argument("--checkpoint-dir", default=CHECKPOINT_DIR, help="where to save checkpoints")
-    ap.add_argument(
-        "--checkpoint-every", type=int, default=CHECKPOINT_EVERY, help="steps between checkpoints"
-    )
-    ap.add_argument("--data", help="not used: this program draws synthetic data")
-    ap.add_argument("--seed", type=int, default=SEED)
-    ap.add_argument(
-        "--dry-run", action="store_true", help="print the mesh and layouts, run no step"
-    )
-    ap.add_argument(
-        "--profile", metavar="DIR", help="not supported by this program (build for torch or jax)"
-    )
-    ap.add_argument(
-        "--profile-steps",
-        metavar="A:B",
-        help="the first and last step --profile traces, numbered "
-        "from 1 (default: 2:3, the first step compiles)",
-    )
-
-    args = ap.parse_args(argv)
-    require(args.steps >= 0, "--steps must be >= 0")
-    check_paths(args)
+    ap = train_parser(about, "mlx", "synthetic", STEPS, SEED, CHECKPOINT_DIR, CHECKPOINT_EVERY)
+    args = check_arguments(ap.parse_args(argv), "mlx", "synthetic")
     return args
-
-
-def check_paths(args):
-    """The paths of the command line, checked before any work: what is read exists, a file written at the end has a writable directory and is no directory, and a
-    directory written is no file."""
-    require(
-        not args.data,
-        "--data: this program's spec draws synthetic data; build it from a spec with "
-        "`data: {kind: arrays}`, `{kind: text}` or `{kind: tokens}` to read from disk",
-    )
-    if args.tensorboard:
-        try:
-            import tensorboardX  # noqa: F401
-        except ImportError:
-            require(False, "--tensorboard needs tensorboardX: pip install tensorboardX")
-    if args.wandb:
-        try:
-            import wandb  # noqa: F401
-        except ImportError:
-            require(False, "--wandb needs wandb: pip install wandb")
-    require(
-        not args.init_params or os.path.exists(args.init_params),
-        f"--init-params {args.init_params}: no such file",
-    )
-    files = {
-        "--metrics": args.metrics,
-        "--export-params": args.export_params,
-        "--export-grads": args.export_grads,
-    }
-    for flag, path in files.items():
-        where = os.path.dirname(os.path.abspath(path or "."))
-        require(not path or not os.path.isdir(path), f"{flag} {path}: is a directory, not a file")
-        require(
-            not path or (os.path.isdir(where) and os.access(where, os.W_OK)),
-            f"{flag} {path}: cannot write there ({where} is not a writable directory)",
-        )
-    for flag, path in {
-        "--checkpoint-dir": args.checkpoint_dir,
-        "--tensorboard": args.tensorboard,
-        "--profile": args.profile,
-    }.items():
-        require(not path or not os.path.isfile(path), f"{flag} {path}: is a file, not a directory")
-    require(
-        not args.profile,
-        "--profile: not supported by the mlx program (MLX has no trace of its collectives); "
-        "build the spec with --target torch or --target jax to profile it",
-    )
-    require(args.profile or args.profile_steps is None, "--profile-steps needs --profile DIR")
 
 
 RUN = {"spec": SPEC_NAME, "mesh": MESH, "steps": STEPS}  # what --wandb records of the run
