@@ -6,6 +6,7 @@ errors: the one way a program refuses what it was asked (exit 2, one line).
 console: the console lines, the metrics file, --tensorboard and --wandb.
 checkpoints: checkpoint manifests, their verification, and --resume's choice of a checkpoint.
 preemption: SIGTERM / SIGUSR1 ask the run to stop after the current step.
+processes: a sharded run's host memory kept compact; a rank that dies with its launcher (torch).
 params: the initial values of parameters, and the per-parameter tables by canonical name.
 param_files: --init-params' reading (lazily, by slices; Hugging Face's names and layouts) and
     --export-params' writing.

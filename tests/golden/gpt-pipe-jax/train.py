@@ -41,7 +41,7 @@ from jax.sharding import PartitionSpec as P
 # checkpoint manifests, refusals, preemption)
 from runtime.checkpoints import Manifests, check_start, checkpoint_dirs, resolve_resume, resume_from
 from runtime.cli import check_arguments, process_options, train_parser
-from runtime.console import Console, Metrics, peak_flops, process_peak_rss
+from runtime.console import Console, Metrics, past_schedule, peak_flops, process_peak_rss
 from runtime.errors import Refusal, require
 from runtime.param_files import read_params, write_params
 from runtime.params import InitTensor, every_copy, initial_params
@@ -1118,15 +1118,8 @@ RUN = {"spec": SPEC_NAME, "mesh": MESH, "steps": STEPS}  # what --wandb records 
 
 
 def schedule_note(steps, lr_at):
-    """The note of --steps past the spec's STEPS (the lr schedule's length); `lr_at(t)`: the schedule's lr at
-    0-based step t, asked only for such a run (on an accelerator it is a computation of its own)."""
-    if steps <= STEPS:
-        return None
-    lr_after = float(lr_at(STEPS))
-    return (
-        f"note: --steps {steps} goes past the schedule's {STEPS} steps: steps {STEPS + 1}-{steps} run at the "
-        f"schedule's final lr ({lr_after:.1e})"
-    )
+    """The note of --steps past the spec's STEPS (runtime/console.py's past_schedule)."""
+    return past_schedule(steps, STEPS, lr_at, decays=False)
 
 
 def refuse(refusal):

@@ -13,13 +13,11 @@ parallelism, checkpoints (torch.distributed.checkpoint) and the training loop.
 Several machines: launch.sh (torchrun rendezvous) or launch.sbatch (SLURM). gloo on CPU, NCCL on GPUs.
 """
 
-import ctypes
 import json
 import logging
 import math
 import os
 import shutil
-import signal
 import sys
 import time
 import warnings
@@ -40,11 +38,12 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 # checkpoint manifests, refusals, preemption)
 from runtime.checkpoints import Manifests, check_start, checkpoint_dirs, resolve_resume, resume_from
 from runtime.cli import check_arguments, train_parser
-from runtime.console import Console, Metrics, peak_flops, process_peak_rss
+from runtime.console import Console, Metrics, past_schedule, peak_flops, process_peak_rss
 from runtime.errors import Refusal, require
 from runtime.param_files import read_params, write_params
 from runtime.params import every_copy, initial_params
 from runtime.preemption import Preemption
+from runtime.processes import die_with_launcher, keep_host_memory_compact
 from runtime.profile import collective_kind, report_profile
 
 # ----------------------------------------------------------------------------
@@ -1041,15 +1040,8 @@ RUN = {"spec": SPEC_NAME, "mesh": MESH, "steps": STEPS}  # what --wandb records 
 
 
 def schedule_note(steps, lr_at):
-    """The note of --steps past the spec's STEPS (the lr schedule's length); `lr_at(t)`: the schedule's lr at
-    0-based step t, asked only for such a run (on an accelerator it is a computation of its own)."""
-    if steps <= STEPS:
-        return None
-    lr_after = float(lr_at(STEPS))
-    return (
-        f"note: --steps {steps} goes past the schedule's {STEPS} steps: steps {STEPS + 1}-{steps} run at the "
-        f"schedule's final lr ({lr_after:.1e})"
-    )
+    """The note of --steps past the spec's STEPS (runtime/console.py's past_schedule)."""
+    return past_schedule(steps, STEPS, lr_at, decays=False)
 
 
 def is_first():
@@ -1073,20 +1065,6 @@ def refuse(refusal):
         # reaches the same verdict, is not stopped before it has said why
         time.sleep(3)
     (os._exit if dist.is_initialized() else sys.exit)(2)
-
-
-def keep_host_memory_compact():
-    """glibc serves allocations below its mmap threshold from its heap, and raises the threshold (up to
-    32 MB) whenever a larger block is freed; from then on the tensors a step frees (activations, gathered
-    shards, gradients) stay in the heap, fragmented, and a sharded run's host peak grows by about the size
-    of its shards. A fixed threshold of 256 KiB hands every tensor of 256 KiB or more (a sharded rank's
-    activations included) back when it is freed (benchmarks/init_scale.py: 0.59 -> 0.45 of the one-process
-    peak per rank on fsdp=4 with 1 MiB; 256 KiB: 100 MB less again on 200M parameters). Only programs that
-    shard over fsdp: it costs every step the mapping (and zeroing) of its large tensors anew."""
-    try:
-        ctypes.CDLL(None).mallopt(-3, 1 << 18)  # M_MMAP_THRESHOLD (glibc); elsewhere nothing to do
-    except (OSError, AttributeError):
-        pass
 
 
 def setup(dry_run=False):
@@ -1148,18 +1126,6 @@ def shutdown(code=0):
     dist.barrier()
     dist.destroy_process_group()
     os._exit(code)
-
-
-def die_with_launcher():
-    """torchrun starts each rank in a session of its own: killing the launcher's process group (kill -9 of
-    launch.sh, a closed terminal) would leave the ranks training, and writing checkpoints. On Linux each
-    rank has the kernel send it SIGKILL when its parent, torchrun, dies (prctl PR_SET_PDEATHSIG)."""
-    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
-        return
-    parent = os.getppid()
-    ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # 1: PR_SET_PDEATHSIG
-    if os.getppid() != parent:  # torchrun died before the call: nothing would tell this rank
-        os._exit(1)
 
 
 def any_rank(flag, device):
