@@ -7,6 +7,7 @@ console: the console lines, the metrics file, --tensorboard and --wandb.
 checkpoints: checkpoint manifests, their verification, and --resume's choice of a checkpoint.
 preemption: SIGTERM / SIGUSR1 ask the run to stop after the current step.
 processes: a sharded run's host memory kept compact; a rank that dies with its launcher (torch).
+data: the checks of a token file on disk.
 params: the initial values of parameters, and the per-parameter tables by canonical name.
 param_files: --init-params' reading (lazily, by slices; Hugging Face's names and layouts) and
     --export-params' writing.
