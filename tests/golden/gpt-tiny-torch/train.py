@@ -34,8 +34,8 @@ import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 # isort: split
-# runtime/ beside this file: the helpers every build carries unchanged (what a run prints and records,
-# checkpoint manifests, refusals, preemption)
+# runtime/ beside this file: the helpers every build carries unchanged (the command line, what a run prints
+# and records, checkpoint manifests, parameter files, refusals, preemption)
 from runtime.checkpoints import Manifests, check_start, checkpoint_dirs, resolve_resume, resume_from
 from runtime.cli import check_arguments, train_parser
 from runtime.console import Console, Metrics, past_schedule, peak_flops, process_peak_rss
@@ -373,8 +373,7 @@ class Model(nn.Module):
 # ----------------------------------------------------------------------------
 def load_params(path, flag="--init-params"):
     """--init-params (`flag`: the option that names the file in messages): this model's PARAMS by canonical
-    name in canonical layout, read by
-    runtime/param_files.py's read_params."""
+    name in canonical layout: runtime/param_files.py's read_params."""
     return read_params(path, PARAMS, flag)
 
 
