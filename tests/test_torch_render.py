@@ -26,12 +26,12 @@ def render(spec, mesh=None, edits=()):
 
 def config(text: str, name: str):
     """The value of a module-level constant of a rendered program; a per-parameter table (one row per block
-    parameter, `every_copy(top, blocks)`) expanded to canonical names as the program does."""
+    parameter, `every_copy(top, blocks, REPEATS)`) expanded to canonical names as the program does."""
     values = {node.targets[0].id: node.value for node in ast.parse(text).body
               if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)}
     value = values[name]
     if isinstance(value, ast.Call) and getattr(value.func, "id", None) == "every_copy":
-        top, blocks = (ast.literal_eval(a) for a in value.args)
+        top, blocks = (ast.literal_eval(a) for a in value.args[:2])
         repeats = ast.literal_eval(values["REPEATS"])
         each = {f"{r}.{i}.{k}": (rows[k] if isinstance(rows, dict) else True)
                 for r, rows in blocks.items() for i in range(repeats[r]) for k in rows}

@@ -58,6 +58,23 @@ def duration(s):
     )
 
 
+def past_schedule(steps, schedule_steps, lr_at, decays):
+    """The note of --steps past the spec's `schedule_steps` (the lr schedule's length), or None;
+    `lr_at(t)`: the schedule's lr at 0-based step t, asked only for such a run (on an accelerator it is a
+    computation of its own); `decays`: whether the schedule's decay goes on (noam) rather than holding its
+    final lr."""
+    if steps <= schedule_steps:
+        return None
+    lr_after = float(lr_at(schedule_steps))
+    past = (
+        f"note: --steps {steps} goes past the schedule's {schedule_steps} steps: steps "
+        f"{schedule_steps + 1}-{steps}"
+    )
+    if decays:
+        return f"{past} continue its decay ({lr_after:.1e} at step {schedule_steps + 1})"
+    return f"{past} run at the schedule's final lr ({lr_after:.1e})"
+
+
 def tensorboard_writer(directory, start=0):
     """--tensorboard DIR: a tensorboardX writer (an optional dependency: exit 2 when it is missing). A run
     resumed at step `start` purges the scalars of later steps that the run it continues wrote."""

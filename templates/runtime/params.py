@@ -1,13 +1,11 @@
-"""Parameters as every target starts them and stores them (docs/program.md "Initialisation" and "Parameter
-files"): initial values that depend only on (seed, name, element), computed only for the slice a process
-holds; tensors of a safetensors file read only where they are indexed."""
+"""Parameters as every target starts them (docs/program.md "Initialisation"): initial values that depend
+only on (seed, name, element), computed only for the slice a process holds; and the per-parameter tables
+of a program, by canonical name (every_copy). Parameter files: param_files.py."""
 
 import math
 import zlib
 
 import numpy as np
-
-from .errors import require
 
 
 def slices(index, shape):
@@ -93,40 +91,19 @@ def initial_params(params, seed):
     }
 
 
-def swap(dims):
-    """The last two of `dims` exchanged (a matrix transposed; a stack of matrices each transposed)."""
-    dims = list(dims)
-    return dims[:-2] + dims[-2:][::-1]
-
-
-class FileTensor:
-    """A stored tensor of a safetensors file, in canonical layout, read only where it is indexed: a process
-    that holds a slice reads just that slice (`tensor[index]`). `transposed` (its last two dimensions) and
-    `part` of `parts` (of the last dimension): how the stored tensor holds the canonical one (Hugging Face's
-    layouts)."""
-
-    def __init__(self, handle, key, transposed=False, part=0, parts=1, flag="--init-params"):
-        stored = handle.get_slice(key)
-        shape = list(swap(stored.get_shape()) if transposed else stored.get_shape())
-        self.shape = tuple(shape[:-1] + [shape[-1] // parts] if shape else shape)
-        self.stored, self.key, self.transposed, self.flag = stored, key, transposed, flag
-        self.offset = part * self.shape[-1] if self.shape else 0
-        self.dtype = stored.get_dtype()  # safetensors' name: F32, BF16, I64, ...
-        self.floating = self.dtype.startswith(("F", "BF"))
-
-    def __getitem__(self, index):
-        box = slices(index if isinstance(index, tuple) else (index,), self.shape)
-        if self.offset:  # part `part` of the stored last dimension
-            box[-1] = slice(box[-1].start + self.offset, box[-1].stop + self.offset)
-        x = np.asarray(self.stored[tuple(swap(box) if self.transposed else box)], dtype=np.float32)
-        x = np.swapaxes(x, -1, -2) if self.transposed else x
-        # (this process's slice: the verdict is its own)
-        require(
-            np.isfinite(x).all(),
-            f"{self.flag}: `{self.key}` holds non-finite values (NaN or inf)",
-            local=True,
+def every_copy(top, blocks, repeats):
+    """A table by canonical name: `top` as it is, and each entry of `blocks` ({block: {name inside the
+    block: entry}}, or {block: set of names}) once per copy of the block (`repeats`: {block: number of
+    copies}; an entry that is a function gets the copy index)."""
+    each = [
+        (
+            f"{r}.{i}.{k}",
+            (rows[k](i) if callable(rows[k]) else rows[k]) if isinstance(rows, dict) else True,
         )
-        return x
-
-    def __array__(self, dtype=None, copy=None):
-        return self[()].astype(dtype or np.float32)
+        for r, rows in blocks.items()
+        for i in range(repeats[r])
+        for k in rows
+    ]
+    if isinstance(top, set):
+        return top | {name for name, _ in each}
+    return {**top, **dict(each)}

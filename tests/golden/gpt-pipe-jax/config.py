@@ -4,6 +4,10 @@ with the settings only it uses (the optimizer's in train.py)."""
 
 from jax.sharding import PartitionSpec as P
 
+# isort: split
+# beside this file: runtime/ (the helpers every build carries unchanged) and this build's files
+from runtime.params import every_copy
+
 SPEC_NAME = "gpt-pipe"
 SPEC_FILE = "gpt-pipe.yaml"
 MITHRIL_VERSION = "0.1.0"
@@ -11,23 +15,6 @@ MITHRIL_VERSION = "0.1.0"
 # inside the block; every_copy() gives them their canonical names (copy i of `ln1.weight` in
 # `blocks` is `blocks.i.ln1.weight`).
 REPEATS = {"blocks": 4}
-
-
-def every_copy(top, blocks):
-    """A table by canonical name: `top` as it is, and each block entry once per copy (an entry that is a
-    function gets the copy index)."""
-    each = [
-        (
-            f"{r}.{i}.{k}",
-            (rows[k](i) if callable(rows[k]) else rows[k]) if isinstance(rows, dict) else True,
-        )
-        for r, rows in blocks.items()
-        for i in range(REPEATS[r])
-        for k in rows
-    ]
-    if isinstance(top, set):
-        return top | {name for name, _ in each}
-    return {**top, **dict(each)}
 
 
 # Device mesh: axis -> size in canonical order (axes of size 1 are left out).
@@ -58,6 +45,7 @@ PARAMS = every_copy(
             "mlp.proj.bias": ((64,), "zeros", 0.02),
         },
     },
+    REPEATS,
 )
 
 INPUT_LAYOUTS = {  # batch dimension first

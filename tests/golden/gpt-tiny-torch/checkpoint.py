@@ -15,12 +15,12 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 
 # isort: split
 # beside this file: runtime/ (the helpers every build carries unchanged) and this build's files
-from config import MESH, PARAMS, SPEC_NAME, every_copy
+from config import MESH, PARAMS, REPEATS, SPEC_NAME
 from model import local_part
 from parallel import all_ranks, is_first, local_box, log
 from runtime.checkpoints import Manifests, checkpoint_dirs, resume_from
-from runtime.errors import require
-from runtime.params import FileTensor
+from runtime.param_files import read_params, write_params
+from runtime.params import every_copy
 
 # what the spec decided that only this file uses (the settings several files share: config.py)
 # nn.Linear keeps its weight as [out, in]; the canonical layout is [in, out]: transposed at the boundary
@@ -37,6 +37,7 @@ TRANSPOSED = every_copy(
             "mlp.proj.weight",
         },
     },
+    REPEATS,
 )
 
 
@@ -45,82 +46,14 @@ TRANSPOSED = every_copy(
 # in canonical layout, each rank only the slices it holds; the module FQNs are the canonical names.
 # ----------------------------------------------------------------------------
 def load_params(path, flag="--init-params"):
-    """--init-params (`flag`: the option that names the file in messages): parameters by canonical name in
-    canonical layout, every one with its shape. A .npz is read whole (small models); a .safetensors
-    file lazily, each process reading only its slices."""
-    require(
-        os.path.isfile(path),
-        f"{flag} {path}: {'not a file' if os.path.exists(path) else 'no such file'}",
-    )
-    try:
-        if path.endswith(".npz"):
-            with np.load(path) as f:
-                found = {k: f[k] for k in f.files}
-        else:
-            found = safetensors_tensors(path)
-    except Exception as e:  # not such a file, truncated, unreadable, Python objects in a .npz
-        require(
-            False,
-            f"{flag} {path}: cannot read it as a "
-            f"{'.npz archive' if path.endswith('.npz') else '.safetensors file'} "
-            f"({' '.join(str(e).split())})",
-        )
-    nonfinite = [
-        k
-        for k, a in found.items()
-        if not isinstance(a, tuple) and a.dtype.kind == "f" and not np.isfinite(a).all()
-    ]
-    require(
-        not nonfinite,
-        f"{flag} {path}: non-finite values (NaN or inf) in {', '.join(nonfinite[:5])}",
-    )
-    out, wrong = {}, []
-    for name, (shape, _, _) in PARAMS.items():
-        key, t = name, found.get(name)
-        if isinstance(t, tuple):  # (handle, key) of a safetensors tensor
-            t = FileTensor(*t, flag=flag)
-        why = (
-            "(missing)"
-            if t is None
-            else f"of shape {list(t.shape)} (expected {list(shape)})"
-            if tuple(t.shape) != tuple(shape)
-            else None
-            if (t.floating if isinstance(t, FileTensor) else t.dtype.kind == "f")
-            else f"of dtype {t.dtype} (expected floating point)"
-        )
-        if why:
-            wrong.append(f"{key} {why}")
-        else:
-            out[name] = t if isinstance(t, FileTensor) else np.asarray(t, np.float32)
-    wrong += [f"{key} (unknown)" for key in found if key not in PARAMS]
-    more = f" and {len(wrong) - 5} more" if len(wrong) > 5 else ""
-    require(not wrong, f"{flag} {path}: not this model's parameters: {', '.join(wrong[:5])}{more}")
-    return out
-
-
-def safetensors_tensors(path):
-    """name -> (open file, name) of every tensor in a safetensors file."""
-    from safetensors import safe_open
-
-    handle = safe_open(path, framework="numpy")
-    return {key: (handle, key) for key in handle.keys()}
+    """--init-params (`flag`: the option that names the file in messages): this model's PARAMS by canonical
+    name in canonical layout: runtime/param_files.py's read_params."""
+    return read_params(path, PARAMS, flag)
 
 
 def save_params(path, arrays):
-    """--export-params: canonical names and layout, float32; .safetensors, or .npz for any other name.
-    Written atomically: a temporary file beside the target, then a rename."""
-    arrays = {k: np.ascontiguousarray(np.asarray(v, dtype=np.float32)) for k, v in arrays.items()}
-    if path.endswith(".safetensors"):
-        from safetensors.numpy import save_file
-
-        tmp = f"{path}.tmp-{os.getpid()}"
-        save_file(arrays, tmp, metadata={"format": "mithril-spec", "spec": SPEC_NAME})
-    else:
-        tmp = f"{path}.tmp-{os.getpid()}.npz"
-        np.savez(tmp, **arrays)
-    os.chmod(tmp, 0o644)  # (safetensors creates its files readable by their owner only)
-    os.replace(tmp, path)
-    print(f"wrote {path} ({len(arrays)} arrays)", flush=True)
+    """--export-params: canonical names and layout, float32 (runtime/param_files.py's write_params)."""
+    write_params(path, arrays, SPEC_NAME)
 
 
 def canonical(name, tensor):

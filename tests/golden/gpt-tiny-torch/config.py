@@ -4,6 +4,10 @@ with the settings only it uses (the optimizer's in train.py)."""
 
 import torch
 
+# isort: split
+# beside this file: runtime/ (the helpers every build carries unchanged) and this build's files
+from runtime.params import every_copy
+
 SPEC_NAME = "gpt-tiny"
 SPEC_FILE = "gpt-tiny.yaml"
 MITHRIL_VERSION = "0.1.0"
@@ -17,24 +21,6 @@ WORLD = 8  # ranks the program must be launched on
 # inside the block; every_copy() gives them their canonical names (copy i of `ln1.weight` in
 # `blocks` is `blocks.i.ln1.weight`).
 REPEATS = {"blocks": 4}
-
-
-def every_copy(top, blocks):
-    """A table by canonical name: `top` as it is, and each block entry once per copy (an entry that is a
-    function gets the copy index)."""
-    each = [
-        (
-            f"{r}.{i}.{k}",
-            (rows[k](i) if callable(rows[k]) else rows[k]) if isinstance(rows, dict) else True,
-        )
-        for r, rows in blocks.items()
-        for i in range(REPEATS[r])
-        for k in rows
-    ]
-    if isinstance(top, set):
-        return top | {name for name, _ in each}
-    return {**top, **dict(each)}
-
 
 # Parameters by canonical name: shape (canonical layout), init, std (docs/program.md "Parameters").
 PARAMS = every_copy(
@@ -60,6 +46,7 @@ PARAMS = every_copy(
             "mlp.proj.bias": ((128,), "zeros", 0.02),
         },
     },
+    REPEATS,
 )
 BUFFERS = {}
 

@@ -1,11 +1,9 @@
 """gpt-tiny: the processes and devices, and how the mesh (data=2, fsdp=2, tensor=2) is applied to the model;
 what each rank holds (the memory report, --dry-run)."""
 
-import ctypes
 import json
 import logging
 import os
-import signal
 import sys
 import time
 import warnings
@@ -16,9 +14,11 @@ import torch.distributed as dist
 
 # isort: split
 # beside this file: runtime/ (the helpers every build carries unchanged) and this build's files
-from config import MESH, PARAMS, PLANNED_BYTES, WORLD, every_copy
+from config import MESH, PARAMS, PLANNED_BYTES, REPEATS, WORLD
 from model import local_part
 from runtime.errors import require
+from runtime.params import every_copy
+from runtime.processes import keep_host_memory_compact
 
 # what the spec decided that only this file uses (the settings several files share: config.py)
 BATCH_AXES = ("data", "fsdp")  # the batch is split over these (data-parallel degree 4)
@@ -47,6 +47,7 @@ FSDP_DIMS = every_copy(
             "mlp.proj.bias": 0,
         },
     },
+    REPEATS,
 )
 # Tensor parallelism: parallelize_module style per sub-module (`*`: every copy of a block).
 TP_PLAN = {
@@ -88,20 +89,6 @@ def refuse(refusal):
         # reaches the same verdict, is not stopped before it has said why
         time.sleep(3)
     (os._exit if dist.is_initialized() else sys.exit)(2)
-
-
-def keep_host_memory_compact():
-    """glibc serves allocations below its mmap threshold from its heap, and raises the threshold (up to
-    32 MB) whenever a larger block is freed; from then on the tensors a step frees (activations, gathered
-    shards, gradients) stay in the heap, fragmented, and a sharded run's host peak grows by about the size
-    of its shards. A fixed threshold of 256 KiB hands every tensor of 256 KiB or more (a sharded rank's
-    activations included) back when it is freed (benchmarks/init_scale.py: 0.59 -> 0.45 of the one-process
-    peak per rank on fsdp=4 with 1 MiB; 256 KiB: 100 MB less again on 200M parameters). Only programs that
-    shard over fsdp: it costs every step the mapping (and zeroing) of its large tensors anew."""
-    try:
-        ctypes.CDLL(None).mallopt(-3, 1 << 18)  # M_MMAP_THRESHOLD (glibc); elsewhere nothing to do
-    except (OSError, AttributeError):
-        pass
 
 
 def setup(dry_run=False):
@@ -163,18 +150,6 @@ def shutdown(code=0):
     dist.barrier()
     dist.destroy_process_group()
     os._exit(code)
-
-
-def die_with_launcher():
-    """torchrun starts each rank in a session of its own: killing the launcher's process group (kill -9 of
-    launch.sh, a closed terminal) would leave the ranks training, and writing checkpoints. On Linux each
-    rank has the kernel send it SIGKILL when its parent, torchrun, dies (prctl PR_SET_PDEATHSIG)."""
-    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
-        return
-    parent = os.getppid()
-    ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # 1: PR_SET_PDEATHSIG
-    if os.getppid() != parent:  # torchrun died before the call: nothing would tell this rank
-        os._exit(1)
 
 
 def most(n, device):
