@@ -206,7 +206,6 @@ def _prod(dims: str) -> int:
 def jax_hlo_worker(out: str, *builds: str) -> None:
     """(In its own process, XLA_FLAGS set by the caller.) Each build's train step as `main` compiles it."""
     import argparse as ap
-    import importlib.util
 
     import jax
     from jax.sharding import NamedSharding
@@ -214,9 +213,7 @@ def jax_hlo_worker(out: str, *builds: str) -> None:
 
     result = {}
     for b in builds:
-        spec = importlib.util.spec_from_file_location(f"train_{abs(hash(b))}", os.path.join(b, "train.py"))
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
+        mod = _load(b)
         mesh = mod.make_mesh()
         with jax.set_mesh(mesh):
             optimizer = mod.make_optimizer()
@@ -235,13 +232,11 @@ def jax_hlo_worker(out: str, *builds: str) -> None:
 
 
 def _load(build_dir: str):
-    import importlib.util
+    """The build's program, its files imported afresh (tests/program_import.py)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from program_import import load_program
 
-    spec = importlib.util.spec_from_file_location(f"train_{abs(hash(build_dir))}",
-                                                  os.path.join(build_dir, "train.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_program(build_dir)
 
 
 def _ddp_rank(rank: int, world: int, ports: list[int], builds: list[str], out: str) -> None:

@@ -84,7 +84,8 @@ def build(target: str, shape: dict, batch: int, devices: int, data: Path, out: P
 
 
 def flops_per_step(program: Path) -> float:
-    m = re.search(r"^FLOPS_PER_STEP = \(?\s*([0-9_]+)", (program / "train.py").read_text(), re.MULTILINE)
+    text = "\n".join(p.read_text() for p in sorted(program.glob("*.py")))  # the program's files (train.py's top)
+    m = re.search(r"^FLOPS_PER_STEP = \(?\s*([0-9_]+)", text, re.MULTILINE)
     assert m, "FLOPS_PER_STEP not in the program"
     return float(m.group(1).replace("_", ""))
 
