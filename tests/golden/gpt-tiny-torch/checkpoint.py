@@ -97,9 +97,8 @@ def export_tensors(named, path, save=save_params):
     Collective: every rank calls it, in the same (named_parameters) order; one tensor at a time,
     full_tensor() gathers its shards and the first rank keeps it."""
     wholes = ((n, p.full_tensor() if hasattr(p, "full_tensor") else p) for n, p in named)
-    arrays = {
-        n: canonical(n, whole) for n, whole in wholes if is_first()
-    }  # every rank gathers each in turn
+    # every rank gathers each in turn (full_tensor is a collective); the first keeps them
+    arrays = {n: canonical(n, whole) for n, whole in wholes if is_first()}
     if is_first():
         save(path, {name: arrays[name] for name in PARAMS})
 
@@ -291,9 +290,8 @@ def load_checkpoint(path, model, optimizer, scheduler):
         optim_state_dict=state["optim"],
         options=FLAT_OPTIMIZER_STATE,
     )
-    scheduler.load_state_dict(
-        meta["scheduler"]
-    )  # its step; then this program's lr and schedule at that step
+    # the scheduler's step; then this program's lr and schedule at that step
+    scheduler.load_state_dict(meta["scheduler"])
     scheduler.base_lrs = [s["initial_lr"] for s in settings]
     for group, kept, base, lr_of in zip(
         optimizer.param_groups, settings, scheduler.base_lrs, scheduler.lr_lambdas

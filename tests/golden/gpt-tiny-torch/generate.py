@@ -222,9 +222,8 @@ def parse_args(argv=None):
 def main(args):
     tokenizer = load_tokenizer(args.tokenizer)
     ids = encode_prompt(args, tokenizer, VOCAB, SEQ)
-    device, mesh, _ = (
-        setup()
-    )  # train.py's: the ranks checked against the mesh, the device, the process group
+    # parallel.py's setup: the ranks checked against the mesh, the device, the process group
+    device, mesh, _ = setup()
     model = load_model(args, device, mesh)
     decoder = KVCacheDecoder(decode_weights(model), mesh.get_group("tensor"))
 

@@ -108,9 +108,8 @@ def setup(dry_run=False):
     )
     keep_host_memory_compact()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    cuda = (
-        torch.cuda.is_available() and not fake
-    )  # a fake process group lays out on the CPU: nothing runs
+    # a fake process group lays out on the CPU: nothing runs
+    cuda = torch.cuda.is_available() and not fake
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
