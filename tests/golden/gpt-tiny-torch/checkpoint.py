@@ -16,8 +16,8 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 # isort: split
 # beside this file: runtime/ (the helpers every build carries unchanged) and this build's files
 from config import MESH, PARAMS, REPEATS, SPEC_NAME
-from model import local_part
-from parallel import all_ranks, is_first, local_box, log
+from model import local_box, local_part
+from parallel import all_ranks, is_first, log
 from runtime.checkpoints import Manifests, checkpoint_dirs, resume_from
 from runtime.param_files import read_params, write_params
 from runtime.params import every_copy

@@ -15,7 +15,7 @@ import torch.distributed as dist
 # isort: split
 # beside this file: runtime/ (the helpers every build carries unchanged) and this build's files
 from config import MESH, PARAMS, PLANNED_BYTES, REPEATS, WORLD
-from model import local_part
+from model import local_box, local_part
 from runtime.errors import require
 from runtime.params import every_copy
 from runtime.processes import keep_host_memory_compact
@@ -255,20 +255,6 @@ def gloo_collectives(model):
 # ----------------------------------------------------------------------------
 # Memory report and dry run
 # ----------------------------------------------------------------------------
-def local_box(p, rank=None):
-    """The shape and offset (torch layout) of the part of parameter `p` that `rank` (default: this one)
-    holds: a DTensor's shard, from its placements over its mesh (whose axes are MESH's, by name), else
-    the whole. Computed without touching the data (the model may be on the meta device)."""
-    from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
-
-    at = dict(
-        zip(MESH, np.unravel_index(dist.get_rank() if rank is None else rank, tuple(MESH.values())))
-    )
-    m = p.device_mesh if hasattr(p, "placements") else None  # None: a plain tensor, whole
-    where = [int(at[axis]) for axis in (m.mesh_dim_names if m else ())]
-    return _compute_local_shape_and_global_offset(
-        p.shape, m.shape if m else (), where, p.placements if m else ()
-    )
 
 
 def local_bytes(t):
