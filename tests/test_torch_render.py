@@ -55,8 +55,9 @@ def test_build_never_imports_torch(tmp_path):
     )
     proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md", "build-manifest.json", "generate.py",
-                                                          "launch.sbatch", "launch.sh", "plan.json", "runtime", "train.py"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "README.md", "build-manifest.json", "checkpoint.py", "config.py", "data.py", "generate.py", "launch.sbatch",
+        "launch.sh", "model.py", "parallel.py", "plan.json", "runtime", "train.py"]
     for script in ("launch.sh", "launch.sbatch"):
         assert (tmp_path / script).stat().st_mode & 0o111
         assert subprocess.run(["bash", "-n", str(tmp_path / script)], check=False).returncode == 0
