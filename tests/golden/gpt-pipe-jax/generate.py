@@ -29,17 +29,17 @@ from jax.sharding import PartitionSpec as P
 # isort: off
 # fmt: off
 # beside this file: runtime/ (the helpers every build carries unchanged) and this build's files
-from checkpoint import load_params, place, to_host
+from checkpoint import init_state, load_params, place, to_host
 from config import (CHUNK, COMPUTE_DTYPE, INPUT_LAYOUTS, MICROBATCHES, PARAM_DTYPE, SEED,
                     SPEC_FILE, SPEC_NAME)
 from model import embedding, layer_norm, mlp, project_together
-from parallel import (PER_STAGE, PIPE, STACKED, VIRTUAL_STAGES, make_mesh, pipeline_predict,
-                      refuse, setup_devices, varying)
+from parallel import (PER_STAGE, PIPE, STACKED, VIRTUAL_STAGES, layouts, make_mesh,
+                      pipeline_predict, refuse, setup_devices, varying)
 from runtime.cli import process_options
 from runtime.errors import Refusal
 from runtime.sampling import (check_sampling, encode_prompt, load_tokenizer, print_result,
                               sample_tokens, sampling_parser)
-from train import init_state, layouts, make_optimizer
+from train import make_optimizer
 # fmt: on
 # isort: on
 
