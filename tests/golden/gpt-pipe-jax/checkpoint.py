@@ -1,5 +1,5 @@
-"""gpt-pipe: parameters (initial values, --init-params, --export-params) and checkpoints (orbax, with a
-manifest of checksums beside each)."""
+"""gpt-pipe: parameters (initial values, --init-params, --export-params), checkpoints (orbax, with a
+manifest of checksums beside each) and the train state at the run's first step, initial or restored."""
 
 import json
 import os

@@ -181,10 +181,10 @@ def cache_layouts(mesh):
 
 
 # ----------------------------------------------------------------------------
-# Loading (train.py's code), the decode and the full forward pass on the mesh
+# Loading (the train program's code), the decode and the full forward pass on the mesh
 # ----------------------------------------------------------------------------
 def load_model(args, mesh):
-    """The parameters, laid out as the train state lays them out (train.py's layouts): from --params (each
+    """The parameters, laid out as the train state lays them out (parallel.py's layouts): from --params (each
     process reads only its devices' slices) or the newest usable checkpoint of --resume."""
     optimizer = make_optimizer()
     shardings, _, abstract = layouts(mesh, optimizer)

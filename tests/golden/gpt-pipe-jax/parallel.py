@@ -1,4 +1,5 @@
-"""gpt-pipe: the processes and devices, the mesh and how it is applied (the pipeline schedule);
+"""gpt-pipe: the processes and devices, the mesh and how it is applied (the pipeline schedule): the train
+state's names, the optimizer state and the shardings of all of it;
 what each device holds (--dry-run)."""
 
 import math

@@ -4,9 +4,9 @@ Mesh: pipe=2, data=2, tensor=2 (8 devices).
 It needs only the standard library, numpy, jax, optax and orbax-checkpoint. This file holds the
 optimizer, the jitted train step, the training loop and the command line; beside it are config.py
 (what the spec decided that several files use), model.py (plain functions over a flat dict of
-parameters keyed by canonical name), parallel.py (devices, the mesh, shardings), data.py (by global
-sample index), checkpoint.py (parameters, orbax checkpoints) and runtime/ (helpers that do not depend on
-the spec).
+parameters keyed by canonical name), parallel.py (devices, the mesh, the train state's shardings),
+data.py (by global sample index), checkpoint.py (parameters, orbax checkpoints, the first step's state)
+and runtime/ (helpers that do not depend on the spec).
 
     python train.py --steps 20 --metrics metrics.jsonl     # one process, all devices
     python train.py --dry-run                              # the mesh, every layout, bytes per device
