@@ -374,8 +374,6 @@ def dry_run(mesh, shardings, abstract):
 # ----------------------------------------------------------------------------
 # The train state's names: a repeated block's parameters are stacked over its copies.
 # ----------------------------------------------------------------------------
-
-
 def stack_of(name):
     """A name of the train state -> (repeat, name inside the block) for a block parameter (or buffer) stacked
     over the block's copies, "<repeat>.*.<param>"; (None, name) for the others."""
@@ -467,8 +465,6 @@ def layouts(mesh, optimizer):
 
 def any_process(flag):
     """Whether `flag` holds on any process, on every process (a collective when there are several)."""
-    return (
-        bool(flag)
-        if jax.process_count() == 1
-        else bool(multihost_utils.process_allgather(np.int32(flag)).any())
-    )
+    if jax.process_count() == 1:
+        return bool(flag)
+    return bool(multihost_utils.process_allgather(np.int32(flag)).any())
