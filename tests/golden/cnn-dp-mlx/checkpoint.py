@@ -54,8 +54,8 @@ def step_of(name):
 
 
 def step_dirs(directory):
-    """{step: path} of the checkpoints in `directory`."""
-    names = os.listdir(directory) if os.path.isdir(directory) else []
+    """{step: path} of the checkpoints in `directory` (None: none)."""
+    names = os.listdir(directory) if directory and os.path.isdir(directory) else []
     return {step_of(n): os.path.join(directory, n) for n in names if step_of(n) is not None}
 
 
@@ -66,10 +66,8 @@ def dtype_name(a):
 def save_checkpoint(directory, step, arrays):
     """Saves the train state `arrays` after `step` as DIR/step_<step>; returns that directory."""
     began = time.perf_counter()
-    final, tmp = (
-        os.path.join(directory, f"step_{step:08d}"),
-        os.path.join(directory, f".tmp_step_{step:08d}"),
-    )
+    final = os.path.join(directory, f"step_{step:08d}")
+    tmp = os.path.join(directory, f".tmp_step_{step:08d}")
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     mx.save_safetensors(os.path.join(tmp, "state.safetensors"), arrays)
@@ -78,40 +76,28 @@ def save_checkpoint(directory, step, arrays):
     os.replace(tmp, final)
     for old in sorted(step_dirs(directory))[:-KEEP_CHECKPOINTS]:
         shutil.rmtree(step_dirs(directory)[old], ignore_errors=True)
-    print(
-        f"checkpoint: step {step} saved in {final} ({time.perf_counter() - began:.1f} s)",
-        flush=True,
-    )
+    took = time.perf_counter() - began
+    print(f"checkpoint: step {step} saved in {final} ({took:.1f} s)", flush=True)
     return final
 
 
 def state_arrays(params, buffers, optimizers):
     """The whole train state as flat arrays: params/<name>, buffers/<name>, optimizer/<group>/step and
     optimizer/<group>/<name>/<slot>."""
-    out = {f"params/{n}": a for n, a in params.items()} | {
-        f"buffers/{n}": a for n, a in buffers.items()
-    }
+    out = {f"params/{n}": a for n, a in params.items()}
+    out |= {f"buffers/{n}": a for n, a in buffers.items()}
     for group, (opt, names) in optimizers.items():
         out[f"optimizer/{group}/step"] = opt.state["step"]
-        out.update(
-            {
-                f"optimizer/{group}/{n}/{slot}": a
-                for n in names
-                for slot, a in opt.state.get(n, {}).items()
-            }
-        )
+        for n in names:
+            out |= {f"optimizer/{group}/{n}/{slot}": a for slot, a in opt.state.get(n, {}).items()}
     return out
 
 
 def load_state(arrays, optimizers):
     """The inverse of state_arrays: (parameters, buffers), and the optimizers' state set in place."""
     for group, (opt, names) in optimizers.items():
-        opt.state.update(
-            {
-                n: {s: arrays[f"optimizer/{group}/{n}/{s}"] for s in opt.state.get(n, {})}
-                for n in names
-            }
-        )
+        for n in names:
+            opt.state[n] = {s: arrays[f"optimizer/{group}/{n}/{s}"] for s in opt.state.get(n, {})}
         opt.state["step"] = arrays[f"optimizer/{group}/step"]
     return {n: arrays[f"params/{n}"] for n in PARAMS}, {n: arrays[f"buffers/{n}"] for n in BUFFERS}
 

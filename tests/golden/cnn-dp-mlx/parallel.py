@@ -10,6 +10,7 @@ import mlx.core as mx
 # isort: split
 # beside this file: runtime/ (the helpers every build carries unchanged) and this build's files
 from config import BUFFERS, MESH, MOMENTUM, PARAMS, PLANNED_BYTES
+from runtime.console import process_peak_rss
 from runtime.errors import require
 
 # what the spec decided that only this file uses (the settings several files share: config.py)
@@ -43,9 +44,31 @@ def join_processes():
     return world
 
 
-def nbytes(arrays):
-    """Bytes of the arrays with at least one dimension (step counters are not counted)."""
-    return sum(a.nbytes for a in arrays if a.ndim > 0)
+def any_process(world, flag):
+    """Whether `flag` holds on any process (one number summed over the processes)."""
+    if world.size() == 1:
+        return flag
+    return mx.distributed.all_sum(mx.array(float(flag)), group=world).item() > 0
+
+
+def barrier(world):
+    """Waits until every process gets here."""
+    if world.size() > 1:
+        mx.eval(mx.distributed.all_sum(mx.array(1.0), group=world))
+
+
+def peak_bytes():
+    """The peak bytes of this process's device so far (mlx's count, else the process's peak RSS)."""
+    return (mx.get_peak_memory() if hasattr(mx, "get_peak_memory") else 0) or process_peak_rss()
+
+
+def held_bytes(state):
+    """{params, optimizer, buffers}: the bytes of the train state's arrays (state_arrays) with at least one
+    dimension (step counters are not counted)."""
+    held = {"params": 0, "optimizer": 0, "buffers": 0}
+    for name, a in state.items():
+        held[name.split("/")[0]] += a.nbytes if a.ndim > 0 else 0
+    return held
 
 
 def local_shape(name, shape):
@@ -57,18 +80,10 @@ def dry_run():
     """What every process would hold, computed without allocating: its part of each parameter,
     OPTIMIZER_SLOTS float32 tensors of state per parameter, the buffers."""
     params = 4 * sum(math.prod(local_shape(name, shape)) for name, (shape, _, _) in PARAMS.items())
-    held = {
-        "params": params,
-        "optimizer": OPTIMIZER_SLOTS * params,
-        "buffers": 4 * sum(math.prod(shape) for shape, _ in BUFFERS.values()),
-    }
-    print(
-        f"mesh: {MESH or '(one device)'} ({PROCESSES} process(es), {mx.default_device()})",
-        f"{'parameter':40s} {'shape':>16s} per-process shape",
-        *(
-            f"{name:40s} {list(shape)!s:>16s} {list(local_shape(name, shape))}"
-            for name, (shape, _, _) in PARAMS.items()
-        ),
-        "per-process bytes " + json.dumps({"held": held, "planned": PLANNED_BYTES}),
-        sep="\n",
-    )
+    buffers = 4 * sum(math.prod(shape) for shape, _ in BUFFERS.values())
+    held = {"params": params, "optimizer": OPTIMIZER_SLOTS * params, "buffers": buffers}
+    print(f"mesh: {MESH or '(one device)'} ({PROCESSES} process(es), {mx.default_device()})")
+    print(f"{'parameter':40s} {'shape':>16s} per-process shape")
+    for name, (shape, _, _) in PARAMS.items():
+        print(f"{name:40s} {list(shape)!s:>16s} {list(local_shape(name, shape))}")
+    print("per-process bytes " + json.dumps({"held": held, "planned": PLANNED_BYTES}))

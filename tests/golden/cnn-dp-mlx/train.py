@@ -34,10 +34,10 @@ from config import (BATCH_SIZE, BUFFERS, GRAD_ACCUM, MESH, MICRO_BATCH, MOMENTUM
                     PLANNED_BYTES, SEED, SPEC_NAME)
 from data import Data, micro_batch_start
 from model import loss_fn
-from parallel import dry_run, join_processes, nbytes, refuse
+from parallel import any_process, barrier, dry_run, held_bytes, join_processes, peak_bytes, refuse
 from runtime.checkpoints import check_start, resolve_resume
 from runtime.cli import check_arguments, train_parser
-from runtime.console import Console, Metrics, past_schedule, process_peak_rss
+from runtime.console import Console, Metrics, past_schedule
 from runtime.errors import Refusal, require
 from runtime.params import init_values, initial_params
 from runtime.preemption import Preemption
@@ -49,9 +49,7 @@ from runtime.preemption import Preemption
 SPEC_FILE = "cnn-dp.yaml"
 DATA = 4  # data-parallel degree: processes reading different rows of each batch
 TOKENS_PER_SAMPLE = None  # for tokens/s: the first input's sequence length
-FLOPS_PER_STEP = (
-    332034048  # model FLOPs of one optimizer step (forward + backward, no recompute): for MFU
-)
+FLOPS_PER_STEP = 332034048  # forward + backward, no recompute: for MFU
 MICROBATCHES = 1
 STEPS = 10  # also T of the lr schedule (--steps changes only how far this run goes)
 LR = 0.01
@@ -65,8 +63,7 @@ CHECKPOINT_EVERY = 0
 # Optimizer: the documented schedule, torch-style clipping, mlx.optimizers (docs/program.md "Numerics").
 # ----------------------------------------------------------------------------
 def lr_schedule(t):
-    """The learning rate at 0-based step t (mlx.optimizers calls it with its step counter before each
-    update)."""
+    """The learning rate at 0-based step t (mlx.optimizers calls it with its step counter)."""
     t = mx.array(t).astype(mx.float32)
     after = mx.array(LR, mx.float32)
     return mx.where(t < WARMUP_STEPS, LR * (t + 1) / max(WARMUP_STEPS, 1), after)
@@ -107,7 +104,7 @@ def train_step(world, optimizers, params, buffers, micro_batches, tag):
     """One optimizer step over this process's share of every micro-batch of the step. Returns the new
     parameters and buffers, the step's metrics (loss: the mean over the global batch) and the gradients it
     stepped on (before clipping: --export-grads)."""
-    loss_sum, grad_sum = mx.array(0.0), None
+    loss_sum, grad_sum = mx.array(0.0), dict.fromkeys(params, 0.0)
     for k, (first, batch) in enumerate(micro_batches):
         key = None  # nothing random in the step
         # the loss of each micro-batch counts 1 / (number of micro-batches), as one big batch would
@@ -115,11 +112,7 @@ def train_step(world, optimizers, params, buffers, micro_batches, tag):
         (loss, buffers), grads = fn(params)
         n = len(micro_batches)
         loss_sum = loss_sum + loss / n
-        grad_sum = (
-            {k: g / n for k, g in grads.items()}
-            if grad_sum is None
-            else {k: grad_sum[k] + g / n for k, g in grads.items()}
-        )
+        grad_sum = {k: grad_sum[k] + g / n for k, g in grads.items()}
     grads, loss = grad_sum, loss_sum
     if DATA > 1:  # data parallelism: every process gets the mean over the processes
         # (as a list: mlx's tree functions would split the dotted canonical names into nested dicts)
@@ -202,96 +195,53 @@ def main(args):
     optimizers = make_optimizer()
     resolve_resume(args, print if is_first else lambda line: None, step_of)
     start, params, buffers = init_state(args, optimizers, world.rank())
-    check_start(
-        args, start, step_dirs(args.checkpoint_dir) if args.checkpoint_dir else {}, CHECKPOINT_DIR
-    )
+    check_start(args, start, step_dirs(args.checkpoint_dir), CHECKPOINT_DIR)
     if is_first:
-        state = state_arrays(params, buffers, optimizers)
         held = {
-            k: nbytes(a for n, a in state.items() if n.startswith(f"{k}/"))
-            for k in ("params", "optimizer", "buffers")
+            "device0": held_bytes(state_arrays(params, buffers, optimizers)),
+            "planned": PLANNED_BYTES,
         }
         resumed = f"resumed from {args.resume} at step {start}\n" if args.resume else ""
-        print(
-            resumed + "memory " + json.dumps({"device0": held, "planned": PLANNED_BYTES}),
-            flush=True,
-        )
-    peak_memory = getattr(mx, "get_peak_memory", None)
+        print(resumed + "memory " + json.dumps(held), flush=True)
     console = Console(
-        args,
-        start,
-        is_first,
-        RUN,
-        BATCH_SIZE,
-        TOKENS_PER_SAMPLE,
-        FLOPS_PER_STEP,
-        memory=lambda: (peak_memory() if peak_memory else 0) or process_peak_rss(),
+        args, start, is_first, RUN, BATCH_SIZE, TOKENS_PER_SAMPLE, FLOPS_PER_STEP, memory=peak_bytes
     )
     console.say(schedule_note(args.steps, lr_schedule))
 
     data = Data(args.data, seed=args.seed + 1)
     metrics = Metrics(args.metrics, is_first, append=bool(args.resume), start=start)
     stop = saved = False
+    every = args.checkpoint_every
     for step in range(start, args.steps):
         t0 = time.perf_counter()
         batches = local_batches(data, step, world.rank())
-        params, buffers, m, grads = train_step(
-            world, optimizers, params, buffers, batches, f"{args.seed}:{step}"
-        )
+        tag = f"{args.seed}:{step}"  # names the step's dropout masks
+        params, buffers, m, grads = train_step(world, optimizers, params, buffers, batches, tag)
         mx.eval(params, buffers, m, [opt.state for opt, _ in optimizers.values()])
         if args.export_grads and step == start:
             export_grads(args.export_grads, grads, is_first)
-        m = {
-            "loss": m["loss"].item(),
-            "lr": lr_schedule(step).item(),
-            "grad_norm": m["grad_norm"].item(),
-        }
-        dt = time.perf_counter() - t0
-        done = step + 1
-        row = {
-            "step": done,
-            "loss": m["loss"],
-            "lr": m["lr"],
-            "grad_norm": m["grad_norm"],
-            "step_time_s": dt,
-            "samples_per_s": BATCH_SIZE / dt,
-        }
+        done, dt = step + 1, time.perf_counter() - t0
+        row = {"step": done, "loss": m["loss"].item(), "lr": lr_schedule(step).item()}
+        row |= {"grad_norm": m["grad_norm"].item(), "step_time_s": dt}
+        row["samples_per_s"] = BATCH_SIZE / dt
         metrics.log(**row)
         console.step(row)
         # a signal on any process: every process stops after this step (one number summed over the processes)
-        stop = preempt.stop(
-            lambda asked: (
-                asked
-                if world.size() == 1
-                else mx.distributed.all_sum(mx.array(float(asked)), group=world).item() > 0
-            )
-        )
-        if args.checkpoint_dir and (
-            stop
-            or done == args.steps
-            or (args.checkpoint_every > 0 and done % args.checkpoint_every == 0)
-        ):
-            saved = (
-                save_checkpoint(
-                    args.checkpoint_dir, done, state_arrays(params, buffers, optimizers)
-                )
-                if is_first
-                else True
-            )
+        stop = preempt.stop(lambda asked: any_process(world, asked))
+        due = stop or done == args.steps or (every > 0 and done % every == 0)
+        if args.checkpoint_dir and due:
+            state = state_arrays(params, buffers, optimizers)
+            saved = save_checkpoint(args.checkpoint_dir, done, state) if is_first else True
         if stop:
             break
     metrics.close()
     console.summary()
     if stop:  # preempted: exit once the checkpoint is saved (the others wait for the first process's save)
-        if world.size() > 1:
-            mx.eval(mx.distributed.all_sum(mx.array(1.0), group=world))
+        barrier(world)
         sys.exit(preempt.exit(done, saved, console.say))
     if args.export_params and is_first:
         save_params(args.export_params, {name: np.array(w) for name, w in params.items()})
-    if (
-        world.size() > 1
-    ):  # nobody leaves while another process may still read a checkpoint of this run
-        mx.eval(mx.distributed.all_sum(mx.array(1.0), group=world))
+    barrier(world)  # nobody leaves while another process may still read a checkpoint of this run
 
 
 def cli(argv=None):

@@ -1,5 +1,5 @@
-"""gpt-pipe: parameters (initial values, --init-params, --export-params) and checkpoints (orbax, with a
-manifest of checksums beside each)."""
+"""gpt-pipe: parameters (initial values, --init-params, --export-params), checkpoints (orbax, with a
+manifest of checksums beside each) and the train state at the run's first step, initial or restored."""
 
 import json
 import os
@@ -12,10 +12,11 @@ from jax.experimental import multihost_utils
 
 # isort: split
 # beside this file: runtime/ (the helpers every build carries unchanged) and this build's files
-from config import MESH, PARAMS, REPEATS, SPEC_NAME
-from parallel import STACK_ORDER
+from config import BUFFERS, MESH, PARAM_DTYPE, PARAMS, REPEATS, SPEC_NAME
+from parallel import copies, copy_name, init_optimizer, stack_of
 from runtime.checkpoints import Manifests, checkpoint_dirs, resume_from
 from runtime.param_files import read_params, write_params
+from runtime.params import InitTensor, initial_params
 
 
 # ----------------------------------------------------------------------------
@@ -31,32 +32,6 @@ def load_params(path, flag="--init-params"):
 def save_params(path, arrays):
     """--export-params: canonical names and layout, float32 (runtime/param_files.py's write_params)."""
     write_params(path, arrays, SPEC_NAME)
-
-
-def stack_of(name):
-    """A name of the train state -> (repeat, name inside the block) for a block parameter (or buffer) stacked
-    over the block's copies, "<repeat>.*.<param>"; (None, name) for the others."""
-    repeat, stacked, local = name.partition(".*.")
-    return (repeat, local) if stacked else (None, name)
-
-
-def copy_name(name, i):
-    """The canonical name of copy i of a stacked parameter (other names are returned as they are)."""
-    repeat, local = stack_of(name)
-    return name if repeat is None else f"{repeat}.{i}.{local}"
-
-
-def copies(repeat):
-    """The copy of `repeat` that each row of its stacked arrays holds (STACK_ORDER for the pipelined `blocks`)."""
-    return STACK_ORDER if repeat == "blocks" else range(REPEATS[repeat])
-
-
-def state_shape(name, table):
-    """The shape in the train state of `name`, from `table` (PARAMS or BUFFERS): a stacked
-    one has its copies first."""
-    repeat, _ = stack_of(name)
-    shape = table[copy_name(name, 0)][0]
-    return shape if repeat is None else (REPEATS[repeat], *shape)
 
 
 def place(src, name, shape, sharding, dtype):
@@ -283,3 +258,40 @@ def restore_checkpoint(directory, target):
         MANIFESTS,
         jax.process_index() == 0,
     )[1]
+
+
+# ----------------------------------------------------------------------------
+# The train state at the run's first step: initial values, or the newest usable checkpoint (--resume)
+# ----------------------------------------------------------------------------
+def init_state(args, optimizer, shardings, abstract):
+    """Parameters from the counter-based init (or --init-params), a fresh optimizer state, initial buffers,
+    step 0, each process computing or reading only its devices' slices. With --resume, all of it from the
+    newest usable checkpoint, restored straight into its sharded layout: nothing is drawn or placed first."""
+    if args.resume:  # the restore targets: shapes, dtypes and shardings
+        return restore_checkpoint(
+            args.resume,
+            jax.tree.map(
+                lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
+            ),
+        )
+    src = load_params(args.init_params) if args.init_params else initial_params(PARAMS, args.seed)
+    params = {
+        name: place(src, name, a.shape, shardings["params"][name], PARAM_DTYPE)
+        for name, a in abstract["params"].items()
+    }
+    if args.init_params and jax.process_index() == 0:
+        print(f"parameters: loaded from {args.init_params}", flush=True)
+    init_opt = jax.jit(lambda p: init_optimizer(optimizer, p), out_shardings=shardings["opt_state"])
+    buffers = {
+        name: InitTensor(name, shape, kind, 0.0, args.seed)
+        for name, (shape, kind) in BUFFERS.items()
+    }
+    return {
+        "params": params,
+        "opt_state": init_opt(params),
+        "buffers": {
+            name: place(buffers, name, a.shape, shardings["buffers"][name], np.float32)
+            for name, a in abstract["buffers"].items()
+        },
+        "step": place({"step": np.zeros((), np.int32)}, "step", (), shardings["step"], np.int32),
+    }

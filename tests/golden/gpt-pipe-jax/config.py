@@ -47,6 +47,32 @@ PARAMS = every_copy(
     },
     REPEATS,
 )
+# The train state's parameters and the plan's layout of each: the mesh axes each dimension is split over.
+# Gradients and the optimizer state take the layout of their parameter.
+# A parameter of a repeated block is one array over its copies, "<repeat>.*.<param>" = [copies, ...], each
+# copy laid out as the plan says, and the model runs the block under lax.scan over the copies.
+# The copy dimension of `blocks` is split over `pipe`: each pipe rank holds the copies of its stages.
+# Checkpoints hold the stacked arrays; --init-params and --export-params use the canonical names.
+STATE_LAYOUTS = {
+    "wte.weight": P(None, None),
+    "wpe.weight": P(None, None),
+    "ln_f.weight": P(None),
+    "ln_f.bias": P(None),
+    "lm_head.weight": P(None, None),
+    "blocks.*.ln1.weight": P("pipe", None),
+    "blocks.*.ln1.bias": P("pipe", None),
+    "blocks.*.attn.q.weight": P("pipe", None, "tensor"),
+    "blocks.*.attn.k.weight": P("pipe", None, "tensor"),
+    "blocks.*.attn.v.weight": P("pipe", None, "tensor"),
+    "blocks.*.attn.o.weight": P("pipe", "tensor", None),
+    "blocks.*.ln2.weight": P("pipe", None),
+    "blocks.*.ln2.bias": P("pipe", None),
+    "blocks.*.mlp.fc.weight": P("pipe", None, "tensor"),
+    "blocks.*.mlp.fc.bias": P("pipe", "tensor"),
+    "blocks.*.mlp.proj.weight": P("pipe", "tensor", None),
+    "blocks.*.mlp.proj.bias": P("pipe", None),
+}
+BUFFERS = {}  # no batch_norm: nothing but parameters and optimizer state
 
 INPUT_LAYOUTS = {  # batch dimension first
     "tokens": P("data", None),

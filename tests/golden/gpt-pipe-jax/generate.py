@@ -29,17 +29,17 @@ from jax.sharding import PartitionSpec as P
 # isort: off
 # fmt: off
 # beside this file: runtime/ (the helpers every build carries unchanged) and this build's files
-from checkpoint import load_params, place, to_host
+from checkpoint import init_state, load_params, place, to_host
 from config import (CHUNK, COMPUTE_DTYPE, INPUT_LAYOUTS, MICROBATCHES, PARAM_DTYPE, SEED,
                     SPEC_FILE, SPEC_NAME)
 from model import embedding, layer_norm, mlp, project_together
-from parallel import (PER_STAGE, PIPE, STACKED, VIRTUAL_STAGES, make_mesh, pipeline_predict,
-                      refuse, setup_devices, varying)
+from parallel import (PER_STAGE, PIPE, STACKED, VIRTUAL_STAGES, layouts, make_mesh,
+                      pipeline_predict, refuse, setup_devices, varying)
 from runtime.cli import process_options
 from runtime.errors import Refusal
 from runtime.sampling import (check_sampling, encode_prompt, load_tokenizer, print_result,
                               sample_tokens, sampling_parser)
-from train import init_state, layouts, make_optimizer
+from train import make_optimizer
 # fmt: on
 # isort: on
 
@@ -181,10 +181,10 @@ def cache_layouts(mesh):
 
 
 # ----------------------------------------------------------------------------
-# Loading (train.py's code), the decode and the full forward pass on the mesh
+# Loading (the train program's code), the decode and the full forward pass on the mesh
 # ----------------------------------------------------------------------------
 def load_model(args, mesh):
-    """The parameters, laid out as the train state lays them out (train.py's layouts): from --params (each
+    """The parameters, laid out as the train state lays them out (parallel.py's layouts): from --params (each
     process reads only its devices' slices) or the newest usable checkpoint of --resume."""
     optimizer = make_optimizer()
     shardings, _, abstract = layouts(mesh, optimizer)

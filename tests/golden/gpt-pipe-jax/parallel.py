@@ -1,4 +1,5 @@
-"""gpt-pipe: the processes and devices, the mesh and how it is applied (the pipeline schedule);
+"""gpt-pipe: the processes and devices, the mesh and how it is applied (the pipeline schedule): the train
+state's names, the optimizer state and the shardings of all of it;
 what each device holds (--dry-run)."""
 
 import math
@@ -7,17 +8,27 @@ import sys
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import AxisType
+import numpy as np
+import optax
+from jax.experimental import multihost_utils
+from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-# isort: split
+# isort: off
+# fmt: off
 # beside this file: runtime/ (the helpers every build carries unchanged) and this build's files
-from config import COMPUTE_DTYPE, MESH, MICROBATCHES, PLANNED_BYTES
+from config import (BUFFERS, COMPUTE_DTYPE, INPUT_LAYOUTS, MESH, MICROBATCHES, PARAMS, PARAM_DTYPE,
+                    PLANNED_BYTES, REPEATS, STATE_LAYOUTS)
 from model import cross_entropy, decoder_stack, embedding, layer_norm
+from runtime.console import peak_flops, process_peak_rss
 from runtime.errors import require
+# fmt: on
+# isort: on
+
 
 # what the spec decided that only this file uses (the settings several files share: config.py)
 BATCH_AXES = ("data",)  # the batch is split over these (data-parallel degree 2)
+BUFFER_LAYOUTS = {}
 TF32 = True  # on GPUs: float32 matmuls and convolutions in TensorFloat-32 (precision.tf32)
 
 
@@ -315,6 +326,25 @@ def device0_bytes(tree):
     return sum(s.data.nbytes for s in shards if s.device == d0)
 
 
+def held_bytes(state):
+    """{params, optimizer, buffers}: the bytes of the train state that the first device holds (arrays with
+    ndim > 0 only: optax's step counters are not counted)."""
+    parts = {"params": "params", "optimizer": "opt_state", "buffers": "buffers"}
+    return {k: device0_bytes(state[part]) for k, part in parts.items()}
+
+
+def device_figures(mesh, compute):
+    """What the console (runtime/console.py) reports of the devices: how many, a GPU's peak FLOP/s in the
+    `compute` precision (None elsewhere: no MFU), memory(): the peak bytes of the first local one so far."""
+    device = jax.local_devices()[0]
+    peak = peak_flops(device.device_kind, compute) if device.platform == "gpu" else None
+
+    def memory():
+        return (device.memory_stats() or {}).get("peak_bytes_in_use") or process_peak_rss()
+
+    return {"devices": mesh.devices.size, "compiles": True, "peak": peak, "memory": memory}
+
+
 def dry_run(mesh, shardings, abstract):
     """What the program would hold: the mesh, every parameter's layout and per-device shape (a repeated
     block's parameters as the train state holds them: stacked over the copies), bytes per device."""
@@ -339,3 +369,102 @@ def dry_run(mesh, shardings, abstract):
         f"{held['buffers']}; planned: {PLANNED_BYTES}",
         sep="\n",
     )
+
+
+# ----------------------------------------------------------------------------
+# The train state's names: a repeated block's parameters are stacked over its copies.
+# ----------------------------------------------------------------------------
+def stack_of(name):
+    """A name of the train state -> (repeat, name inside the block) for a block parameter (or buffer) stacked
+    over the block's copies, "<repeat>.*.<param>"; (None, name) for the others."""
+    repeat, stacked, local = name.partition(".*.")
+    return (repeat, local) if stacked else (None, name)
+
+
+def copy_name(name, i):
+    """The canonical name of copy i of a stacked parameter (other names are returned as they are)."""
+    repeat, local = stack_of(name)
+    return name if repeat is None else f"{repeat}.{i}.{local}"
+
+
+def copies(repeat):
+    """The copy of `repeat` that each row of its stacked arrays holds (STACK_ORDER for the pipelined `blocks`)."""
+    return STACK_ORDER if repeat == "blocks" else range(REPEATS[repeat])
+
+
+def state_shape(name, table):
+    """The shape in the train state of `name`, from `table` (PARAMS or BUFFERS): a stacked
+    one has its copies first."""
+    repeat, _ = stack_of(name)
+    shape = table[copy_name(name, 0)][0]
+    return shape if repeat is None else (REPEATS[repeat], *shape)
+
+
+# ----------------------------------------------------------------------------
+# The optimizer state (of train.py's make_optimizer): what it holds, one update, its layout.
+# ----------------------------------------------------------------------------
+def init_optimizer(optimizer, params):
+    """The optimizer state."""
+    return optimizer.init(params)
+
+
+def apply_optimizer(optimizer, grads, opt_state, params):
+    """One update: (new parameters, new optimizer state)."""
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+
+def opt_state_shardings(optimizer, abstract_params, param_shardings, replicated):
+    """Each optimizer-state tensor found under a parameter's name (adam's mu and nu)
+    takes that parameter's layout. The rest (step counters) is replicated.
+    Placing them explicitly also keeps optax's scalar counters off a single device, which jit would
+    reject."""
+
+    def pick(path, leaf):
+        for key in reversed(path):
+            name = getattr(key, "key", None)
+            if name in param_shardings and leaf.shape == abstract_params[name].shape:
+                return param_shardings[name]
+        return replicated
+
+    abstract = jax.eval_shape(lambda params: init_optimizer(optimizer, params), abstract_params)
+    return jax.tree_util.tree_map_with_path(pick, abstract)
+
+
+# ----------------------------------------------------------------------------
+# The train state's layouts
+# ----------------------------------------------------------------------------
+def layouts(mesh, optimizer):
+    """Shardings of the train state and of a batch, and the state's shapes (nothing allocated)."""
+    replicated = NamedSharding(mesh, P())
+    params = {name: NamedSharding(mesh, spec) for name, spec in STATE_LAYOUTS.items()}
+    abstract = {
+        "params": {
+            name: jax.ShapeDtypeStruct(state_shape(name, PARAMS), PARAM_DTYPE)
+            for name in STATE_LAYOUTS
+        },
+        "buffers": {
+            name: jax.ShapeDtypeStruct(state_shape(name, BUFFERS), jnp.float32)
+            for name in BUFFER_LAYOUTS
+        },
+        "step": jax.ShapeDtypeStruct((), jnp.int32),
+    }
+    abstract["opt_state"] = jax.eval_shape(
+        lambda p: init_optimizer(optimizer, p), abstract["params"]
+    )
+    state = {
+        "params": params,
+        "opt_state": opt_state_shardings(optimizer, abstract["params"], params, replicated),
+        "buffers": {name: NamedSharding(mesh, spec) for name, spec in BUFFER_LAYOUTS.items()},
+        "step": replicated,
+    }
+    # a batch is [CHUNKS, CHUNK, ...]: the chunk axis is not split
+    batch = {name: NamedSharding(mesh, P(None, *spec)) for name, spec in INPUT_LAYOUTS.items()}
+    return state, batch, abstract
+
+
+def any_process(flag):
+    """Whether `flag` holds on any process, on every process (a collective when there are several)."""
+    if jax.process_count() == 1:
+        return bool(flag)
+    return bool(multihost_utils.process_allgather(np.int32(flag)).any())

@@ -4,9 +4,9 @@ Mesh: pipe=2, data=2, tensor=2 (8 devices).
 It needs only the standard library, numpy, jax, optax and orbax-checkpoint. This file holds the
 optimizer, the jitted train step, the training loop and the command line; beside it are config.py
 (what the spec decided that several files use), model.py (plain functions over a flat dict of
-parameters keyed by canonical name), parallel.py (devices, the mesh, shardings), data.py (by global
-sample index), checkpoint.py (parameters, orbax checkpoints) and runtime/ (helpers that do not depend on
-the spec).
+parameters keyed by canonical name), parallel.py (devices, the mesh, the train state's shardings),
+data.py (by global sample index), checkpoint.py (parameters, orbax checkpoints, the first step's state)
+and runtime/ (helpers that do not depend on the spec).
 
     python train.py --steps 20 --metrics metrics.jsonl     # one process, all devices
     python train.py --dry-run                              # the mesh, every layout, bytes per device
@@ -31,28 +31,24 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
-from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 # isort: off
 # fmt: off
 # beside this file: runtime/ (the helpers every build carries unchanged) and this build's files
-from checkpoint import (checkpoint_manager, copy_name, finish_saves, gather_params, load_params,
-                        place, restore_checkpoint, save_checkpoint, save_params, state_shape,
-                        step_of)
-from config import (BATCH_SIZE, GRAD_ACCUM, INPUT_LAYOUTS, MESH, MICROBATCHES, PARAMS, PARAM_DTYPE,
-                    PLANNED_BYTES, SEED, SPEC_FILE, SPEC_NAME)
+from checkpoint import (checkpoint_manager, finish_saves, gather_params, init_state,
+                        save_checkpoint, save_params, step_of)
+from config import (BATCH_SIZE, GRAD_ACCUM, MESH, MICROBATCHES, PARAMS, PLANNED_BYTES, SEED,
+                    SPEC_FILE, SPEC_NAME, STATE_LAYOUTS)
 from data import Data, global_batch
-from parallel import (device0_bytes, dry_run, make_mesh, pipeline_value_and_grad, refuse,
-                      setup_devices)
+from parallel import (any_process, apply_optimizer, copy_name, device_figures, dry_run, held_bytes,
+                      layouts, make_mesh, pipeline_value_and_grad, refuse, setup_devices)
 from runtime.checkpoints import check_start, resolve_resume
 from runtime.cli import check_arguments, process_options, train_parser
-from runtime.console import Console, Metrics, past_schedule, peak_flops, process_peak_rss
+from runtime.console import Console, Metrics, past_schedule, process_peak_rss
 from runtime.errors import Refusal, require
-from runtime.params import InitTensor, initial_params
 from runtime.preemption import Preemption
 from runtime.profile import ProfileWindow, collective_totals, plan_predictions
 # fmt: on
@@ -60,33 +56,6 @@ from runtime.profile import ProfileWindow, collective_totals, plan_predictions
 
 
 # what the spec decided that only this file uses (the settings several files share: config.py)
-# The train state's parameters and the plan's layout of each: the mesh axes each dimension is split over.
-# Gradients and the optimizer state take the layout of their parameter.
-# A parameter of a repeated block is one array over its copies, "<repeat>.*.<param>" = [copies, ...], each
-# copy laid out as the plan says, and the model runs the block under lax.scan over the copies.
-# The copy dimension of `blocks` is split over `pipe`: each pipe rank holds the copies of its stages.
-# Checkpoints hold the stacked arrays; --init-params and --export-params use the canonical names.
-STATE_LAYOUTS = {
-    "wte.weight": P(None, None),
-    "wpe.weight": P(None, None),
-    "ln_f.weight": P(None),
-    "ln_f.bias": P(None),
-    "lm_head.weight": P(None, None),
-    "blocks.*.ln1.weight": P("pipe", None),
-    "blocks.*.ln1.bias": P("pipe", None),
-    "blocks.*.attn.q.weight": P("pipe", None, "tensor"),
-    "blocks.*.attn.k.weight": P("pipe", None, "tensor"),
-    "blocks.*.attn.v.weight": P("pipe", None, "tensor"),
-    "blocks.*.attn.o.weight": P("pipe", "tensor", None),
-    "blocks.*.ln2.weight": P("pipe", None),
-    "blocks.*.ln2.bias": P("pipe", None),
-    "blocks.*.mlp.fc.weight": P("pipe", None, "tensor"),
-    "blocks.*.mlp.fc.bias": P("pipe", "tensor"),
-    "blocks.*.mlp.proj.weight": P("pipe", "tensor", None),
-    "blocks.*.mlp.proj.bias": P("pipe", None),
-}
-BUFFERS = {}  # no batch_norm: nothing but parameters and optimizer state
-BUFFER_LAYOUTS = {}
 TOKENS_PER_SAMPLE = 32  # for tokens/s: the first input's sequence length
 FLOPS_PER_STEP = (
     725188608  # model FLOPs of one optimizer step (forward + backward, no recompute): for MFU
@@ -139,34 +108,6 @@ def make_optimizer():
         lr_schedule, b1=BETAS[0], b2=BETAS[1], eps=EPS, weight_decay=WEIGHT_DECAY, mask=decay
     )
     return optax.chain(clip_by_global_norm(CLIP_GRAD_NORM), opt)
-
-
-def init_optimizer(optimizer, params):
-    """The optimizer state."""
-    return optimizer.init(params)
-
-
-def apply_optimizer(optimizer, grads, opt_state, params):
-    """One update: (new parameters, new optimizer state)."""
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state
-
-
-def opt_state_shardings(optimizer, abstract_params, param_shardings, replicated):
-    """Each optimizer-state tensor found under a parameter's name (adam's mu and nu)
-    takes that parameter's layout. The rest (step counters) is replicated.
-    Placing them explicitly also keeps optax's scalar counters off a single device, which jit would
-    reject."""
-
-    def pick(path, leaf):
-        for key in reversed(path):
-            name = getattr(key, "key", None)
-            if name in param_shardings and leaf.shape == abstract_params[name].shape:
-                return param_shardings[name]
-        return replicated
-
-    abstract = jax.eval_shape(lambda params: init_optimizer(optimizer, params), abstract_params)
-    return jax.tree_util.tree_map_with_path(pick, abstract)
 
 
 # ----------------------------------------------------------------------------
@@ -308,78 +249,6 @@ def main(args):
         sys.exit(code)
 
 
-def layouts(mesh, optimizer):
-    """Shardings of the train state and of a batch, and the state's shapes (nothing allocated)."""
-    replicated = NamedSharding(mesh, P())
-    params = {name: NamedSharding(mesh, spec) for name, spec in STATE_LAYOUTS.items()}
-    abstract = {
-        "params": {
-            name: jax.ShapeDtypeStruct(state_shape(name, PARAMS), PARAM_DTYPE)
-            for name in STATE_LAYOUTS
-        },
-        "buffers": {
-            name: jax.ShapeDtypeStruct(state_shape(name, BUFFERS), jnp.float32)
-            for name in BUFFER_LAYOUTS
-        },
-        "step": jax.ShapeDtypeStruct((), jnp.int32),
-    }
-    abstract["opt_state"] = jax.eval_shape(
-        lambda p: init_optimizer(optimizer, p), abstract["params"]
-    )
-    state = {
-        "params": params,
-        "opt_state": opt_state_shardings(optimizer, abstract["params"], params, replicated),
-        "buffers": {name: NamedSharding(mesh, spec) for name, spec in BUFFER_LAYOUTS.items()},
-        "step": replicated,
-    }
-    # a batch is [CHUNKS, CHUNK, ...]: the chunk axis is not split
-    batch = {name: NamedSharding(mesh, P(None, *spec)) for name, spec in INPUT_LAYOUTS.items()}
-    return state, batch, abstract
-
-
-def init_state(args, optimizer, shardings, abstract):
-    """Parameters from the counter-based init (or --init-params), a fresh optimizer state, initial buffers,
-    step 0, each process computing or reading only its devices' slices. With --resume, all of it from the
-    newest usable checkpoint, restored straight into its sharded layout: nothing is drawn or placed first."""
-    if args.resume:  # the restore targets: shapes, dtypes and shardings
-        return restore_checkpoint(
-            args.resume,
-            jax.tree.map(
-                lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
-            ),
-        )
-    src = load_params(args.init_params) if args.init_params else initial_params(PARAMS, args.seed)
-    params = {
-        name: place(src, name, a.shape, shardings["params"][name], PARAM_DTYPE)
-        for name, a in abstract["params"].items()
-    }
-    if args.init_params and jax.process_index() == 0:
-        print(f"parameters: loaded from {args.init_params}", flush=True)
-    init_opt = jax.jit(lambda p: init_optimizer(optimizer, p), out_shardings=shardings["opt_state"])
-    buffers = {
-        name: InitTensor(name, shape, kind, 0.0, args.seed)
-        for name, (shape, kind) in BUFFERS.items()
-    }
-    return {
-        "params": params,
-        "opt_state": init_opt(params),
-        "buffers": {
-            name: place(buffers, name, a.shape, shardings["buffers"][name], np.float32)
-            for name, a in abstract["buffers"].items()
-        },
-        "step": place({"step": np.zeros((), np.int32)}, "step", (), shardings["step"], np.int32),
-    }
-
-
-def any_process(flag):
-    """Whether `flag` holds on any process, on every process (a collective when there are several)."""
-    return (
-        bool(flag)
-        if jax.process_count() == 1
-        else bool(multihost_utils.process_allgather(np.int32(flag)).any())
-    )
-
-
 def train(args, mesh, preempt):
     is_first = jax.process_index() == 0  # the first process alone prints and writes files
     require(
@@ -401,30 +270,12 @@ def train(args, mesh, preempt):
     )
     check_start(args, start, checkpoints.all_steps() if checkpoints else [], CHECKPOINT_DIR)
     if is_first:
-        # optimizer: arrays with ndim > 0 only (optax's step counters are not counted)
-        held = {
-            "params": device0_bytes(state["params"]),
-            "optimizer": device0_bytes(state["opt_state"]),
-            "buffers": device0_bytes(state["buffers"]),
-        }
+        memory = {"device0": held_bytes(state), "planned": PLANNED_BYTES}
         resumed = f"resumed from {args.resume} at step {start}\n" if args.resume else ""
-        print(
-            resumed + "memory " + json.dumps({"device0": held, "planned": PLANNED_BYTES}),
-            flush=True,
-        )
-    device = jax.local_devices()[0]
+        print(resumed + "memory " + json.dumps(memory), flush=True)
+    device_info = device_figures(mesh, TRAIN_COMPUTE)  # devices, peak FLOP/s, memory()
     console = Console(
-        args,
-        start,
-        is_first,
-        RUN,
-        BATCH_SIZE,
-        TOKENS_PER_SAMPLE,
-        FLOPS_PER_STEP,
-        devices=mesh.devices.size,
-        compiles=True,
-        peak=peak_flops(device.device_kind, TRAIN_COMPUTE) if device.platform == "gpu" else None,
-        memory=lambda: (device.memory_stats() or {}).get("peak_bytes_in_use") or process_peak_rss(),
+        args, start, is_first, RUN, BATCH_SIZE, TOKENS_PER_SAMPLE, FLOPS_PER_STEP, **device_info
     )
     console.say(schedule_note(args.steps, lr_schedule))
 
@@ -446,12 +297,11 @@ def train(args, mesh, preempt):
     # A step's figures are read one iteration late, once the next step is queued behind it: the devices
     # never wait while the host logs. `since`: when the previous step's figures were read.
     queued, since = None, time.perf_counter()
-    stop = False
+    stop, every = False, args.checkpoint_every
     for step in range(start, args.steps):
         profiler.begin(step, state)
-        state, m, *grads = step_fn(
-            state, batch
-        )  # returns at once; the devices work in the background
+        # returns at once; the devices work in the background
+        state, m, *grads = step_fn(state, batch)
         if grads and step == start:  # --export-grads: the first step's (gathered by every process)
             exported = gather_params(grads.pop())
             if is_first:
@@ -467,25 +317,15 @@ def train(args, mesh, preempt):
         # a signal on any process: every process stops after this step (with several processes, one number
         # gathered from each, per step)
         stop = preempt.stop(any_process)
-        save = checkpoints and (
-            stop
-            or done == args.steps
-            or (args.checkpoint_every > 0 and done % args.checkpoint_every == 0)
-        )
-        if (
-            done == args.steps or save or stop
-        ):  # the last step, or its state is saved now: wait for it
+        save = checkpoints and (stop or done == args.steps or (every > 0 and done % every == 0))
+        # the last step, or its state is saved now: wait for it
+        if done == args.steps or save or stop:
             row, _ = step_row(*queued, since)
             metrics.log(**row)
             console.step(row)
-            if save:
-                # (a preemption's save, and the last one, are synchronous)
-                saved = save_checkpoint(
-                    checkpoints,
-                    done,
-                    state,
-                    args.async_checkpoint and not stop and done < args.steps,
-                )
+            if save:  # (a preemption's save, and the last one, are synchronous)
+                background = args.async_checkpoint and not stop and done < args.steps
+                saved = save_checkpoint(checkpoints, done, state, background)
             # the next step's time leaves the save out
             queued, since = None, time.perf_counter()
         if stop:
@@ -511,14 +351,8 @@ def step_row(done, m, since):
     m = {k: float(v) for k, v in m.items()}  # waits for the step
     now = time.perf_counter()
     dt = now - since
-    row = {
-        "step": done,
-        "loss": m["loss"],
-        "lr": m["lr"],
-        "grad_norm": m["grad_norm"],
-        "step_time_s": dt,
-        "samples_per_s": BATCH_SIZE / dt,
-    }
+    row = {"step": done, "loss": m["loss"], "lr": m["lr"], "grad_norm": m["grad_norm"]}
+    row.update(step_time_s=dt, samples_per_s=BATCH_SIZE / dt)
     row["tokens_per_s"] = BATCH_SIZE * TOKENS_PER_SAMPLE / dt
     return row, now
 

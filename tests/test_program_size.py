@@ -1,0 +1,38 @@
+"""Issue 39's bounds on a generated program's size (benchmarks/program_size.py measures them all), and where
+the JAX program keeps its sections: parallel.py the train state's layouts (with the optimizer state they
+need), checkpoint.py the first step's state, train.py the optimizer, the step and the loop."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from program_size import files_of, lines  # noqa: E402
+
+
+def rendered_lines(files: dict[str, str]) -> int:
+    return sum(lines(t) for n, t in files.items() if n.endswith(".py") and not n.startswith("runtime/"))
+
+
+def defined(text: str) -> set[str]:
+    return {node.name for node in ast.parse(text).body if isinstance(node, ast.FunctionDef)}
+
+
+def test_mlx_mlp_dp_within_600_lines():
+    files = files_of(str(ROOT / "specs/mlp-dp.yaml"), "mlx")
+    assert rendered_lines(files) <= 600, {n: lines(t) for n, t in files.items() if n.endswith(".py")}
+
+
+def test_jax_gpt_tiny_train_py_within_400_lines_and_sections_in_their_files():
+    files = files_of(str(ROOT / "specs/gpt-tiny.yaml"), "jax")
+    assert lines(files["train.py"]) <= 400
+    assert lines(files["model.py"]) <= 200
+    train, parallel, checkpoint = (defined(files[f"{n}.py"]) for n in ("train", "parallel", "checkpoint"))
+    assert {"layouts", "opt_state_shardings", "init_optimizer", "apply_optimizer", "any_process"} <= parallel
+    assert {"init_state", "restore_checkpoint"} <= checkpoint
+    assert {"lr_schedule", "make_optimizer", "make_train_step", "train", "main"} <= train
+    assert not train & (parallel | checkpoint)  # each defined once, where it belongs
