@@ -19,7 +19,7 @@ from .. import pyast
 
 # the files a program may be split into, in the order they may import from each other
 PROGRAM_FILES = ("config.py", "model.py", "parallel.py", "data.py", "checkpoint.py", "train.py", "generate.py")
-MARKER = re.compile(r"^# mithril-file: (\S+)[ \t]*\n", re.M)
+MARKER = re.compile(r"^# mithril-file: (\S+)[ \t]*\n", re.MULTILINE)
 RUNTIME = "runtime"
 WIDTH = 100  # the programs' line length (render/build.py RUFF_SETTINGS)
 LOCAL_IMPORTS = "# beside this file: runtime/ (the helpers every build carries unchanged) and this build's files"
@@ -68,7 +68,8 @@ def link(files: dict[str, str]) -> dict[str, str]:
     defined = {f: _defined(files[f], f) for f in order}
     out = dict(files)
     for i, name in enumerate(order):
-        used = _used(files[name], name) - defined[name]
+        reads = _used(files[name], name)
+        used = reads - defined[name]
         own = []
         for earlier in order[:i]:
             names = sorted(used & defined[earlier])
@@ -81,7 +82,7 @@ def link(files: dict[str, str]) -> dict[str, str]:
         if later:
             raise LinkError(f"{name} uses {', '.join(later)} of a file after it (files import only from the ones "
                             f"before them: {' -> '.join(order)})")
-        out[name] = _with_imports(files[name], _used(files[name], name), own)
+        out[name] = _with_imports(files[name], reads, own)
     return out
 
 
@@ -98,8 +99,7 @@ def _settle_config(files: dict[str, str], order: list[str]) -> dict[str, str]:
         return files
     text = files[SHARED]
     lines = text.splitlines(keepends=True)
-    readers = {f: _used(files[f], f) for f in order if f not in (SHARED, "generate.py")}
-    readers["generate.py"] = _used(files["generate.py"], "generate.py") if "generate.py" in files else set()
+    readers = {f: _used(files[f], f) for f in order if f != SHARED}
     stays: set[str] = set()  # names read by what stays in config.py
     moving: dict[str, list[tuple[int, int]]] = {}
     for node in reversed(pyast.parse(text).body):
