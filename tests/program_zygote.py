@@ -144,6 +144,9 @@ def _program(req: dict, rank: int | None) -> int:
     import runpy
     import traceback
 
+    import faulthandler
+
+    faulthandler.enable()  # a crash in native code prints every thread's Python stack into the run's log
     train = req["train"]
     if req.get("count"):
         _count_collectives(req["count"], rank or 0)

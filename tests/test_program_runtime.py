@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import importlib
 import json
+import subprocess
 import sys
 
 import pytest
@@ -133,3 +134,25 @@ def test_collectives_are_summed_per_kind_and_step(runtime):
               ("all-reduce.3", 0.5, 2)]
     assert profile.collective_totals(events, 2) == ({"all-reduce": 0.5, "all-gather": 0.125},
                                                     {"all-reduce": 2.0, "all-gather": 0.5})
+
+
+def test_a_signal_while_the_interpreter_shuts_down_keeps_the_preempted_exit_code(tmp_path):
+    """A launcher passes on the SIGTERM that its process group got too: the second one can reach train.py after
+    it saved and chose exit 3, while Python tears its modules down with the default (killing) handlers back."""
+    base = next(d for d in template_dirs() if (d / "runtime").is_dir())
+    script = tmp_path / "late_signal.py"
+    script.write_text(
+        "import os, signal, sys, time\n"
+        f"sys.path.insert(0, {str(base)!r})\n"
+        "from runtime.preemption import PREEMPTED, Preemption\n"
+        "preempt = Preemption()\n"
+        "os.kill(os.getpid(), signal.SIGTERM)  # the first signal: handled, the run stops saved\n"
+        "assert preempt.stop()\n"
+        "class LateSignal:  # torn down with the modules, after Python put its own handlers away\n"
+        "    def __del__(self):\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "        time.sleep(0.2)\n"
+        "late = LateSignal()\n"
+        "sys.exit(PREEMPTED)\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3, done.stderr

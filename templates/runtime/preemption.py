@@ -1,21 +1,31 @@
 """SIGTERM or SIGUSR1 (how SLURM ends a job at its time limit or preempts it) asks a run to stop after the
 step it is in, saved (docs/program.md "Signals, preemption and restarts")."""
 
+import atexit
 import signal
 
 # The exit code of a run that a signal stopped once its checkpoint was saved (docs/program.md "Errors").
 PREEMPTED = 3
 
 
+def ignore_signals():
+    for s in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(s, signal.SIG_IGN)
+
+
 class Preemption:
     """SIGTERM or SIGUSR1 asks the run to stop: the current step finishes, every process agrees to stop after
     the same step (`stop`), the program saves its checkpoint and exits PREEMPTED (`exit`). A second signal
-    changes nothing."""
+    changes nothing, also while the interpreter shuts down (a launcher passes on the signal that the process
+    group got too, and it can arrive that late)."""
 
     def __init__(self):
         self.signal = None
         for s in (signal.SIGTERM, signal.SIGUSR1):
             signal.signal(s, self.ask)
+        # Python puts back the default handlers (which kill) before it tears its modules down: from the exit on
+        # the signals are ignored, or a late one would turn the exit code PREEMPTED into a death by it (143)
+        atexit.register(ignore_signals)
 
     def ask(self, signum, frame):
         self.signal = self.signal or signal.Signals(signum).name
