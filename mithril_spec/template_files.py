@@ -17,13 +17,19 @@ def template_dirs() -> list[Path]:
 RUNTIME = "runtime"  # the package every build carries: templates/runtime/*.py, copied as they are
 
 
-@functools.lru_cache(maxsize=1)
-def runtime_files() -> dict[str, str]:
+@functools.cache
+def runtime_files(target: str | None = None) -> dict[str, str]:
     """{"runtime/NAME.py": text} of the helpers every program carries, the same files byte for byte in every
     build and target of one mithril-spec version (they are no templates: nothing of a spec reaches them);
-    read once per process (callers do not change the mapping)."""
+    with `target`, also that target's own helpers (templates/runtime/<target>/*.py: framework code that no spec
+    changes, the same in every build of the target) as "runtime/<target>/NAME.py". Read once per process
+    (callers do not change the mapping)."""
     for directory in template_dirs():
         found = sorted((directory / RUNTIME).glob("*.py"))
+        if target:
+            found += sorted((directory / RUNTIME / target).glob("*.py"))
         if found:
-            return {f"{RUNTIME}/{path.name}": path.read_text(encoding="utf-8") for path in found}
+            base = directory / RUNTIME
+            return {f"{RUNTIME}/{path.relative_to(base).as_posix()}": path.read_text(encoding="utf-8")
+                    for path in found}
     return {}

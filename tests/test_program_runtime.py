@@ -1,6 +1,7 @@
 """The runtime/ package every build carries (templates/runtime/): the same files byte for byte in every build
-and target, no template in them, nothing in them that no program uses, and what they do (manifests, refusals)
-checked directly: they import only the standard library and numpy."""
+and target (and runtime/<target>/ in every build of its target), no template in them, nothing in them that no
+program uses, and what they do (manifests, refusals) checked directly: they import only the standard library
+and numpy (and a target's own, its framework)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from render_cases import ROOT
 from mithril_spec.frontend import compile_file
 from mithril_spec.lowering.predicted import digest as digest_of
 from mithril_spec.render.build import render_files
+from mithril_spec.targets import TARGETS
 from mithril_spec.template_files import runtime_files, template_dirs
 
 BUILDS = [("gpt-tiny.yaml", "torch"), ("gpt-tiny.yaml", "jax"), ("mlp-dp.yaml", "mlx"), ("gpt-pipe.yaml", "torch"),
@@ -33,19 +35,41 @@ def builds() -> dict[tuple[str, str], dict[str, str]]:
 
 
 def test_every_build_carries_the_same_runtime(builds):
-    want = runtime_files()
-    assert {"runtime/__init__.py", "runtime/errors.py", "runtime/checkpoints.py", "runtime/console.py"} <= set(want)
-    for key, files in builds.items():
-        assert {n: t for n, t in files.items() if n.startswith("runtime/")} == want, key
-    for name, text in want.items():
-        assert "{{" not in text and "{%" not in text and "{#" not in text, f"{name} holds template syntax"
+    """runtime/*.py: the same in every build and target; runtime/<target>/: the same in every build of that
+    target, and only there."""
+    common = runtime_files()
+    assert {"runtime/__init__.py", "runtime/errors.py", "runtime/checkpoints.py", "runtime/console.py"} <= set(common)
+    for (spec, target), files in builds.items():
+        want = runtime_files(target)
+        assert common.items() <= want.items()
+        assert all(n.count("/") == 1 or n.startswith(f"runtime/{target}/") for n in want), (target, sorted(want))
+        assert {n: t for n, t in files.items() if n.startswith("runtime/")} == want, (spec, target)
+    for target in TARGETS:
+        for name, text in runtime_files(target).items():
+            assert "{{" not in text and "{%" not in text and "{#" not in text, f"{name} holds template syntax"
+
+
+def test_runtime_imports_the_standard_library_numpy_and_its_own_framework_only():
+    """The common helpers import the standard library and numpy; a target's own, also its framework (and
+    the common ones): a build stays standalone. (tensorboardX and wandb: only for their options, which say
+    how to install them where they are missing; safetensors: parameter files; tokenizers: a tokenizer.json.)"""
+    allowed = set(sys.stdlib_module_names) | {"numpy", "runtime", "safetensors", "tensorboardX", "tokenizers", "wandb"}
+    framework = {"torch": {"torch"}, "jax": {"jax", "optax", "orbax"}, "mlx": {"mlx"}}
+    for target in TARGETS:
+        for name, text in runtime_files(target).items():
+            extra = framework[target] if name.startswith(f"runtime/{target}/") else set()
+            for node in ast.walk(ast.parse(text)):
+                modules = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                           else [node.module] if isinstance(node, ast.ImportFrom) and not node.level else [])
+                for module in modules:
+                    assert module.split(".")[0] in allowed | extra, f"{name} imports {module}"
 
 
 def test_nothing_in_runtime_goes_unused(builds):
     """Every function and class of runtime/ is imported by some example's program or used by another runtime
     module (a helper nothing calls does not ship)."""
     programs = "\n".join(t for files in builds.values() for n, t in files.items() if not n.startswith("runtime/"))
-    runtime = runtime_files()
+    runtime = {n: t for target in TARGETS for n, t in runtime_files(target).items()}
     for name, text in runtime.items():
         for node in ast.parse(text).body:
             if isinstance(node, ast.FunctionDef | ast.ClassDef):
@@ -65,7 +89,7 @@ def runtime(monkeypatch):
 
 
 def test_a_manifest_verifies_its_checkpoint_and_names_what_is_wrong(runtime, tmp_path):
-    checkpoints, errors = runtime
+    checkpoints, _ = runtime
     m = checkpoints.Manifests("manifest.json", "gpt", "h1", "m1", {"lr": 0.1}, {"data": 2})
     ckpt = tmp_path / "step_00000004"
     (ckpt / "shards").mkdir(parents=True)
@@ -154,5 +178,5 @@ def test_a_signal_while_the_interpreter_shuts_down_keeps_the_preempted_exit_code
         "        time.sleep(0.2)\n"
         "late = LateSignal()\n"
         "sys.exit(PREEMPTED)\n")
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, str(script)], check=False, capture_output=True, text=True, timeout=60)
     assert done.returncode == 3, done.stderr

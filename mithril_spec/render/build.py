@@ -43,7 +43,7 @@ def render_files(compiled: Compiled, target: str, spec_path: str, overrides: Seq
 
 def render_program(program: Program) -> dict[str, str]:
     """The files of a Program: each template rendered from the Program's fields, a program template cut into
-    its files and each file given its imports (render/link.py), Python formatted; the runtime/ package every build carries as it is (template_files.runtime_files), and plan.json."""
+    its files and each file given its imports (render/link.py), Python formatted; the runtime/ package every build carries as it is, with the target's own part (template_files.runtime_files), and plan.json."""
     env = environment()
     ctx = program.context()
     rendered: dict[str, str] = {}
@@ -55,7 +55,7 @@ def render_program(program: Program) -> dict[str, str]:
     except (link.LinkError, SyntaxError) as e:
         raise RenderError(f"{program.target}: {e}") from None
     out = {name: format_python(text, name) if name.endswith(".py") else text for name, text in rendered.items()}
-    out.update(runtime_files())
+    out.update(runtime_files(program.target))
     out["plan.json"] = json.dumps(program.plan_json, indent=2) + "\n"
     return out
 
@@ -113,7 +113,7 @@ def build_files() -> set[str]:
     """Every file name a build of any target may write (conditional files too): what a new build replaces in
     its output directory."""
     return ({name for entry in TARGETS.values() for _, name in entry.files} | set(link.PROGRAM_FILES)
-            | set(runtime_files())
+            | {name for target in TARGETS for name in runtime_files(target)}
             | {"plan.json", MANIFEST})
 
 
