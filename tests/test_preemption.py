@@ -144,7 +144,9 @@ def test_restart_after_a_process_dies(target):
     the run starts again from the newest checkpoint to the uninterrupted losses."""
     program = build(target, "data=2")
     cwd = Path(tempfile.mkdtemp(dir=WORK))
-    steps = "60"
+    # long enough that the kill after 5 rows lands mid-run (an mlx step takes milliseconds, a jax save per
+    # step most of a second)
+    steps = {"jax": "24", "mlx": "60"}[target]
     run(program, target, cwd, "--steps", steps, "--metrics", "ref.jsonl", "--checkpoint-dir", "", launcher=True,
         env=LAUNCH_ENV[target])
     args = ["--steps", steps, "--metrics", "m.jsonl", "--checkpoint-dir", "ck", "--checkpoint-every", "1"]

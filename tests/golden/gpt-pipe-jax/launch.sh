@@ -78,7 +78,10 @@ run_once() {
     done
   fi
   # One process failing leaves the others waiting in a collective: stop them, once those that reach the
-  # same verdict have had the time to exit by themselves (process 0 says why).
+  # same verdict have had the time to exit by themselves (process 0 says why). SIGKILL: a process waiting in
+  # a collective only notes a SIGTERM (it would save once its step is done, which never comes), and would
+  # wait for jax.distributed's heartbeat timeout (minutes); the restart goes on from the newest complete
+  # checkpoint.
   status=0
   for (( i = 0; i < nproc; i++ )); do
     wait_next
@@ -92,7 +95,7 @@ run_once() {
       [[ -n "$(jobs -rp)" ]] || break
       sleep 0.1
     done
-    kill "${pids[@]}" 2>/dev/null || true
+    kill -KILL "${pids[@]}" 2>/dev/null || true
     wait 2>/dev/null || true
   fi
   return "$status"
