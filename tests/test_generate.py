@@ -2,10 +2,11 @@
 
 Which builds get it (Plan.language_model, the targets' conditional files), then the programs themselves:
 gpt-tiny trains 2 steps once (JAX, one device: --export-params and a checkpoint), and generate.py of the
-JAX build on one device and on data=2 x tensor=2, and of the PyTorch build in one process and on tensor=2
-(2 ranks), continue one prompt greedily from that file: the tokens are the same everywhere, and the cached
-decode's most probable token equals that of the training forward pass at every position (--check). A
-temperature / top-k draw gives the same tokens for a seed (JAX from the checkpoint, PyTorch from the file);
+JAX build on one device and on data=2 x tensor=2, of the PyTorch build in one process and on tensor=2
+(2 ranks), and of the MLX build (one process, no cache), continue one prompt greedily from that file: the
+tokens are the same everywhere, and the decode's most probable token equals that of the training forward
+pass over the whole sequence at every position (--check). A temperature / top-k draw gives the same tokens
+for a seed (JAX from the checkpoint, PyTorch and MLX from the file);
 a tokenizer.json encodes the prompt; bad input stops with exit code 2 and one line. The runs go two at a
 time; each test prints its figures (pytest -s).
 """
@@ -14,11 +15,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 import jax_runs as jr
+import mlx_runs as mr
 import pytest
 import torch_runs as tr
 from program_zygote import zygote
@@ -41,7 +44,15 @@ def test_language_models_get_generate_py_and_others_do_not():
     for target in ("jax", "torch"):
         assert "generate.py" in render_files(compile_file(GPT, "data=1"), target, GPT.name)
         assert "generate.py" not in render_files(compile_file(jr.SPECS / "mlp-dp.yaml"), target, "mlp-dp.yaml")
-    assert "generate.py" not in [name for _, name in TARGETS["mlx"].files_for(compile_file(GPT).plan)]
+    # mlx: in one process, so not over `tensor` (the build says why)
+    from mithril_spec.lowering import LOWERINGS
+
+    assert "generate.py" in render_files(compile_file(GPT, "data=2"), "mlx", GPT.name)
+    over_tensor = compile_file(GPT, "tensor=2").plan
+    assert "generate.py" in [name for _, name in TARGETS["mlx"].files_for(over_tensor)]
+    assert "generate.py" not in [name for _, name in LOWERINGS["mlx"].files_for(over_tensor)]
+    why = LOWERINGS["mlx"].left_out(over_tensor)["generate.py"]
+    assert "`tensor`" in why and "--params" in why
     assert "generate.py" in build_files()
     # a pipeline of several stages is one (tests/test_generate_parallel.py samples through its stages)
     assert compile_file(jr.SPECS / "gpt-pipe.yaml").plan.language_model is not None
@@ -58,13 +69,18 @@ def _generate(target: str, program: Path, args: tuple, ranks: int = 1) -> dict:
     """Runs `generate.py ARGS` of `program` on `ranks` ranks, forked by the session's zygote
     (tests/program_zygote.py: as `python generate.py` starts, with the environment torchrun sets for several
     ranks) -> rc, stdout, stderr, seconds and, with --json and exit code 0, the JSON object it printed."""
-    runs = jr if target == "jax" else tr
+    runs = tr if target == "torch" else jr
     env = runs.env_for()
     out_file = Path(tempfile.mkstemp(prefix="generate-", suffix=".out", dir=jr.WORK)[1])
     err_file = out_file.with_suffix(".err")
     t0 = time.perf_counter()
-    rc = zygote(target, env).run(str(program / "generate.py"), list(args), cwd=str(program), env=env,
-                                 log=str(out_file), err=str(err_file), ranks=ranks, rank_env=ranks > 1)
+    if target == "mlx":  # (no zygote: `python generate.py`)
+        with open(out_file, "w") as out, open(err_file, "w") as err:
+            rc = subprocess.run([jr.PY, str(program / "generate.py"), *args], cwd=program, env=env, stdout=out,
+                                stderr=err, timeout=600, check=False).returncode
+    else:
+        rc = zygote(target, env).run(str(program / "generate.py"), list(args), cwd=str(program), env=env,
+                                     log=str(out_file), err=str(err_file), ranks=ranks, rank_env=ranks > 1)
     out = {"rc": rc, "stdout": out_file.read_text(), "stderr": err_file.read_text(),
            "seconds": time.perf_counter() - t0}
     if rc == 0 and "--json" in args:
@@ -78,6 +94,7 @@ def runs(tmp_path_factory):
     work = tmp_path_factory.mktemp("generate")
     jax1, jax4 = jr.build(GPT, "data=1"), jr.build(GPT, "data=2,tensor=2")
     torch1, torch2 = tr.build(GPT, "data=1"), tr.build(GPT, "tensor=2")
+    mlx1 = mr.build(GPT, "data=1")
     params, ckpt = work / "params.safetensors", work / "ckpt"
     t0 = time.perf_counter()
     trained = jr.run(jax1, "--steps", "2", "--export-params", str(params), "--checkpoint-dir", str(ckpt),
@@ -100,6 +117,8 @@ def runs(tmp_path_factory):
         "torch 2 ranks": ("torch", torch2, with_params + GREEDY, 2),
         "jax draw (checkpoint)": ("jax", jax1, ("--resume", str(ckpt), "--seed", "3") + DRAW),
         "torch draw": ("torch", torch1, with_params + ("--seed", "3") + DRAW),
+        "mlx": ("mlx", mlx1, with_params + GREEDY),
+        "mlx draw": ("mlx", mlx1, with_params + ("--seed", "3") + DRAW),
         "tokenizer": ("torch", torch1, with_params + ("--tokenizer", str(work / "tokenizer.json"), "--prompt",
                                                       "hello world", "--max-new-tokens", "5", "--json")),
         "missing file": ("jax", jax1, ("--params", str(work / "nope.safetensors"))),
@@ -115,7 +134,7 @@ def runs(tmp_path_factory):
     return got
 
 
-GREEDY_RUNS = ["jax", "jax sharded", "torch", "torch 2 ranks"]
+GREEDY_RUNS = ["jax", "jax sharded", "torch", "torch 2 ranks", "mlx"]
 
 
 @pytest.mark.slow
@@ -145,12 +164,13 @@ def test_cached_decode_equals_the_full_forward_pass_at_every_position(runs):
 
 @pytest.mark.slow
 def test_temperature_and_top_k_draws_depend_only_on_the_seed(runs):
-    same = [runs[name] for name in ("jax draw (checkpoint)", "torch draw")]
+    same = [runs[name] for name in ("jax draw (checkpoint)", "torch draw", "mlx draw")]
     for r in same:
         assert r["rc"] == 0, r["stderr"][-3000:]
-    a, b = (r["json"] for r in same)
+    a, *others = (r["json"] for r in same)
     assert a["prompt_ids"] == [1, 2, 3] and len(a["new_ids"]) == 30 and not a["stopped_at_context"]
-    assert a["new_ids"] == b["new_ids"], "the same seed and parameters (checkpoint or file, JAX or torch) differ"
+    for b in others:
+        assert a["new_ids"] == b["new_ids"], "the same seed and parameters (checkpoint or file, any target) differ"
     assert len(set(a["new_ids"])) > 5  # a draw, not the greedy repetition
 
 

@@ -174,11 +174,12 @@ def free(name: str, taken: set[str]) -> str:
     return name
 
 
-def model_context(plan: Plan, ctx: dict[str, Any], model_names: set[str]) -> dict[str, Any]:
+def model_context(plan: Plan, ctx: dict[str, Any], model_names: set[str], samples: bool = False) -> dict[str, Any]:
     """The model's inputs, layers, blocks and loss with variables that never shadow `model_names` (what
     the target's model code uses itself) nor the block functions, each layer's activation layout, and
     which op helpers the program needs. Shared by the targets whose model is functions over a flat dict
-    of parameters (jax, mlx)."""
+    of parameters (jax, mlx). `samples`: a generate.py runs the forward pass outside training too (its
+    layers that behave differently then take `train`, as with an evaluation)."""
     block_fns = {b["name"]: free(f"{b['name']}_block", model_names) for b in ctx["blocks"]}
     taken = set(block_fns.values()) | model_names
     nodes = {n.name: n for n in plan.graph.layers}
@@ -194,7 +195,7 @@ def model_context(plan: Plan, ctx: dict[str, Any], model_names: set[str]) -> dic
         i["var"] = top_vars[i["name"]]
         i["read"] = i["name"] in read  # read by a layer (not only by the loss)
 
-    evaluates = plan.spec.eval is not None
+    evaluates = plan.spec.eval is not None or samples
 
     def annotate(layer: dict[str, Any], node, vars_: dict[str, str]) -> dict[str, Any]:
         layer["var"] = vars_[layer["name"]]

@@ -18,6 +18,14 @@ if TYPE_CHECKING:
 class MlxLowering(Lowering):
     target = MlxTarget()
 
+    def left_out(self, plan: Plan) -> dict[str, str]:
+        """generate.py runs in one process, where every parameter is whole: not in a build over `tensor`."""
+        if plan.language_model is None or plan.mesh.tensor <= 1:
+            return {}
+        return {"generate.py": "the mlx generate.py runs in one process, which a build over `tensor` does not "
+                "hold the whole model in; build the spec with a mesh without `tensor` (e.g. --mesh data=1) and "
+                "sample from the file of --export-params (--params)"}
+
     def check_more(self, plan: Plan, doc: Document) -> list[Diagnostic]:
         mesh = plan.mesh
         if not mesh.tensor_enabled:

@@ -41,7 +41,9 @@ def _tp_style(plan: Plan, full: str, layer: dict[str, Any]) -> str | None:
 
 def target_fields(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str, Any]:
     """`costing`: the build's one costing (lowering/costing.py); the program's planned bytes are its states."""
-    model = model_context(plan, ctx, MODEL_NAMES)
+    # (generate.py runs model.py's forward pass without dropout: lowering/mlx.py says when it is left out)
+    samples = plan.language_model is not None and plan.mesh.tensor <= 1
+    model = model_context(plan, ctx, MODEL_NAMES, samples=samples)
     for layer in model["layers"]:
         layer["tp"] = None if layer["op"] == "repeat" else _tp_style(plan, layer["name"], layer)
     for block in model["blocks"]:

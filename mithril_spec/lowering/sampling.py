@@ -42,8 +42,14 @@ def _decode_scope(layers: list[dict[str, Any]], names: dict[str, str], reserved:
 
 def sampling_context(plan: Plan, ctx: dict[str, Any], target: str) -> dict[str, Any] | None:
     lm = plan.language_model
-    if lm is None or target not in ("jax", "torch"):
+    if lm is None:
         return None
+    if target == "mlx":  # model.py's forward pass itself at each position: nothing of the decode to lower
+        if plan.mesh.tensor > 1:  # (in one process: lowering/mlx.py left_out)
+            return None
+        return {"tokens": lm.tokens, "vocab": lm.vocab, "seq": lm.seq, "tokenizer": plan.data_files.get("tokenizer"),
+                # (no --check refusal: both passes of the mlx generate.py run without dropout)
+                "has_dropout": False}
     model_names: set[str]
     if target == "jax":
         from .jax_program import MODEL_NAMES as model_names

@@ -55,9 +55,13 @@ class MlxTarget(Target):
         reasons=_REASONS,
         remat=("none", "full"),
         default=False,
+        # templates/mlx/generate.py.j2; a build over `tensor` leaves it out (lowering/mlx.py left_out)
+        sampling="meshes without `tensor`, in one process: the forward pass over the tokens so far at each "
+        "position (no key/value cache)",
     )
     files = (("mlx/train.py.j2", "train.py"), ("mlx/launch.sh.j2", "launch.sh"), ("mlx/launch.sbatch.j2", "launch.sbatch"),
-             ("mlx/README.md.j2", "README.md"))
+             ("mlx/README.md.j2", "README.md"), ("mlx/generate.py.j2", "generate.py"))
+    conditional_files = (("generate.py", "language_model"),)  # sampling from a language model
     imports = "numpy, mlx"
     limits = (
         "Tensor parallelism (Megatron's: a column-parallel linear, element-wise layers, a row-parallel linear; "
