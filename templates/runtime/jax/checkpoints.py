@@ -157,7 +157,9 @@ class Checkpoints:
         want, first = state_arrays(target), jax.process_index() == 0
 
         def verify(step, where):
-            why = self.manifests.verify(where, step, want, self.other_stack_order) if first else None
+            why = (
+                self.manifests.verify(where, step, want, self.other_stack_order) if first else None
+            )
             return agree(why)
 
         def restore(step, where):
