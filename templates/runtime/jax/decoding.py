@@ -1,0 +1,51 @@
+"""The spec-independent part of a JAX program's generate.py: the key/value caches' layouts on the mesh and the
+jitted decode of one position at a time that keeps them there. The program passes its decode step (the
+model at one position) and its caches' shapes."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from runtime.jax.checkpoints import to_host
+
+
+def cache_layouts(mesh, caches, dtype, piped=None):
+    """The caches' shapes, dtypes (`dtype`: the compute dtype) and shardings: {layer: {"k": ..., "v": ...}}
+    of `caches` ({layer, or repeat: {layer}}: (shape, the mesh axes its heads are split over)); the
+    `piped` repeat's copies (its first dimension) split over `pipe`, as its stacked parameters are."""
+
+    def one(shape, heads, split=False):
+        spec = P(*(["pipe"] if split else [None]), *[None] * (len(shape) - 3), heads or None, None)
+        s = jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, spec))
+        return {"k": s, "v": s}
+
+    return {
+        name: {k: one(*v, split=name == piped) for k, v in entry.items()}
+        if isinstance(entry, dict)
+        else one(*entry)
+        for name, entry in caches.items()
+    }
+
+
+def cached_decoder(decode_step, params, mesh, caches):
+    """step(token, pos) -> the logits of the next position (numpy) of decode_step(params, caches, ids, pos)
+    -> (logits, caches), the caches (of cache_layouts) kept on the mesh."""
+    shardings = jax.tree.map(lambda s: s.sharding, caches)
+    cache = jax.jit(
+        lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), caches),
+        out_shardings=shardings,
+    )()
+    run = jax.jit(
+        decode_step, out_shardings=(NamedSharding(mesh, P()), shardings), donate_argnums=1
+    )
+    state = {"cache": cache}
+
+    def step(token, pos):
+        logits, state["cache"] = run(
+            params, state["cache"], np.full((1, 1), token, np.int32), np.int32(pos)
+        )
+        return to_host(logits)[0]
+
+    return step
