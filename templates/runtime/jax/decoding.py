@@ -49,3 +49,22 @@ def cached_decoder(decode_step, params, mesh, caches):
         return to_host(logits)[0]
 
     return step
+
+
+def full_logits(logits_of, params, sharding, shape, tokens, order=None):
+    """full(ids) -> the logits of each position [len(ids), vocab] (numpy) of the first row of
+    logits_of(params, {tokens: a batch of `shape` (..., sequence), laid out by `sharding`, every row the ids
+    padded}): the training program's forward pass over the whole sequence. `order`: the order of positions
+    the program holds a sequence (and its logits) in (context parallelism), if not their own."""
+
+    def full(ids):
+        batch = np.zeros(shape, np.int32)
+        batch[..., : len(ids)] = ids
+        if order is not None:
+            batch = np.ascontiguousarray(batch[..., order])
+        tokens_in = jax.make_array_from_callback(batch.shape, sharding, lambda index: batch[index])
+        logits = to_host(logits_of(params, {tokens: tokens_in}))
+        logits = logits.reshape(-1, *logits.shape[-2:])[0]
+        return (logits if order is None else logits[np.argsort(order)])[: len(ids)]
+
+    return full

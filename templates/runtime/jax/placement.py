@@ -1,0 +1,46 @@
+"""The train state of a JAX program laid out on the mesh from host values: each process computes (or reads)
+only the slices its devices hold, from lazy tensors by canonical name (runtime/params.py, param_files.py),
+and a stacked parameter's rows from its copies; the restore targets of a checkpoint."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def place_array(src, name, shape, sharding, dtype, rows=None):
+    """The train state's `name` as a global jax.Array laid out by `sharding`, from `src`: lazy tensors (or
+    arrays) by canonical name, indexed by slices. `rows`: of a stacked parameter, the canonical name of the
+    copy each row holds (None: a padding row, zeros, which it keeps: its gradients are zero). Each process
+    computes or reads only the slices of its own devices, once each (of a stacked parameter: its copies'
+    slices, stacked), so no process ever holds a whole parameter it does not own, and the same call serves
+    one process and many."""
+    dtype = jnp.dtype(dtype)
+    done = {}
+
+    def shard(index):
+        at = tuple((s.start, s.stop) for s in index)
+        if at not in done:
+            if rows is None:
+                done[at] = np.asarray(src[name][index]).astype(dtype)
+            else:  # rows index[0]: those copies, each sliced by the rest of the index
+                held = [
+                    np.asarray(src[n][index[1:]])
+                    if n is not None
+                    else np.zeros(shape[1:], dtype)[index[1:]]
+                    for n in rows[index[0]]
+                ]
+                done[at] = np.stack(held).astype(dtype)
+        return done[at]
+
+    return jax.make_array_from_callback(tuple(shape), sharding, shard)
+
+
+def restore_targets(abstract, shardings, leave_out=()):
+    """The targets of a restore: the train state's shapes and dtypes (`abstract`) with their `shardings`,
+    less the parts `leave_out` (not checkpointed)."""
+    kept = [k for k in abstract if k not in leave_out]
+    return jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+        {k: abstract[k] for k in kept},
+        {k: shardings[k] for k in kept},
+    )
