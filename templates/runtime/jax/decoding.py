@@ -9,6 +9,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from runtime.jax.checkpoints import to_host
+from runtime.sampling import encode_prompt, load_tokenizer, print_result, sample_tokens
 
 
 def cache_layouts(mesh, caches, dtype, piped=None):
@@ -68,3 +69,20 @@ def full_logits(logits_of, params, sharding, shape, tokens, order=None):
         return (logits if order is None else logits[np.argsort(order)])[: len(ids)]
 
     return full
+
+
+def generate(args, vocab, seq, setup_devices, make_mesh, load_model, decoder, full_forward):
+    """generate.py's run: the prompt (runtime/sampling.py), the devices and the mesh, the parameters
+    load_model(args, mesh), the tokens sampled with decoder(params, mesh) (a cached_decoder), and what is
+    printed (--check: against full_forward(params, mesh), the training program's forward pass)."""
+    tokenizer = load_tokenizer(args.tokenizer)
+    ids = encode_prompt(args, tokenizer, vocab, seq)
+    setup_devices(args)  # train.py's: the mesh's devices (simulated on CPU), several processes
+    mesh = make_mesh()
+    with jax.set_mesh(mesh):
+        params = load_model(args, mesh)
+        out, seen, seconds = sample_tokens(decoder(params, mesh), ids, args, seq)
+        full, first = full_forward(params, mesh), jax.process_index() == 0
+        print_result(args, ids, out, seen, seconds, tokenizer, full, first, seq)
+    if jax.process_count() > 1:
+        jax.distributed.shutdown()

@@ -44,3 +44,23 @@ def restore_targets(abstract, shardings, leave_out=()):
         {k: abstract[k] for k in kept},
         {k: shardings[k] for k in kept},
     )
+
+
+def initial_state(src, buffers, abstract, shardings, place, init_optimizer, param_dtype):
+    """The train state at step 0 of the shapes `abstract`, laid out by `shardings`: the parameters from `src`
+    and the buffers (float32) from `buffers` (lazy tensors by canonical name), each placed by place(src,
+    name, shape, sharding, dtype); a fresh optimizer state init_optimizer(params); step 0."""
+    params = {
+        name: place(src, name, a.shape, shardings["params"][name], param_dtype)
+        for name, a in abstract["params"].items()
+    }
+    init_opt = jax.jit(init_optimizer, out_shardings=shardings["opt_state"])
+    return {
+        "params": params,
+        "opt_state": init_opt(params),
+        "buffers": {
+            name: place(buffers, name, a.shape, shardings["buffers"][name], np.float32)
+            for name, a in abstract["buffers"].items()
+        },
+        "step": place({"step": np.zeros((), np.int32)}, "step", (), shardings["step"], np.int32),
+    }
