@@ -13,7 +13,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from runtime.checkpoints import checkpoint_dirs, resume_from
+from runtime.checkpoints import check_start, checkpoint_dirs, resume_from
 
 
 def to_host(x):
@@ -79,6 +79,17 @@ class Checkpoints:
             unsaved,
         )
         self.pending = []  # the asynchronous save still writing (--async-checkpoint): finish_saves
+
+    def open(self, args, start, spec_dir):
+        """The manager of --checkpoint-dir (None without one), once runtime/checkpoints.py's check_start
+        agrees with a run from step `start` (`spec_dir`: the spec's checkpoint directory)."""
+        manager = (
+            self.manager(args.checkpoint_dir, args.async_checkpoint)
+            if args.checkpoint_dir
+            else None
+        )
+        check_start(args, start, manager.all_steps() if manager else [], spec_dir)
+        return manager
 
     def manager(self, directory, background=False):
         """The orbax manager of `directory`. `background` (--async-checkpoint): orbax's asynchronous

@@ -2,6 +2,7 @@
 hold (the memory line, --dry-run) and the console's device figures. The program passes what its spec
 decided: the mesh, the communication settings, the planned bytes."""
 
+import json
 import math
 import os
 import sys
@@ -89,6 +90,15 @@ def held_bytes(state):
     ndim > 0 only: optax's step counters are not counted)."""
     parts = {"params": "params", "optimizer": "opt_state", "buffers": "buffers"}
     return {k: device0_bytes(state[part]) for k, part in parts.items()}
+
+
+def say_memory(args, start, state, planned):
+    """The first process's lines before the first step: where the run resumed, and the bytes of the train
+    state the first device holds next to the `planned` ones."""
+    if jax.process_index() == 0:
+        memory = {"device0": held_bytes(state), "planned": planned}
+        resumed = f"resumed from {args.resume} at step {start}\n" if args.resume else ""
+        print(resumed + "memory " + json.dumps(memory), flush=True)
 
 
 def device_figures(mesh, compute):

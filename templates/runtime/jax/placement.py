@@ -7,6 +7,13 @@ import jax.numpy as jnp
 import numpy as np
 
 
+def stack_of(name):
+    """A name of the train state -> (repeat, name inside the block) for a block parameter (or buffer) stacked
+    over the block's copies, "<repeat>.*.<param>"; (None, name) for the others."""
+    repeat, stacked, local = name.partition(".*.")
+    return (repeat, local) if stacked else (None, name)
+
+
 def place_array(src, name, shape, sharding, dtype, rows=None):
     """The train state's `name` as a global jax.Array laid out by `sharding`, from `src`: lazy tensors (or
     arrays) by canonical name, indexed by slices. `rows`: of a stacked parameter, the canonical name of the
