@@ -6,6 +6,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from runtime.jax.checkpoints import to_host
+
 
 def stack_of(name):
     """A name of the train state -> (repeat, name inside the block) for a block parameter (or buffer) stacked
@@ -71,3 +73,15 @@ def initial_state(src, buffers, abstract, shardings, place, init_optimizer, para
         },
         "step": place({"step": np.zeros((), np.int32)}, "step", (), shardings["step"], np.int32),
     }
+
+
+def gather_arrays(arrays, rows_of=None, names=None):
+    """`arrays` (global, by the train state's names) gathered one at a time (to_host: a collective, every
+    process calls it) -> numpy arrays by canonical name: a stacked one (rows_of(name): the canonical name of
+    the copy each of its rows holds, None for a padding row) gives one per copy; in the order of `names`
+    where given."""
+    out = {}
+    for name, w in arrays.items():
+        host, rows = to_host(w), rows_of(name) if rows_of else None
+        out.update({n: host[q] for q, n in enumerate(rows) if n} if rows else {name: host})
+    return out if names is None else {name: out[name] for name in names}
