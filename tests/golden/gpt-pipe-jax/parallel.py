@@ -280,7 +280,7 @@ def copies(repeat):
 
 
 def stacked_names(name):
-    """The canonical names of the copies a stacked parameter's rows hold; None for others."""
+    """The canonical names of a stacked parameter's rows (None: a padding row); None for others."""
     repeat, _ = stack_of(name)
     return repeat and [copy_name(name, i) if i >= 0 else None for i in copies(repeat)]
 
