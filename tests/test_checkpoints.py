@@ -50,8 +50,8 @@ if target == "jax":
         state = m.init_state(args, optimizer, shardings, abstract)
         name = sorted(state["params"])[0]
         state["params"][name] = state["params"][name] * float("nan")
-        manager = m.checkpoint_manager(nan_dir)
-        m.save_checkpoint(manager, int(state["step"]), state)
+        manager = m.CHECKPOINTS.manager(nan_dir)
+        m.CHECKPOINTS.save(manager, int(state["step"]), state)
         manager.close()
 else:
     import torch

@@ -214,9 +214,13 @@ def test_rendered_settings():
     torch_files = render_files(c, "torch", "comm")
     assert "export NCCL_ALGO=Ring" in torch_files["launch.sh"]
     assert "bucket_cap_mb=4" in program_text(torch_files)
-    jax_file = program_text(render_files(c, "jax", "comm"))
+    jax_files = render_files(c, "jax", "comm")
+    jax_file = program_text(jax_files)  # the settings, passed to runtime/jax/devices.py's start_devices
     assert '"--xla_gpu_all_reduce_combine_threshold_bytes=4194304"' in jax_file
-    assert '"--xla_gpu_enable_latency_hiding_scheduler=true"' in jax_file and 'os.environ["NCCL_ALGO"] = "Ring"' in jax_file
+    assert '"--xla_gpu_enable_latency_hiding_scheduler=true"' in jax_file and 'nccl_algo="Ring"' in jax_file
+    devices = jax_files["runtime/jax/devices.py"]
+    assert 'os.environ["NCCL_ALGO"] = nccl_algo' in devices and "*xla_flags]" in devices
+    assert "start_devices(args, MESH, tf32=TF32)" in program_text(render_files(compile_file(toy_spec(), "two"), "jax", "c"))
     plain = render_files(compile_file(toy_spec(), "two"), "torch", "comm")
     assert "NCCL_ALGO" not in plain["launch.sh"] and "compress_gradients" not in program_text(plain)
 

@@ -161,8 +161,8 @@ with jax.set_mesh(mesh):
                 if part not in own.setdefault(canonical, []):
                     own[canonical].append(part)
     initial = {k: np.asarray(v.addressable_shards[0].data) for k, v in state["params"].items()}
-    manager = m.checkpoint_manager(ckpt)
-    m.save_checkpoint(manager, 0, state)
+    manager = m.CHECKPOINTS.manager(ckpt)
+    m.CHECKPOINTS.save(manager, 0, state)
     manager.close()
     first = list(asked)
     asked.clear()

@@ -27,12 +27,23 @@ def test_mlx_mlp_dp_within_600_lines():
     assert rendered_lines(files) <= 600, {n: lines(t) for n, t in files.items() if n.endswith(".py")}
 
 
-def test_jax_gpt_tiny_train_py_within_400_lines_and_sections_in_their_files():
+def test_jax_gpt_tiny_within_the_issues_bounds_and_sections_in_their_files():
+    """gpt-tiny in JAX: the rendered Python (runtime/ aside) within 900 lines, model.py 200, train.py 400; the
+    framework code no spec changes is runtime/jax/'s, imported, not rendered (1476 lines before it moved)."""
     files = files_of(str(ROOT / "specs/gpt-tiny.yaml"), "jax")
     assert lines(files["train.py"]) <= 400
     assert lines(files["model.py"]) <= 200
+    assert rendered_lines(files) <= 900, {n: lines(t) for n, t in files.items() if n.endswith(".py")}
     train, parallel, checkpoint = (defined(files[f"{n}.py"]) for n in ("train", "parallel", "checkpoint"))
-    assert {"layouts", "opt_state_shardings", "init_optimizer", "apply_optimizer", "any_process"} <= parallel
-    assert {"init_state", "restore_checkpoint"} <= checkpoint
-    assert {"lr_schedule", "make_optimizer", "make_train_step", "train", "main"} <= train
+    assert {"layouts", "opt_state_shardings", "init_optimizer", "apply_optimizer"} <= parallel
+    assert {"init_state", "place", "gather_params"} <= checkpoint
+    assert {"make_optimizer", "make_train_step", "train", "main"} <= train
     assert not train & (parallel | checkpoint)  # each defined once, where it belongs
+    runtime = {n for n in files if n.startswith("runtime/jax/")}
+    assert {f"runtime/jax/{m}.py" for m in ("devices", "checkpoints", "loop", "placement")} <= runtime
+    moved = {"setup_devices": "start_devices", "train": "train_steps", "init_state": "initial_state"}
+    for file, text in files.items():
+        if file in ("parallel.py", "train.py", "checkpoint.py"):
+            assert not {"StepProfiler", "restore_checkpoint", "save_checkpoint", "dry_run"} & defined(text)
+    assert all(any(f"{uses}(" in files[f] for f in ("parallel.py", "train.py", "checkpoint.py"))
+               for uses in moved.values())

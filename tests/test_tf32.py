@@ -47,8 +47,11 @@ def test_programs_switch_matmul_precision_on_gpus_only(tmp_path, target):
     assert "TF32 = True" in on and "TF32 = False" in off
     if target == "torch":  # inside `if cuda:`
         assert re.search(r"if cuda:\n(.*\n){1,3}\s+torch\.set_float32_matmul_precision\(\"high\" if TF32 else \"highest\"\)", on)
-    else:
-        assert re.search(r'if jax\.devices\(\)\[0\]\.platform == "gpu":.*\n\s+jax\.config\.update\("jax_default_matmul_precision"', on)
+    else:  # passed to runtime/jax/devices.py's start_devices, which sets it on GPUs
+        assert "start_devices(args, MESH, tf32=TF32)" in on
+        devices = render_files(compile_file(spec(tmp_path, True), "single"), target, "gpt.yaml")["runtime/jax/devices.py"]
+        assert re.search(r'if tf32 is not None and jax\.devices\(\)\[0\]\.platform == "gpu":.*\n\s+'
+                         r'jax\.config\.update\("jax_default_matmul_precision", "tensorfloat32" if tf32 else', devices)
     hashes = [re.search(r'SPEC_HASH = "(\w+)"', text).group(1) for text in (on, off)]
     assert hashes[0] == hashes[1]  # a checkpoint resumes with the switch on or off
     # MFU's peak follows it: the TensorFloat-32 column

@@ -89,7 +89,6 @@ MICROBATCHES = 4
 CHUNK = MICRO_BATCH // MICROBATCHES
 SEED = 0
 OPTIMIZER = "adamw"  # make_optimizer() below is written for it
-SCHEDULE = "cosine"  # lr_schedule() below is written for it
 PARAM_DTYPE = "float32"  # how parameters (and optimizer state) are stored
 # a float32 master copy of 16-bit parameters in the optimizer state, whose moments are then float32 too
 MASTER_WEIGHTS = False
@@ -98,5 +97,3 @@ REMAT = "none"  # none | selective | full
 ZERO = 0  # 1: optimizer state split over the batch axes too; 2: gradients as well
 DATA_KIND = "synthetic"
 DATA_PATH = None
-# Bytes per device the planner predicts (`mithril-spec plan`); the program prints what it really holds.
-PLANNED_BYTES = {"params": 339968, "optimizer": 679936, "buffers": 0}

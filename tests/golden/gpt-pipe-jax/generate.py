@@ -22,23 +22,22 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 # isort: off
 # fmt: off
 # beside this file: runtime/ (the helpers every build carries unchanged) and this build's files
-from checkpoint import init_state, load_params, place, to_host
+from checkpoint import init_state, load_params, place
 from config import (CHUNK, COMPUTE_DTYPE, INPUT_LAYOUTS, MICROBATCHES, PARAM_DTYPE, SEED,
                     SPEC_FILE, SPEC_NAME)
 from model import embedding, layer_norm, mlp, project_together
 from parallel import (PER_STAGE, PIPE, STACKED, VIRTUAL_STAGES, layouts, make_mesh,
-                      pipeline_predict, refuse, setup_devices, varying)
+                      pipeline_predict, setup_devices, varying)
 from runtime.cli import process_options
-from runtime.errors import Refusal
-from runtime.sampling import (check_sampling, encode_prompt, load_tokenizer, print_result,
-                              sample_tokens, sampling_parser)
+from runtime.jax.decoding import cache_layouts, cached_decoder, full_logits, generate
+from runtime.jax.loop import command_line
+from runtime.sampling import check_sampling, sampling_parser
 from train import make_optimizer
 # fmt: on
 # isort: on
@@ -162,24 +161,6 @@ def decode_step(params, cache, ids, pos):
     return lm_head[:, -1].astype(jnp.float32), kv
 
 
-def cache_layouts(mesh):
-    """The caches' shapes, dtypes (the compute dtype) and shardings: {layer: {"k": ..., "v": ...}}."""
-
-    def one(shape, heads, piped=False):
-        # (the pipelined repeat's copies split over `pipe` as its stacked parameters are)
-        spec = P(*(["pipe"] if piped else [None]), *[None] * (len(shape) - 3), heads or None, None)
-        s = jax.ShapeDtypeStruct(shape, COMPUTE_DTYPE, sharding=NamedSharding(mesh, spec))
-        return {"k": s, "v": s}
-
-    piped = "blocks"
-    return {
-        name: {k: one(*v, piped=name == piped) for k, v in entry.items()}
-        if isinstance(entry, dict)
-        else one(*entry)
-        for name, entry in CACHE.items()
-    }
-
-
 # ----------------------------------------------------------------------------
 # Loading (the train program's code), the decode and the full forward pass on the mesh
 # ----------------------------------------------------------------------------
@@ -198,42 +179,13 @@ def load_model(args, mesh):
     }
 
 
-def cached_decoder(params, mesh):
-    """step(token, pos) -> the logits of the next position (numpy), the caches kept on the mesh."""
-    abstract = cache_layouts(mesh)
-    shardings = jax.tree.map(lambda s: s.sharding, abstract)
-    cache = jax.jit(
-        lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), abstract),
-        out_shardings=shardings,
-    )()
-    run = jax.jit(
-        decode_step, out_shardings=(NamedSharding(mesh, P()), shardings), donate_argnums=1
-    )
-    state = {"cache": cache}
-
-    def step(token, pos):
-        logits, state["cache"] = run(
-            params, state["cache"], np.full((1, 1), token, np.int32), np.int32(pos)
-        )
-        return to_host(logits)[0]
-
-    return step
-
-
 def full_forward(params, mesh):
     """full(ids) -> the logits of each position [len(ids), VOCAB] (numpy) from train.py's forward pass through the
     pipeline (pipeline_predict) over the whole sequence (padded to SEQ), in every sample of a micro-batch of
-    MICROBATCHES x CHUNK."""
+    MICROBATCHES x CHUNK (runtime/jax/decoding.py's full_logits)."""
     sharding = NamedSharding(mesh, P(None, *INPUT_LAYOUTS[TOKENS]))
     logits_of = jax.jit(pipeline_predict, out_shardings=NamedSharding(mesh, P()))
-
-    def full(ids):
-        batch = np.zeros((MICROBATCHES, CHUNK, SEQ), np.int32)
-        batch[:, :, : len(ids)] = ids
-        tokens = jax.make_array_from_callback(batch.shape, sharding, lambda index: batch[index])
-        return to_host(logits_of(params, {TOKENS: tokens}))[0, 0, : len(ids)]
-
-    return full
+    return full_logits(logits_of, params, sharding, (MICROBATCHES, CHUNK, SEQ), TOKENS)
 
 
 # ----------------------------------------------------------------------------
@@ -248,34 +200,18 @@ def parse_args(argv=None):
 
 
 def main(args):
-    tokenizer = load_tokenizer(args.tokenizer)
-    ids = encode_prompt(args, tokenizer, VOCAB, SEQ)
-    setup_devices(args)  # train.py's: the mesh's devices (simulated on CPU), several processes
-    mesh = make_mesh()
-    with jax.set_mesh(mesh):
-        params = load_model(args, mesh)
-        out, seen, seconds = sample_tokens(cached_decoder(params, mesh), ids, args, SEQ)
-        print_result(
-            args,
-            ids,
-            out,
-            seen,
-            seconds,
-            tokenizer,
-            full_forward(params, mesh),
-            jax.process_index() == 0,
-            SEQ,
-        )
-    if jax.process_count() > 1:
-        jax.distributed.shutdown()
+    """Samples (runtime/jax/decoding.py's generate) with decode_step over the caches CACHE."""
+
+    def decoder(params, mesh):
+        caches = cache_layouts(mesh, CACHE, COMPUTE_DTYPE, piped="blocks")
+        return cached_decoder(decode_step, params, mesh, caches)
+
+    generate(args, VOCAB, SEQ, setup_devices, make_mesh, load_model, decoder, full_forward)
 
 
 def cli(argv=None):
     """The command line (`python generate.py ARGS`): what was asked that cannot run ends in one line and exit 2."""
-    try:
-        main(parse_args(argv))
-    except Refusal as refusal:
-        refuse(refusal)
+    command_line(main, parse_args, argv)
 
 
 if __name__ == "__main__":

@@ -9,9 +9,6 @@ import optax
 from jax.sharding import PartitionSpec as P
 
 
-# ----------------------------------------------------------------------------
-# Model: pure functions over a flat dict of parameters keyed by canonical name.
-# ----------------------------------------------------------------------------
 def project_together(x, weights, parts):
     """[x @ w for w in weights] as one matmul, so that the gradient of x is one partial sum over the
     tensor-parallel axes (one all-reduce, Megatron's count) rather than one per weight. Each weight

@@ -2,32 +2,26 @@
 state's names, the optimizer state and the shardings of all of it;
 what each device holds (--dry-run)."""
 
-import math
-import os
-import sys
-
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
-from jax.experimental import multihost_utils
-from jax.sharding import AxisType, NamedSharding
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 # isort: off
 # fmt: off
 # beside this file: runtime/ (the helpers every build carries unchanged) and this build's files
 from config import (BUFFERS, COMPUTE_DTYPE, INPUT_LAYOUTS, MESH, MICROBATCHES, PARAMS, PARAM_DTYPE,
-                    PLANNED_BYTES, REPEATS, STATE_LAYOUTS)
+                    REPEATS, STATE_LAYOUTS)
 from model import cross_entropy, decoder_stack, embedding, layer_norm
-from runtime.console import peak_flops, process_peak_rss
-from runtime.errors import require
+from runtime.jax.devices import mesh_of, start_devices
+from runtime.jax.optimizers import shardings_by_param
+from runtime.jax.placement import stack_of
 # fmt: on
 # isort: on
 
 
 # what the spec decided that only this file uses (the settings several files share: config.py)
-BATCH_AXES = ("data",)  # the batch is split over these (data-parallel degree 2)
 BUFFER_LAYOUTS = {}
 TF32 = True  # on GPUs: float32 matmuls and convolutions in TensorFloat-32 (precision.tf32)
 
@@ -261,126 +255,19 @@ def pipeline_predict(params, batch):
     return jax.vmap(lambda y, mb: post_predict(p, y, mb), spmd_axis_name="pipe")(ys, batch)
 
 
-# ----------------------------------------------------------------------------
-# Processes and devices.
-# ----------------------------------------------------------------------------
-
-
-def refuse(refusal):
-    """Exits with code 2 and the Refusal's one line (runtime/errors.py): what was asked cannot run. Every
-    process reaches the same verdict and the first one says why; a `local` verdict (about this process's own
-    samples) is said by the process that reaches it."""
-    if refusal.local or os.environ.get("MITHRIL_PROCESS_ID", "0") == "0":
-        print(f"error: {refusal}", file=sys.stderr, flush=True)
-    sys.exit(2)
-
-
 def setup_devices(args):
-    """The device count and the distributed runtime can only be configured before JAX touches a device."""
-    devices = math.prod(MESH.values())
-    n = args.num_processes
-    require(
-        n >= 1 and devices % n == 0 and 0 <= args.process_id < n,
-        f"{n} processes cannot share a mesh of {devices} devices (process id {args.process_id})",
-    )
-    require(
-        n == 1 or args.coordinator,
-        "several processes need MITHRIL_COORDINATOR=host:port (or --coordinator)",
-    )
-    # Without an accelerator, simulate the mesh with CPU devices: mesh size / processes per process.
-    # This only affects the CPU backend. An explicit setting wins (and can provoke a wrong count).
-    flags = os.environ.get("XLA_FLAGS", "")
-    explicit = (
-        "JAX_NUM_CPU_DEVICES" in os.environ or "xla_force_host_platform_device_count" in flags
-    )
-    if not explicit:
-        jax.config.update("jax_num_cpu_devices", devices // n)
-    if n > 1:
-        # CPU collectives across processes need gloo (the default fails at the first all-reduce).
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        jax.distributed.initialize(args.coordinator, num_processes=n, process_id=args.process_id)
-    # float32 matmuls on GPUs (precision.tf32); XLA:CPU computes them in float32 whatever this says
-    if jax.devices()[0].platform == "gpu":
-        jax.config.update("jax_default_matmul_precision", "tensorfloat32" if TF32 else "highest")
-    require(
-        jax.device_count() == devices,
-        f"this program was built for the mesh {MESH or '(one device)'}: it needs {devices} device(s), "
-        f"but {jax.device_count()} are visible ({jax.process_count()} process(es) x "
-        f"{jax.local_device_count()} {jax.devices()[0].platform} device(s)). Run it with {devices} "
-        "devices in all, or rebuild it for this machine with `mithril-spec build --mesh ...`.",
-    )
+    """The devices of MESH and the processes (runtime/jax/devices.py), before JAX touches a device."""
+    start_devices(args, MESH, tf32=TF32)
 
 
 def make_mesh():
-    """The device mesh. A single-device build gets a one-device mesh, so there is one code path."""
-    shape, names = tuple(MESH.values()) or (1,), tuple(MESH) or ("data",)
-    # Auto axes: XLA propagates layouts from the jit shardings and the constraints in the model.
-    # (jax.make_mesh defaults to Explicit axes in recent jax; this program is not written for them.)
-    return jax.make_mesh(shape, names, axis_types=(AxisType.Auto,) * len(names))
-
-
-def device0_bytes(tree):
-    """Bytes of the arrays (ndim > 0) of `tree` that the first device holds: its addressable shards."""
-    d0 = jax.devices()[0]
-    shards = [s for x in jax.tree.leaves(tree) if x.ndim > 0 for s in x.addressable_shards]
-    return sum(s.data.nbytes for s in shards if s.device == d0)
-
-
-def held_bytes(state):
-    """{params, optimizer, buffers}: the bytes of the train state that the first device holds (arrays with
-    ndim > 0 only: optax's step counters are not counted)."""
-    parts = {"params": "params", "optimizer": "opt_state", "buffers": "buffers"}
-    return {k: device0_bytes(state[part]) for k, part in parts.items()}
-
-
-def device_figures(mesh, compute):
-    """What the console (runtime/console.py) reports of the devices: how many, a GPU's peak FLOP/s in the
-    `compute` precision (None elsewhere: no MFU), memory(): the peak bytes of the first local one so far."""
-    device = jax.local_devices()[0]
-    peak = peak_flops(device.device_kind, compute) if device.platform == "gpu" else None
-
-    def memory():
-        return (device.memory_stats() or {}).get("peak_bytes_in_use") or process_peak_rss()
-
-    return {"devices": mesh.devices.size, "compiles": True, "peak": peak, "memory": memory}
-
-
-def dry_run(mesh, shardings, abstract):
-    """What the program would hold: the mesh, every parameter's layout and per-device shape (a repeated
-    block's parameters as the train state holds them: stacked over the copies), bytes per device."""
-    held = {
-        key: sum(
-            math.prod(s.shard_shape(a.shape)) * a.dtype.itemsize
-            for a, s in zip(jax.tree.leaves(abstract[key]), jax.tree.leaves(shardings[key]))
-            if a.ndim > 0
-        )
-        for key in ("params", "opt_state", "buffers")
-    }
-    print(
-        f"mesh: {dict(mesh.shape)} ({mesh.devices.size} {jax.devices()[0].platform} devices, "
-        f"{jax.process_count()} process(es)); batch over {BATCH_AXES or 'no axis'}",
-        f"{'parameter':40s} {'shape':>16s} {'layout':32s} per-device shape",
-        *(
-            f"{name:40s} {list(a.shape)!s:>16s} {s.spec!s:32s} {list(s.shard_shape(a.shape))}"
-            for name, a in abstract["params"].items()
-            for s in [shardings["params"][name]]
-        ),
-        f"device 0 bytes: params {held['params']}, optimizer state {held['opt_state']}, buffers "
-        f"{held['buffers']}; planned: {PLANNED_BYTES}",
-        sep="\n",
-    )
+    """The device mesh of MESH."""
+    return mesh_of(MESH)
 
 
 # ----------------------------------------------------------------------------
-# The train state's names: a repeated block's parameters are stacked over its copies.
+# The train state's names: a repeated block's parameters are stacked over its copies (stack_of).
 # ----------------------------------------------------------------------------
-def stack_of(name):
-    """A name of the train state -> (repeat, name inside the block) for a block parameter (or buffer) stacked
-    over the block's copies, "<repeat>.*.<param>"; (None, name) for the others."""
-    repeat, stacked, local = name.partition(".*.")
-    return (repeat, local) if stacked else (None, name)
-
-
 def copy_name(name, i):
     """The canonical name of copy i of a stacked parameter (other names are returned as they are)."""
     repeat, local = stack_of(name)
@@ -390,6 +277,12 @@ def copy_name(name, i):
 def copies(repeat):
     """The copy of `repeat` that each row of its stacked arrays holds (STACK_ORDER for the pipelined `blocks`)."""
     return STACK_ORDER if repeat == "blocks" else range(REPEATS[repeat])
+
+
+def stacked_names(name):
+    """The canonical names of a stacked parameter's rows (None: a padding row); None for others."""
+    repeat, _ = stack_of(name)
+    return repeat and [copy_name(name, i) if i >= 0 else None for i in copies(repeat)]
 
 
 def state_shape(name, table):
@@ -416,19 +309,11 @@ def apply_optimizer(optimizer, grads, opt_state, params):
 
 def opt_state_shardings(optimizer, abstract_params, param_shardings, replicated):
     """Each optimizer-state tensor found under a parameter's name (adam's mu and nu)
-    takes that parameter's layout. The rest (step counters) is replicated.
-    Placing them explicitly also keeps optax's scalar counters off a single device, which jit would
-    reject."""
-
-    def pick(path, leaf):
-        for key in reversed(path):
-            name = getattr(key, "key", None)
-            if name in param_shardings and leaf.shape == abstract_params[name].shape:
-                return param_shardings[name]
-        return replicated
-
-    abstract = jax.eval_shape(lambda params: init_optimizer(optimizer, params), abstract_params)
-    return jax.tree_util.tree_map_with_path(pick, abstract)
+    takes that parameter's layout. The rest (step counters) is
+    replicated (runtime/jax/optimizers.py)."""
+    return shardings_by_param(
+        lambda p: init_optimizer(optimizer, p), abstract_params, param_shardings, replicated
+    )
 
 
 # ----------------------------------------------------------------------------
@@ -461,10 +346,3 @@ def layouts(mesh, optimizer):
     # a batch is [CHUNKS, CHUNK, ...]: the chunk axis is not split
     batch = {name: NamedSharding(mesh, P(None, *spec)) for name, spec in INPUT_LAYOUTS.items()}
     return state, batch, abstract
-
-
-def any_process(flag):
-    """Whether `flag` holds on any process, on every process (a collective when there are several)."""
-    if jax.process_count() == 1:
-        return bool(flag)
-    return bool(multihost_utils.process_allgather(np.int32(flag)).any())

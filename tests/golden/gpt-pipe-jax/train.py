@@ -23,11 +23,7 @@ mesh size / N simulated ones), reads only its own part of every batch, and all o
 checkpoints into one shared directory. launch.sh starts N processes on this machine.
 """
 
-import json
-import os
-import sys
-import time
-from pathlib import Path
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -38,24 +34,27 @@ from jax.sharding import PartitionSpec as P
 # isort: off
 # fmt: off
 # beside this file: runtime/ (the helpers every build carries unchanged) and this build's files
-from checkpoint import (checkpoint_manager, finish_saves, gather_params, init_state,
-                        save_checkpoint, save_params, step_of)
-from config import (BATCH_SIZE, GRAD_ACCUM, MESH, MICROBATCHES, PARAMS, PLANNED_BYTES, SEED,
-                    SPEC_FILE, SPEC_NAME, STATE_LAYOUTS)
+from checkpoint import CHECKPOINTS, export, init_state
+from config import (BATCH_SIZE, GRAD_ACCUM, MESH, MICROBATCHES, PARAMS, SEED, SPEC_FILE, SPEC_NAME,
+                    STATE_LAYOUTS)
 from data import Data, global_batch
-from parallel import (any_process, apply_optimizer, copy_name, device_figures, dry_run, held_bytes,
-                      layouts, make_mesh, pipeline_value_and_grad, refuse, setup_devices)
-from runtime.checkpoints import check_start, resolve_resume
+from parallel import (apply_optimizer, copy_name, layouts, make_mesh, pipeline_value_and_grad,
+                      setup_devices)
+from runtime.checkpoints import resolve_resume
 from runtime.cli import check_arguments, process_options, train_parser
-from runtime.console import Console, Metrics, past_schedule, process_peak_rss
-from runtime.errors import Refusal, require
-from runtime.preemption import Preemption
-from runtime.profile import ProfileWindow, collective_totals, plan_predictions
+from runtime.console import Console, past_schedule
+from runtime.errors import require
+from runtime.jax.checkpoints import step_of
+from runtime.jax.devices import device_figures, dry_run, say_memory
+from runtime.jax.loop import command_line, run, step_row, train_steps
+from runtime.jax.optimizers import clip_by_global_norm, schedule
+from runtime.profile import plan_predictions
 # fmt: on
 # isort: on
 
 
 # what the spec decided that only this file uses (the settings several files share: config.py)
+BATCH_AXES = ("data",)  # the batch is split over these (data-parallel degree 2)
 TOKENS_PER_SAMPLE = 32  # for tokens/s: the first input's sequence length
 FLOPS_PER_STEP = (
     725188608  # model FLOPs of one optimizer step (forward + backward, no recompute): for MFU
@@ -65,40 +64,23 @@ LR = 0.001
 BETAS = (0.9, 0.95)
 EPS = 1e-08
 WEIGHT_DECAY = 0.1  # decoupled; only parameters with 2 or more dimensions
+SCHEDULE = "cosine"  # train.py's lr_schedule (runtime/jax/optimizers.py's schedule)
 WARMUP_STEPS = 2
 MIN_LR_RATIO = 0.0
 CLIP_GRAD_NORM = 1.0
 CHECKPOINT_DIR = None  # the spec asks for no checkpoints (--checkpoint-dir DIR writes them)
 CHECKPOINT_EVERY = 0
+# Bytes per device the planner predicts (`mithril-spec plan`); the program prints what it really holds.
+PLANNED_BYTES = {"params": 339968, "optimizer": 679936, "buffers": 0}
 # --profile prints what the plan predicts next to what it measures: plan.json's "predicted" (`mithril-spec
 # plan --target jax`), read from the plan.json beside this file, whose figures have this digest.
 PREDICTED_DIGEST = "714b074073155cf3"
 
 
 # ----------------------------------------------------------------------------
-# Optimizer: the documented schedule, torch-style clipping, optax (docs/program.md "Numerics").
+# Optimizer: the documented schedule, torch-style clipping (runtime/jax/optimizers.py), optax.
 # ----------------------------------------------------------------------------
-def lr_schedule(t):
-    """The learning rate at 0-based step t. Written out rather than composed from optax's schedules:
-    optax's linear warmup starts at 0 where the documented one starts at LR / WARMUP_STEPS."""
-    t = jnp.asarray(t, jnp.float32)
-    progress = jnp.minimum(
-        1.0, (t - WARMUP_STEPS) / max(1, STEPS - WARMUP_STEPS)
-    )  # lr * m after STEPS
-    after = LR * (MIN_LR_RATIO + (1 - MIN_LR_RATIO) * 0.5 * (1 + jnp.cos(jnp.pi * progress)))
-    return jnp.where(t < WARMUP_STEPS, LR * (t + 1) / max(WARMUP_STEPS, 1), after)
-
-
-def clip_by_global_norm(max_norm):
-    """Scales every gradient by min(1, max_norm / (norm + 1e-6)), as torch.nn.utils.clip_grad_norm_ does
-    (optax.clip_by_global_norm divides by the norm without the 1e-6)."""
-
-    def update(updates, state, params=None):
-        del params
-        scale = jnp.minimum(1.0, max_norm / (optax.global_norm(updates) + 1e-6))
-        return jax.tree.map(lambda g: (g * scale).astype(g.dtype), updates), state
-
-    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+lr_schedule = schedule(SCHEDULE, LR, WARMUP_STEPS, STEPS, MIN_LR_RATIO)
 
 
 def make_optimizer():
@@ -152,66 +134,6 @@ def make_train_step(optimizer, seed, with_grads=False):
     return train_step
 
 
-# ----------------------------------------------------------------------------
-# Profiling (--profile): jax.profiler's trace; runtime/profile.py's window and summary (measured | planned)
-# ----------------------------------------------------------------------------
-
-
-class StepProfiler:
-    """--profile DIR: jax.profiler traces the steps of --profile-steps; then the first process reads its trace
-    back and prints the summary. A collective's time is that of XLA's collective instructions: on a GPU or
-    TPU their device events ("XLA Ops"), on the CPU backend the host threads running them."""
-
-    def __init__(self, args, start):
-        self.window = ProfileWindow(args, start)
-
-    def begin(self, step, state):
-        """Before step `step` (counted from 0) is queued: the trace starts at the window's first step, once
-        the steps before it are done."""
-        if self.window.begins(step):
-            jax.block_until_ready(state)
-            jax.profiler.start_trace(self.window.dir)
-            self.window.started()
-
-    def end(self, step, state):
-        """After step `step` is queued: at the window's last step, waits for it, stops the trace and sums it up."""
-        if not self.window.ends(step):
-            return
-        jax.block_until_ready(state)
-        step_s = self.window.stopped()
-        jax.profiler.stop_trace()
-        devices = jax.local_devices()
-        # per step and device
-        comm, calls = collective_totals(
-            collective_events(self.window.dir), self.window.steps * len(devices)
-        )
-        peaks = [
-            (d.memory_stats() or {}).get("peak_bytes_in_use") or process_peak_rss() for d in devices
-        ]
-        if jax.process_index() == 0:
-            self.window.report(devices[0].device_kind, step_s, comm, calls, peaks)
-
-
-def collective_events(directory):
-    """(name, seconds, 1) of each event of XLA's instructions in the newest trace under `directory`, over this
-    process's devices (runtime/profile.py `collective_totals` keeps the collectives)."""
-    traces = sorted(Path(directory).glob("plugins/profile/*/*.xplane.pb"), key=os.path.getmtime)
-    trace = jax.profiler.ProfileData.from_file(str(traces[-1]))  # (kept: its planes read from it)
-    planes = list(trace.planes)
-    devices = [p for p in planes if p.name.startswith("/device:")]
-    events = []
-    for plane in devices or [p for p in planes if p.name.startswith("/host:CPU")]:
-        for line in plane.lines:
-            if devices and line.name != "XLA Ops":
-                continue  # (the kernels' lines repeat the ops)
-            events += [
-                (e.name, e.duration_ns / 1e9, 1)
-                for e in line.events
-                if not e.name.startswith("end: ")
-            ]
-    return events
-
-
 def parse_args(argv=None):
     """The command line: runtime/cli.py's options of every target and their checks."""
     about = f"Train {SPEC_NAME} (generated by mithril-spec from {SPEC_FILE})."
@@ -232,21 +154,9 @@ def schedule_note(steps, lr_at):
     return past_schedule(steps, STEPS, lr_at, decays=False)
 
 
-# ----------------------------------------------------------------------------
-# Main
-# ----------------------------------------------------------------------------
 def main(args):
-    setup_devices(args)  # before anything touches a device
-    # SIGTERM / SIGUSR1: stop after the current step, saved (set after jax.distributed.initialize, whose
-    # preemption notifier takes SIGTERM for itself)
-    preempt = Preemption()
-    mesh = make_mesh()
-    with jax.set_mesh(mesh):  # the model's sharding constraints name axes of this mesh
-        code = train(args, mesh, preempt)
-    if jax.process_count() > 1:
-        jax.distributed.shutdown()
-    if code:
-        sys.exit(code)
+    """The devices, the mesh, then train (runtime/jax/loop.py's run)."""
+    run(args, setup_devices, make_mesh, train)
 
 
 def train(args, mesh, preempt):
@@ -259,20 +169,12 @@ def train(args, mesh, preempt):
     optimizer = make_optimizer()
     shardings, batch_shardings, abstract = layouts(mesh, optimizer)
     if args.dry_run:  # the first process prints the layouts; nothing is allocated
-        return dry_run(mesh, shardings, abstract) if is_first else None
+        return dry_run(mesh, shardings, abstract, BATCH_AXES, PLANNED_BYTES) if is_first else None
     resolve_resume(args, print if is_first else lambda line: None, step_of)
     state = init_state(args, optimizer, shardings, abstract)
     start = int(state["step"])
-    checkpoints = (
-        checkpoint_manager(args.checkpoint_dir, args.async_checkpoint)
-        if args.checkpoint_dir
-        else None
-    )
-    check_start(args, start, checkpoints.all_steps() if checkpoints else [], CHECKPOINT_DIR)
-    if is_first:
-        memory = {"device0": held_bytes(state), "planned": PLANNED_BYTES}
-        resumed = f"resumed from {args.resume} at step {start}\n" if args.resume else ""
-        print(resumed + "memory " + json.dumps(memory), flush=True)
+    checkpoints = CHECKPOINTS.open(args, start, CHECKPOINT_DIR)  # (None without --checkpoint-dir)
+    say_memory(args, start, state, PLANNED_BYTES)
     device_info = device_figures(mesh, TRAIN_COMPUTE)  # devices, peak FLOP/s, memory()
     console = Console(
         args, start, is_first, RUN, BATCH_SIZE, TOKENS_PER_SAMPLE, FLOPS_PER_STEP, **device_info
@@ -290,79 +192,21 @@ def train(args, mesh, preempt):
         donate_argnums=0,  # the new state reuses the old state's memory
     )
     data = Data(args.data, seed=args.seed + 1)
-    metrics = Metrics(args.metrics, is_first, append=bool(args.resume), start=start)
-    batch = global_batch(data, start, batch_shardings) if start < args.steps else None
-    profiler = StepProfiler(args, start)  # --profile
-    console.compiling()
-    # A step's figures are read one iteration late, once the next step is queued behind it: the devices
-    # never wait while the host logs. `since`: when the previous step's figures were read.
-    queued, since = None, time.perf_counter()
-    stop, every = False, args.checkpoint_every
-    for step in range(start, args.steps):
-        profiler.begin(step, state)
-        # returns at once; the devices work in the background
-        state, m, *grads = step_fn(state, batch)
-        if grads and step == start:  # --export-grads: the first step's (gathered by every process)
-            exported = gather_params(grads.pop())
-            if is_first:
-                save_params(args.export_grads, exported)
-        profiler.end(step, state)
-        if step + 1 < args.steps:
-            batch = global_batch(data, step + 1, batch_shardings)  # meanwhile, read the next batch
-        if queued:  # the previous step's figures: waits for that step only
-            row, since = step_row(*queued, since)
-            metrics.log(**row)
-            console.step(row)
-        done, queued = step + 1, (step + 1, m)
-        # a signal on any process: every process stops after this step (with several processes, one number
-        # gathered from each, per step)
-        stop = preempt.stop(any_process)
-        save = checkpoints and (stop or done == args.steps or (every > 0 and done % every == 0))
-        # the last step, or its state is saved now: wait for it
-        if done == args.steps or save or stop:
-            row, _ = step_row(*queued, since)
-            metrics.log(**row)
-            console.step(row)
-            if save:  # (a preemption's save, and the last one, are synchronous)
-                background = args.async_checkpoint and not stop and done < args.steps
-                saved = save_checkpoint(checkpoints, done, state, background)
-            # the next step's time leaves the save out
-            queued, since = None, time.perf_counter()
-        if stop:
-            break
-    finish_saves()
-    metrics.close()
-    console.summary()
-    if checkpoints:
-        checkpoints.close()
-    if stop:  # preempted: exit once the checkpoint is saved
-        return preempt.exit(done, checkpoints and saved, console.say)
+    batches = functools.partial(global_batch, data, shardings=batch_shardings)
+    hooks = {"export_grads": functools.partial(export, args.export_grads, is_first=is_first)}
+    rows = functools.partial(step_row, batch_size=BATCH_SIZE, tokens_per_sample=TOKENS_PER_SAMPLE)
+    state, code = train_steps(
+        args, state, step_fn, rows, batches, CHECKPOINTS, checkpoints, preempt, console, **hooks
+    )
+    if code:  # preempted: exit once the checkpoint is saved
+        return code
     if args.export_params:
-        exported = gather_params(state["params"])  # every process takes part; the first one writes
-        if is_first:
-            save_params(args.export_params, exported)
-
-
-def step_row(done, m, since):
-    """The metrics row of step `done` from its figures `m` (device arrays), and the time they were read:
-    reading them waits for that step (and only for it: the devices go on with the step queued behind it).
-    Its step_time_s runs from `since`, when the previous step's figures were read: one whole iteration of
-    the loop (the next batch, the logging, the wait), so samples_per_s is the rate the run really trains at."""
-    m = {k: float(v) for k, v in m.items()}  # waits for the step
-    now = time.perf_counter()
-    dt = now - since
-    row = {"step": done, "loss": m["loss"], "lr": m["lr"], "grad_norm": m["grad_norm"]}
-    row.update(step_time_s=dt, samples_per_s=BATCH_SIZE / dt)
-    row["tokens_per_s"] = BATCH_SIZE * TOKENS_PER_SAMPLE / dt
-    return row, now
+        export(args.export_params, state["params"], is_first)
 
 
 def cli(argv=None):
     """The command line (`python train.py ARGS`): what was asked that cannot run ends in one line and exit 2."""
-    try:
-        main(parse_args(argv))
-    except Refusal as refusal:
-        refuse(refusal)
+    command_line(main, parse_args, argv)
 
 
 if __name__ == "__main__":

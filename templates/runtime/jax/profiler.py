@@ -1,11 +1,15 @@
-{#
-  --profile DIR (docs/program.md "Profiling"): jax.profiler over the steps of --profile-steps (a TensorBoard /
-  Perfetto trace under DIR/plugins/profile), read back with jax.profiler.ProfileData; the window, its time and
-  the summary (measured next to planned) are runtime/profile.py's.
-#}
-# ----------------------------------------------------------------------------
-# Profiling (--profile): jax.profiler's trace; runtime/profile.py's window and summary (measured | planned)
-# ----------------------------------------------------------------------------
+"""--profile in a JAX program (docs/program.md "Profiling"): jax.profiler traces the steps of --profile-steps
+(a TensorBoard / Perfetto trace under DIR/plugins/profile), read back with jax.profiler.ProfileData; the
+window, its time and the summary (measured next to planned) are runtime/profile.py's."""
+
+import os
+from pathlib import Path
+
+import jax
+
+from runtime.console import process_peak_rss
+from runtime.profile import ProfileWindow, collective_totals
+
 
 class StepProfiler:
     """--profile DIR: jax.profiler traces the steps of --profile-steps; then the first process reads its trace
@@ -32,8 +36,12 @@ class StepProfiler:
         jax.profiler.stop_trace()
         devices = jax.local_devices()
         # per step and device
-        comm, calls = collective_totals(collective_events(self.window.dir), self.window.steps * len(devices))
-        peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use") or process_peak_rss() for d in devices]
+        comm, calls = collective_totals(
+            collective_events(self.window.dir), self.window.steps * len(devices)
+        )
+        peaks = [
+            (d.memory_stats() or {}).get("peak_bytes_in_use") or process_peak_rss() for d in devices
+        ]
         if jax.process_index() == 0:
             self.window.report(devices[0].device_kind, step_s, comm, calls, peaks)
 
@@ -50,5 +58,9 @@ def collective_events(directory):
         for line in plane.lines:
             if devices and line.name != "XLA Ops":
                 continue  # (the kernels' lines repeat the ops)
-            events += [(e.name, e.duration_ns / 1e9, 1) for e in line.events if not e.name.startswith("end: ")]
+            events += [
+                (e.name, e.duration_ns / 1e9, 1)
+                for e in line.events
+                if not e.name.startswith("end: ")
+            ]
     return events
