@@ -195,7 +195,7 @@ def test_jax_build_over_a_torch_build_keeps_no_torch_file(tmp_path, capsys):
     assert "import jax" in (out / "launch.sbatch").read_text()  # jax's own, torch's replaced
     runtime = sorted(f"runtime/{p.name}" for p in (out / "runtime").glob("*.py"))
     runtime += sorted(f"runtime/jax/{p.name}" for p in (out / "runtime" / "jax").glob("*.py"))  # jax's own
-    assert "runtime/console.py" in runtime and "runtime/jax/loop.py" in runtime
+    assert "runtime/console.py" in runtime and "runtime/jax/rows.py" in runtime
     assert stdout.splitlines() == [f"wrote {out / n}" for n in ("config.py", "model.py", "parallel.py", "data.py",
                                                                 "checkpoint.py", "train.py", "launch.sh",
                                                                 "launch.sbatch", "README.md", *runtime, "plan.json",

@@ -40,8 +40,9 @@ def test_jax_gpt_tiny_within_the_issues_bounds_and_sections_in_their_files():
     assert {"make_optimizer", "make_train_step", "train", "main"} <= train
     assert not train & (parallel | checkpoint)  # each defined once, where it belongs
     runtime = {n for n in files if n.startswith("runtime/jax/")}
-    assert {f"runtime/jax/{m}.py" for m in ("devices", "checkpoints", "loop", "placement")} <= runtime
-    moved = {"setup_devices": "start_devices", "train": "train_steps", "init_state": "initial_state"}
+    assert {f"runtime/jax/{m}.py" for m in ("devices", "checkpoints", "rows", "placement")} <= runtime
+    assert "for step in range(start, args.steps):" in files["train.py"]  # the loop is train.py's own
+    moved = {"setup_devices": "start_devices", "init_state": "initial_state"}
     for file, text in files.items():
         if file in ("parallel.py", "train.py", "checkpoint.py"):
             assert not {"StepProfiler", "restore_checkpoint", "save_checkpoint", "dry_run"} & defined(text)

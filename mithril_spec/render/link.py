@@ -93,8 +93,9 @@ OWN_SETTINGS = "# what the spec decided that only this file uses (the settings s
 def _settle_config(files: dict[str, str], order: list[str]) -> dict[str, str]:
     """Every assignment of config.py whose names one other training file alone reads moves to the top of that
     file (with the comment lines right above it), as nanoGPT's train.py opens with its settings: config.py
-    keeps what several files share. Decided from the last statement up, so that a setting read only by
-    settings that moved goes with them."""
+    keeps what several files share. One that no file reads goes (a setting nothing runs on is dead code).
+    Decided from the last statement up, so that a setting read only by settings that moved (or went) goes
+    with them."""
     if SHARED not in files:
         return files
     text = files[SHARED]
@@ -102,23 +103,27 @@ def _settle_config(files: dict[str, str], order: list[str]) -> dict[str, str]:
     readers = {f: _used(files[f], f) for f in order if f != SHARED}
     stays: set[str] = set()  # names read by what stays in config.py
     moving: dict[str, list[tuple[int, int]]] = {}
+    dropped: list[tuple[int, int]] = []  # read by no file
     for node in reversed(pyast.parse(text).body):
         names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
         reads = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
         users = [f for f, used in readers.items() if names & used]
-        if (isinstance(node, (ast.Assign, ast.AnnAssign)) and len(users) == 1 and users[0] != "generate.py"
+        if (isinstance(node, (ast.Assign, ast.AnnAssign)) and len(users) <= 1 and users != ["generate.py"]
                 and not names & stays):
             start = node.lineno - 1
             while start and lines[start - 1].startswith("#") and not lines[start - 1].startswith("# ---"):
                 start -= 1  # its comment
-            moving.setdefault(users[0], []).insert(0, (start, node.end_lineno))
-            readers[users[0]] |= reads
+            if users:
+                moving.setdefault(users[0], []).insert(0, (start, node.end_lineno))
+                readers[users[0]] |= reads
+            else:
+                dropped.append((start, node.end_lineno))
         else:
             stays |= reads
-    if not moving:
+    if not moving and not dropped:
         return files
     out = dict(files)
-    gone = {i for spans in moving.values() for a, b in spans for i in range(a, b)}
+    gone = {i for spans in [*moving.values(), dropped] for a, b in spans for i in range(a, b)}
     out[SHARED] = "".join(line for i, line in enumerate(lines) if i not in gone)
     for f, spans in moving.items():
         block = OWN_SETTINGS + "\n" + "".join("".join(lines[a:b]) for a, b in spans)

@@ -1,5 +1,5 @@
-"""Checks of the data on disk that do not depend on the spec (docs/program.md "Data"); the spec's Data
-(train.py) reads the samples."""
+"""Data that does not depend on the spec (docs/program.md "Data"): synthetic samples by global index, and the
+checks of a token file on disk; the spec's Data (data.py) reads the samples."""
 
 import json
 import os
@@ -52,3 +52,27 @@ def check_token_file(path, ids, flag, vocab, dtype):
             f"is 0; write {spec_dtype} ids (np.asarray(ids, np.{spec_dtype}).tofile(path)) or set "
             "data.dtype",
         )
+
+
+class SyntheticData:
+    """Synthetic samples by global index, so every mesh sees the same batches in the same order: sample `i`
+    draws each input in turn (`inputs`: name -> (shape without the batch, dtype, high)) from numpy's
+    generator seeded with (seed, i): integers in [0, high), or standard normal values where high is 0."""
+
+    def __init__(self, inputs, seed):
+        self.inputs, self.seed = inputs, seed
+
+    def sample(self, i):
+        rng = np.random.default_rng([self.seed, i])
+        out = {}
+        for n, (shape, dtype, high) in self.inputs.items():
+            if high:
+                out[n] = rng.integers(0, high, size=shape, dtype=np.int64).astype(dtype)
+            else:
+                out[n] = rng.standard_normal(shape, dtype=np.float32).astype(dtype)
+        return out
+
+    def batch(self, start, count):
+        """Samples start .. start+count-1, stacked per input."""
+        samples = [self.sample(start + j) for j in range(count)]
+        return {n: np.stack([s[n] for s in samples]) for n in self.inputs}

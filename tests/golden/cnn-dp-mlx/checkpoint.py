@@ -30,7 +30,6 @@ def save_params(path, arrays):
 # state, so the first one writes: into a temporary directory, the manifest (train_state.json: the spec,
 # the step, every array's shape and dtype, the state file's sha256) last, then a rename. The last
 # KEEP_CHECKPOINTS are kept.
-# ----------------------------------------------------------------------------
 MANIFEST = "train_state.json"  # the manifest (below), the last file of a checkpoint directory
 
 

@@ -3,7 +3,6 @@ the same numbers): the mesh, every parameter's shape and layout, the batch, prec
 with the settings only it uses (the optimizer's in train.py)."""
 
 SPEC_NAME = "cnn-dp"
-MITHRIL_VERSION = "0.1.0"
 
 
 # Device mesh: axis -> size (axes of size 1 are left out). One process per device.
@@ -26,12 +25,6 @@ BATCH_SIZE = 32  # global: samples per optimizer step
 GRAD_ACCUM = 1  # micro-batches per step
 MICRO_BATCH = BATCH_SIZE // GRAD_ACCUM
 SEED = 0
-OPTIMIZER = "sgd"  # make_optimizer() below is written for it
 MOMENTUM = 0.9
-SCHEDULE = "constant"  # lr_schedule() below is written for it
-CLIP_GRAD_NORM = None
-REMAT = "none"  # none | full (mx.checkpoint around each block)
-DATA_KIND = "synthetic"
-DATA_PATH = None
 # Bytes per device the planner predicts (`mithril-spec plan`); the program prints what it really holds.
 PLANNED_BYTES = {"params": 3695656, "optimizer": 3695656, "buffers": 0}

@@ -9,7 +9,6 @@ COMPUTE_DTYPE = mx.float32  # forward and backward; parameters, loss and update 
 
 # ----------------------------------------------------------------------------
 # Model: pure functions over a flat dict of parameters keyed by canonical name.
-# ----------------------------------------------------------------------------
 def conv2d(x, weight, bias, stride, padding):
     """NCHW input, OIHW weight (the canonical layout), zero padding of `padding` on each side; MLX
     convolves channels-last (NHWC, OHWI)."""

@@ -20,7 +20,6 @@ OPTIMIZER_SLOTS = 1 if MOMENTUM else 0  # state tensors per parameter: the momen
 
 # ----------------------------------------------------------------------------
 # Processes.
-# ----------------------------------------------------------------------------
 
 
 def refuse(refusal):

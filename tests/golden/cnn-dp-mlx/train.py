@@ -38,7 +38,7 @@ from parallel import any_process, barrier, dry_run, held_bytes, join_processes, 
 from runtime.checkpoints import check_start, resolve_resume
 from runtime.cli import check_arguments, train_parser
 from runtime.console import Console, Metrics, past_schedule
-from runtime.errors import Refusal, require
+from runtime.errors import Refusal
 from runtime.params import init_values, initial_params
 from runtime.preemption import Preemption
 # fmt: on
@@ -61,7 +61,6 @@ CHECKPOINT_EVERY = 0
 
 # ----------------------------------------------------------------------------
 # Optimizer: the documented schedule, torch-style clipping, mlx.optimizers (docs/program.md "Numerics").
-# ----------------------------------------------------------------------------
 def lr_schedule(t):
     """The learning rate at 0-based step t (mlx.optimizers calls it with its step counter)."""
     t = mx.array(t).astype(mx.float32)
@@ -95,7 +94,6 @@ def apply_optimizer(optimizers, grads, params):
 
 # ----------------------------------------------------------------------------
 # Train step
-# ----------------------------------------------------------------------------
 def global_norm(grads):
     return mx.sqrt(sum(mx.square(g.astype(mx.float32)).sum() for g in grads.values()))
 
@@ -142,7 +140,6 @@ def schedule_note(steps, lr_at):
 
 # ----------------------------------------------------------------------------
 # Main
-# ----------------------------------------------------------------------------
 def init_state(args, optimizers, rank):
     """(step, parameters, buffers): from the numpy init (or --init-params) with a fresh optimizer state,
     or all of it from the newest usable checkpoint with --resume."""
@@ -187,11 +184,6 @@ def main(args):
         return dry_run()
     world = join_processes()
     is_first = world.rank() == 0  # the first process alone prints and writes files
-    require(
-        not args.data,
-        "--data: this program's spec draws synthetic data; build it from a spec with "
-        "`data: {kind: arrays}` or `{kind: text}` to read from disk",
-    )
     optimizers = make_optimizer()
     resolve_resume(args, print if is_first else lambda line: None, step_of)
     start, params, buffers = init_state(args, optimizers, world.rank())

@@ -19,7 +19,6 @@ from runtime.params import InitTensor, initial_params
 # ----------------------------------------------------------------------------
 # Parameters: each process computes (or reads) only the slices its devices hold, from lazy tensors by
 # canonical name (the same values for every mesh and target), and the train state is laid out from them.
-# ----------------------------------------------------------------------------
 def load_params(path, flag="--init-params"):
     """--init-params (`flag`: the option that names the file in messages): this model's PARAMS by canonical
     name in canonical layout: runtime/param_files.py's read_params."""
@@ -76,7 +75,6 @@ CHECKPOINTS = Checkpoints(MANIFESTS, KEEP_CHECKPOINTS, STACK_ROWS)
 
 # ----------------------------------------------------------------------------
 # The train state at the run's first step: initial values, or the newest usable checkpoint (--resume)
-# ----------------------------------------------------------------------------
 def init_state(args, optimizer, shardings, abstract):
     """Parameters from the counter-based init (or --init-params), a fresh optimizer state, initial buffers,
     step 0, each process computing or reading only its devices' slices. With --resume, all of it from the

@@ -10,7 +10,6 @@ from runtime.params import every_copy
 
 SPEC_NAME = "gpt-pipe"
 SPEC_FILE = "gpt-pipe.yaml"
-MITHRIL_VERSION = "0.1.0"
 # Repeated blocks: name -> number of copies. The tables below list a block's parameters once, by their name
 # inside the block; every_copy() gives them their canonical names (copy i of `ln1.weight` in
 # `blocks` is `blocks.i.ln1.weight`).
@@ -88,12 +87,5 @@ MICRO_BATCH = BATCH_SIZE // GRAD_ACCUM
 MICROBATCHES = 4
 CHUNK = MICRO_BATCH // MICROBATCHES
 SEED = 0
-OPTIMIZER = "adamw"  # make_optimizer() below is written for it
 PARAM_DTYPE = "float32"  # how parameters (and optimizer state) are stored
-# a float32 master copy of 16-bit parameters in the optimizer state, whose moments are then float32 too
-MASTER_WEIGHTS = False
 COMPUTE_DTYPE = "float32"  # forward and backward; loss and update in float32
-REMAT = "none"  # none | selective | full
-ZERO = 0  # 1: optimizer state split over the batch axes too; 2: gradients as well
-DATA_KIND = "synthetic"
-DATA_PATH = None

@@ -1,10 +1,9 @@
 """gpt-pipe: the data, by global sample index, so every mesh sees the same batches in the same order."""
 
-import numpy as np
-
 # isort: split
 # beside this file: runtime/ (the helpers every build carries unchanged) and this build's files
 from config import BATCH_SIZE, CHUNK, GRAD_ACCUM, MICRO_BATCH, MICROBATCHES, SEED
+from runtime.data import SyntheticData
 from runtime.jax.batches import batch_arrays
 
 # what the spec decided that only this file uses (the settings several files share: config.py)
@@ -19,24 +18,13 @@ DATA_SEED = SEED + 1
 
 
 # Data by global sample index; a step's batch, [CHUNKS, CHUNK, ...], as global arrays (runtime/jax/batches.py).
-class Data:
-    """Samples by global index: every mesh sees the same batches in the same order."""
+class Data(SyntheticData):
+    """Samples by global index, drawn by runtime/data.py's SyntheticData: every mesh sees the same batches in
+    the same order."""
 
     def __init__(self, path=None, seed=None):
         # synthetic data is drawn from the parameters' seed + 1 (docs/program.md "Data")
-        self.seed = DATA_SEED if seed is None else seed
-
-    def sample(self, i):
-        rng = np.random.default_rng([self.seed, i])
-        out = {}
-        for n, (shape, dtype, high) in INPUTS.items():
-            out[n] = rng.integers(0, high, size=shape, dtype=np.int64).astype(dtype)
-        return out
-
-    def batch(self, start, count):
-        """Samples start .. start+count-1, stacked per input."""
-        samples = [self.sample(start + j) for j in range(count)]
-        return {n: np.stack([s[n] for s in samples]) for n in INPUTS}
+        super().__init__(INPUTS, DATA_SEED if seed is None else seed)
 
 
 def micro_batch_start(step, micro):

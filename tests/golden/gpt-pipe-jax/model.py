@@ -8,6 +8,13 @@ import numpy as np
 import optax
 from jax.sharding import PartitionSpec as P
 
+# isort: split
+# beside this file: runtime/ (the helpers every build carries unchanged) and this build's files
+from runtime.jax.remat import remat
+
+# what the spec decided that only this file uses (the settings several files share: config.py)
+REMAT = "none"  # none | selective | full
+
 
 def project_together(x, weights, parts):
     """[x @ w for w in weights] as one matmul, so that the gradient of x is one partial sum over the
@@ -79,24 +86,6 @@ def cross_entropy(logits, targets):
     return losses.mean()
 
 
-def remat(fn):
-    """What the backward pass of a repeated block's copy keeps from its forward pass (the spec's `remat: none`):
-    the output of every matmul, and every value laid out anew (which XLA may have moved between devices). The
-    elementwise work between them (normalisations, activations, softmax) is recomputed inside the backward
-    pass's fused kernels: lax.scan writes each value it keeps into a stack over the copies, and keeping those
-    as well would write and read back several arrays per matmul (the tanh GELU alone five the size of its
-    input), which XLA's fusion of an unrolled model never materialises."""
-
-    def keep(prim, *args, **params):
-        return (
-            jax.checkpoint_policies.checkpoint_dots(prim, *args, **params)
-            or prim.name == "sharding_constraint"
-        )
-
-    # no CSE barrier: inside lax.scan the recomputation cannot be merged into the forward pass anyway
-    return jax.checkpoint(fn, policy=keep, prevent_cse=False)
-
-
 def decoder_block(p, block_input):
     """One copy of the `decoder` block. `p`: its parameters by their names inside the block
     ("<layer>.<param>"). Returns its output."""
@@ -113,11 +102,11 @@ def decoder_stack(p, name, x):
     """The copies of the `decoder` block that the repeat `name` holds, one after the other: one lax.scan over
     the rows of its stacked parameters "<name>.*.<param>" in `p`, so that the block is traced and compiled
     once, however many copies there are.
-    For the backward pass each copy keeps its inputs and its matmuls' outputs only (remat()).
+    For the backward pass each copy keeps its inputs and its matmuls' outputs only (runtime/jax/remat.py).
     """
     pre = name + ".*."
     rows = {"p": {k[len(pre) :]: w for k, w in p.items() if k.startswith(pre)}}
-    block = remat(decoder_block)
+    block = remat(decoder_block, REMAT)
 
     def step(x, row):
         x = block(row["p"], x)

@@ -267,7 +267,6 @@ def make_mesh():
 
 # ----------------------------------------------------------------------------
 # The train state's names: a repeated block's parameters are stacked over its copies (stack_of).
-# ----------------------------------------------------------------------------
 def copy_name(name, i):
     """The canonical name of copy i of a stacked parameter (other names are returned as they are)."""
     repeat, local = stack_of(name)
@@ -295,7 +294,6 @@ def state_shape(name, table):
 
 # ----------------------------------------------------------------------------
 # The optimizer state (of train.py's make_optimizer): what it holds, one update, its layout.
-# ----------------------------------------------------------------------------
 def init_optimizer(optimizer, params):
     """The optimizer state."""
     return optimizer.init(params)
@@ -318,7 +316,6 @@ def opt_state_shardings(optimizer, abstract_params, param_shardings, replicated)
 
 # ----------------------------------------------------------------------------
 # The train state's layouts
-# ----------------------------------------------------------------------------
 def layouts(mesh, optimizer):
     """Shardings of the train state and of a batch, and the state's shapes (nothing allocated)."""
     replicated = NamedSharding(mesh, P())

@@ -23,7 +23,8 @@ mesh size / N simulated ones), reads only its own part of every batch, and all o
 checkpoints into one shared directory. launch.sh starts N processes on this machine.
 """
 
-import functools
+import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -42,12 +43,14 @@ from parallel import (apply_optimizer, copy_name, layouts, make_mesh, pipeline_v
                       setup_devices)
 from runtime.checkpoints import resolve_resume
 from runtime.cli import check_arguments, process_options, train_parser
-from runtime.console import Console, past_schedule
-from runtime.errors import require
+from runtime.console import Console, Metrics, past_schedule
+from runtime.errors import Refusal
 from runtime.jax.checkpoints import step_of
-from runtime.jax.devices import device_figures, dry_run, say_memory
-from runtime.jax.loop import command_line, run, step_row, train_steps
+from runtime.jax.devices import any_process, device_figures, dry_run, refuse, say_memory
 from runtime.jax.optimizers import clip_by_global_norm, schedule
+from runtime.jax.profiler import StepProfiler
+from runtime.jax.rows import step_row
+from runtime.preemption import Preemption
 from runtime.profile import plan_predictions
 # fmt: on
 # isort: on
@@ -79,7 +82,6 @@ PREDICTED_DIGEST = "714b074073155cf3"
 
 # ----------------------------------------------------------------------------
 # Optimizer: the documented schedule, torch-style clipping (runtime/jax/optimizers.py), optax.
-# ----------------------------------------------------------------------------
 lr_schedule = schedule(SCHEDULE, LR, WARMUP_STEPS, STEPS, MIN_LR_RATIO)
 
 
@@ -95,7 +97,6 @@ def make_optimizer():
 # ----------------------------------------------------------------------------
 # The train step: gradients (accumulated over micro-batches), clipping, optimizer update.
 # The state is one pytree: {"params", "opt_state", "buffers", "step"}.
-# ----------------------------------------------------------------------------
 def make_train_step(optimizer, seed, with_grads=False):
     """The step to jit: (state, batch) -> (new state, metrics of this step), and with_grads also its gradients
     (for --export-grads): what the update steps on, the mean over the batch, unscaled, before clipping."""
@@ -155,17 +156,21 @@ def schedule_note(steps, lr_at):
 
 
 def main(args):
-    """The devices, the mesh, then train (runtime/jax/loop.py's run)."""
-    run(args, setup_devices, make_mesh, train)
+    setup_devices(args)  # before anything touches a device
+    # SIGTERM / SIGUSR1: stop after the current step, saved (set after jax.distributed.initialize, whose
+    # preemption notifier takes SIGTERM for itself)
+    preempt = Preemption()
+    mesh = make_mesh()
+    with jax.set_mesh(mesh):  # (the model's sharding constraints name the mesh's axes)
+        code = train(args, mesh, preempt)
+    if jax.process_count() > 1:
+        jax.distributed.shutdown()
+    if code:
+        sys.exit(code)
 
 
 def train(args, mesh, preempt):
     is_first = jax.process_index() == 0  # the first process alone prints and writes files
-    require(
-        not args.data,
-        "--data: this program's spec draws synthetic data; build it from a spec with "
-        "`data: {kind: arrays}` or `{kind: text}` to read from disk",
-    )
     optimizer = make_optimizer()
     shardings, batch_shardings, abstract = layouts(mesh, optimizer)
     if args.dry_run:  # the first process prints the layouts; nothing is allocated
@@ -192,21 +197,61 @@ def train(args, mesh, preempt):
         donate_argnums=0,  # the new state reuses the old state's memory
     )
     data = Data(args.data, seed=args.seed + 1)
-    batches = functools.partial(global_batch, data, shardings=batch_shardings)
-    hooks = {"export_grads": functools.partial(export, args.export_grads, is_first=is_first)}
-    rows = functools.partial(step_row, batch_size=BATCH_SIZE, tokens_per_sample=TOKENS_PER_SAMPLE)
-    state, code = train_steps(
-        args, state, step_fn, rows, batches, CHECKPOINTS, checkpoints, preempt, console, **hooks
-    )
-    if code:  # preempted: exit once the checkpoint is saved
-        return code
+    metrics = Metrics(args.metrics, is_first, append=bool(args.resume), start=start)
+    profiler = StepProfiler(args, start)  # --profile
+    batch = global_batch(data, start, batch_shardings) if start < args.steps else None
+    console.compiling()
+    # A step's figures are read one iteration late, once the next step is queued behind it: the devices
+    # never wait while the host logs. `since`: when the previous step's figures were read.
+    queued, since, stop, saved = None, time.perf_counter(), False, None
+    for step in range(start, args.steps):
+        profiler.begin(step, state)
+        state, m, *grads = step_fn(
+            state, batch
+        )  # returns at once; the devices work in the background
+        if grads and step == start:  # --export-grads: the first step's (gathered by every process)
+            export(args.export_grads, grads.pop(), is_first)
+        profiler.end(step, state)
+        if step + 1 < args.steps:
+            batch = global_batch(data, step + 1, batch_shardings)  # meanwhile, read the next batch
+        if queued:  # the previous step's figures: waits for that step only
+            row, since = step_row(*queued, since, BATCH_SIZE, TOKENS_PER_SAMPLE)
+            metrics.log(**row)
+            console.step(row)
+        done, queued = step + 1, (step + 1, m)
+        # a signal on any process: every process stops after this step (one number from each, per step)
+        stop = preempt.stop(any_process)
+        every = args.checkpoint_every
+        save = checkpoints and (stop or done == args.steps or (every > 0 and done % every == 0))
+        evals = False
+        # the last step, or its state is needed now (saved, evaluated): wait for it
+        if done == args.steps or save or evals or stop:
+            row, _ = step_row(*queued, since, BATCH_SIZE, TOKENS_PER_SAMPLE)
+            metrics.log(**row)
+            console.step(row)
+            if save:  # (a preemption's save, and the last one, are synchronous)
+                background = args.async_checkpoint and not stop and done < args.steps
+                saved = CHECKPOINTS.save(checkpoints, done, state, background)
+            queued, since = None, time.perf_counter()  # the next step's time leaves these out
+        if stop:
+            break
+    CHECKPOINTS.finish_saves()
+    metrics.close()
+    console.summary()
+    if checkpoints:
+        checkpoints.close()
+    if stop:  # preempted: exit once the checkpoint is saved
+        return preempt.exit(done, checkpoints and saved, console.say)
     if args.export_params:
         export(args.export_params, state["params"], is_first)
 
 
 def cli(argv=None):
     """The command line (`python train.py ARGS`): what was asked that cannot run ends in one line and exit 2."""
-    command_line(main, parse_args, argv)
+    try:
+        main(parse_args(argv))
+    except Refusal as refusal:
+        refuse(refusal)
 
 
 if __name__ == "__main__":

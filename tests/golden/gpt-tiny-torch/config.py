@@ -10,7 +10,6 @@ from runtime.params import every_copy
 
 SPEC_NAME = "gpt-tiny"
 SPEC_FILE = "gpt-tiny.yaml"
-MITHRIL_VERSION = "0.1.0"
 
 # Device mesh: every axis in canonical order (size 1 where the spec has none). Ranks are laid out
 # data-major: rank = (d * fsdp + f) * tensor + t; tensor-parallel peers share a data shard.
@@ -48,7 +47,6 @@ PARAMS = every_copy(
     },
     REPEATS,
 )
-BUFFERS = {}
 
 
 # Training
@@ -56,12 +54,6 @@ BATCH_SIZE = 16  # global: samples per optimizer step
 GRAD_ACCUM = 1  # micro-batches per step
 MICRO_BATCH = BATCH_SIZE // GRAD_ACCUM
 SEED = 0
-OPTIMIZER = "adamw"
-SCHEDULE = "cosine"
-PARAM_DTYPE = torch.float32  # how parameters (and optimizer state) are stored
 COMPUTE_DTYPE = torch.float32  # forward and backward; loss and update in float32
-REMAT = "none"  # activation checkpointing per block: none | selective | full
-DATA_KIND = "synthetic"
-DATA_PATH = None
 # Bytes per rank the planner predicts (`mithril-spec plan`); the program prints what it really holds.
 PLANNED_BYTES = {"params": 876032, "grads": 876032, "optimizer": 1752064, "buffers": 0}
