@@ -1,0 +1,64 @@
+"""What each rank holds (printed after the first step, docs/program.md "Memory report") and what --dry-run
+prints: the mesh, every parameter's layout and its part on this rank, and the bytes each rank would hold."""
+
+import json
+
+import torch
+
+from runtime.torch.ranks import log
+
+
+def local_bytes(t):
+    """Bytes of this rank's part of a tensor (a DTensor's local shard, else the whole)."""
+    return (t.to_local() if hasattr(t, "to_local") else t).numel() * t.element_size()
+
+
+def held_bytes(model, optimizer, shards=None, master=False):
+    """What this rank holds: parameters, gradients, optimizer state and buffers. The optimizer's slot
+    tensors only (exp_avg, exp_avg_sq / momentum_buffer), not its scalar `step`: the planner counts the
+    same (docs/program.md "Memory report"). With `shards` (ZeRO or master weights: what the optimizer steps
+    on) the gradients are those it keeps, and with `master` the float32 master copies count as optimizer
+    state."""
+    params = list(model.parameters())
+    slots = [
+        v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.ndim > 0
+    ]
+    if shards is not None and master:
+        slots += shards.leaves  # the float32 copies the optimizer updates
+    grads = (
+        [p.grad for p in params if p.grad is not None]
+        if shards is None
+        else shards.held_grads(model)
+    )
+    return {
+        "params": sum(local_bytes(p) for p in params),
+        "grads": sum(local_bytes(g) for g in grads),
+        "optimizer": sum(local_bytes(v) for v in slots),
+        "buffers": sum(local_bytes(b) for b in model.buffers()),
+    }
+
+
+def print_layouts(model, mesh, batch_axes, table, shape_on, replicated, ranks, planned):
+    """--dry-run's report: the mesh (axis -> size) and `batch_axes`; every parameter's canonical shape
+    (`table`: PARAMS), torch shape, its shape on this rank (`shape_on(p)`) and its placement over the mesh
+    (`replicated`: what a parameter no mesh axis splits is called); then `ranks`, the bytes each rank would
+    hold (a dict per rank), and `planned`, what the planner predicts per rank."""
+    world = len(ranks)
+    log(
+        f"mesh: {', '.join(f'{a}={k}' for a, k in mesh.items())} ({world} rank(s)); batch over "
+        f"{batch_axes or 'no axis'}",
+        f"{'parameter':32s} {'canonical':>12s} {'torch':>12s} {'this rank':>12s}  placement",
+        *(
+            f"{name:32s} {list(table[name][0])!s:>12s} {list(p.shape)!s:>12s} "
+            f"{list(shape_on(p))!s:>12s}  "
+            + (
+                f"{','.join(p.device_mesh.mesh_dim_names)}: {', '.join(map(str, p.placements))}"
+                if hasattr(p, "placements")
+                else replicated
+            )
+            for name, p in model.named_parameters()
+        ),
+        *(f"rank {r} bytes: " + json.dumps(held) for r, held in enumerate(ranks)),
+        f"planned per rank: {json.dumps(planned)}",
+        sep="\n",
+    )
