@@ -3,8 +3,10 @@ prints: the mesh, every parameter's layout and its part on this rank, and the by
 
 import json
 
+import numpy as np
 import torch
 
+from runtime.torch.params import local_box
 from runtime.torch.ranks import log
 
 
@@ -36,6 +38,52 @@ def held_bytes(model, optimizer, shards=None, master=False):
         "optimizer": sum(local_bytes(v) for v in slots),
         "buffers": sum(local_bytes(b) for b in model.buffers()),
     }
+
+
+def rank_bytes(
+    model,
+    mesh,
+    slots,
+    owns=None,
+    split_buffers=False,
+    state_element=None,
+    zero_dims=None,
+    split_grads=False,
+):
+    """--dry-run: the bytes each rank of `mesh` (axis -> size) would hold, from the layouts of the model on
+    the meta device: its parameter shards, gradients like their parameters and `slots` optimizer tensors
+    each, and its buffers (whole; `split_buffers`: their shards). `owns(name, rank)`: whether a rank holds
+    a parameter or buffer at all (pipeline stages). With `state_element` (ZeRO or master weights: bytes of
+    optimizer state per element of a parameter) the optimizer state is counted per element, over the ZeRO
+    slice (`zero_dims`: parameter -> the dimension split over `data`, None where none is) and, with
+    `split_grads` (ZeRO-2), so are the gradients. A dict per rank."""
+    named = list(model.named_parameters())
+
+    def mine(name, r):
+        return owns is None or owns(name, r)
+
+    def numel(t, r):
+        return int(np.prod(local_box(t, mesh, r)[0]))
+
+    def state_numel(name, p, r):  # elements of a parameter's optimizer state (and ZeRO-2 gradient)
+        n = numel(p, r)
+        return n // mesh["data"] if zero_dims is not None and zero_dims[name] is not None else n
+
+    out = []
+    for r in range(int(np.prod(tuple(mesh.values())))):
+        params = sum(numel(p, r) * p.element_size() for n, p in named if mine(n, r))
+        buffers = sum(
+            (numel(b, r) if split_buffers else b.numel()) * b.element_size()
+            for n, b in model.named_buffers()
+            if mine(n, r)
+        )
+        grads, optimizer = params, slots * params
+        if state_element is not None:
+            optimizer = sum(state_numel(n, p, r) * state_element for n, p in named if mine(n, r))
+            if split_grads:
+                grads = sum(state_numel(n, p, r) * p.element_size() for n, p in named if mine(n, r))
+        out.append({"params": params, "grads": grads, "optimizer": optimizer, "buffers": buffers})
+    return out
 
 
 def print_layouts(model, mesh, batch_axes, table, shape_on, replicated, ranks, planned):
