@@ -106,6 +106,12 @@ class Decoder:
         self.w, self.seq, self.cache, self.angles = w, seq, {}, {}
         self.group, self.pipe_group, self.pipe_rank = group, pipe_group, pipe_rank
 
+    def next_logits(self, token, pos, device):
+        """The logits of the token after `token` at position `pos` (numpy, [vocab], float32): the build's
+        step on a batch of one sequence."""
+        ids = torch.full((1, 1), token, dtype=torch.long, device=device)
+        return self.step(ids, pos)[0].cpu().numpy()
+
     def tp_sum(self, y):
         """The sum over `tensor` of the partial results of a row-parallel layer (an all-reduce)."""
         dist.all_reduce(y, group=self.group)

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from runtime.torch.params import local_box
-from runtime.torch.ranks import log
+from runtime.torch.ranks import all_ranks, log
 
 
 def local_bytes(t):
@@ -38,6 +38,16 @@ def held_bytes(model, optimizer, shards=None, master=False):
         "optimizer": sum(local_bytes(v) for v in slots),
         "buffers": sum(local_bytes(b) for b in model.buffers()),
     }
+
+
+def report_memory(model, optimizer, planned, resumed=None, start=0, shards=None, master=False):
+    """After the first step (gradients and optimizer state exist now): what every rank holds (held_bytes),
+    printed by rank 0 beside `planned`, what the planner predicts per rank; a run `resumed` from a
+    checkpoint says so first (a collective)."""
+    every = all_ranks(held_bytes(model, optimizer, shards, master))
+    report = {"device0": every[0], "ranks": every, "planned": planned}
+    note = f"resumed from {resumed} at step {start}\n" if resumed else ""
+    log(f"{note}memory {json.dumps(report)}")
 
 
 def rank_bytes(
