@@ -36,3 +36,19 @@ def test_jax_gpt_tiny_train_py_within_400_lines_and_sections_in_their_files():
     assert {"init_state", "restore_checkpoint"} <= checkpoint
     assert {"lr_schedule", "make_optimizer", "make_train_step", "train", "main"} <= train
     assert not train & (parallel | checkpoint)  # each defined once, where it belongs
+
+
+def test_torch_gpt_tiny_within_the_bounds_and_framework_helpers_in_runtime_torch():
+    """gpt-tiny's torch build: model.py <= 200 lines, train.py <= 400, everything rendered <= 900; the
+    framework code no spec changes (processes, checkpoints, the optimizer's kernel and norm, profiling, the
+    decode's layers) lives in runtime/torch/, and the rendered files keep what the spec decides."""
+    files = files_of(str(ROOT / "specs/gpt-tiny.yaml"), "torch")
+    assert lines(files["model.py"]) <= 200
+    assert lines(files["train.py"]) <= 400
+    assert rendered_lines(files) <= 900, {n: lines(t) for n, t in files.items() if n.endswith(".py")}
+    helpers = set().union(*(defined(t) for n, t in files.items() if n.startswith("runtime/torch/")))
+    assert {"start_ranks", "shutdown", "clip_grad_norm", "update_kernel", "fill_params", "rank_bytes"} <= helpers
+    assert {"parallelize", "setup", "dry_run"} <= defined(files["parallel.py"])
+    assert {"make_optimizer", "main", "cli"} <= defined(files["train.py"])
+    rendered = set().union(*(defined(t) for n, t in files.items() if n.endswith(".py") and "/" not in n))
+    assert not rendered & helpers  # each defined once
