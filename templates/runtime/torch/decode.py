@@ -1,5 +1,5 @@
 """generate.py's decode, the parts no spec changes: the weights it reads, the activations a pipeline stage
-sends to the next, and the layers at one position over a key/value cache (the Decoder base class; the
+sends to the next, and the layers at one position over a key/value cache (the DecodeLayers base class; the
 build's KVCacheDecoder adds its blocks and its step)."""
 
 import math
@@ -96,7 +96,7 @@ def rope_at(x, cos, sin):
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).to(x.dtype)
 
 
-class Decoder:
+class DecodeLayers:
     """The layers of the model at one position at a time, over `w` (decode_weights), with a cache of the
     keys and values of `seq` positions per attention layer (and copy of a repeated block), allocated at its
     first use. `group`: the ranks of this rank's `tensor` axis (the row-parallel layers' partial results

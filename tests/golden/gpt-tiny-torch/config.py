@@ -15,7 +15,6 @@ MITHRIL_VERSION = "0.1.0"
 # Device mesh: every axis in canonical order (size 1 where the spec has none). Ranks are laid out
 # data-major: rank = (d * fsdp + f) * tensor + t; tensor-parallel peers share a data shard.
 MESH = {"data": 2, "fsdp": 2, "tensor": 2}
-WORLD = 8  # ranks the program must be launched on
 
 # Repeated blocks: name -> number of copies. The tables below list a block's parameters once, by their name
 # inside the block; every_copy() gives them their canonical names (copy i of `ln1.weight` in
@@ -56,7 +55,6 @@ BATCH_SIZE = 16  # global: samples per optimizer step
 GRAD_ACCUM = 1  # micro-batches per step
 MICRO_BATCH = BATCH_SIZE // GRAD_ACCUM
 SEED = 0
-OPTIMIZER = "adamw"
 SCHEDULE = "cosine"
 PARAM_DTYPE = torch.float32  # how parameters (and optimizer state) are stored
 COMPUTE_DTYPE = torch.float32  # forward and backward; loss and update in float32
