@@ -9,6 +9,7 @@ from runtime.torch.fsdp import gloo_collectives
 from runtime.torch.memory import print_layouts, rank_bytes
 from runtime.torch.params import local_box
 from runtime.torch.ranks import shutdown, start_ranks
+from runtime.torch.tensor_parallel import apply_tp_plan
 
 # what the spec decided that only this file uses (the settings several files share: config.py)
 BATCH_AXES = ("data", "fsdp")  # the batch is split over these (data-parallel degree 4)
@@ -74,30 +75,11 @@ def parallelize(model, mesh):
     Then FSDP2 as HSDP on the 2-D (data, fsdp) mesh: parameters, gradients and optimizer state sharded
     over `fsdp`, replicated over `data`.
     """
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        PrepareModuleInput,
-        RowwiseParallel,
-        parallelize_module,
-    )
-
-    styles = {
-        # output features split: no communication
-        "colwise": lambda: ColwiseParallel(),
-        # input features split: all-reduce the output
-        "rowwise": lambda: RowwiseParallel(),
-        # the layer's input projections read one DTensor: their input gradients add up as partial sums
-        # and are all-reduced once (Megatron's count), not once per projection
-        "replicate_input": lambda: PrepareModuleInput(
-            input_layouts=(Replicate(),),
-            desired_input_layouts=(Replicate(),),
-            use_local_output=False,
-        ),
-    }
-    parallelize_module(model, mesh["tensor"], {fqn: styles[s]() for fqn, s in TP_PLAN.items()})
+    # the styles TP_PLAN names: runtime/torch/tensor_parallel.py
+    apply_tp_plan(model, mesh["tensor"], TP_PLAN)
 
     from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Shard
 
     by_param = {p: FSDP_DIMS[name] for name, p in model.named_parameters()}
 
