@@ -96,9 +96,9 @@ def rank_bytes(
     return out
 
 
-def print_layouts(model, mesh, batch_axes, table, shape_on, replicated, ranks, planned):
+def print_layouts(model, mesh, batch_axes, table, replicated, ranks, planned):
     """--dry-run's report: the mesh (axis -> size) and `batch_axes`; every parameter's canonical shape
-    (`table`: PARAMS), torch shape, its shape on this rank (`shape_on(p)`) and its placement over the mesh
+    (`table`: PARAMS), torch shape, its shape on this rank (local_box) and its placement over the mesh
     (`replicated`: what a parameter no mesh axis splits is called); then `ranks`, the bytes each rank would
     hold (a dict per rank), and `planned`, what the planner predicts per rank."""
     world = len(ranks)
@@ -108,7 +108,7 @@ def print_layouts(model, mesh, batch_axes, table, shape_on, replicated, ranks, p
         f"{'parameter':32s} {'canonical':>12s} {'torch':>12s} {'this rank':>12s}  placement",
         *(
             f"{name:32s} {list(table[name][0])!s:>12s} {list(p.shape)!s:>12s} "
-            f"{list(shape_on(p))!s:>12s}  "
+            f"{list(local_box(p, mesh)[0])!s:>12s}  "
             + (
                 f"{','.join(p.device_mesh.mesh_dim_names)}: {', '.join(map(str, p.placements))}"
                 if hasattr(p, "placements")

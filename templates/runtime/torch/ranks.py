@@ -148,3 +148,13 @@ def all_ranks(value):
     out = [None] * dist.get_world_size()
     dist.all_gather_object(out, value)
     return out
+
+
+def all_reduce_local(g, group):
+    """Sum a rank's local tensor over `group` in place (a non-contiguous view through a contiguous copy)."""
+    if g.is_contiguous():
+        dist.all_reduce(g, group=group)
+    else:
+        c = g.contiguous()
+        dist.all_reduce(c, group=group)
+        g.copy_(c)

@@ -7,7 +7,6 @@ from config import MESH, PARAMS, PLANNED_BYTES, REPEATS
 from runtime.params import every_copy
 from runtime.torch.fsdp import gloo_collectives
 from runtime.torch.memory import print_layouts, rank_bytes
-from runtime.torch.params import local_box
 from runtime.torch.ranks import shutdown, start_ranks
 from runtime.torch.tensor_parallel import apply_tp_plan
 
@@ -109,14 +108,5 @@ def dry_run(model):
 
     ranks = rank_bytes(model, MESH, OPTIMIZER_SLOTS)
     placement = "whole"  # a parameter no mesh axis splits
-    print_layouts(
-        model,
-        MESH,
-        BATCH_AXES,
-        PARAMS,
-        lambda p: local_box(p, MESH)[0],
-        placement,
-        ranks,
-        PLANNED_BYTES,
-    )
+    print_layouts(model, MESH, BATCH_AXES, PARAMS, placement, ranks, PLANNED_BYTES)
     shutdown()
