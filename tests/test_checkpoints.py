@@ -60,10 +60,10 @@ else:
         model = m.Model()
     model.to_empty(device=device)
     optimizer, scheduler = m.make_optimizer(model)
-    step = m.load_checkpoint(source, model, optimizer, scheduler)
+    step = m.CHECKPOINTS.load(source, model, optimizer, scheduler)
     with torch.no_grad():
         dict(model.named_parameters())[sorted(dict(model.named_parameters()))[0]].fill_(float("nan"))
-    m.save_checkpoint(nan_dir, step, model, optimizer, scheduler)
+    m.CHECKPOINTS.save(nan_dir, step, model, optimizer, scheduler)
 results = {}
 for case, path in json.loads(cases).items():
     printed = io.StringIO()

@@ -48,3 +48,19 @@ def test_jax_gpt_tiny_within_the_issues_bounds_and_sections_in_their_files():
             assert not {"StepProfiler", "restore_checkpoint", "save_checkpoint", "dry_run"} & defined(text)
     assert all(any(f"{uses}(" in files[f] for f in ("parallel.py", "train.py", "checkpoint.py"))
                for uses in moved.values())
+
+
+def test_torch_gpt_tiny_within_the_bounds_and_framework_helpers_in_runtime_torch():
+    """gpt-tiny's torch build: model.py <= 200 lines, train.py <= 400, everything rendered <= 900; the
+    framework code no spec changes (processes, checkpoints, the optimizer's kernel and norm, profiling, the
+    decode's layers) lives in runtime/torch/, and the rendered files keep what the spec decides."""
+    files = files_of(str(ROOT / "specs/gpt-tiny.yaml"), "torch")
+    assert lines(files["model.py"]) <= 200
+    assert lines(files["train.py"]) <= 400
+    assert rendered_lines(files) <= 900, {n: lines(t) for n, t in files.items() if n.endswith(".py")}
+    helpers = set().union(*(defined(t) for n, t in files.items() if n.startswith("runtime/torch/")))
+    assert {"start_ranks", "shutdown", "clip_grad_norm", "update_kernel", "fill_params", "rank_bytes"} <= helpers
+    assert {"parallelize", "setup", "dry_run"} <= defined(files["parallel.py"])
+    assert {"make_optimizer", "main", "cli"} <= defined(files["train.py"])
+    rendered = set().union(*(defined(t) for n, t in files.items() if n.endswith(".py") and "/" not in n))
+    assert not rendered & helpers  # each defined once

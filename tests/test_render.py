@@ -107,8 +107,8 @@ def test_output_ignores_ruff_configuration_and_hash_seed(tmp_path):
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_program_imports_only_stdlib_numpy_and_framework(case):
     """train.py imports the standard library, numpy, its framework and the build's own runtime/ package,
-    which imports only the standard library and numpy (and itself; runtime/<target>/ also its framework) at
-    module level; the optional packages of a feature (parameter files, a tokenizer, --tensorboard, --wandb)
+    which imports only the standard library and numpy (and itself) at module level (runtime/<target>/: its
+    framework too); the optional packages of a feature (parameter files, a tokenizer, --tensorboard, --wandb)
     only inside the function that needs them."""
     spec, target = case
     files = render_files(compile_file(spec), target, spec.name)
@@ -116,6 +116,7 @@ def test_program_imports_only_stdlib_numpy_and_framework(case):
     optional = {"safetensors", "tokenizers", "tensorboardX", "wandb"}
     for name, text in files.items():
         if name.startswith("runtime/"):
+            own = allowed | {"runtime"} if name.startswith(f"runtime/{target}/") else set()
             tree = ast.parse(text)
             module_level = {id(n) for n in tree.body}
             for node in ast.walk(tree):
@@ -124,7 +125,6 @@ def test_program_imports_only_stdlib_numpy_and_framework(case):
                 for n in ([a.name for a in node.names] if isinstance(node, ast.Import) else
                           [node.module] if isinstance(node, ast.ImportFrom) else []):
                     inside = set() if id(node) in module_level else optional
-                    own = allowed | {"runtime"} if name.startswith(f"runtime/{target}/") else set()  # its framework
                     assert n.split(".")[0] in sys.stdlib_module_names | {"numpy"} | own | inside, (name, n)
     allowed |= {"runtime"} | {f[:-3] for f in PROGRAM_FILES}  # and the build's own files
     tree = ast.parse(program_text(files))

@@ -15,6 +15,7 @@ from mithril_spec.frontend import compile_file
 from mithril_spec.lowering.costing import costing
 from mithril_spec.planner.hardware import lookup
 from mithril_spec.render.build import render_files
+from mithril_spec.template_files import runtime_files
 
 GPT = Path(__file__).resolve().parent.parent / "specs" / "gpt-tiny.yaml"
 
@@ -45,8 +46,10 @@ def test_programs_switch_matmul_precision_on_gpus_only(tmp_path, target):
     on, off = (program_text(render_files(compile_file(spec(tmp_path, tf32), "single"), target, "gpt.yaml"))
                for tf32 in (True, False))
     assert "TF32 = True" in on and "TF32 = False" in off
-    if target == "torch":  # inside `if cuda:`
-        assert re.search(r"if cuda:\n(.*\n){1,3}\s+torch\.set_float32_matmul_precision\(\"high\" if TF32 else \"highest\"\)", on)
+    if target == "torch":  # runtime/torch/ranks.py, inside `if cuda:`, on the TF32 the program passes it
+        assert re.search(r"start_ranks\(\s*MESH, BATCH_AXES, TF32,", on)
+        ranks = runtime_files("torch")["runtime/torch/ranks.py"]
+        assert re.search(r"if cuda:\n(.*\n){1,4}\s+torch\.set_float32_matmul_precision\(\"high\" if tf32 else \"highest\"\)", ranks)
     else:  # passed to runtime/jax/devices.py's start_devices, which sets it on GPUs
         assert "start_devices(args, MESH, tf32=TF32)" in on
         devices = render_files(compile_file(spec(tmp_path, True), "single"), target, "gpt.yaml")["runtime/jax/devices.py"]

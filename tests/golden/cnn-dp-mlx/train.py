@@ -133,11 +133,6 @@ def parse_args(argv=None):
 RUN = {"spec": SPEC_NAME, "mesh": MESH, "steps": STEPS}  # what --wandb records of the run
 
 
-def schedule_note(steps, lr_at):
-    """The note of --steps past the spec's STEPS (runtime/console.py's past_schedule)."""
-    return past_schedule(steps, STEPS, lr_at, decays=False)
-
-
 # ----------------------------------------------------------------------------
 # Main
 def init_state(args, optimizers, rank):
@@ -198,7 +193,7 @@ def main(args):
     console = Console(
         args, start, is_first, RUN, BATCH_SIZE, TOKENS_PER_SAMPLE, FLOPS_PER_STEP, memory=peak_bytes
     )
-    console.say(schedule_note(args.steps, lr_schedule))
+    console.say(past_schedule(args.steps, STEPS, lr_schedule, decays=False))
 
     data = Data(args.data, seed=args.seed + 1)
     metrics = Metrics(args.metrics, is_first, append=bool(args.resume), start=start)

@@ -59,9 +59,7 @@ from runtime.profile import plan_predictions
 # what the spec decided that only this file uses (the settings several files share: config.py)
 BATCH_AXES = ("data",)  # the batch is split over these (data-parallel degree 2)
 TOKENS_PER_SAMPLE = 32  # for tokens/s: the first input's sequence length
-FLOPS_PER_STEP = (
-    725188608  # model FLOPs of one optimizer step (forward + backward, no recompute): for MFU
-)
+FLOPS_PER_STEP = 725188608  # one step, forward + backward, no recompute: for MFU
 STEPS = 10  # also T of the lr schedule (--steps changes only how far this run goes)
 LR = 0.001
 BETAS = (0.9, 0.95)
@@ -150,11 +148,6 @@ TRAIN_COMPUTE = "tfloat32"  # which column of PEAK_FLOPS applies
 RUN = {"spec": SPEC_NAME, "mesh": MESH, "steps": STEPS}  # what --wandb records of the run
 
 
-def schedule_note(steps, lr_at):
-    """The note of --steps past the spec's STEPS (runtime/console.py's past_schedule)."""
-    return past_schedule(steps, STEPS, lr_at, decays=False)
-
-
 def main(args):
     setup_devices(args)  # before anything touches a device
     # SIGTERM / SIGUSR1: stop after the current step, saved (set after jax.distributed.initialize, whose
@@ -184,7 +177,7 @@ def train(args, mesh, preempt):
     console = Console(
         args, start, is_first, RUN, BATCH_SIZE, TOKENS_PER_SAMPLE, FLOPS_PER_STEP, **device_info
     )
-    console.say(schedule_note(args.steps, lr_schedule))
+    console.say(past_schedule(args.steps, STEPS, lr_schedule, decays=False))
 
     # Compiled at the first call, once per run: every call gets the same shapes, dtypes and layouts (the
     # step counter is an int32 array of the state, not a Python number), so no later step recompiles.

@@ -14,7 +14,6 @@ SPEC_FILE = "gpt-tiny.yaml"
 # Device mesh: every axis in canonical order (size 1 where the spec has none). Ranks are laid out
 # data-major: rank = (d * fsdp + f) * tensor + t; tensor-parallel peers share a data shard.
 MESH = {"data": 2, "fsdp": 2, "tensor": 2}
-WORLD = 8  # ranks the program must be launched on
 
 # Repeated blocks: name -> number of copies. The tables below list a block's parameters once, by their name
 # inside the block; every_copy() gives them their canonical names (copy i of `ln1.weight` in

@@ -1,7 +1,5 @@
 """gpt-tiny: the data, by global sample index, so every mesh sees the same batches in the same order."""
 
-from concurrent.futures import ThreadPoolExecutor
-
 import numpy as np
 import torch
 
@@ -23,7 +21,6 @@ DATA_SEED = SEED + 1
 # ----------------------------------------------------------------------------
 # Data by global sample index, so every mesh sees the same batches in the same order. A data-parallel
 # rank reads only its contiguous slice of each micro-batch.
-# ----------------------------------------------------------------------------
 class Data(SyntheticData):
     """Samples by global index, drawn by runtime/data.py's SyntheticData: every mesh sees the same batches in
     the same order."""
@@ -45,21 +42,3 @@ def to_tensors(arrays, device):
         t = torch.from_numpy(np.ascontiguousarray(arrays[name]))
         out.append((t.long() if not t.is_floating_point() else t).to(device))
     return out
-
-
-def prefetched(data, starts, count, device):
-    """to_tensors(data.batch(first, count)) for each `first` of `starts`, in order, each drawn by a background
-    thread while the micro-batch before it trains (numpy and torch let go of the GIL in their kernels), so
-    that drawing a batch is off the step's path."""
-
-    def draw(first):
-        return to_tensors(data.batch(first, count), device)
-
-    with ThreadPoolExecutor(1) as pool:
-        ahead = None
-        for first in starts:
-            now, ahead = ahead, pool.submit(draw, first)
-            if now:
-                yield now.result()
-        if ahead:
-            yield ahead.result()

@@ -16,22 +16,21 @@ else drawn from the softmax of the logits / temperature over the --top-k most pr
 --check compares every position with the training program's forward pass over the whole sequence.
 """
 
-import math
-
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 # isort: off
 # fmt: off
 # beside this file: runtime/ (the helpers every build carries unchanged) and this build's files
-from checkpoint import fill_model, load_checkpoint, load_params
+from checkpoint import CHECKPOINTS, fill_model, load_params
 from config import COMPUTE_DTYPE, SEED, SPEC_FILE, SPEC_NAME
 from model import Model
-from parallel import is_first, parallelize, refuse, setup, shutdown
+from parallel import parallelize, setup
 from runtime.errors import Refusal
 from runtime.sampling import (check_sampling, encode_prompt, load_tokenizer, print_result,
                               sample_tokens, sampling_parser)
+from runtime.torch.decode import DecodeLayers, decode_weights
+from runtime.torch.ranks import is_first, refuse, shutdown
 from train import make_optimizer
 # fmt: on
 # isort: on
@@ -54,84 +53,12 @@ TENSOR_LOCAL = (
 
 # ----------------------------------------------------------------------------
 # The decode: the model at one position, its attention over the key/value caches.
-# ----------------------------------------------------------------------------
-@torch.no_grad()
-def decode_weights(model):
-    """Every parameter by canonical name, in torch's layout and the compute dtype: whole on every rank,
-    except those of TENSOR_LOCAL's layers, which keep this rank's shard over `tensor`."""
-    from torch.distributed.tensor import DTensor, Replicate
-
-    out = {}
-    for name, p in model.named_parameters():
-        if isinstance(
-            p, DTensor
-        ):  # gathered over every mesh axis (but `tensor` for TENSOR_LOCAL's)
-            module = ".".join("*" if part.isdigit() else part for part in name.split(".")[:-1])
-            keep = module in TENSOR_LOCAL
-            axes = p.device_mesh.mesh_dim_names
-            places = [
-                x if keep and axis == "tensor" else Replicate()
-                for axis, x in zip(axes, p.placements)
-            ]
-            p = p.redistribute(p.device_mesh, places).to_local()
-        out[name] = p.detach().to(COMPUTE_DTYPE)
-    return out
 
 
-class KVCacheDecoder:
+class KVCacheDecoder(DecodeLayers):
     """The model at one position at a time, over `w` (decode_weights), with a cache of the keys and values
-    of SEQ positions per attention layer (and copy of a repeated block), allocated at its first use."""
-
-    def __init__(self, w, group):
-        self.w, self.cache = w, {}
-        self.group = group  # the ranks of this rank's `tensor` axis
-
-    def tp_sum(self, y):
-        """The sum over `tensor` of the partial results of a row-parallel layer (an all-reduce)."""
-        dist.all_reduce(y, group=self.group)
-        return y
-
-    def attention(self, x, pre, pos, head_dim, split=False):
-        """train.py's causal attention at position `pos` of x [B, 1, dim]: the position's key and value go
-        into the layer's cache at `pos`, and its query reads those of positions 0 .. pos. Query head j reads
-        key/value head j // (heads / kv_heads); with `split`, this rank's heads, the output projection's
-        partial results summed over `tensor`. Scores and softmax in float32."""
-        w, B = self.w, x.shape[0]
-        q, k, v = (F.linear(x, w[pre + n + ".weight"]) for n in "qkv")
-        q, k, v = (y.view(B, 1, -1, head_dim) for y in (q, k, v))  # [B, 1, heads (of this rank), h]
-        if pre not in self.cache:
-            self.cache[pre] = (x.new_zeros(B, SEQ, *k.shape[2:]), x.new_zeros(B, SEQ, *v.shape[2:]))
-        keys, values = self.cache[pre]
-        keys[:, pos], values[:, pos] = k[:, 0], v[:, 0]
-        kk, vv = keys[:, : pos + 1], values[:, : pos + 1]  # the positions so far
-        if kk.shape[2] != q.shape[2]:  # grouped-query
-            kk, vv = (y.repeat_interleave(q.shape[2] // y.shape[2], dim=2) for y in (kk, vv))
-        scores = torch.einsum("bqhd,bkhd->bhqk", q.float(), kk.float()) / math.sqrt(head_dim)
-        y = torch.einsum("bhqk,bkhd->bqhd", torch.softmax(scores, dim=-1).to(x.dtype), vv).reshape(
-            B, 1, -1
-        )
-        bo = None
-        if split:  # row-parallel output projection
-            y = self.tp_sum(F.linear(y, w[pre + "o.weight"]))
-            return y if bo is None else y + bo
-        return F.linear(y, w[pre + "o.weight"], bo)
-
-    def mlp(self, x, pre, activation, bias, split=False):
-        """train.py's MLP at one position; with `split`, this rank's hidden units, the output projection's
-        partial results summed over `tensor`."""
-        w = self.w
-
-        def dense(name, h, last=False):
-            b = w[pre + name + ".bias"] if bias else None
-            if last and split:
-                y = self.tp_sum(F.linear(h, w[pre + name + ".weight"]))
-                return y if b is None else y + b
-            return F.linear(h, w[pre + name + ".weight"], b)
-
-        act = {"gelu": lambda h: F.gelu(h, approximate="tanh"), "relu": F.relu, "silu": F.silu}[
-            activation
-        ]
-        return dense("proj", act(dense("fc", x)), last=True)
+    of SEQ positions per attention layer (and copy of a repeated block), allocated at its first use: the
+    layers are runtime/torch/decode.py's DecodeLayers', the blocks and the step this spec's."""
 
     def block_decoder(self, pre, pos, block_input):
         """One copy of the `decoder` block (its parameters `pre` + name inside the block) at one position."""
@@ -178,7 +105,6 @@ class KVCacheDecoder:
 
 # ----------------------------------------------------------------------------
 # Loading (train.py's code), the decode and the full forward pass
-# ----------------------------------------------------------------------------
 def load_model(args, device, mesh):
     """The model as train.py builds it (on the meta device, parallelised there), then filled: from --params
     (each rank reads only its shards) or the newest usable checkpoint of --resume."""
@@ -188,7 +114,7 @@ def load_model(args, device, mesh):
     model.to_empty(device=device)
     if args.resume:
         optimizer, scheduler = make_optimizer(model)
-        load_checkpoint(args.resume, model, optimizer, scheduler)
+        CHECKPOINTS.load(args.resume, model, optimizer, scheduler)
     else:
         fill_model(model, load_params(args.params, "--params"), SEED)
     return model
@@ -224,16 +150,12 @@ def main(args):
     # parallel.py's setup: the ranks checked against the mesh, the device, the process group
     device, mesh, _ = setup()
     model = load_model(args, device, mesh)
-    decoder = KVCacheDecoder(decode_weights(model), mesh.get_group("tensor"))
-
-    def step(token, pos):
-        return (
-            decoder.step(torch.full((1, 1), token, dtype=torch.long, device=device), pos)[0]
-            .cpu()
-            .numpy()
-        )
-
-    out, seen, seconds = sample_tokens(step, ids, args, SEQ)
+    decoder = KVCacheDecoder(
+        decode_weights(model, COMPUTE_DTYPE, TENSOR_LOCAL), SEQ, group=mesh.get_group("tensor")
+    )
+    out, seen, seconds = sample_tokens(
+        lambda token, pos: decoder.next_logits(token, pos, device), ids, args, SEQ
+    )
     print_result(
         args, ids, out, seen, seconds, tokenizer, full_forward(model, device), is_first(), SEQ
     )

@@ -1,35 +1,8 @@
 """gpt-tiny: the model, one nn.Module per block; parameter names are the spec's canonical names."""
 
-import numpy as np
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-
-# isort: split
-# beside this file: runtime/ (the helpers every build carries unchanged) and this build's files
-from config import MESH
-
-
-def local_part(t):
-    """This rank's part of a tensor: its local shard for a DTensor (autograd flows back through it)."""
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
-def local_box(p, rank=None):
-    """The shape and offset (torch layout) of the part of parameter `p` that `rank` (default: this one)
-    holds: a DTensor's shard, from its placements over its mesh (whose axes are MESH's, by name), else
-    the whole. Computed without touching the data (the model may be on the meta device)."""
-    from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
-
-    at = dict(
-        zip(MESH, np.unravel_index(dist.get_rank() if rank is None else rank, tuple(MESH.values())))
-    )
-    m = p.device_mesh if hasattr(p, "placements") else None  # None: a plain tensor, whole
-    where = [int(at[axis]) for axis in (m.mesh_dim_names if m else ())]
-    return _compute_local_shape_and_global_offset(
-        p.shape, m.shape if m else (), where, p.placements if m else ()
-    )
 
 
 class Attention(nn.Module):

@@ -14,11 +14,8 @@ device; each rank then computes only the shards of the initial parameters it hol
 Several machines: launch.sh (torchrun rendezvous) or launch.sbatch (SLURM). gloo on CPU, NCCL on GPUs.
 """
 
-import json
 import math
-import os
 import time
-from collections import defaultdict
 
 import torch
 import torch.distributed as dist
@@ -26,14 +23,12 @@ import torch.distributed as dist
 # isort: off
 # fmt: off
 # beside this file: runtime/ (the helpers every build carries unchanged) and this build's files
-from checkpoint import (export_grads, export_params, fill_model, finish_saves, load_checkpoint,
-                        load_params, save_checkpoint, saved_steps, step_of)
+from checkpoint import CHECKPOINTS, export_grads, export_params, fill_model, load_params
 from config import (BATCH_SIZE, GRAD_ACCUM, MESH, MICRO_BATCH, PARAMS, PLANNED_BYTES, SEED,
-                    SPEC_FILE, SPEC_NAME, WORLD)
-from data import Data, micro_batch_start, prefetched
+                    SPEC_FILE, SPEC_NAME)
+from data import Data, micro_batch_start, to_tensors
 from model import Model
-from parallel import (all_ranks, dry_run, held_bytes, is_first, log, most, parallelize, refuse,
-                      setup, shutdown)
+from parallel import dry_run, parallelize, setup
 from runtime.checkpoints import check_start, resolve_resume
 from runtime.cli import check_arguments, train_parser
 from runtime.console import Console, Metrics, past_schedule, peak_flops, process_peak_rss
@@ -41,17 +36,23 @@ from runtime.errors import Refusal
 from runtime.params import initial_params
 from runtime.preemption import Preemption
 from runtime.processes import die_with_launcher
-from runtime.profile import ProfileWindow, collective_totals, plan_predictions
+from runtime.profile import plan_predictions
+from runtime.torch.batches import prefetched
+from runtime.torch.checkpoints import saved_steps, step_of
+from runtime.torch.memory import report_memory
+from runtime.torch.optim import clip_grad_norm, update_kernel
+from runtime.torch.profile import StepProfiler
+from runtime.torch.ranks import is_first, log, most, refuse, shutdown
 # fmt: on
 # isort: on
 
 
 # what the spec decided that only this file uses (the settings several files share: config.py)
+WORLD = 8  # ranks the program must be launched on
 TOKENS_PER_SAMPLE = 64  # for tokens/s: the first input's sequence length
-FLOPS_PER_STEP = (
-    5518000128  # model FLOPs of one optimizer step (forward + backward, no recompute): for MFU
-)
+FLOPS_PER_STEP = 5518000128  # one step, forward + backward, no recompute: for MFU
 STEPS = 20  # also T of the lr schedule (--steps changes only how far this run goes)
+OPTIMIZER = "adamw"
 LR = 0.0003
 BETAS = (0.9, 0.95)
 EPS = 1e-08
@@ -68,7 +69,6 @@ PREDICTED_DIGEST = "7e61f12ee5a20d39"
 
 # ----------------------------------------------------------------------------
 # Optimizer: the documented schedule and clipping (docs/program.md "Numerics").
-# ----------------------------------------------------------------------------
 def lr_at(t):
     """The learning rate at 0-based step t."""
     # after STEPS the rate stays at its floor (min_lr_ratio * LR)
@@ -77,19 +77,8 @@ def lr_at(t):
     return LR * (t + 1) / WARMUP_STEPS if t < WARMUP_STEPS else cosine
 
 
-def update_kernel(params):
-    """How the optimizer runs its update (its `fused` and `foreach`; set again on --resume, as a checkpoint
-    carries its writer's choice): torch's fused kernel, one pass over the memory of all parameters of a
-    dtype (CPU and CUDA), for plain tensors and DTensors alike, but for a mix of both
-    (tensor or expert parallelism without FSDP2 leaves some parameters plain) one parameter at a time."""
-    dtensors = {hasattr(p, "placements") for p in params}
-    if len(dtensors) > 1:
-        return {"fused": False, "foreach": False}
-    return {"fused": True, "foreach": False}
-
-
 def make_optimizer(model):
-    kernel = update_kernel(model.parameters())
+    kernel = update_kernel(model.parameters(), OPTIMIZER == "sgd")
     # decoupled weight decay on matrices (canonical ndim >= 2) only: two parameter groups
     named = list(model.named_parameters())
     decay = [p for name, p in named if len(PARAMS[name][0]) >= 2]
@@ -101,91 +90,6 @@ def make_optimizer(model):
     optimizer = torch.optim.AdamW(groups, lr=LR, betas=BETAS, eps=EPS, **kernel)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: lr_at(t) / LR)
     return optimizer, scheduler
-
-
-@torch.no_grad()
-def clip_grad_norm(params):
-    """The global L2 norm of all gradients (returned); every gradient is scaled by
-    min(1, CLIP_GRAD_NORM / (norm + 1e-6)).
-
-    Gradients may be DTensors on *different* meshes (tensor-parallel weights on (data, fsdp, tensor),
-    the rest on the data axes, or plain tensors); torch's clip_grad_norm_ stacks every per-tensor norm
-    and fails on mixed meshes. So each mesh's group is reduced to one full scalar first (full_tensor()
-    sums the partial norms across ranks), then the plain scalars are combined.
-    """
-    from torch.distributed.tensor import DTensor
-
-    groups = defaultdict(list)  # insertion order: the same on every rank
-    for p in params:
-        if p.grad is not None:
-            groups[p.grad.device_mesh if isinstance(p.grad, DTensor) else None].append(p)
-    squares = []
-    for group in groups.values():
-        # foreach kernels: one call per mesh (torch picks them itself for plain tensors only)
-        n = torch.nn.utils.get_total_norm([p.grad for p in group], 2.0, foreach=True)
-        squares.append((n.full_tensor() if isinstance(n, DTensor) else n).float() ** 2)
-    total = torch.stack(squares).sum().sqrt()
-    for group in groups.values():  # one mesh at a time: foreach ops need a common mesh
-        torch.nn.utils.clip_grads_with_norm_(group, CLIP_GRAD_NORM, total, foreach=True)
-    return total
-
-
-# ----------------------------------------------------------------------------
-# Profiling (--profile): torch.profiler's trace; runtime/profile.py's window and summary (measured | planned)
-# ----------------------------------------------------------------------------
-
-
-class StepProfiler:
-    """--profile DIR: torch.profiler traces the steps of --profile-steps on every rank (CPU, and the GPU's
-    kernels on CUDA) into DIR/trace-rank<R>.json (chrome://tracing, Perfetto); then every rank writes its
-    summary to DIR/summary-rank<R>.json, and rank 0 prints its own and writes it to DIR/summary.json. A collective's time is its operation's (gloo, on the CPU) or its NCCL kernels' (CUDA)."""
-
-    def __init__(self, args, device, start):
-        self.window = ProfileWindow(args, start)
-        self.device, self.cuda = device, device.type == "cuda"
-
-    def begin(self, step):
-        """Before step `step` (counted from 0): the trace starts at the window's first step."""
-        if not self.window.begins(step):
-            return
-        activities = [torch.profiler.ProfilerActivity.CPU]
-        if self.cuda:
-            torch.cuda.reset_peak_memory_stats(self.device)
-            activities.append(torch.profiler.ProfilerActivity.CUDA)
-        self.prof = torch.profiler.profile(activities=activities)
-        self.prof.start()
-        self.window.started()
-
-    def end(self, step):
-        """After step `step` is done (its loss read): at the window's last step the trace stops, is written,
-        and summarised."""
-        if not self.window.ends(step):
-            return
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
-        step_s = self.window.stopped()
-        self.prof.stop()
-        rank = int(os.environ.get("RANK", "0"))
-        self.prof.export_chrome_trace(self.window.path(f"trace-rank{rank}.json"))
-        if self.cuda:  # the NCCL kernels, on the GPU's clock
-            events = [
-                (e.key, e.self_device_time_total / 1e6, e.count)
-                for e in self.prof.key_averages()
-                if e.device_type == torch.autograd.DeviceType.CUDA and e.key.startswith("nccl")
-            ]
-        else:  # gloo's operations (the work, on its threads)
-            events = [
-                (e.key, e.cpu_time_total / 1e6, e.count)
-                for e in self.prof.key_averages()
-                if e.key.startswith("gloo:")
-            ]
-        comm, calls = collective_totals(events, self.window.steps)
-        peaks = all_ranks(
-            torch.cuda.max_memory_allocated(self.device) if self.cuda else process_peak_rss()
-        )
-        name = torch.cuda.get_device_name(self.device) if self.cuda else "cpu"
-        # every rank writes its own summary (a pipeline's stages differ); rank 0 prints its own
-        self.window.report(name, step_s, comm, calls, peaks, rank=rank)
 
 
 def parse_args(argv=None):
@@ -205,14 +109,8 @@ TRAIN_COMPUTE = "tfloat32"  # which column of PEAK_FLOPS applies
 RUN = {"spec": SPEC_NAME, "mesh": MESH, "steps": STEPS}  # what --wandb records of the run
 
 
-def schedule_note(steps, lr_at):
-    """The note of --steps past the spec's STEPS (runtime/console.py's past_schedule)."""
-    return past_schedule(steps, STEPS, lr_at, decays=False)
-
-
 # ----------------------------------------------------------------------------
 # Main
-# ----------------------------------------------------------------------------
 def main(args):
     die_with_launcher()
     preempt = Preemption()  # SIGTERM / SIGUSR1: stop after the current step, saved
@@ -227,22 +125,18 @@ def main(args):
     model.to_empty(device=device)
     resolve_resume(args, log, step_of, lambda n: most(n, device))
     if not args.resume:  # (a checkpoint restores every parameter and buffer)
-        fill_model(
-            model,
-            load_params(args.init_params)
-            if args.init_params
-            else initial_params(PARAMS, args.seed),
-            args.seed,
-        )
         if args.init_params:
+            fill_model(model, load_params(args.init_params), args.seed)
             log(f"parameters: loaded from {args.init_params}")
+        else:
+            fill_model(model, initial_params(PARAMS, args.seed), args.seed)
     runner = model
     if args.compile:
         # in place, per block: module FQNs stay canonical (torch.compile(model) would add `_orig_mod.`)
         for block in model.blocks:
             block.compile()
     optimizer, scheduler = make_optimizer(model)
-    start = load_checkpoint(args.resume, model, optimizer, scheduler) if args.resume else 0
+    start = CHECKPOINTS.load(args.resume, model, optimizer, scheduler) if args.resume else 0
     check_start(args, start, saved_steps(args.checkpoint_dir or ""), CHECKPOINT_DIR)
     data = Data(args.data, seed=args.seed + 1)
     per_rank = MICRO_BATCH // 4  # samples of each micro-batch this rank reads
@@ -262,7 +156,7 @@ def main(args):
         peak=peak_flops(torch.cuda.get_device_name(device), TRAIN_COMPUTE) if cuda else None,
         memory=lambda: torch.cuda.max_memory_allocated(device) if cuda else process_peak_rss(),
     )
-    console.say(schedule_note(args.steps, lr_at))
+    console.say(past_schedule(args.steps, STEPS, lr_at, decays=False))
     console.compiling()
     # the first sample of each micro-batch this rank reads, in order: drawn one micro-batch ahead
     starts = (
@@ -270,7 +164,7 @@ def main(args):
         for s in range(start, args.steps)
         for k in range(GRAD_ACCUM)
     )
-    batches = prefetched(data, starts, per_rank, device)
+    batches = prefetched(lambda first: to_tensors(data.batch(first, per_rank), device), starts)
     # a step's time is the whole loop iteration, from the end of the one before (its logging included);
     # evaluations and checkpoint saves are not steps, and are left out
     tick = time.perf_counter()
@@ -288,21 +182,17 @@ def main(args):
             loss_sum += loss.detach()
         # each rank's mean over an equal share of the batch (tensor peers hold the same one), summed while
         # the update runs; beside it whether a signal asked this rank to stop (one all-reduce for both)
-        shared = torch.stack(
-            [loss_sum, torch.full((), float(preempt.signal is not None), device=device)]
-        )
+        asking = torch.full((), float(preempt.signal is not None), device=device)
+        shared = torch.stack([loss_sum, asking])
         summed = dist.all_reduce(shared, async_op=True)
         if args.export_grads and step == start:  # what the update below steps on (before clipping)
             export_grads(model.named_parameters(), args.export_grads)
-        grad_norm = clip_grad_norm(list(model.parameters()))
+        grad_norm = clip_grad_norm(list(model.parameters()), CLIP_GRAD_NORM)
         lr = scheduler.get_last_lr()[0]
         optimizer.step()
         scheduler.step()
         if step == start:  # grads and optimizer state exist now: report what this rank holds
-            every = all_ranks(held_bytes(model, optimizer))
-            report = {"device0": every[0], "ranks": every, "planned": PLANNED_BYTES}
-            resumed = f"resumed from {args.resume} at step {start}\n" if args.resume else ""
-            log(f"{resumed}memory {json.dumps(report)}")
+            report_memory(model, optimizer, PLANNED_BYTES, args.resume, start)
         optimizer.zero_grad(set_to_none=True)
         summed.wait()
         loss_sum, asked = shared[0] / WORLD, shared[1]
@@ -325,18 +215,14 @@ def main(args):
             or (args.checkpoint_every > 0 and done % args.checkpoint_every == 0)
             or done == args.steps
         ):
-            saved = save_checkpoint(
-                args.checkpoint_dir,
-                done,
-                model,
-                optimizer,
-                scheduler,
-                background=args.async_checkpoint and not stop and done < args.steps,
+            background = args.async_checkpoint and not stop and done < args.steps
+            saved = CHECKPOINTS.save(
+                args.checkpoint_dir, done, model, optimizer, scheduler, background=background
             )
             tick = time.perf_counter()
         if stop:
             break
-    finish_saves()  # (a preemption's save is synchronous: only an earlier one may still be writing)
+    CHECKPOINTS.finish()  # (a preemption's save is synchronous: only an earlier one may still be writing)
     metrics.close()
     console.summary()
     if stop:  # preempted: exit once the checkpoint is saved
