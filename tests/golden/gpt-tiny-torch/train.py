@@ -40,8 +40,8 @@ from runtime.profile import plan_predictions
 from runtime.torch.batches import prefetched
 from runtime.torch.checkpoints import saved_steps, step_of
 from runtime.torch.memory import report_memory
-from runtime.torch.optim import clip_grad_norm, update_kernel
-from runtime.torch.profile import StepProfiler
+from runtime.torch.optimizers import clip_grad_norm, update_kernel
+from runtime.torch.profiler import StepProfiler
 from runtime.torch.ranks import is_first, log, most, refuse, shutdown
 # fmt: on
 # isort: on
