@@ -38,6 +38,10 @@ def load_program(build) -> Program:
     build = os.path.abspath(str(build))
     for stem in MODULES:  # a previous build's files
         sys.modules.pop(stem, None)
+    # and its runtime/ package: the common files are the same in every build, runtime/<target>/ only in its
+    # target's (a JAX build's runtime has no runtime.torch)
+    for name in [n for n in sys.modules if n == "runtime" or n.startswith("runtime.")]:
+        del sys.modules[name]
     if sys.path[:1] != [build]:
         sys.path.insert(0, build)  # its files and its runtime/ package
     return Program([importlib.import_module(m) for m in MODULES if os.path.isfile(os.path.join(build, m + ".py"))])
