@@ -1,7 +1,7 @@
 """The runtime/ package every build carries (templates/runtime/): the same files byte for byte in every build
 and target (and runtime/<target>/ in every build of its target), no template in them, nothing in them that no
-program uses, and what they do (manifests, refusals) checked directly: they import only the standard library
-and numpy (and a target's own, its framework)."""
+program uses, and what they do (manifests, refusals) checked directly. (What they import: tests/test_render.py,
+the standard library and numpy, and a target's own also its framework.)"""
 
 from __future__ import annotations
 
@@ -47,22 +47,6 @@ def test_every_build_carries_the_same_runtime(builds):
     for target in TARGETS:
         for name, text in runtime_files(target).items():
             assert "{{" not in text and "{%" not in text and "{#" not in text, f"{name} holds template syntax"
-
-
-def test_runtime_imports_the_standard_library_numpy_and_its_own_framework_only():
-    """The common helpers import the standard library and numpy; a target's own, also its framework (and
-    the common ones): a build stays standalone. (tensorboardX and wandb: only for their options, which say
-    how to install them where they are missing; safetensors: parameter files; tokenizers: a tokenizer.json.)"""
-    allowed = set(sys.stdlib_module_names) | {"numpy", "runtime", "safetensors", "tensorboardX", "tokenizers", "wandb"}
-    framework = {"torch": {"torch"}, "jax": {"jax", "optax", "orbax"}, "mlx": {"mlx"}}
-    for target in TARGETS:
-        for name, text in runtime_files(target).items():
-            extra = framework[target] if name.startswith(f"runtime/{target}/") else set()
-            for node in ast.walk(ast.parse(text)):
-                modules = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                           else [node.module] if isinstance(node, ast.ImportFrom) and not node.level else [])
-                for module in modules:
-                    assert module.split(".")[0] in allowed | extra, f"{name} imports {module}"
 
 
 def test_nothing_in_runtime_goes_unused(builds):
