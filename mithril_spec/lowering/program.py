@@ -132,6 +132,11 @@ class TorchSettings:
     planned: dict[str, int]
     comm: dict[str, Any]
     job_name: str
+    # optional parameters of the helper modules, (name, default) pairs (lowering/torch_program.py)
+    rope_params: list[tuple[str, Any]]
+    attention_params: list[tuple[str, Any]]
+    mlp_params: list[tuple[str, Any]]
+    moe_params: list[tuple[str, Any]]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -91,6 +91,8 @@ def sampling_context(plan: Plan, ctx: dict[str, Any], target: str) -> dict[str, 
         if layer["op"] in OPS and OPS[layer["op"]].kv_cache:
             caches.append({"repeat": None, "count": None, "layers": [_cache(plan, layer, "")]})
         layer["split"] = split(layer, ctx["tp"])
+        if target == "torch":
+            layer["decode_args"] = torch_decode_args(layer)
         if layer["split"]:
             local_modules += [k for k in ctx["tp"] if k == layer["name"] or k.startswith(layer["name"] + ".")]
     for block in ctx["blocks"]:
@@ -100,6 +102,8 @@ def sampling_context(plan: Plan, ctx: dict[str, Any], target: str) -> dict[str, 
         styles = block.get("tp", {})
         for layer in inner:
             layer["split"] = split(layer, styles)
+            if target == "torch":
+                layer["decode_args"] = torch_decode_args(layer)
         blocks.append({
             **{k: v for k, v in block.items() if k != "layers"},
             "layers": inner,
@@ -162,6 +166,14 @@ def sampling_context(plan: Plan, ctx: dict[str, Any], target: str) -> dict[str, 
         "local_modules": tuple(sorted(set(local_modules))),
         "stages": stages,
     }
+
+
+def torch_decode_args(layer: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The optional keyword arguments of a layer's decode call in the torch generate.py, (name, value) pairs
+    (Op.torch_args; `split` set above); [] for a repeat."""
+    if layer["op"] not in OPS:
+        return []
+    return OPS[layer["op"]].torch_args(layer["attrs"], decode=True, split=bool(layer["split"]))
 
 
 def _cache(plan: Plan, layer: dict[str, Any], prefix: str) -> dict[str, Any]:

@@ -196,6 +196,8 @@ def target_fields(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
             attrs = layer["attrs"]
             if attrs.get("tie"):
                 layer["tie_attr"] = attr_path(attrs["tie"])
+            # its module's optional arguments (name, value), rendered with the `optional` macro (torch/macros.py.j2)
+            layer["init_args"] = OPS[layer["op"]].torch_args(attrs)
             ops.add(layer["op"])
             helpers.update(OPS[layer["op"]].helpers(attrs))
             if OPS[layer["op"]].is_random(attrs):
@@ -408,6 +410,16 @@ def target_fields(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
         },
     }
     t = out["torch"]
+    # the helper modules' optional parameters with their defaults, (name, default) pairs in signature order: only
+    # those some layer of the spec sets (templates/torch/ops.py.j2 renders them with the `optional` macro)
+    t["rope_params"] = [("scaling", None)] if rope_scaled else []
+    t["attention_params"] = [("rotary_base", None)] + [(k, None) for k, on in (
+        ("rope_scaling", rope_scaled), ("qk_norm", qk_norm), ("scale", score_scale), ("softcap", softcap)) if on] + [
+        ("bias", False), ("o_bias", None)] + ([("dropout", 0.0)] if "attention_rng" in ops else [])
+    t["mlp_params"] = [("gate_act", SILU_GATE)] if gelu_gate else []
+    t["moe_params"] = [(k, v) for k, v, form in (
+        ("normalize", False, "normalize"), ("dropless", False, "dropless"), ("shared_hidden", 0, "shared"),
+        ("shared_gate", False, "shared_gate"), ("z_loss_weight", 0.0, "z_loss")) if form in forms]
     # the next steps' batches drawn by a thread while this one runs (torch/data.py.j2 `prefetched`): not in a
     # pipeline, and not where a bounded input's ids are checked on the host as they are read
     t["prefetch"] = not t["pipeline"] and (ctx["data"]["kind"] == "synthetic"

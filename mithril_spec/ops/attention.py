@@ -159,6 +159,17 @@ class Attention(Op):
         }
         return OpResult(TensorType(x.shape, x.axes, x.dtype), tuple(params), attrs, flops=proj + scores)
 
+    def torch_args(self, attrs, decode=False, split=False):
+        # rotary frequencies and their scaling, q/k norms, the score scale and cap, biases (o_bias=False: on q,
+        # k and v only); the module's dropout, or the decode's split heads
+        a = attrs
+        return [(k, v) for k, v, on in (
+            ("rotary_base", a["rotary_base"], a["rotary"]), ("rope_scaling", a["rope_scaling"], a["rope_scaling"]),
+            ("qk_norm", a["qk_norm_eps"], a["qk_norm"]), ("scale", a["scale"], a["scale"]),
+            ("softcap", a["softcap"], a["softcap"]), ("bias", True, a["bias"]),
+            ("o_bias", False, a["bias"] and not a["o_bias"]), ("dropout", a["dropout"], a["dropout"] and not decode),
+            ("split", True, split)) if on]
+
     def decode_features(self, attrs):
         out = {"kv_attention"}
         if attrs["bias"]:

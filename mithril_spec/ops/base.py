@@ -190,6 +190,13 @@ class Op:
         sampling program's decode, docs/program.md "Sampling")? Per-position operators can."""
         return self.per_position
 
+    def torch_args(self, attrs: dict[str, Any], decode: bool = False, split: bool = False) -> list[tuple[str, Any]]:
+        """The optional keyword arguments of the torch program's call for this layer, (name, value) pairs in the
+        call's order, only those the layer sets: its module's constructor (templates/torch/ops.py.j2 <op>_init),
+        or with `decode` generate.py's decode call (decode_<op>; `split`: its weights stay split over
+        `tensor`)."""
+        return []
+
     def decode_features(self, attrs: dict[str, Any]) -> frozenset[str]:
         """What the sampling program's shared decode code must handle for this layer (lowering/sampling.py
         gathers them over the layers as `sampling.features`): "kv_attention" (a cached attention), with

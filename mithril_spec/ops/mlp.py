@@ -63,6 +63,11 @@ class Mlp(Op):
     def decodes(self, attrs):
         return True  # per position
 
+    def torch_args(self, attrs, decode=False, split=False):
+        # the decode's split hidden features, and a gate other than silu (GeGLU)
+        gate = [("gate_act", attrs["gate_activation"])] if attrs["gate_activation"] != SILU_GATE else []
+        return ([("split", True)] if split else []) + gate
+
     def decode_features(self, attrs):
         out = {"dense_mlp", "gated" if attrs["activation"] == "swiglu" else "ungated"}
         if attrs["gate_activation"] != SILU_GATE:

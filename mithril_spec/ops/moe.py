@@ -77,6 +77,15 @@ class Moe(Op):
         of an earlier one's second choice), which no decode of the positions so far can follow."""
         return bool(attrs["dropless"])
 
+    def torch_args(self, attrs, decode=False, split=False):
+        a = attrs
+        if decode:  # generate.py's flags (the decode reads the sizes from the weights)
+            return [(k, True) for k, on in (("normalize", a["normalize_gates"]), ("shared", a["shared_hidden"]),
+                                            ("shared_gate", a["shared_gate"])) if on]
+        return [(k, v) for k, v in (("normalize", a["normalize_gates"] or None), ("dropless", a["dropless"] or None),
+                                    ("shared_hidden", a["shared_hidden"]), ("shared_gate", a["shared_gate"] or None),
+                                    ("z_loss_weight", a["z_loss_weight"])) if v]
+
     def decode_features(self, attrs):
         out = {"experts", "experts_gated" if attrs["activation"] == "swiglu" else "experts_ungated"}
         out |= {f"experts_{f}" for f in ("normalize", "shared", "shared_gate") if f in self.forms(attrs)}

@@ -60,6 +60,9 @@ class RmsNorm(SavesInputs):
         return OpResult(x, params, {"dim": d, "eps": args.eps, "weight_offset": args.weight_offset},
                         flops=5 * x.numel)
 
+    def torch_args(self, attrs, decode=False, split=False):
+        return [("offset", attrs["weight_offset"])] if attrs["weight_offset"] else []
+
 
 class BatchNormArgs(LayerArgs):
     op: Literal["batch_norm"]
