@@ -137,6 +137,14 @@ class TorchSettings:
     attention_params: list[tuple[str, Any]]
     mlp_params: list[tuple[str, Any]]
     moe_params: list[tuple[str, Any]]
+    # decisions named by what they mean (lowering/torch_program.py says each)
+    parallelized: bool
+    store_params: bool
+    separate_qkv: bool
+    checkpoint_state: list[str]
+    step_contexts: list[str]
+    fsdp_kind: str
+    fsdp_mesh: list[str]
 
 
 @dataclasses.dataclass(frozen=True)

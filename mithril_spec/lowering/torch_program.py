@@ -410,6 +410,28 @@ def target_fields(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
         },
     }
     t = out["torch"]
+    # parallelize() exists: a tensor-parallel plan or FSDP2 (the model is parallelised on the meta device)
+    t["parallelized"] = bool(t["tp_plan"]) or fsdp
+    # the parameters are stored in another dtype than float32 (store_params casts the meta model)
+    t["store_params"] = pdtype != "float32"
+    # Attention projects q, k and v separately: tensor parallelism (whole heads per rank), FSDP2 (a joined copy
+    # of the gathered weights would live from the forward to the backward pass), float8 (a Float8Linear each)
+    t["separate_qkv"] = bool(t["tp_plan"]) or fsdp or precision.float8
+    # what a checkpoint holds beside the model, optimizer and scheduler: the names of the training loop's
+    # objects passed by keyword (Shards: ZeRO slices or master copies; the loss scaler)
+    t["checkpoint_state"] = [name for name, on in (("shards", t["shards"]),
+                                                   ("scaler", ctx["training"]["loss_scaling"])) if on]
+    # the context managers around each micro-batch's forward pass (main.py): autocast, activation offload
+    t["step_contexts"] = [name for name, on in (("autocast", t["autocast"]),
+                                                ("offload", ctx["predicted"]["offload"])) if on]
+    # how FSDP2 runs (parallelize's docstring): "hsdp" (sharded over fsdp, replicated over data), "data"
+    # (sharded over data), "fsdp" (sharded over fsdp), "pipe" / "replicate" (fsdp = 1: replication over data,
+    # in a pipeline / beside tensor parallelism), "none"
+    sharded = t["sharded"]
+    t["fsdp_kind"] = ("none" if not fsdp else "hsdp" if sharded and dp == "hsdp" else "data" if sharded and axis == "data"
+                      else "fsdp" if sharded else "pipe" if t["pipeline"] and not t["tp_plan"] else "replicate")
+    # the mesh axes FSDP2 runs on: (data, fsdp) for HSDP, else the axis it shards over
+    t["fsdp_mesh"] = ["data", "fsdp"] if dp == "hsdp" else [axis]
     # the helper modules' optional parameters with their defaults, (name, default) pairs in signature order: only
     # those some layer of the spec sets (templates/torch/ops.py.j2 renders them with the `optional` macro)
     t["rope_params"] = [("scaling", None)] if rope_scaled else []
