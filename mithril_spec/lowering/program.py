@@ -145,6 +145,13 @@ class TorchSettings:
     step_contexts: list[str]
     fsdp_kind: str
     fsdp_mesh: list[str]
+    reduce_experts: bool
+    keep_table_rows: bool
+    sync_last_micro: bool
+    chunk_masks: bool
+    sync_bn_flat: bool
+    expert_flat: bool
+    expert_layouts: bool
 
 
 @dataclasses.dataclass(frozen=True)

@@ -242,6 +242,12 @@ def target_fields(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
     loss = dict(ctx["loss"])
     loss["prediction_var"] = top_vars[loss["prediction"]]
     loss["targets_var"] = top_vars[loss["targets"]]
+    # the loss targets are computed by the model (a layer's output, not a model input): the layers return them
+    # beside the prediction, and so does predict=True for the evaluation, which compares with them
+    computed = loss["targets"] not in {i["name"] for i in ctx["inputs"]}
+    loss["outputs"] = [loss["prediction_var"]] + ([loss["targets_var"]] if computed else [])
+    loss["predict_targets"] = computed and ctx["eval"] is not None
+    loss["predict_outputs"] = [loss["prediction_var"]] + ([loss["targets_var"]] if loss["predict_targets"] else [])
 
     # ---- data parallelism (the expert axis splits the batch too: DDP over data x expert). Pipeline stages
     # replicate over data with FSDP2 (fsdp = 1), not DDP: DDP's reducer fails under the interleaved schedule.
@@ -430,6 +436,21 @@ def target_fields(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
     sharded = t["sharded"]
     t["fsdp_kind"] = ("none" if not fsdp else "hsdp" if sharded and dp == "hsdp" else "data" if sharded and axis == "data"
                       else "fsdp" if sharded else "pipe" if t["pipeline"] and not t["tp_plan"] else "replicate")
+    # reduce_expert_grads runs after the backward pass: experts split over `expert`, or FSDP2 beside `expert`
+    t["reduce_experts"] = t["ep"] or t["expert_average"]
+    # a vocab-parallel table outside FSDP2: keep_table_rows after the backward pass
+    t["keep_table_rows"] = bool(vocab_tables) and not fsdp
+    # gradients synchronised on the last micro-step only (DDP no_sync, FSDP2 set_requires_gradient_sync)
+    t["sync_last_micro"] = dp == "ddp" or fsdp
+    # a pipeline spec built for one stage with dropout: each micro-step draws its masks as pipeline
+    # micro-batch k % chunks of the spec's micro-batch (as a pipelined build draws them)
+    t["chunk_masks"] = t["micro_state"] and t["chunks"] > 1 and random
+    # batch statistics over several batch axes: their flattened mesh's group (else the one axis's)
+    t["sync_bn_flat"] = len(t["sync_bn"]) > 1
+    # the all-to-all's group spans several mesh axes (expert and fsdp): a group per column of the mesh
+    t["expert_flat"] = len(group) > 1
+    # the experts' DTensors are laid out by expert_parallel (several axes, or `tensor` too)
+    t["expert_layouts"] = len(group) > 1 or t["tp_experts"]
     # the mesh axes FSDP2 runs on: (data, fsdp) for HSDP, else the axis it shards over
     t["fsdp_mesh"] = ["data", "fsdp"] if dp == "hsdp" else [axis]
     # the helper modules' optional parameters with their defaults, (name, default) pairs in signature order: only
