@@ -152,6 +152,7 @@ class TorchSettings:
     sync_bn_flat: bool
     expert_flat: bool
     expert_layouts: bool
+    lr_schedule: str
 
 
 @dataclasses.dataclass(frozen=True)

@@ -451,6 +451,11 @@ def target_fields(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
     t["expert_flat"] = len(group) > 1
     # the experts' DTensors are laid out by expert_parallel (several axes, or `tensor` too)
     t["expert_layouts"] = len(group) > 1 or t["tp_experts"]
+    # lr_at's formula (templates/torch/optimizer.py.j2): "noam", "cosine" (both with their warmup), "warmup"
+    # (linear, then constant) or "constant"
+    sched = plan.spec.training.schedule
+    t["lr_schedule"] = sched.name if sched.name in ("noam", "cosine") else (
+        "warmup" if sched.warmup_steps else "constant")
     # the mesh axes FSDP2 runs on: (data, fsdp) for HSDP, else the axis it shards over
     t["fsdp_mesh"] = ["data", "fsdp"] if dp == "hsdp" else [axis]
     # the helper modules' optional parameters with their defaults, (name, default) pairs in signature order: only
