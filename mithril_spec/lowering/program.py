@@ -153,6 +153,10 @@ class TorchSettings:
     expert_flat: bool
     expert_layouts: bool
     lr_schedule: str
+    dropout_heads: bool
+    dropout_params: list[tuple[str, Any]]
+    ddp_axes: list[str]
+    ddp_flat: bool
 
 
 @dataclasses.dataclass(frozen=True)

@@ -451,6 +451,13 @@ def target_fields(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
     t["expert_flat"] = len(group) > 1
     # the experts' DTensors are laid out by expert_parallel (several axes, or `tensor` too)
     t["expert_layouts"] = len(group) > 1 or t["tp_experts"]
+    # Dropout.forward takes the attention probabilities' heads (attention dropout, without context parallelism,
+    # whose context_keep draws them instead): (this rank's first head, the layer's heads)
+    t["dropout_heads"] = "attention_rng" in ops and not t["context"]
+    t["dropout_params"] = [("heads", None)] if t["dropout_heads"] else []
+    # DDP's process group: the ranks of these batch axes (data, expert), flattened when there are two
+    t["ddp_axes"] = (["data", "expert"] if D > 1 else ["expert"]) if X > 1 else ["data"]
+    t["ddp_flat"] = len(t["ddp_axes"]) > 1
     # lr_at's formula (templates/torch/optimizer.py.j2): "noam", "cosine" (both with their warmup), "warmup"
     # (linear, then constant) or "constant"
     sched = plan.spec.training.schedule
