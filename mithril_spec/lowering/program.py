@@ -157,6 +157,9 @@ class TorchSettings:
     dropout_params: list[tuple[str, Any]]
     ddp_axes: list[str]
     ddp_flat: bool
+    mesh_every_axis: bool
+    zero_all_reduce: bool
+    zero_views: bool
 
 
 @dataclasses.dataclass(frozen=True)

@@ -458,6 +458,13 @@ def target_fields(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
     # DDP's process group: the ranks of these batch axes (data, expert), flattened when there are two
     t["ddp_axes"] = (["data", "expert"] if D > 1 else ["expert"]) if X > 1 else ["data"]
     t["ddp_flat"] = len(t["ddp_axes"]) > 1
+    # MESH lists every axis the program builds its device mesh with (mesh_axes: pipe, expert, context too),
+    # else the (data, fsdp, tensor) mesh (mesh3)
+    t["mesh_every_axis"] = bool(t["pipeline"]) or X > 1 or bool(t["context"])
+    # ZeRO in a pipeline (dp zero1): the program all-reduces the gradients itself, no DDP
+    t["zero_all_reduce"] = bool(zero) and dp == "zero1"
+    # ZeRO slices without master copies: views into the parameters (strided on a later dimension)
+    t["zero_views"] = bool(zero) and not master
     # lr_at's formula (templates/torch/optimizer.py.j2): "noam", "cosine" (both with their warmup), "warmup"
     # (linear, then constant) or "constant"
     sched = plan.spec.training.schedule
