@@ -139,6 +139,14 @@ class MlxSettings(ModelSettings):
     """`mlx.*` in the mlx templates (lowering/mlx_program.py says what each is)."""
 
     tensor: int
+    tp: bool
+    op_defs: dict[str, dict[str, Any]]
+    forward_args: list[str]
+    forward_train: list[tuple[str, bool]]
+    forward_outs: list[str]
+    eval_outs: list[str]
+    eval_args: list[str]
+    eval_train: list[tuple[str, bool]]
     data: int
     planned: dict[str, int]
 
