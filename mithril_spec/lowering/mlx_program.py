@@ -16,7 +16,7 @@ from ..ops.attention import Attention
 from ..ops.elementwise import Dropout
 from ..ops.mlp import SILU_GATE, Mlp
 from ..ops.moe import Moe
-from ..ops.norm import RmsNorm
+from ..ops.norm import BatchNorm, RmsNorm
 from ..planner.plan import Plan
 from .base import linear_style, tensor_dims
 from .costing import Costing
@@ -81,9 +81,10 @@ def _call_kwargs(layer: dict[str, Any]) -> list[tuple[str, Any]]:
     return out
 
 
-def _op_defs(op_attrs: dict[str, list[dict[str, Any]]], tensor: int) -> dict[str, dict[str, Any]]:
+def _op_defs(op_attrs: dict[str, list[dict[str, Any]]], tensor: int, evaluates: bool) -> dict[str, dict[str, Any]]:
     """Per op, what its helper's definition holds (templates/mlx/ops.py.j2 `<op>_def`): the features some
-    layer of the program uses, and the helper's optional parameters (name, default) in signature order."""
+    layer of the program uses, and the helper's optional parameters (name, default) in signature order.
+    `evaluates`: the spec has an `eval` section (batch_norm then takes `train`)."""
     by_kind = {type(OPS[op]): attrs for op, attrs in op_attrs.items()}
 
     def some(kind: type, test) -> bool:
@@ -141,6 +142,7 @@ def _op_defs(op_attrs: dict[str, list[dict[str, Any]]], tensor: int) -> dict[str
         # routings: capped (slot_experts) and/or dropless (grouped_experts); both: chosen by `grouped`
         "dropless": dropless, "capped": capped, "both_routings": dropless and capped,
     }
+    defs[BatchNorm] = {"params": [("train", True)] if evaluates else []}
     defs[RmsNorm] = {"offset": some(RmsNorm, lambda a: a["weight_offset"])}
     return {op: defs.get(type(OPS[op]), {}) for op in op_attrs}
 
@@ -187,7 +189,11 @@ def target_fields(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
             # tensor parallelism (a mesh of `tensor` alone): the processes split these dimensions
             "tensor": tensor,
             "tp": tensor > 1,  # tensor parallelism: the program splits parameters over the processes
-            "op_defs": _op_defs(model["op_attrs"], tensor),
+            "op_defs": _op_defs(model["op_attrs"], tensor, ctx["eval"] is not None),
+            # remat (training.remat full): around each repeated block, or around the whole forward pass when
+            # the model has no repeated block
+            "remat_blocks": ctx["training"]["remat"] == "full" and bool(model["blocks"]),
+            "remat_forward": ctx["training"]["remat"] == "full" and not model["blocks"],
             "forward_args": forward_args,
             "forward_train": [("train", True)] if model["train_arg"] else [],
             "forward_outs": forward_outs,

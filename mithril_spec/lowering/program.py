@@ -141,6 +141,8 @@ class MlxSettings(ModelSettings):
     tensor: int
     tp: bool
     op_defs: dict[str, dict[str, Any]]
+    remat_blocks: bool
+    remat_forward: bool
     forward_args: list[str]
     forward_train: list[tuple[str, bool]]
     forward_outs: list[str]
