@@ -124,7 +124,10 @@ def _op_defs(op_attrs: dict[str, list[dict[str, Any]]], tensor: int, evaluates: 
         *([("dropout_rate", 0.0), ("key", None)] if f["drop"] else [])]
     defs[Attention] = f
     gelu_gate = some(Mlp, lambda a: a["gate_activation"] != SILU_GATE)
-    defs[Mlp] = {"gelu_gate": gelu_gate, "tp": tp, "activations": activations(Mlp),
+    acts = activations(Mlp)
+    defs[Mlp] = {"gelu_gate": gelu_gate, "tp": tp, "activations": acts,
+                 # SwiGLU and/or a plain MLP (act(fc)); both: branched on `activation`
+                 "swiglu": "swiglu" in acts, "plain": acts != ["swiglu"], "branch": "swiglu" in acts and len(acts) > 1,
                  "params": [*([("tp", False)] if tp else []), *([("gate_act", SILU_GATE)] if gelu_gate else [])],
                  # the positional `reduce` of the output projection (tp_sum after it with tp)
                  "reduce": ["tp"] if tp else []}
