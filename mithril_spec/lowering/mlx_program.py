@@ -203,6 +203,10 @@ def target_fields(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
             "eval_outs": eval_outs,
             "eval_args": eval_args,
             "eval_train": [("train", False)] if model["train_arg"] else [],
+            # generate.py's forward call: no buffers (a language model has no batch_norm), no dropout key
+            "generate_args": ["None"] if model["has_dropout"] else [],
+            # train_step's arguments after the micro-batches' tag: data.mask's factor on the loss
+            "step_args": ["mask_scale"] if ctx["data"]["mask"] else [],
             "data": plan.mesh.data,
             # per-device bytes the build's costing predicts (plan.json); the program reports what it holds
             "planned": {"params": held.params, "optimizer": held.optimizer, "buffers": held.buffers},

@@ -149,6 +149,8 @@ class MlxSettings(ModelSettings):
     eval_outs: list[str]
     eval_args: list[str]
     eval_train: list[tuple[str, bool]]
+    generate_args: list[str]
+    step_args: list[str]
     data: int
     planned: dict[str, int]
 
