@@ -167,6 +167,18 @@ class MlxSettings(ModelSettings):
     """`mlx.*` in the mlx templates (lowering/mlx_program.py says what each is)."""
 
     tensor: int
+    tp: bool
+    op_defs: dict[str, dict[str, Any]]
+    remat_blocks: bool
+    remat_forward: bool
+    forward_args: list[str]
+    forward_train: list[tuple[str, bool]]
+    forward_outs: list[str]
+    eval_outs: list[str]
+    eval_args: list[str]
+    eval_train: list[tuple[str, bool]]
+    generate_args: list[str]
+    step_args: list[str]
     data: int
     planned: dict[str, int]
 

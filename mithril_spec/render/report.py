@@ -219,7 +219,9 @@ def context(plan: Plan, costs: Costs) -> dict[str, Any]:
         "micro_batches": costs.micro_batches,
         "batch": tr.batch_size, "precision": f"params {tr.precision.params}, compute {tr.precision.compute}",
         "param_count": f"{plan.param_count:,}",
-        "segments": segments, "bar_w": bar_w, "bars": list(range(n_bars)), "bars_more": plan.mesh.devices - n_bars,
+        "segments": segments, "bar_w": bar_w,
+        "bar_segments": [s for s in segments if s["raw"] > 0],  # drawn in each bar: the categories that hold bytes
+        "bars": list(range(n_bars)), "bars_more": plan.mesh.devices - n_bars,
         "collectives": colls,
         "comm_total": human_bytes(sum(c.total_bytes for c in costs.collectives)),
         "tensors": tensors,
