@@ -340,6 +340,11 @@ def target_fields(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
         # top-level tables that a tied linear of the block reads (not stacked: every copy reads them)
         b["shared"] = sorted({layer["attrs"]["tie"] for layer in b["layers"] if layer["attrs"].get("tie")})
     layers = model["layers"]
+    for layer in layers + [inner for b in model["blocks"] for inner in b["layers"]]:
+        if layer["op"] != "repeat":
+            # the optional keyword arguments of ops.py.j2's call of its helper (generate.py's decode: less `causal`)
+            layer["kwargs"] = OPS[layer["op"]].jax_keywords(layer)
+            layer["decode_kwargs"] = [(k, v) for k, v in layer["kwargs"] if k != "causal"]
     pipeline = _pipeline(plan, layers)
     # the repeats whose stacked arrays hold the pipelined copies (split over `pipe`)
     heads = () if not pipeline else pipeline["groups"]["heads"] if pipeline["groups"] else (pipeline["repeat"]["name"],)

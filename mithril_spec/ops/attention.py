@@ -159,6 +159,16 @@ class Attention(Op):
         }
         return OpResult(TensorType(x.shape, x.axes, x.dtype), tuple(params), attrs, flops=proj + scores)
 
+    def jax_keywords(self, layer):
+        a = layer["attrs"]
+        out = [("kv_heads", a["kv_heads"], a["kv_heads"] != a["heads"]), ("causal", True, a["causal"]),
+               ("rotary_base", a["rotary_base"], a["rotary"]), ("rope_scaling", a["rope_scaling"], a["rope_scaling"]),
+               ("qk_norm", a["qk_norm_eps"], a["qk_norm"]), ("scale", a["scale"], a["scale"]),
+               ("softcap", a["softcap"], a["softcap"]), ("bias", True, a["bias"]),
+               ("o_bias", False, a["bias"] and not a["o_bias"]),
+               ("parts", a["fused_parts"], (a["fused_parts"] or 1) != 1)]
+        return [(k, v) for k, v, given in out if given]
+
     def decode_features(self, attrs):
         out = {"kv_attention"}
         if attrs["bias"]:

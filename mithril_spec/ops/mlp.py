@@ -63,6 +63,12 @@ class Mlp(Op):
     def decodes(self, attrs):
         return True  # per position
 
+    def jax_keywords(self, layer):
+        a = layer["attrs"]
+        out = [("parts", a["fused_parts"], a["activation"] == "swiglu" and (a["fused_parts"] or 1) != 1),
+               ("gate_act", a["gate_activation"], a["gate_activation"] != "silu")]
+        return [(k, v) for k, v, given in out if given]
+
     def decode_features(self, attrs):
         out = {"dense_mlp", "gated" if attrs["activation"] == "swiglu" else "ungated"}
         if attrs["gate_activation"] != SILU_GATE:

@@ -77,6 +77,14 @@ class Moe(Op):
         of an earlier one's second choice), which no decode of the positions so far can follow."""
         return bool(attrs["dropless"])
 
+    def jax_keywords(self, layer):
+        """(`grouped`: the jax lowering's `moe_grouped`, dropless routing without the experts split)"""
+        a = layer["attrs"]
+        out = [("normalize", True, a["normalize_gates"]), ("grouped", True, layer["moe_grouped"]),
+               ("shared", True, a["shared_hidden"]), ("shared_gate", True, a["shared_gate"]),
+               ("z_loss", True, a["z_loss_weight"])]
+        return [(k, v) for k, v, given in out if given]
+
     def decode_features(self, attrs):
         out = {"experts", "experts_gated" if attrs["activation"] == "swiglu" else "experts_ungated"}
         out |= {f"experts_{f}" for f in ("normalize", "shared", "shared_gate") if f in self.forms(attrs)}

@@ -60,6 +60,10 @@ class RmsNorm(SavesInputs):
         return OpResult(x, params, {"dim": d, "eps": args.eps, "weight_offset": args.weight_offset},
                         flops=5 * x.numel)
 
+    def jax_keywords(self, layer):
+        offset = layer["attrs"]["weight_offset"]
+        return [("offset", offset)] if offset else []
+
 
 class BatchNormArgs(LayerArgs):
     op: Literal["batch_norm"]
