@@ -167,6 +167,50 @@ def _groups(pp, reps: list[str], block: dict[str, str], kinds: list[str], number
             "orders": orders, "runs": tuple(runs)}
 
 
+def _pipeline_roles(pp: dict[str, Any], blocks: list[dict[str, Any]], dropout: bool, scaled: bool, circular: bool) -> None:
+    """What the pipeline's functions (templates/jax/pipeline.py.j2) take and return beyond their fixed
+    arguments, decided from the layers before the pipelined block (`pre`), its blocks and the layers after it
+    (`post`): batch_norm's buffers, dropout keys, `train` (a layer that runs differently in the evaluation),
+    moe's load-balancing losses, the loss scale. Each list holds extra parameters in order: a name, or (name,
+    default) for a keyword parameter (templates/jax/macros.py.j2 `more`). `circular`: the circular pipeline is
+    rendered (its schedule, or the 1f1b build's evaluation / generate.py --check forward pass)."""
+    piped = [b for b in blocks if b["name"] in pp["blocks"]]
+    pre_buffers = any(layer["buffers"] for layer in pp["pre"])
+    block_buffers = any(b["has_buffers"] for b in piped)
+    post_buffers = any(layer["buffers"] for layer in pp["post"])
+    block_dropout = any(b["has_dropout"] for b in piped)
+    block_train = any(b["train_arg"] for b in piped)
+    block_aux = any(b["has_aux"] for b in piped)
+    pp.update({
+        # batch_norm's running statistics before (pre), in (block) and after (post) the pipelined block
+        "pre_buffers": pre_buffers, "block_buffers": block_buffers, "post_buffers": post_buffers,
+        "buffers": pre_buffers or block_buffers or post_buffers,
+        "moves_stats": block_buffers or post_buffers,  # the 1f1b loop carries moved running statistics
+        # `train` False in the evaluation: a layer before / in / after the block runs differently then
+        "pre_train": any(layer["train_arg"] for layer in pp["pre"]), "block_train": block_train,
+        "post_train": any(layer["train_arg"] for layer in pp["post"]),
+        "eval_modes": any(layer["train_arg"] for layer in pp["pre"] + pp["post"]) or block_train,
+        "block_dropout": block_dropout,  # the pipelined blocks draw from the micro-batch's dropout key
+        "block_aux": block_aux,  # the stages return their moe layers' load-balancing losses
+        "aux": block_aux or pp["pre_aux"],  # load-balancing losses join the pipeline's loss
+        "masks_idle": block_aux or block_buffers,  # the circular loop tells real ticks from idle ones
+        "circular": circular,
+        # STACK_ORDER's copies are looked up per stage (stage_copies): padding rows or several repeats, one block
+        "stage_copies": bool((pp["padded"] or pp["copies"]) and not pp["groups"]),
+        # extra parameters: pre_forward, post_loss / post_eval, pipeline_stage, a stage of several blocks (and
+        # lax.switch's operands), circular_pipeline, pipeline_1f1b, pipeline_value_and_grad
+        "pre_params": ["buffers"] * pre_buffers + ["key"] * dropout + [("train", True)] * (
+            any(layer["train_arg"] for layer in pp["pre"])),
+        "pre_returns": ["buffers"] * pre_buffers + ["aux_loss"] * pp["pre_aux"],
+        "post_params": ["buffers"] * post_buffers + ["key"] * dropout,
+        "stage_params": ["sb"] * block_buffers + ["key"] * block_dropout + [("train", True)] * block_train,
+        "stage_keys": ["key"] * block_dropout,
+        "circular_params": ["sb"] * block_buffers + ["xs"] + ["keys"] * block_dropout + [("train", True)] * block_train,
+        "f1b_params": ["key"] * dropout + ["scale"] * scaled + ["sb"] * block_buffers + ["head_buffers"] * post_buffers,
+        "step_params": ["scale"] * scaled,
+    })
+
+
 def free(name: str, taken: set[str]) -> str:
     """`name`, with trailing `_` while a builtin, a name the program defines or imports, or `taken`."""
     while name in RESERVED or name in taken:
@@ -346,6 +390,12 @@ def target_fields(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
             layer["kwargs"] = OPS[layer["op"]].jax_keywords(layer)
             layer["decode_kwargs"] = [(k, v) for k, v in layer["kwargs"] if k != "causal"]
     pipeline = _pipeline(plan, layers)
+    if pipeline:
+        lm = plan.language_model
+        # generate.py --check runs the pipeline's forward pass (pipeline_predict) of a model without dropout
+        predicts = lm is not None and not model["has_dropout"]
+        _pipeline_roles(pipeline, model["blocks"], model["has_dropout"], bool(ctx["training"]["loss_scaling"]),
+                        pipeline["schedule"] != "1f1b" or ctx["eval"] is not None or predicts)
     # the repeats whose stacked arrays hold the pipelined copies (split over `pipe`)
     heads = () if not pipeline else pipeline["groups"]["heads"] if pipeline["groups"] else (pipeline["repeat"]["name"],)
     tr = plan.spec.training
