@@ -390,6 +390,18 @@ def target_fields(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
             layer["kwargs"] = OPS[layer["op"]].jax_keywords(layer)
             layer["decode_kwargs"] = [(k, v) for k, v in layer["kwargs"] if k != "causal"]
     pipeline = _pipeline(plan, layers)
+    for b in model["blocks"]:
+        piped = bool(pipeline) and b["name"] in pipeline["blocks"]
+        b["padded"] = piped and pipeline["padded"]  # a pipeline stage's padding rows, skipped
+        b["per_copy"] = piped and bool(pipeline["padded"] or pipeline["copies"])  # the stage gives each row's copy
+        b["named_keys"] = b["per_copy"] and bool(pipeline["copies"])  # copies of several repeats: their own keys
+        b["staged"] = piped and b["has_dropout"] and not b["per_copy"]  # `first`: the copy of the stage's first row
+        # what the stack function (templates/jax/model.py.j2) takes beyond (p, name, x), what the forward pass passes
+        # it, and what it returns beyond x (templates/jax/macros.py.j2 `more`)
+        b["stack_params"] = (["buffers"] * b["has_buffers"] + ["key"] * b["has_dropout"] + [("train", True)] * b[
+            "train_arg"] + [("first", 0)] * b["staged"] + [("copies", None)] * b["per_copy"])
+        b["stack_args"] = ["buffers"] * b["has_buffers"] + ["key"] * b["has_dropout"] + ["train"] * b["train_arg"]
+        b["stack_outs"] = ["buffers"] * b["has_buffers"] + ["aux"] * b["has_aux"]
     if pipeline:
         lm = plan.language_model
         # generate.py --check runs the pipeline's forward pass (pipeline_predict) of a model without dropout
@@ -412,6 +424,11 @@ def target_fields(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
             **{k: model[k] for k in ("ops", "op_attrs", "helpers", "has_dropout", "has_buffers", "has_aux",
                                      "train_arg")},
             "pipeline": pipeline,
+            # what forward() returns beyond the prediction (the targets where a layer computes them, the moved
+            # buffers, the load-balancing losses) and takes beyond (p, batch)
+            "forward_outs": [model["loss"]["targets_var"]] * (not model["loss"]["targets_is_input"])
+            + ["buffers"] * model["has_buffers"] + ["aux_loss"] * model["has_aux"],
+            "forward_args": ["buffers"] * model["has_buffers"] + ["key"] * model["has_dropout"],
             # repeat -> the mesh axes of the copy dimension of its stacked arrays (None: whole)
             "stack_axis": {r["name"]: ["pipe"] if pipeline and r["name"] in heads else None for r in ctx["repeats"]},
             # repeats whose copies another repeat's stacked arrays hold (the pipelined repeats but the first, or

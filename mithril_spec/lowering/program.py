@@ -61,6 +61,8 @@ class JaxSettings(ModelSettings):
     """`jax.*` in the jax templates (lowering/jax_program.py says what each is)."""
 
     pipeline: Optional[dict[str, Any]]
+    forward_outs: list[str]
+    forward_args: list[str]
     stack_axis: dict[str, Optional[list[str]]]
     merged: Sequence[str]
     zero: int
