@@ -415,6 +415,7 @@ def target_fields(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
     # micro-batch iterations of the train step's loop: pipeline runs, else micro-batches, else a one-stage
     # pipeline's chunks (docs/program.md "Pipeline stages")
     accum = tr.grad_accum * (plan.pipeline.microbatches if plan.pipeline and not pipeline else 1)
+    comm = jax_comm(plan)
     return {
         **{k: model[k] for k in ("inputs", "layers", "blocks", "loss")},
         "spec_hash": spec_hash(plan),
@@ -429,6 +430,10 @@ def target_fields(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
             "forward_outs": [model["loss"]["targets_var"]] * (not model["loss"]["targets_is_input"])
             + ["buffers"] * model["has_buffers"] + ["aux_loss"] * model["has_aux"],
             "forward_args": ["buffers"] * model["has_buffers"] + ["key"] * model["has_dropout"],
+            # what grad_fn takes past (params, buffers, mb, key): the loss scale
+            "scale_args": ["scale"] * bool(ctx["training"]["loss_scaling"]),
+            # what a replica's step takes past its batch (train_step.py.j2 `replica`): PowerSGD's state
+            "replica_params": ["powersgd"] * bool(comm["powersgd"]),
             # repeat -> the mesh axes of the copy dimension of its stacked arrays (None: whole)
             "stack_axis": {r["name"]: ["pipe"] if pipeline and r["name"] in heads else None for r in ctx["repeats"]},
             # repeats whose copies another repeat's stacked arrays hold (the pipelined repeats but the first, or
@@ -440,7 +445,7 @@ def target_fields(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
             # a float32 master copy of 16-bit parameters in the optimizer state
             "master_weights": bool(tr.precision.master_weights and tr.precision.params != "float32"),
             "accum": accum,
-            "comm": jax_comm(plan),  # communication: XLA flags and NCCL_ALGO (lowering/comm.py)
+            "comm": comm,  # communication: XLA flags and NCCL_ALGO (lowering/comm.py)
             # per-device bytes the build's costing predicts (plan.json); the program reports what it holds
             "planned": {"params": held.params, "optimizer": held.optimizer, "buffers": held.buffers},
         },

@@ -63,6 +63,8 @@ class JaxSettings(ModelSettings):
     pipeline: Optional[dict[str, Any]]
     forward_outs: list[str]
     forward_args: list[str]
+    scale_args: list[str]
+    replica_params: list[str]
     stack_axis: dict[str, Optional[list[str]]]
     merged: Sequence[str]
     zero: int
