@@ -205,6 +205,8 @@ def _pipeline_roles(pp: dict[str, Any], blocks: list[dict[str, Any]], dropout: b
         "post_params": ["buffers"] * post_buffers + ["key"] * dropout,
         "stage_params": ["sb"] * block_buffers + ["key"] * block_dropout + [("train", True)] * block_train,
         "stage_keys": ["key"] * block_dropout,
+        # what circular_pipeline returns past the outputs: the moved stacked buffers, the load-balancing losses
+        "circular_returns": ["sb"] * block_buffers + ["aux"] * block_aux,
         "circular_params": ["sb"] * block_buffers + ["xs"] + ["keys"] * block_dropout + [("train", True)] * block_train,
         "f1b_params": ["key"] * dropout + ["scale"] * scaled + ["sb"] * block_buffers + ["head_buffers"] * post_buffers,
         "step_params": ["scale"] * scaled,
@@ -432,6 +434,8 @@ def target_fields(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
             "forward_args": ["buffers"] * model["has_buffers"] + ["key"] * model["has_dropout"],
             # what grad_fn takes past (params, buffers, mb, key): the loss scale
             "scale_args": ["scale"] * bool(ctx["training"]["loss_scaling"]),
+            # remat's options (runtime/jax/remat.py): `ring` under context parallelism (ring attention)
+            "remat_keywords": [("ring", True)] * bool(plan.context_sequence_axis and plan.mesh.context),
             # what a replica's step takes past its batch (train_step.py.j2 `replica`): PowerSGD's state
             "replica_params": ["powersgd"] * bool(comm["powersgd"]),
             # repeat -> the mesh axes of the copy dimension of its stacked arrays (None: whole)

@@ -64,6 +64,7 @@ class JaxSettings(ModelSettings):
     forward_outs: list[str]
     forward_args: list[str]
     scale_args: list[str]
+    remat_keywords: list[Any]
     replica_params: list[str]
     stack_axis: dict[str, Optional[list[str]]]
     merged: Sequence[str]
