@@ -431,6 +431,8 @@ def target_fields(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
             # buffers, the load-balancing losses) and takes beyond (p, batch)
             "forward_outs": [model["loss"]["targets_var"]] * (not model["loss"]["targets_is_input"])
             + ["buffers"] * model["has_buffers"] + ["aux_loss"] * model["has_aux"],
+            # op -> the optional parameters of its helper function that some layer passes (Op.jax_params)
+            "op_params": {op: OPS[op].jax_params(attrs) for op, attrs in model["op_attrs"].items()},
             "forward_args": ["buffers"] * model["has_buffers"] + ["key"] * model["has_dropout"],
             # what grad_fn takes past (params, buffers, mb, key): the loss scale
             "scale_args": ["scale"] * bool(ctx["training"]["loss_scaling"]),

@@ -64,6 +64,7 @@ class JaxSettings(ModelSettings):
     forward_outs: list[str]
     forward_args: list[str]
     scale_args: list[str]
+    op_params: dict[str, Any]
     remat_keywords: list[Any]
     replica_params: list[str]
     stack_axis: dict[str, Optional[list[str]]]

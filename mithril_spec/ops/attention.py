@@ -159,6 +159,16 @@ class Attention(Op):
         }
         return OpResult(TensorType(x.shape, x.axes, x.dtype), tuple(params), attrs, flops=proj + scores)
 
+    def jax_params(self, uses):
+        some = lambda f: any(f(a) for a in uses)
+        out = [("kv_heads", None, some(lambda a: a["kv_heads"] != a["heads"])), ("causal", False, some(lambda a: a["causal"])),
+               ("rotary_base", None, some(lambda a: a["rotary"])), ("rope_scaling", None, some(lambda a: a["rope_scaling"])),
+               ("qk_norm", None, some(lambda a: a["qk_norm"])), ("scale", None, some(lambda a: a["scale"])),
+               ("softcap", None, some(lambda a: a["softcap"])), ("bias", False, True),
+               ("o_bias", True, some(lambda a: a["bias"] and not a["o_bias"])), ("parts", 1, True),
+               ("dropout_rate", 0.0, some(lambda a: a["dropout"])), ("key", None, some(lambda a: a["dropout"]))]
+        return [(k, v) for k, v, given in out if given]
+
     def jax_keywords(self, layer):
         a = layer["attrs"]
         out = [("kv_heads", a["kv_heads"], a["kv_heads"] != a["heads"]), ("causal", True, a["causal"]),

@@ -213,6 +213,11 @@ class Op:
         helper's default."""
         return []
 
+    def jax_params(self, uses: list[dict[str, Any]]) -> list[tuple[str, Any]]:
+        """The optional parameters of the JAX program's helper function (templates/jax/ops.py.j2 `<op>_def`) that
+        some layer of the program passes, `uses` the attrs of every layer of the op: (name, default) in order."""
+        return []
+
     def is_random(self, attrs: dict[str, Any]) -> bool:
         """Does the layer draw random numbers (a mask per step, micro-batch and rank)?"""
         return False

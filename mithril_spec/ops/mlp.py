@@ -63,6 +63,11 @@ class Mlp(Op):
     def decodes(self, attrs):
         return True  # per position
 
+    def jax_params(self, uses):
+        out = [("parts", 1, any(a["activation"] == "swiglu" for a in uses)),
+               ("gate_act", "silu", any(a["gate_activation"] == "gelu" for a in uses))]
+        return [(k, v) for k, v, given in out if given]
+
     def jax_keywords(self, layer):
         a = layer["attrs"]
         out = [("parts", a["fused_parts"], a["activation"] == "swiglu" and (a["fused_parts"] or 1) != 1),

@@ -77,6 +77,11 @@ class Moe(Op):
         of an earlier one's second choice), which no decode of the positions so far can follow."""
         return bool(attrs["dropless"])
 
+    def jax_params(self, uses):
+        out = [("normalize", "normalize_gates"), ("grouped", "dropless"), ("shared", "shared_hidden"),
+               ("shared_gate", "shared_gate"), ("z_loss", "z_loss_weight")]
+        return [(k, False) for k, attr in out if any(a[attr] for a in uses)]
+
     def jax_keywords(self, layer):
         """(`grouped`: the jax lowering's `moe_grouped`, dropless routing without the experts split)"""
         a = layer["attrs"]
