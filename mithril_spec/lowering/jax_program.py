@@ -436,6 +436,12 @@ def target_fields(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
             "forward_args": ["buffers"] * model["has_buffers"] + ["key"] * model["has_dropout"],
             # what grad_fn takes past (params, buffers, mb, key): the loss scale
             "scale_args": ["scale"] * bool(ctx["training"]["loss_scaling"]),
+            # main.py's step_row: it reports the loss scale (runtime/jax/rows.py)
+            "row_keywords": [("scaled", True)] * bool(ctx["training"]["loss_scaling"]),
+            # the lr schedule's arguments past (SCHEDULE, LR, WARMUP_STEPS, STEPS): cosine's floor
+            "schedule_args": ["MIN_LR_RATIO"] * (tr.schedule.name == "cosine"),
+            # generate.py's cache_layouts: the pipelined repeat, whose caches are split over `pipe` like its copies
+            "cache_keywords": [("piped", pipeline["repeat"]["name"])] if pipeline else [],
             # remat's options (runtime/jax/remat.py): `ring` under context parallelism (ring attention)
             "remat_keywords": [("ring", True)] * bool(plan.context_sequence_axis and plan.mesh.context),
             # what a replica's step takes past its batch (train_step.py.j2 `replica`): PowerSGD's state
