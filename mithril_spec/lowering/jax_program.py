@@ -195,12 +195,17 @@ def _pipeline_roles(pp: dict[str, Any], blocks: list[dict[str, Any]], dropout: b
         "aux": block_aux or pp["pre_aux"],  # load-balancing losses join the pipeline's loss
         "masks_idle": block_aux or block_buffers,  # the circular loop tells real ticks from idle ones
         "circular": circular,
+        # the copies of several repeats of one block, in one stack
+        "one_block_copies": bool(pp["copies"] and not pp["groups"]),
         # STACK_ORDER's copies are looked up per stage (stage_copies): padding rows or several repeats, one block
         "stage_copies": bool((pp["padded"] or pp["copies"]) and not pp["groups"]),
         # extra parameters: pre_forward, post_loss / post_eval, pipeline_stage, a stage of several blocks (and
         # lax.switch's operands), circular_pipeline, pipeline_1f1b, pipeline_value_and_grad
         "pre_params": ["buffers"] * pre_buffers + ["key"] * dropout + [("train", True)] * (
             any(layer["train_arg"] for layer in pp["pre"])),
+        # the load-balancing losses that pre_forward's caller (pre_in_order) and a stage (pipeline_stage) return
+        "pre_aux_out": ["aux"] * pp["pre_aux"],
+        "block_aux_out": ["aux"] * block_aux,
         "pre_returns": ["buffers"] * pre_buffers + ["aux_loss"] * pp["pre_aux"],
         "post_params": ["buffers"] * post_buffers + ["key"] * dropout,
         "stage_params": ["sb"] * block_buffers + ["key"] * block_dropout + [("train", True)] * block_train,
@@ -441,6 +446,11 @@ def target_fields(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
             # the lr schedule's arguments past (SCHEDULE, LR, WARMUP_STEPS, STEPS): cosine's floor
             "schedule_args": ["MIN_LR_RATIO"] * (tr.schedule.name == "cosine"),
             # generate.py's cache_layouts: the pipelined repeat, whose caches are split over `pipe` like its copies
+            # a pipeline whose stacked arrays hold the copies of several blocks (one stack per block), of several
+            # repeats, or padding rows
+            "piped_groups": bool(pipeline and pipeline["groups"]),
+            "piped_copies": bool(pipeline and pipeline["copies"]),
+            "piped_padded": bool(pipeline and pipeline["padded"]),
             "cache_keywords": [("piped", pipeline["repeat"]["name"])] if pipeline else [],
             # remat's options (runtime/jax/remat.py): `ring` under context parallelism (ring attention)
             "remat_keywords": [("ring", True)] * bool(plan.context_sequence_axis and plan.mesh.context),

@@ -67,6 +67,9 @@ class JaxSettings(ModelSettings):
     row_keywords: list[Any]
     schedule_args: list[str]
     cache_keywords: list[Any]
+    piped_groups: bool
+    piped_copies: bool
+    piped_padded: bool
     op_params: dict[str, Any]
     remat_keywords: list[Any]
     replica_params: list[str]
