@@ -167,6 +167,57 @@ def _groups(pp, reps: list[str], block: dict[str, str], kinds: list[str], number
             "orders": orders, "runs": tuple(runs)}
 
 
+def _pipeline_roles(pp: dict[str, Any], blocks: list[dict[str, Any]], dropout: bool, scaled: bool, circular: bool) -> None:
+    """What the pipeline's functions (templates/jax/pipeline.py.j2) take and return beyond their fixed
+    arguments, decided from the layers before the pipelined block (`pre`), its blocks and the layers after it
+    (`post`): batch_norm's buffers, dropout keys, `train` (a layer that runs differently in the evaluation),
+    moe's load-balancing losses, the loss scale. Each list holds extra parameters in order: a name, or (name,
+    default) for a keyword parameter (templates/jax/macros.py.j2 `more`). `circular`: the circular pipeline is
+    rendered (its schedule, or the 1f1b build's evaluation / generate.py --check forward pass)."""
+    piped = [b for b in blocks if b["name"] in pp["blocks"]]
+    pre_buffers = any(layer["buffers"] for layer in pp["pre"])
+    block_buffers = any(b["has_buffers"] for b in piped)
+    post_buffers = any(layer["buffers"] for layer in pp["post"])
+    block_dropout = any(b["has_dropout"] for b in piped)
+    block_train = any(b["train_arg"] for b in piped)
+    block_aux = any(b["has_aux"] for b in piped)
+    pp.update({
+        # batch_norm's running statistics before (pre), in (block) and after (post) the pipelined block
+        "pre_buffers": pre_buffers, "block_buffers": block_buffers, "post_buffers": post_buffers,
+        "buffers": pre_buffers or block_buffers or post_buffers,
+        "moves_stats": block_buffers or post_buffers,  # the 1f1b loop carries moved running statistics
+        # `train` False in the evaluation: a layer before / in / after the block runs differently then
+        "pre_train": any(layer["train_arg"] for layer in pp["pre"]), "block_train": block_train,
+        "post_train": any(layer["train_arg"] for layer in pp["post"]),
+        "eval_modes": any(layer["train_arg"] for layer in pp["pre"] + pp["post"]) or block_train,
+        "block_dropout": block_dropout,  # the pipelined blocks draw from the micro-batch's dropout key
+        "block_aux": block_aux,  # the stages return their moe layers' load-balancing losses
+        "aux": block_aux or pp["pre_aux"],  # load-balancing losses join the pipeline's loss
+        "masks_idle": block_aux or block_buffers,  # the circular loop tells real ticks from idle ones
+        "circular": circular,
+        # the copies of several repeats of one block, in one stack
+        "one_block_copies": bool(pp["copies"] and not pp["groups"]),
+        # STACK_ORDER's copies are looked up per stage (stage_copies): padding rows or several repeats, one block
+        "stage_copies": bool((pp["padded"] or pp["copies"]) and not pp["groups"]),
+        # extra parameters: pre_forward, post_loss / post_eval, pipeline_stage, a stage of several blocks (and
+        # lax.switch's operands), circular_pipeline, pipeline_1f1b, pipeline_value_and_grad
+        "pre_params": ["buffers"] * pre_buffers + ["key"] * dropout + [("train", True)] * (
+            any(layer["train_arg"] for layer in pp["pre"])),
+        # the load-balancing losses that pre_forward's caller (pre_in_order) and a stage (pipeline_stage) return
+        "pre_aux_out": ["aux"] * pp["pre_aux"],
+        "block_aux_out": ["aux"] * block_aux,
+        "pre_returns": ["buffers"] * pre_buffers + ["aux_loss"] * pp["pre_aux"],
+        "post_params": ["buffers"] * post_buffers + ["key"] * dropout,
+        "stage_params": ["sb"] * block_buffers + ["key"] * block_dropout + [("train", True)] * block_train,
+        "stage_keys": ["key"] * block_dropout,
+        # what circular_pipeline returns past the outputs: the moved stacked buffers, the load-balancing losses
+        "circular_returns": ["sb"] * block_buffers + ["aux"] * block_aux,
+        "circular_params": ["sb"] * block_buffers + ["xs"] + ["keys"] * block_dropout + [("train", True)] * block_train,
+        "f1b_params": ["key"] * dropout + ["scale"] * scaled + ["sb"] * block_buffers + ["head_buffers"] * post_buffers,
+        "step_params": ["scale"] * scaled,
+    })
+
+
 def free(name: str, taken: set[str]) -> str:
     """`name`, with trailing `_` while a builtin, a name the program defines or imports, or `taken`."""
     while name in RESERVED or name in taken:
@@ -340,7 +391,30 @@ def target_fields(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
         # top-level tables that a tied linear of the block reads (not stacked: every copy reads them)
         b["shared"] = sorted({layer["attrs"]["tie"] for layer in b["layers"] if layer["attrs"].get("tie")})
     layers = model["layers"]
+    for layer in layers + [inner for b in model["blocks"] for inner in b["layers"]]:
+        if layer["op"] != "repeat":
+            # the optional keyword arguments of ops.py.j2's call of its helper (generate.py's decode: less `causal`)
+            layer["kwargs"] = OPS[layer["op"]].jax_keywords(layer)
+            layer["decode_kwargs"] = [(k, v) for k, v in layer["kwargs"] if k != "causal"]
     pipeline = _pipeline(plan, layers)
+    for b in model["blocks"]:
+        piped = bool(pipeline) and b["name"] in pipeline["blocks"]
+        b["padded"] = piped and pipeline["padded"]  # a pipeline stage's padding rows, skipped
+        b["per_copy"] = piped and bool(pipeline["padded"] or pipeline["copies"])  # the stage gives each row's copy
+        b["named_keys"] = b["per_copy"] and bool(pipeline["copies"])  # copies of several repeats: their own keys
+        b["staged"] = piped and b["has_dropout"] and not b["per_copy"]  # `first`: the copy of the stage's first row
+        # what the stack function (templates/jax/model.py.j2) takes beyond (p, name, x), what the forward pass passes
+        # it, and what it returns beyond x (templates/jax/macros.py.j2 `more`)
+        b["stack_params"] = (["buffers"] * b["has_buffers"] + ["key"] * b["has_dropout"] + [("train", True)] * b[
+            "train_arg"] + [("first", 0)] * b["staged"] + [("copies", None)] * b["per_copy"])
+        b["stack_args"] = ["buffers"] * b["has_buffers"] + ["key"] * b["has_dropout"] + ["train"] * b["train_arg"]
+        b["stack_outs"] = ["buffers"] * b["has_buffers"] + ["aux"] * b["has_aux"]
+    if pipeline:
+        lm = plan.language_model
+        # generate.py --check runs the pipeline's forward pass (pipeline_predict) of a model without dropout
+        predicts = lm is not None and not model["has_dropout"]
+        _pipeline_roles(pipeline, model["blocks"], model["has_dropout"], bool(ctx["training"]["loss_scaling"]),
+                        pipeline["schedule"] != "1f1b" or ctx["eval"] is not None or predicts)
     # the repeats whose stacked arrays hold the pipelined copies (split over `pipe`)
     heads = () if not pipeline else pipeline["groups"]["heads"] if pipeline["groups"] else (pipeline["repeat"]["name"],)
     tr = plan.spec.training
@@ -348,6 +422,7 @@ def target_fields(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
     # micro-batch iterations of the train step's loop: pipeline runs, else micro-batches, else a one-stage
     # pipeline's chunks (docs/program.md "Pipeline stages")
     accum = tr.grad_accum * (plan.pipeline.microbatches if plan.pipeline and not pipeline else 1)
+    comm = jax_comm(plan)
     return {
         **{k: model[k] for k in ("inputs", "layers", "blocks", "loss")},
         "spec_hash": spec_hash(plan),
@@ -357,6 +432,30 @@ def target_fields(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
             **{k: model[k] for k in ("ops", "op_attrs", "helpers", "has_dropout", "has_buffers", "has_aux",
                                      "train_arg")},
             "pipeline": pipeline,
+            # what forward() returns beyond the prediction (the targets where a layer computes them, the moved
+            # buffers, the load-balancing losses) and takes beyond (p, batch)
+            "forward_outs": [model["loss"]["targets_var"]] * (not model["loss"]["targets_is_input"])
+            + ["buffers"] * model["has_buffers"] + ["aux_loss"] * model["has_aux"],
+            # op -> the optional parameters of its helper function that some layer passes (Op.jax_params)
+            "op_params": {op: OPS[op].jax_params(attrs) for op, attrs in model["op_attrs"].items()},
+            "forward_args": ["buffers"] * model["has_buffers"] + ["key"] * model["has_dropout"],
+            # what grad_fn takes past (params, buffers, mb, key): the loss scale
+            "scale_args": ["scale"] * bool(ctx["training"]["loss_scaling"]),
+            # main.py's step_row: it reports the loss scale (runtime/jax/rows.py)
+            "row_keywords": [("scaled", True)] * bool(ctx["training"]["loss_scaling"]),
+            # the lr schedule's arguments past (SCHEDULE, LR, WARMUP_STEPS, STEPS): cosine's floor
+            "schedule_args": ["MIN_LR_RATIO"] * (tr.schedule.name == "cosine"),
+            # generate.py's cache_layouts: the pipelined repeat, whose caches are split over `pipe` like its copies
+            # a pipeline whose stacked arrays hold the copies of several blocks (one stack per block), of several
+            # repeats, or padding rows
+            "piped_groups": bool(pipeline and pipeline["groups"]),
+            "piped_copies": bool(pipeline and pipeline["copies"]),
+            "piped_padded": bool(pipeline and pipeline["padded"]),
+            "cache_keywords": [("piped", pipeline["repeat"]["name"])] if pipeline else [],
+            # remat's options (runtime/jax/remat.py): `ring` under context parallelism (ring attention)
+            "remat_keywords": [("ring", True)] * bool(plan.context_sequence_axis and plan.mesh.context),
+            # what a replica's step takes past its batch (train_step.py.j2 `replica`): PowerSGD's state
+            "replica_params": ["powersgd"] * bool(comm["powersgd"]),
             # repeat -> the mesh axes of the copy dimension of its stacked arrays (None: whole)
             "stack_axis": {r["name"]: ["pipe"] if pipeline and r["name"] in heads else None for r in ctx["repeats"]},
             # repeats whose copies another repeat's stacked arrays hold (the pipelined repeats but the first, or
@@ -368,7 +467,7 @@ def target_fields(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
             # a float32 master copy of 16-bit parameters in the optimizer state
             "master_weights": bool(tr.precision.master_weights and tr.precision.params != "float32"),
             "accum": accum,
-            "comm": jax_comm(plan),  # communication: XLA flags and NCCL_ALGO (lowering/comm.py)
+            "comm": comm,  # communication: XLA flags and NCCL_ALGO (lowering/comm.py)
             # per-device bytes the build's costing predicts (plan.json); the program reports what it holds
             "planned": {"params": held.params, "optimizer": held.optimizer, "buffers": held.buffers},
         },

@@ -61,6 +61,18 @@ class JaxSettings(ModelSettings):
     """`jax.*` in the jax templates (lowering/jax_program.py says what each is)."""
 
     pipeline: Optional[dict[str, Any]]
+    forward_outs: list[str]
+    forward_args: list[str]
+    scale_args: list[str]
+    row_keywords: list[Any]
+    schedule_args: list[str]
+    cache_keywords: list[Any]
+    piped_groups: bool
+    piped_copies: bool
+    piped_padded: bool
+    op_params: dict[str, Any]
+    remat_keywords: list[Any]
+    replica_params: list[str]
     stack_axis: dict[str, Optional[list[str]]]
     merged: Sequence[str]
     zero: int

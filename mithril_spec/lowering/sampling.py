@@ -165,6 +165,7 @@ def sampling_context(plan: Plan, ctx: dict[str, Any], target: str) -> dict[str, 
         "tensor": tensor,
         "local_modules": tuple(sorted(set(local_modules))),
         "stages": stages,
+        **(_jax_rope_table(caches) if target == "jax" else {}),
     }
 
 
@@ -174,6 +175,13 @@ def torch_decode_args(layer: dict[str, Any]) -> list[tuple[str, Any]]:
     if layer["op"] not in OPS:
         return []
     return OPS[layer["op"]].torch_args(layer["attrs"], decode=True, split=bool(layer["split"]))
+
+
+def _jax_rope_table(caches: list[dict[str, Any]]) -> dict[str, Any]:
+    """JAX generate.py's rope_table: its parameter and argument past (base, head_dim), the rope scaling, where
+    a layer scales its rotary frequencies."""
+    scaled = any(c["rope_scaling"] for entry in caches for c in entry["layers"])
+    return {"rope_table_params": [("scaling", None)] * scaled, "rope_table_args": ["rope_scaling"] * scaled}
 
 
 def _cache(plan: Plan, layer: dict[str, Any], prefix: str) -> dict[str, Any]:

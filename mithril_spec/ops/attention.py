@@ -170,6 +170,26 @@ class Attention(Op):
             ("o_bias", False, a["bias"] and not a["o_bias"]), ("dropout", a["dropout"], a["dropout"] and not decode),
             ("split", True, split)) if on]
 
+    def jax_params(self, uses):
+        some = lambda f: any(f(a) for a in uses)
+        out = [("kv_heads", None, some(lambda a: a["kv_heads"] != a["heads"])), ("causal", False, some(lambda a: a["causal"])),
+               ("rotary_base", None, some(lambda a: a["rotary"])), ("rope_scaling", None, some(lambda a: a["rope_scaling"])),
+               ("qk_norm", None, some(lambda a: a["qk_norm"])), ("scale", None, some(lambda a: a["scale"])),
+               ("softcap", None, some(lambda a: a["softcap"])), ("bias", False, True),
+               ("o_bias", True, some(lambda a: a["bias"] and not a["o_bias"])), ("parts", 1, True),
+               ("dropout_rate", 0.0, some(lambda a: a["dropout"])), ("key", None, some(lambda a: a["dropout"]))]
+        return [(k, v) for k, v, given in out if given]
+
+    def jax_keywords(self, layer):
+        a = layer["attrs"]
+        out = [("kv_heads", a["kv_heads"], a["kv_heads"] != a["heads"]), ("causal", True, a["causal"]),
+               ("rotary_base", a["rotary_base"], a["rotary"]), ("rope_scaling", a["rope_scaling"], a["rope_scaling"]),
+               ("qk_norm", a["qk_norm_eps"], a["qk_norm"]), ("scale", a["scale"], a["scale"]),
+               ("softcap", a["softcap"], a["softcap"]), ("bias", True, a["bias"]),
+               ("o_bias", False, a["bias"] and not a["o_bias"]),
+               ("parts", a["fused_parts"], (a["fused_parts"] or 1) != 1)]
+        return [(k, v) for k, v, given in out if given]
+
     def decode_features(self, attrs):
         out = {"kv_attention"}
         if attrs["bias"]:

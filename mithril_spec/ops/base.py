@@ -213,6 +213,18 @@ class Op:
             return None
         return self.context_parallel or ("position" if self.per_position else None)
 
+    def jax_keywords(self, layer: dict[str, Any]) -> list[tuple[str, Any]]:
+        """The optional keyword arguments of the JAX program's call of its helper function for this layer
+        (templates/jax/ops.py.j2; `layer`: the jax lowering's layer dict, its `attrs` and what the lowering adds),
+        in the helper's parameter order: (name, value), each value a literal, only those that differ from the
+        helper's default."""
+        return []
+
+    def jax_params(self, uses: list[dict[str, Any]]) -> list[tuple[str, Any]]:
+        """The optional parameters of the JAX program's helper function (templates/jax/ops.py.j2 `<op>_def`) that
+        some layer of the program passes, `uses` the attrs of every layer of the op: (name, default) in order."""
+        return []
+
     def is_random(self, attrs: dict[str, Any]) -> bool:
         """Does the layer draw random numbers (a mask per step, micro-batch and rank)?"""
         return False

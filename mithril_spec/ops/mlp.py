@@ -68,6 +68,17 @@ class Mlp(Op):
         gate = [("gate_act", attrs["gate_activation"])] if attrs["gate_activation"] != SILU_GATE else []
         return ([("split", True)] if split else []) + gate
 
+    def jax_params(self, uses):
+        out = [("parts", 1, any(a["activation"] == "swiglu" for a in uses)),
+               ("gate_act", "silu", any(a["gate_activation"] == "gelu" for a in uses))]
+        return [(k, v) for k, v, given in out if given]
+
+    def jax_keywords(self, layer):
+        a = layer["attrs"]
+        out = [("parts", a["fused_parts"], a["activation"] == "swiglu" and (a["fused_parts"] or 1) != 1),
+               ("gate_act", a["gate_activation"], a["gate_activation"] != "silu")]
+        return [(k, v) for k, v, given in out if given]
+
     def decode_features(self, attrs):
         out = {"dense_mlp", "gated" if attrs["activation"] == "swiglu" else "ungated"}
         if attrs["gate_activation"] != SILU_GATE:

@@ -86,6 +86,19 @@ class Moe(Op):
                                     ("shared_hidden", a["shared_hidden"]), ("shared_gate", a["shared_gate"] or None),
                                     ("z_loss_weight", a["z_loss_weight"])) if v]
 
+    def jax_params(self, uses):
+        out = [("normalize", "normalize_gates"), ("grouped", "dropless"), ("shared", "shared_hidden"),
+               ("shared_gate", "shared_gate"), ("z_loss", "z_loss_weight")]
+        return [(k, False) for k, attr in out if any(a[attr] for a in uses)]
+
+    def jax_keywords(self, layer):
+        """(`grouped`: the jax lowering's `moe_grouped`, dropless routing without the experts split)"""
+        a = layer["attrs"]
+        out = [("normalize", True, a["normalize_gates"]), ("grouped", True, layer["moe_grouped"]),
+               ("shared", True, a["shared_hidden"]), ("shared_gate", True, a["shared_gate"]),
+               ("z_loss", True, a["z_loss_weight"])]
+        return [(k, v) for k, v, given in out if given]
+
     def decode_features(self, attrs):
         out = {"experts", "experts_gated" if attrs["activation"] == "swiglu" else "experts_ungated"}
         out |= {f"experts_{f}" for f in ("normalize", "shared", "shared_gate") if f in self.forms(attrs)}

@@ -63,6 +63,10 @@ class RmsNorm(SavesInputs):
     def torch_args(self, attrs, decode=False, split=False):
         return [("offset", attrs["weight_offset"])] if attrs["weight_offset"] else []
 
+    def jax_keywords(self, layer):
+        offset = layer["attrs"]["weight_offset"]
+        return [("offset", offset)] if offset else []
+
 
 class BatchNormArgs(LayerArgs):
     op: Literal["batch_norm"]
