@@ -44,38 +44,13 @@ def _tp_style(plan: Plan, full: str, layer: dict[str, Any]) -> str | None:
     return None
 
 
-def _attention_kwargs(a: dict[str, Any]) -> list[tuple[str, Any]]:
-    bias = [("bias", True)] + ([("o_bias", False)] if not a["o_bias"] else []) if a["bias"] else []
-    return [*([("kv_heads", a["kv_heads"])] if a["kv_heads"] != a["heads"] else []),
-            *([("causal", True)] if a["causal"] else []),
-            *([("rotary_base", a["rotary_base"])] if a["rotary"] else []),
-            *([("rope_scaling", a["rope_scaling"])] if a["rope_scaling"] else []),
-            *([("qk_norm", a["qk_norm_eps"])] if a["qk_norm"] else []),
-            *([("scale", a["scale"])] if a["scale"] else []),
-            *([("softcap", a["softcap"])] if a["softcap"] else []),
-            *bias]
-
-
-# moe's flags: (the helper's parameter, the layer's attr)
-_MOE_FLAGS = (("normalize", "normalize_gates"), ("grouped", "dropless"), ("shared", "shared_hidden"),
-              ("shared_gate", "shared_gate"), ("z_loss", "z_loss_weight"))
-
-# per operator: its layer's optional keyword arguments but `tp` (mlx/ops.py.j2 `keywords`), in signature order
-_KWARGS: dict[type, Any] = {
-    Attention: _attention_kwargs,
-    Mlp: lambda a: [("gate_act", a["gate_activation"])] if a["gate_activation"] != SILU_GATE else [],
-    Moe: lambda a: [(name, True) for name, attr in _MOE_FLAGS if a[attr]],
-    RmsNorm: lambda a: [("offset", a["weight_offset"])] if a["weight_offset"] else [],
-}
-
-
 def _call_kwargs(layer: dict[str, Any]) -> list[tuple[str, Any]]:
     """The optional keyword arguments (name, value) of the layer's call to its op helper (templates/mlx/ops.py.j2
     `keywords`), in the order of the helper's signature: only those that differ from the helper's defaults
     (attention's dropout, whose value depends on `train`, the template writes itself). `tp=True`: a
     tensor-parallel attention / mlp, before the attention's dropout and the mlp's gate."""
     kind = type(OPS[layer["op"]])
-    out = _KWARGS.get(kind, lambda a: [])(layer["attrs"])
+    out = OPS[layer["op"]].helper_keywords(layer["attrs"])
     if layer.get("tp") and kind in (Attention, Mlp):
         out = [*out, ("tp", True)] if kind is Attention else [("tp", True), *out]
     return out
@@ -86,6 +61,7 @@ def _op_defs(op_attrs: dict[str, list[dict[str, Any]]], tensor: int, evaluates: 
     layer of the program uses, and the helper's optional parameters (name, default) in signature order.
     `evaluates`: the spec has an `eval` section (batch_norm then takes `train`)."""
     by_kind = {type(OPS[op]): attrs for op, attrs in op_attrs.items()}
+    op_of = {type(op): op for op in OPS.values()}
 
     def some(kind: type, test) -> bool:
         return any(test(a) for a in by_kind.get(kind, []))
@@ -115,13 +91,8 @@ def _op_defs(op_attrs: dict[str, list[dict[str, Any]]], tensor: int, evaluates: 
         "dropout_heads": dropout_heads,
     }
     f["rope_params"] = [("scaling", None)] if f["scaled"] else []
-    f["params"] = [
-        *([("kv_heads", None)] if f["gqa"] else []), *([("causal", False)] if f["causal"] else []),
-        *([("rotary_base", None)] if f["rotary"] else []), *([("rope_scaling", None)] if f["scaled"] else []),
-        *([("qk_norm", None)] if f["qknorm"] else []), *([("scale", None)] if f["scaled_scores"] else []),
-        *([("softcap", None)] if f["capped"] else []), ("bias", False),
-        *([("o_bias", True)] if f["qkv_only"] else []), *([("tp", False)] if tp else []),
-        *([("dropout_rate", 0.0), ("key", None)] if f["drop"] else [])]
+    f["params"] = [*op_of[Attention].helper_params(by_kind.get(Attention, [])), *([("tp", False)] if tp else []),
+                   *([("dropout_rate", 0.0), ("key", None)] if f["drop"] else [])]
     defs[Attention] = f
     gelu_gate = some(Mlp, lambda a: a["gate_activation"] != SILU_GATE)
     acts = activations(Mlp)
@@ -135,7 +106,7 @@ def _op_defs(op_attrs: dict[str, list[dict[str, Any]]], tensor: int, evaluates: 
     swiglu, plain = "swiglu" in acts, any(act != "swiglu" for act in acts)
     dropless, capped = some(Moe, lambda a: a["dropless"]), some(Moe, lambda a: not a["dropless"])
     defs[Moe] = {
-        "params": [(name, False) for name, attr in _MOE_FLAGS if some(Moe, lambda a, k=attr: a[k])],
+        "params": op_of[Moe].helper_params(by_kind.get(Moe, [])),
         "normalize": some(Moe, lambda a: a["normalize_gates"]),
         "shared": some(Moe, lambda a: a["shared_hidden"]),
         "shared_gate": some(Moe, lambda a: a["shared_gate"]),

@@ -11,7 +11,7 @@ from pydantic import Field
 
 from .. import codes
 from ..spec.common import Size, Strict
-from .base import MASK_BYTES, LayerArgs, Op, OpError, OpResult, ParamDef, TensorType, expect_float
+from .base import MASK_BYTES, LayerArgs, Op, OpError, OpResult, ParamDef, TensorType, expect_float, given
 
 
 class LinearRopeScaling(Strict):
@@ -159,36 +159,44 @@ class Attention(Op):
         }
         return OpResult(TensorType(x.shape, x.axes, x.dtype), tuple(params), attrs, flops=proj + scores)
 
+    @staticmethod
+    def _features(a):
+        """(name, value, on) of the optional features every target's attention takes, in signature order: rotary
+        frequencies and their scaling, q/k norms, the score scale and cap, biases (o_bias=False: on q, k and v
+        only)."""
+        return (("rotary_base", a["rotary_base"], a["rotary"]), ("rope_scaling", a["rope_scaling"], a["rope_scaling"]),
+                ("qk_norm", a["qk_norm_eps"], a["qk_norm"]), ("scale", a["scale"], a["scale"]),
+                ("softcap", a["softcap"], a["softcap"]), ("bias", True, a["bias"]),
+                ("o_bias", False, a["bias"] and not a["o_bias"]))
+
     def torch_args(self, attrs, decode=False, split=False):
-        # rotary frequencies and their scaling, q/k norms, the score scale and cap, biases (o_bias=False: on q,
-        # k and v only); the module's dropout, or the decode's split heads
-        a = attrs
-        return [(k, v) for k, v, on in (
-            ("rotary_base", a["rotary_base"], a["rotary"]), ("rope_scaling", a["rope_scaling"], a["rope_scaling"]),
-            ("qk_norm", a["qk_norm_eps"], a["qk_norm"]), ("scale", a["scale"], a["scale"]),
-            ("softcap", a["softcap"], a["softcap"]), ("bias", True, a["bias"]),
-            ("o_bias", False, a["bias"] and not a["o_bias"]), ("dropout", a["dropout"], a["dropout"] and not decode),
-            ("split", True, split)) if on]
+        # the module's dropout, or the decode's split heads
+        return given((*self._features(attrs), ("dropout", attrs["dropout"], attrs["dropout"] and not decode),
+                      ("split", True, split)))
+
+    def helper_keywords(self, attrs):
+        # the helper's key/value heads and causality are optional too
+        return given((("kv_heads", attrs["kv_heads"], attrs["kv_heads"] != attrs["heads"]),
+                      ("causal", True, attrs["causal"]), *self._features(attrs)))
+
+    def helper_params(self, uses):
+        """The helper's optional parameters (name, default) that some layer of `uses` (their attrs) passes, in
+        signature order; `bias` always."""
+        def some(key):
+            return any(f[0] == key and f[2] for a in uses for f in self._features(a))
+        return given((("kv_heads", None, any(a["kv_heads"] != a["heads"] for a in uses)),
+                      ("causal", False, any(a["causal"] for a in uses)),
+                      *((k, None, some(k)) for k in ("rotary_base", "rope_scaling", "qk_norm", "scale", "softcap")),
+                      ("bias", False, True), ("o_bias", True, some("o_bias"))))
 
     def jax_params(self, uses):
-        some = lambda f: any(f(a) for a in uses)
-        out = [("kv_heads", None, some(lambda a: a["kv_heads"] != a["heads"])), ("causal", False, some(lambda a: a["causal"])),
-               ("rotary_base", None, some(lambda a: a["rotary"])), ("rope_scaling", None, some(lambda a: a["rope_scaling"])),
-               ("qk_norm", None, some(lambda a: a["qk_norm"])), ("scale", None, some(lambda a: a["scale"])),
-               ("softcap", None, some(lambda a: a["softcap"])), ("bias", False, True),
-               ("o_bias", True, some(lambda a: a["bias"] and not a["o_bias"])), ("parts", 1, True),
-               ("dropout_rate", 0.0, some(lambda a: a["dropout"])), ("key", None, some(lambda a: a["dropout"]))]
-        return [(k, v) for k, v, given in out if given]
+        dropout = any(a["dropout"] for a in uses)
+        return [*self.helper_params(uses), ("parts", 1),
+                *given((("dropout_rate", 0.0, dropout), ("key", None, dropout)))]
 
     def jax_keywords(self, layer):
         a = layer["attrs"]
-        out = [("kv_heads", a["kv_heads"], a["kv_heads"] != a["heads"]), ("causal", True, a["causal"]),
-               ("rotary_base", a["rotary_base"], a["rotary"]), ("rope_scaling", a["rope_scaling"], a["rope_scaling"]),
-               ("qk_norm", a["qk_norm_eps"], a["qk_norm"]), ("scale", a["scale"], a["scale"]),
-               ("softcap", a["softcap"], a["softcap"]), ("bias", True, a["bias"]),
-               ("o_bias", False, a["bias"] and not a["o_bias"]),
-               ("parts", a["fused_parts"], (a["fused_parts"] or 1) != 1)]
-        return [(k, v) for k, v, given in out if given]
+        return self.helper_keywords(a) + given((("parts", a["fused_parts"], (a["fused_parts"] or 1) != 1),))
 
     def decode_features(self, attrs):
         out = {"kv_attention"}

@@ -213,12 +213,16 @@ class Op:
             return None
         return self.context_parallel or ("position" if self.per_position else None)
 
-    def jax_keywords(self, layer: dict[str, Any]) -> list[tuple[str, Any]]:
-        """The optional keyword arguments of the JAX program's call of its helper function for this layer
-        (templates/jax/ops.py.j2; `layer`: the jax lowering's layer dict, its `attrs` and what the lowering adds),
-        in the helper's parameter order: (name, value), each value a literal, only those that differ from the
-        helper's default."""
+    def helper_keywords(self, attrs: dict[str, Any]) -> list[tuple[str, Any]]:
+        """The optional keyword arguments of the layer's call of its helper function in the functional programs
+        (JAX's and MLX's ops.py), in the helper's parameter order: (name, value), each value a literal, only those
+        that differ from the helper's default. A target adds its own (JAX's `parts`, MLX's `tp`)."""
         return []
+
+    def jax_keywords(self, layer: dict[str, Any]) -> list[tuple[str, Any]]:
+        """helper_keywords in the JAX program (templates/jax/ops.py.j2; `layer`: the jax lowering's layer dict,
+        its `attrs` and what the lowering adds)."""
+        return self.helper_keywords(layer["attrs"])
 
     def jax_params(self, uses: list[dict[str, Any]]) -> list[tuple[str, Any]]:
         """The optional parameters of the JAX program's helper function (templates/jax/ops.py.j2 `<op>_def`) that
@@ -251,6 +255,12 @@ class SavesInputs(Op):
 
     def costs(self, c: Any) -> None:
         c.save_inputs()
+
+
+def given(options) -> list[tuple[str, Any]]:
+    """(name, value) of each (name, value, on) whose `on` holds, in order: a call's or signature's optional
+    arguments."""
+    return [(name, value) for name, value, on in options if on]
 
 
 def expect_float(t: TensorType, what: str) -> None:

@@ -8,7 +8,7 @@ from pydantic import Field
 
 from .. import codes
 from ..spec.common import Size
-from .base import LayerArgs, Op, OpError, OpResult, ParamDef, expect_features, expect_float
+from .base import LayerArgs, Op, OpError, OpResult, ParamDef, expect_features, expect_float, given
 
 SILU_GATE = "silu"  # swiglu's own gate (gate_activation's default)
 
@@ -63,21 +63,22 @@ class Mlp(Op):
     def decodes(self, attrs):
         return True  # per position
 
+    def helper_keywords(self, attrs):
+        # a gate other than silu (GeGLU)
+        return given((("gate_act", attrs["gate_activation"], attrs["gate_activation"] != SILU_GATE),))
+
     def torch_args(self, attrs, decode=False, split=False):
-        # the decode's split hidden features, and a gate other than silu (GeGLU)
-        gate = [("gate_act", attrs["gate_activation"])] if attrs["gate_activation"] != SILU_GATE else []
-        return ([("split", True)] if split else []) + gate
+        # the decode's split hidden features first
+        return given((("split", True, split),)) + self.helper_keywords(attrs)
 
     def jax_params(self, uses):
-        out = [("parts", 1, any(a["activation"] == "swiglu" for a in uses)),
-               ("gate_act", "silu", any(a["gate_activation"] == "gelu" for a in uses))]
-        return [(k, v) for k, v, given in out if given]
+        return given((("parts", 1, any(a["activation"] == "swiglu" for a in uses)),
+                      ("gate_act", SILU_GATE, any(a["gate_activation"] != SILU_GATE for a in uses))))
 
     def jax_keywords(self, layer):
         a = layer["attrs"]
-        out = [("parts", a["fused_parts"], a["activation"] == "swiglu" and (a["fused_parts"] or 1) != 1),
-               ("gate_act", a["gate_activation"], a["gate_activation"] != "silu")]
-        return [(k, v) for k, v, given in out if given]
+        parts = ("parts", a["fused_parts"], a["activation"] == "swiglu" and (a["fused_parts"] or 1) != 1)
+        return given((parts,)) + self.helper_keywords(a)
 
     def decode_features(self, attrs):
         out = {"dense_mlp", "gated" if attrs["activation"] == "swiglu" else "ungated"}

@@ -17,7 +17,7 @@ from pydantic import Field
 
 from .. import codes
 from ..spec.common import Size
-from .base import LayerArgs, Op, OpError, OpResult, ParamDef, expect_features, expect_float
+from .base import LayerArgs, Op, OpError, OpResult, ParamDef, expect_features, expect_float, given
 
 
 class MoeArgs(LayerArgs):
@@ -86,18 +86,23 @@ class Moe(Op):
                                     ("shared_hidden", a["shared_hidden"]), ("shared_gate", a["shared_gate"] or None),
                                     ("z_loss_weight", a["z_loss_weight"])) if v]
 
+    # the functional helpers' flags (JAX's and MLX's moe), in signature order: (parameter, the layer's attr)
+    HELPER_FLAGS = (("normalize", "normalize_gates"), ("grouped", "dropless"), ("shared", "shared_hidden"),
+                    ("shared_gate", "shared_gate"), ("z_loss", "z_loss_weight"))
+
+    def helper_keywords(self, attrs):
+        return given((name, True, attrs[attr]) for name, attr in self.HELPER_FLAGS)
+
+    def helper_params(self, uses):
+        """The flags (name, False) some layer of `uses` (their attrs) sets."""
+        return given((name, False, any(a[attr] for a in uses)) for name, attr in self.HELPER_FLAGS)
+
     def jax_params(self, uses):
-        out = [("normalize", "normalize_gates"), ("grouped", "dropless"), ("shared", "shared_hidden"),
-               ("shared_gate", "shared_gate"), ("z_loss", "z_loss_weight")]
-        return [(k, False) for k, attr in out if any(a[attr] for a in uses)]
+        return self.helper_params(uses)
 
     def jax_keywords(self, layer):
-        """(`grouped`: the jax lowering's `moe_grouped`, dropless routing without the experts split)"""
-        a = layer["attrs"]
-        out = [("normalize", True, a["normalize_gates"]), ("grouped", True, layer["moe_grouped"]),
-               ("shared", True, a["shared_hidden"]), ("shared_gate", True, a["shared_gate"]),
-               ("z_loss", True, a["z_loss_weight"])]
-        return [(k, v) for k, v, given in out if given]
+        # `grouped`: the jax lowering's `moe_grouped` (dropless routing without the experts split)
+        return self.helper_keywords({**layer["attrs"], "dropless": layer["moe_grouped"]})
 
     def decode_features(self, attrs):
         out = {"experts", "experts_gated" if attrs["activation"] == "swiglu" else "experts_ungated"}

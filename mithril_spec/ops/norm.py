@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from .. import codes
-from .base import LayerArgs, OpError, OpResult, ParamDef, SavesInputs, expect_features, expect_float
+from .base import LayerArgs, OpError, OpResult, ParamDef, SavesInputs, expect_features, expect_float, given
 
 
 class LayerNormArgs(LayerArgs):
@@ -60,12 +60,11 @@ class RmsNorm(SavesInputs):
         return OpResult(x, params, {"dim": d, "eps": args.eps, "weight_offset": args.weight_offset},
                         flops=5 * x.numel)
 
-    def torch_args(self, attrs, decode=False, split=False):
-        return [("offset", attrs["weight_offset"])] if attrs["weight_offset"] else []
+    def helper_keywords(self, attrs):
+        return given((("offset", attrs["weight_offset"], attrs["weight_offset"]),))
 
-    def jax_keywords(self, layer):
-        offset = layer["attrs"]["weight_offset"]
-        return [("offset", offset)] if offset else []
+    def torch_args(self, attrs, decode=False, split=False):
+        return self.helper_keywords(attrs)
 
 
 class BatchNormArgs(LayerArgs):
