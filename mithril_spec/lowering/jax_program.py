@@ -181,15 +181,16 @@ def _pipeline_roles(pp: dict[str, Any], blocks: list[dict[str, Any]], dropout: b
     block_dropout = any(b["has_dropout"] for b in piped)
     block_train = any(b["train_arg"] for b in piped)
     block_aux = any(b["has_aux"] for b in piped)
+    pre_train = any(layer["train_arg"] for layer in pp["pre"])
+    post_train = any(layer["train_arg"] for layer in pp["post"])
     pp.update({
         # batch_norm's running statistics before (pre), in (block) and after (post) the pipelined block
         "pre_buffers": pre_buffers, "block_buffers": block_buffers, "post_buffers": post_buffers,
         "buffers": pre_buffers or block_buffers or post_buffers,
         "moves_stats": block_buffers or post_buffers,  # the 1f1b loop carries moved running statistics
         # `train` False in the evaluation: a layer before / in / after the block runs differently then
-        "pre_train": any(layer["train_arg"] for layer in pp["pre"]), "block_train": block_train,
-        "post_train": any(layer["train_arg"] for layer in pp["post"]),
-        "eval_modes": any(layer["train_arg"] for layer in pp["pre"] + pp["post"]) or block_train,
+        "pre_train": pre_train, "block_train": block_train, "post_train": post_train,
+        "eval_modes": pre_train or block_train or post_train,
         "block_dropout": block_dropout,  # the pipelined blocks draw from the micro-batch's dropout key
         "block_aux": block_aux,  # the stages return their moe layers' load-balancing losses
         "aux": block_aux or pp["pre_aux"],  # load-balancing losses join the pipeline's loss
@@ -201,8 +202,7 @@ def _pipeline_roles(pp: dict[str, Any], blocks: list[dict[str, Any]], dropout: b
         "stage_copies": bool((pp["padded"] or pp["copies"]) and not pp["groups"]),
         # extra parameters: pre_forward, post_loss / post_eval, pipeline_stage, a stage of several blocks (and
         # lax.switch's operands), circular_pipeline, pipeline_1f1b, pipeline_value_and_grad
-        "pre_params": ["buffers"] * pre_buffers + ["key"] * dropout + [("train", True)] * (
-            any(layer["train_arg"] for layer in pp["pre"])),
+        "pre_params": ["buffers"] * pre_buffers + ["key"] * dropout + [("train", True)] * pre_train,
         # the load-balancing losses that pre_forward's caller (pre_in_order) and a stage (pipeline_stage) return
         "pre_aux_out": ["aux"] * pp["pre_aux"],
         "block_aux_out": ["aux"] * block_aux,
@@ -445,12 +445,12 @@ def target_fields(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
             "row_keywords": [("scaled", True)] * bool(ctx["training"]["loss_scaling"]),
             # the lr schedule's arguments past (SCHEDULE, LR, WARMUP_STEPS, STEPS): cosine's floor
             "schedule_args": ["MIN_LR_RATIO"] * (tr.schedule.name == "cosine"),
-            # generate.py's cache_layouts: the pipelined repeat, whose caches are split over `pipe` like its copies
             # a pipeline whose stacked arrays hold the copies of several blocks (one stack per block), of several
             # repeats, or padding rows
             "piped_groups": bool(pipeline and pipeline["groups"]),
             "piped_copies": bool(pipeline and pipeline["copies"]),
             "piped_padded": bool(pipeline and pipeline["padded"]),
+            # generate.py's cache_layouts: the pipelined repeat, whose caches are split over `pipe` like its copies
             "cache_keywords": [("piped", pipeline["repeat"]["name"])] if pipeline else [],
             # remat's options (runtime/jax/remat.py): `ring` under context parallelism (ring attention)
             "remat_keywords": [("ring", True)] * bool(plan.context_sequence_axis and plan.mesh.context),
