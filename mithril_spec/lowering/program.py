@@ -27,6 +27,7 @@ from ..targets import TARGETS
 from . import LOWERINGS, jax_program, mlx_program, torch_program
 from .common import common_fields
 from .costing import Costing, costing
+from .parts import program_parts
 from .predicted import digest, profile_predictions
 from .sampling import sampling_context
 
@@ -240,6 +241,8 @@ class Program:
     # ---- generate.py (a language model; None: not rendered) and launch.sbatch
     sampling: Optional[dict[str, Any]]
     slurm: dict[str, Any]
+    # ---- which optional pieces each template section renders, {section: {slot: [macro names]}} (lowering/parts)
+    parts: dict[str, dict[str, list[str]]]
 
     settings_field: ClassVar[str] = ""  # the target's own settings: `jax`, `torch`, `mlx`
 
@@ -307,4 +310,5 @@ def lower(plan: Plan, doc: Document, target: str, spec_file: str, build_dir: str
     ctx[cls.settings_field] = settings(**ctx[cls.settings_field])
     plan_json = plan_to_json(plan, cost.costs, profile_predictions(cost))
     ctx["predicted_digest"] = digest(plan_json["predicted"])  # the program knows its plan.json by it
+    ctx["parts"] = program_parts(target, ctx)
     return cls(files=LOWERINGS[target].files_for(plan), costing=cost, plan_json=plan_json, **ctx)
