@@ -1,4 +1,5 @@
-"""The parts of the templates every target shares (templates/common) (lowering/parts/__init__.py says what parts are)."""
+"""The parts of the templates every target shares (templates/common; lowering/parts/__init__.py says what parts
+are): the Data class of the spec's data kind, piece by piece, and the evaluation's samples."""
 
 from __future__ import annotations
 
@@ -6,4 +7,54 @@ from typing import Any
 
 
 def parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
-    return {}
+    data, ev = ctx["data"], ctx["eval"]
+    kind = data["kind"]
+    synthetic = kind == "synthetic"
+    bounded = not synthetic and any(i["bounded"] for i in ctx["inputs"])  # values checked against their bound
+    split = bool(ev and ev.get("split")) and not synthetic  # eval.split: the data's end held out
+    held = bool(ev and ev.get("path")) and not synthetic  # eval.path: a file of its own, named in verdicts
+    return {
+        "data": _data_class(kind, bool(ev), bool(data["mask"]), bounded, split),
+        # the evaluation's samples and its helpers: another file, the training data's held-out end, or draws
+        "eval_data": ([] if not ev else
+                      ["eval_data_synthetic" if synthetic else "eval_data_file" if ev.get("path") else
+                       "eval_data_split", "eval_helpers"]),
+        # the inline pieces: Data(..., held_out=True) gives the evaluation's samples
+        "held_out_param": ["held_out_param"] if ev else [],
+        "synthetic_eval_note": ["synthetic_eval_note"] if ev else [],
+        "held_flag": ["held_flag"] if held else [],
+        "window_eval_note": ["window_eval_note"] if ev else [],
+        "window_held_out": ["window_in_order"] if ev else [],
+        "check_eval_note": ["check_eval_note"] if ev else [],
+        "batch_cast": ["batch_cast"] if kind == "arrays" else [],  # .npy rows come in the file's dtype
+    }
+
+
+def _data_class(kind: str, ev: bool, mask: bool, bounded: bool, split: bool) -> list[str]:
+    """The Data class, in order: __init__ opens and checks the kind's files (and holds out eval.split's end),
+    then sample() reads one sample, batch() stacks them, and check() stops the program on a value outside an
+    integer input's bound."""
+    if kind == "synthetic":
+        return ["synthetic_class"]
+    out = ["class_head", *(["bounds_table"] if bounded else []), "init_head"]
+    if kind == "arrays":
+        out += ["arrays_open", *(["arrays_split"] if split else [])]
+    elif kind == "text":
+        out += ["text_open", *(["text_split"] if split else []), *(["text_stride"] if ev else [])]
+    else:  # tokens: windows of ids, permuted per epoch; the loss mask beside them
+        out += ["tokens_open", *(["tokens_mask"] if mask else []), "tokens_windows",
+                *(["tokens_split"] if split else []), *(["tokens_held_out"] if ev else []), "tokens_orders"]
+    out += [*(["checked_none"] if bounded else []), *(["loss_scale"] if mask else []),
+            *(["window"] if kind == "tokens" else []), "sample_head", f"sample_{kind}"]
+    if kind == "tokens":
+        out.append("targets_masked" if mask else "targets")
+    out += ["batch_head", *(["batch_check"] if bounded else []), "batch_stack"]
+    if bounded:
+        arrays = kind == "arrays"
+        out += ["check_head", "check_rows" if arrays else "check_samples", "check_loop",
+                "values_of_rows" if arrays else "values_of_samples", *(["values_unmasked"] if mask else []),
+                "check_found", "where_row" if arrays else "where_window" if kind == "tokens" else "where_sample",
+                "check_refusal"]
+    if kind == "arrays":
+        out.append("open_samples")
+    return out
