@@ -27,6 +27,42 @@ def parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
         "window_held_out": ["window_in_order"] if ev else [],
         "check_eval_note": ["check_eval_note"] if ev else [],
         "batch_cast": ["batch_cast"] if kind == "arrays" else [],  # .npy rows come in the file's dtype
+        **_cli(ctx, synthetic),
+        **_config(ctx, synthetic),
+    }
+
+
+def _cli(ctx: dict[str, Any], synthetic: bool) -> dict[str, list[str]]:
+    """common/cli.py.j2: what parse_args passes to runtime/cli.py and checks after parsing."""
+    ev = ctx["eval"]
+    return {
+        "cli_opens_note": [] if synthetic else ["cli_opens_note"],
+        # train_parser's options of an imported model (--export-hf) and of an evaluation (--eval-only, ...)
+        "cli_keywords": [*(["hf_keyword"] if ctx["hf"] else []), *(["eval_keyword"] if ev else [])],
+        # --profile's predictions (the mlx program does not profile), then the data opened: it checks its files
+        "cli_checks": [*([] if ctx["target"] == "mlx" else ["predicted_args"]),
+                       *([] if synthetic else ["open_data"]),
+                       *(["open_eval_data"] if ev and ev.get("path") and not synthetic else [])],
+        "cli_eval_only": ["eval_only"] if ev else [],
+    }
+
+
+def _config(ctx: dict[str, Any], synthetic: bool) -> dict[str, list[str]]:
+    """The config blocks every target shares: the data's files, the evaluation, loss scaling, offload."""
+    data, ev, ls = ctx["data"], ctx["eval"], ctx["training"]["loss_scaling"]
+    tokens = data["kind"] == "tokens"
+    return {
+        "data_config": [
+            "no_data_path" if synthetic else "data_path",
+            *(["token_dtype"] if tokens else []), *(["mask_path"] if tokens and data["mask"] else []),
+            *(["eval_head", *(["eval_path"] if ev.get("path") else ["eval_split"] if ev.get("split") else []),
+               "eval_schedule"] if ev else [])],
+        # float16 compute's scale: dynamic (GradScaler's rule) or fixed
+        "loss_scale_note": ["backs_off_note"] if ls and ls["dynamic"] else [],
+        "loss_scale": (["dynamic_scale"] if ls["dynamic"] else ["fixed_scale"]) if ls else [],
+        "offload_config": ["offload_config"] if ctx["predicted"].get("offload") else [],
+        # which column of PEAK_FLOPS the console's MFU reads (the mlx program has no such table)
+        "train_compute": [] if ctx["target"] == "mlx" else ["train_compute"],
     }
 
 
