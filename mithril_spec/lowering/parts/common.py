@@ -29,6 +29,30 @@ def parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
         "batch_cast": ["batch_cast"] if kind == "arrays" else [],  # .npy rows come in the file's dtype
         **_cli(ctx, synthetic),
         **_config(ctx, synthetic),
+        **_params(ctx),
+        # the README's table of the build's files: how the model is written, what parallel.py applies,
+        # generate.py where there is one, and --profile's predictions (not in the mlx program)
+        "readme_model": ["modules_model" if ctx["target"] == "torch" else "functions_model"],
+        "readme_mesh": ["mesh_applied"] if ctx["mesh"]["devices"] > 1 else [],
+        "readme_generate": ["generate_file"] if ctx["sampling"] else [],
+        "readme_profile": [] if ctx["target"] == "mlx" else ["profile_reads_plan"],
+        # generate.py's --check compares the decode with the training forward pass: not where that drops out
+        "sampling_checks": ["refuse_check"] if ctx["sampling"] and ctx["sampling"]["has_dropout"] else [],
+    }
+
+
+def _params(ctx: dict[str, Any]) -> dict[str, list[str]]:
+    """Parameter files (common/init.py.j2) and an imported model's checkpoints (common/hf.py.j2): the
+    transformers names, per copy of a repeated block where there are blocks, and the experts' other layout."""
+    hf = ctx["hf"]
+    if not hf:
+        return {"hf_names": [], "hf_save_experts": [], "init_hf_note": [], "init_read": ["read_params"]}
+    return {
+        "hf_names": ["hf_names_by_copy" if hf["block_names"] else "hf_names",
+                     *(["hf_alt_names"] if hf["experts"] else [])],
+        "hf_save_experts": ["hf_save_experts"] if hf["experts"] else [],
+        "init_hf_note": ["init_hf_note"],
+        "init_read": ["read_hf_params"],
     }
 
 
