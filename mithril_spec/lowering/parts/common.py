@@ -11,13 +11,13 @@ def parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
     kind = data["kind"]
     synthetic = kind == "synthetic"
     bounded = not synthetic and any(i["bounded"] for i in ctx["inputs"])  # values checked against their bound
-    split = bool(ev and ev.get("split")) and not synthetic  # eval.split: the data's end held out
-    held = bool(ev and ev.get("path")) and not synthetic  # eval.path: a file of its own, named in verdicts
+    split = bool(ev and ev["split"]) and not synthetic  # eval.split: the data's end held out
+    held = bool(ev and ev["path"]) and not synthetic  # eval.path: a file of its own, named in verdicts
     return {
         "data": _data_class(kind, bool(ev), bool(data["mask"]), bounded, split),
         # the evaluation's samples and its helpers: another file, the training data's held-out end, or draws
         "eval_data": ([] if not ev else
-                      ["eval_data_synthetic" if synthetic else "eval_data_file" if ev.get("path") else
+                      ["eval_data_synthetic" if synthetic else "eval_data_file" if ev["path"] else
                        "eval_data_split", "eval_helpers"]),
         # the inline pieces: Data(..., held_out=True) gives the evaluation's samples
         "held_out_param": ["held_out_param"] if ev else [],
@@ -66,7 +66,7 @@ def _cli(ctx: dict[str, Any], synthetic: bool) -> dict[str, list[str]]:
         # --profile's predictions (the mlx program does not profile), then the data opened: it checks its files
         "cli_checks": [*([] if ctx["target"] == "mlx" else ["predicted_args"]),
                        *([] if synthetic else ["open_data"]),
-                       *(["open_eval_data"] if ev and ev.get("path") and not synthetic else [])],
+                       *(["open_eval_data"] if ev and ev["path"] and not synthetic else [])],
         "cli_eval_only": ["eval_only"] if ev else [],
     }
 
@@ -79,7 +79,7 @@ def _config(ctx: dict[str, Any], synthetic: bool) -> dict[str, list[str]]:
         "data_config": [
             "no_data_path" if synthetic else "data_path",
             *(["token_dtype"] if tokens else []), *(["mask_path"] if tokens and data["mask"] else []),
-            *(["eval_head", *(["eval_path"] if ev.get("path") else ["eval_split"] if ev.get("split") else []),
+            *(["eval_head", *(["eval_path"] if ev["path"] else ["eval_split"] if ev["split"] else []),
                "eval_schedule"] if ev else [])],
         # float16 compute's scale: dynamic (GradScaler's rule) or fixed
         "loss_scale_note": ["backs_off_note"] if ls and ls["dynamic"] else [],
