@@ -105,7 +105,8 @@ def _data_class(kind: str, ev: bool, mask: bool, bounded: bool, split: bool) -> 
         out += ["tokens_open", *(["tokens_mask"] if mask else []), "tokens_windows",
                 *(["tokens_split"] if split else []), *(["tokens_held_out"] if ev else []), "tokens_orders"]
     out += [*(["checked_none"] if bounded else []), *(["loss_scale"] if mask else []),
-            *(["window"] if kind == "tokens" else []), "sample_head", f"sample_{kind}"]
+            *(["window"] if kind == "tokens" else []), "sample_head",
+            {"arrays": "sample_arrays", "text": "sample_text", "tokens": "sample_tokens"}[kind]]
     if kind == "tokens":
         out.append("targets_masked" if mask else "targets")
     out += ["batch_head", *(["batch_check"] if bounded else []), "batch_stack"]
