@@ -18,15 +18,12 @@ MACRO = re.compile(r"{%-?\s*macro\s+(\w+)\s*\(")
 
 
 def unnamed_macros(template: str, lowering: str) -> list[str]:
-    """The macros of a parts file that no lowering/parts module names (a string literal) and no slot inside the
-    file itself names (its `P` table of inline pieces)."""
-    table = template[template.rfind("{% set P = "):] if "{% set P = " in template else ""
-    return [m for m in MACRO.findall(template) if f'"{m}"' not in lowering and f'"{m}"' not in table]
+    """The macros of a parts file that no lowering/parts module names (a string literal)."""
+    return [m for m in MACRO.findall(template) if f'"{m}"' not in lowering]
 
 
 def test_the_checker_finds_a_macro_nothing_names():
-    template = '{% macro used() %}x{% endmacro %}{% macro dead() %}y{% endmacro %}{% macro inline() %}z{% endmacro %}' \
-               '{% set P = {"inline": inline} %}'
+    template = "{% macro used() %}x{% endmacro %}{% macro dead() %}y{% endmacro %}"
     assert unnamed_macros(template, 'return {"slot": ["used"]}') == ["dead"]
 
 

@@ -10,7 +10,8 @@ macros the lowering names here, in order, on one line:
     ...
     {% for p in parts.main.after_step %}{{ P[p]() }}{% endfor %}
 
-So the template holds the code and no condition; the module below holds the decision, as Python over the typed
+A piece with optional pieces of its own renders its slots the same way, importing its own parts file inside
+the macro (the import runs when the macro is called). So the template holds the code and no condition; the module below holds the decision, as Python over the typed
 Program, and the lowering golden records it.
 
 Per target, one module per template section: `parts(ctx)` returns {slot: [macro names]} for that section,
