@@ -66,5 +66,48 @@ def _generate(ctx: dict[str, Any]) -> dict[str, list[str]]:
     }
 
 
+def _config(ctx: dict[str, Any]) -> dict[str, list[str]]:
+    """config.py's slots."""
+    j, t = ctx["jax"], ctx["training"]
+    pp = j.pipeline
+    optimizer = t["optimizer"]["name"]
+    piped_dropout = pp and any(b["has_dropout"] for b in ctx["blocks"] if b["name"] in pp["blocks"])
+    return {
+        # the canonical names of a pipelined stack's copies, numbered along its repeats (and their dropout keys
+        # where a pipelined block has dropout)
+        "config_pipelined_copies": _on(j.piped_copies, "pipelined_copies"),
+        "config_pipelined_keys": _on(j.piped_copies and piped_dropout, "pipelined_keys"),
+        # with repeated blocks: how their copies are stacked, how the pipeline splits the stack (one block's
+        # repeats or several blocks' stacks, padding rows), what checkpoints hold
+        "config_stacked_comment": _on(ctx["repeats"], *[
+            "stacked_copies",
+            *_on(pp, "pipe_split_groups" if pp and pp["groups"] else "pipe_split"),
+            *_on(pp and pp["one_block_copies"], "pipe_one_block"),
+            *_on(pp and pp["padded"], "pipe_padded"),
+            "stacked_checkpoints",
+        ]),
+        # the batch_norm statistics (BUFFERS), or none
+        "config_buffers": ["buffers_table" if ctx["buffers"] else "no_buffers"],
+        # the pipeline's micro-batches: through the stages, or one after the other in a one-stage build
+        "config_microbatches": _on(ctx["pipeline"], "microbatches"),
+        "config_chunks_run": ["chunks_through_stages" if pp else "chunks_one_stage"],
+        # the optimizer's own constants: adam's betas and eps (adamw's weight decay), sgd's momentum
+        "config_optimizer": [
+            *_on(optimizer in ("adam", "adamw"), "adam_constants"),
+            *_on(optimizer == "adamw", "weight_decay"),
+            *_on(optimizer == "sgd", "sgd_constants"),
+        ],
+        # the cosine schedule's floor
+        "config_schedule": _on(t["schedule"]["name"] == "cosine", "min_lr_ratio"),
+        # TF32 where the compute is float32; the loss scaling's constants where it scales
+        "config_precision": [
+            *_on(t["precision"]["compute"] == "float32", "tf32"),
+            *_on(t["loss_scaling"], "loss_scale"),
+        ],
+        # the spec's checkpoint directory and interval, or none
+        "config_checkpoints": ["checkpoints" if t["checkpoint"] else "no_checkpoints"],
+    }
+
+
 def parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
-    return {**_generate(ctx)}
+    return {**_generate(ctx), **_config(ctx)}
