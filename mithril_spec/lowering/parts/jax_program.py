@@ -109,5 +109,51 @@ def _config(ctx: dict[str, Any]) -> dict[str, list[str]]:
     }
 
 
+def _readme(ctx: dict[str, Any]) -> dict[str, list[str]]:
+    """README.md's slots."""
+    j, t, ev, data = ctx["jax"], ctx["training"], ctx["eval"], ctx["data"]
+    pp = j.pipeline
+    return {
+        # the table's pipeline row: the pipelined repeats, virtual stages, several blocks' or padded stages
+        "readme_pipeline_row": _on(pp, "pipeline_row"),
+        "readme_pipeline_stages": [
+            *_on(pp and pp["virtual_stages"] > 1, "virtual_stages"),
+            *_on(pp and pp["groups"], "stage_groups"),
+            *_on(pp and not pp["groups"] and pp["padded"], "stage_padding"),
+        ],
+        # the metrics past every program's: tokens/s for sequences, the evaluation's loss (and accuracy)
+        "readme_metrics_fields": [
+            *_on(ctx["seq_len"], "tokens_per_s"),
+            *_on(ev, "val_loss_after_eval"),
+            *_on(ev and ev["accuracy"], "val_accuracy"),
+        ],
+        "readme_tensorboard_fields": _on(ev, "val_loss"),
+        # a transformers model's flags: --init-params DIR, --export-hf, --logits
+        "readme_hf_flags": _on(ctx["hf"], "hf_flags"),
+        # --checkpoint-dir's default: the spec's directory and interval, or none
+        "readme_checkpoint_default": ["checkpoint_default" if t["checkpoint"] else "no_checkpoint_default"],
+        # what --data reads (per data kind), its default path, the part held out for the evaluation
+        "readme_data_flag": [
+            {"arrays": "data_arrays", "text": "data_text", "tokens": "data_tokens"}.get(data["kind"], "data_synthetic"),
+            *_on(data["kind"] != "synthetic", "data_default"),
+            *_on(ev and ev["split"], "data_held_out"),
+        ],
+        # --eval-only with an eval section: on the eval file, held-out samples or drawn ones; every N steps
+        "readme_eval_only_flag": _on(ev, "eval_only_flag"),
+        "readme_eval_samples": [("eval_file" if ev["path"] else "eval_held_out" if ev["split"] else "eval_drawn")]
+        if ev else [],
+        "readme_eval_every": _on(ev and ev["every"], "eval_every"),
+        # --seed: synthetic evaluation samples drawn from S + 2
+        "readme_seed_eval": _on(ev and data["kind"] == "synthetic", "seed_eval"),
+        # the paragraphs on repeated blocks and on the pipeline
+        "readme_repeated_blocks": _on(ctx["repeats"], "repeated_blocks"),
+        "readme_pipeline_paragraph": _on(pp, "pipeline_paragraph"),
+        # generate.py's section (a language model): the tokenizer's default, what --check runs
+        "readme_sampling": _on(ctx["sampling"], "sampling_section"),
+        "readme_sampling_tokenizer": _on(ctx["sampling"] and ctx["sampling"]["tokenizer"], "sampling_tokenizer"),
+        "readme_sampling_check": ["check_pipelined" if pp else "check_whole"],
+    }
+
+
 def parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
-    return {**_generate(ctx), **_config(ctx)}
+    return {**_generate(ctx), **_config(ctx), **_readme(ctx)}
