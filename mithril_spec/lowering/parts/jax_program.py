@@ -155,5 +155,32 @@ def _readme(ctx: dict[str, Any]) -> dict[str, list[str]]:
     }
 
 
+def _state_names(ctx: dict[str, Any]) -> dict[str, list[str]]:
+    """state_names.py's slots: the names of stacked copies, where there are repeated blocks."""
+    j, stacked = ctx["jax"], bool(ctx["repeats"])
+    pp = j.pipeline
+    return {
+        "state_names_header": _on(stacked, "stacked_header"),
+        # the functions of stacked names (some_copy where pipelined stacks of several blocks have padding
+        # rows in front, so that a stack's first row need not be a real copy)
+        "state_names_stacked": _on(stacked, "copy_name", "copies", *_on(j.piped_groups, "some_copy"), "stacked_names"),
+        # copy_name: the copies of a pipelined stack numbered along its repeats (PIPELINED_COPIES), per stack
+        # of several blocks (STACK_ORDERS) or of the one pipelined repeat
+        "state_names_copy_name_doc": _on(j.piped_copies, "pipelined_numbering"),
+        "state_names_pipelined_copy": ["pipelined_copy_grouped"] if j.piped_groups else _on(j.piped_copies, "pipelined_copy"),
+        # copies: the rows of a pipelined stack in stage order (STACK_ORDER(S), padding rows -1), else in order
+        "state_names_copies_doc": _on(pp, "stack_order_rows_padded" if pp and pp["padded"] else "stack_order_rows"),
+        "state_names_copies_rows": [
+            "rows_of_orders" if j.piped_groups else "rows_of_order" if pp else "rows_in_order"
+        ],
+        # state_shape: a stacked parameter's shape is one real copy's, after its rows (padding rows counted)
+        "state_names_shape_doc": _on(stacked, "copies_first"),
+        "state_names_shape": [
+            "shape_of_some_copy" if j.piped_groups else "shape_of_first_copy",
+            "stacked_shape_rows" if j.piped_padded else "stacked_shape_copies",
+        ] if stacked else ["shape"],
+    }
+
+
 def parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
-    return {**_generate(ctx), **_config(ctx), **_readme(ctx)}
+    return {**_generate(ctx), **_config(ctx), **_readme(ctx), **_state_names(ctx)}
