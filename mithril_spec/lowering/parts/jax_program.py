@@ -182,5 +182,22 @@ def _state_names(ctx: dict[str, Any]) -> dict[str, list[str]]:
     }
 
 
+def _opt_state(ctx: dict[str, Any]) -> dict[str, list[str]]:
+    """opt_state.py's slots."""
+    j = ctx["jax"]
+    return {
+        # the optimizer works on a float32 master copy of 16-bit parameters (MASTER_WEIGHTS), or on them
+        "opt_state_header": _on(j.master_weights, "master_copy_header"),
+        "opt_state_optimizer": ["master_optimizer" if j.master_weights else "optimizer"],
+        "opt_state_shardings_master": _on(j.master_weights, "master_copy"),
+        # ZeRO: the optimizer state (with ZERO = 2 the gradients too) split further over the batch axes; a
+        # stacked parameter's on a dimension of its copies, not the copies' own
+        "opt_state_zero_layout": _on(j.zero, "zero_layout_stacked" if ctx["repeats"] else "zero_layout"),
+        "opt_state_zero_grads": _on(j.zero >= 2, "zero_grads"),
+        "opt_state_shardings_zero": _on(j.zero, "zero_split"),
+        "opt_state_zero_shardings": _on(j.zero, "zero_shardings"),
+    }
+
+
 def parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
-    return {**_generate(ctx), **_config(ctx), **_readme(ctx), **_state_names(ctx)}
+    return {**_generate(ctx), **_config(ctx), **_readme(ctx), **_state_names(ctx), **_opt_state(ctx)}
