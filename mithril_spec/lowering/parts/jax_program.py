@@ -199,5 +199,53 @@ def _opt_state(ctx: dict[str, Any]) -> dict[str, list[str]]:
     }
 
 
+def _train_program(ctx: dict[str, Any]) -> dict[str, list[str]]:
+    """The slots of main.py, params.py, optimizer.py, checkpoint.py, init_state.py, layouts.py and data.py."""
+    j, t, ev = ctx["jax"], ctx["training"], ctx["eval"]
+    scaled, powersgd, stacked = t["loss_scaling"], j.comm["powersgd"], ctx["repeats"]
+    optimizer = t["optimizer"]["name"]
+    return {
+        # main: with an eval section, the evaluation's data and step (and --eval-only), when a step evaluates,
+        # its figures in the step's row
+        "main_eval_setup": _on(ev, "eval_setup"),
+        "main_evals": ["evals" if ev else "no_evals"],
+        "main_log_row": ["log_row_evaluated" if ev else "log_row"],
+        # the loss scaler's skipped steps before `start`, for the console
+        "main_device_info": _on(scaled, "skipped_steps"),
+        # a transformers model: --export-hf and --logits (not in a pipelined build yet)
+        "main_hf_exports": _on(ctx["hf"], "hf_exports_pipelined" if j.pipeline else "hf_exports"),
+        # params: a transformers checkpoint's loading; a stacked parameter placed and gathered by its copies
+        "params_hf": _on(ctx["hf"], "hf_loading"),
+        "params_place": ["place_stacked" if stacked else "place"],
+        "params_gather": ["gather_stacked" if stacked else "gather"],
+        # optimizer: adamw's decay mask (of a stacked parameter: of one real copy), the optax optimizer, the
+        # clipping of the gradients' global norm
+        "optimizer_header": _on(t["clip_grad_norm"], "clipping"),
+        "optimizer_make": [
+            *_on(optimizer == "adamw", ("decay_of_some_copy" if j.piped_groups else "decay_of_first_copy")
+                 if stacked else "decay", "adamw"),
+            *_on(optimizer == "adam", "adam"),
+            *_on(optimizer not in ("adam", "adamw"), "sgd"),
+            "clipped" if t["clip_grad_norm"] else "unclipped",
+        ],
+        # checkpoint: the rows of each stacked array (a pipelined stack's own repeats' merged into it)
+        "checkpoint_stack_rows": _on(stacked, "stack_rows_unmerged" if j.piped_copies else "stack_rows"),
+        "checkpoint_rows_doc": ["rows_of_first_repeats"] if j.piped_groups else _on(j.piped_copies, "rows_of_pipelined"),
+        # init_state: the loss scaler's state; PowerSGD's, fresh on resume (checkpoints leave it out)
+        "init_state_scaler": _on(scaled, "initial_scaler"),
+        "init_state_resume": ["resume_afresh_powersgd" if powersgd else "resume"],
+        "init_state_extras": [*_on(scaled, "scaler_state"), *_on(powersgd, "powersgd_state")],
+        # layouts: the loss scaler's and PowerSGD's state
+        "layouts_scaler_shapes": _on(scaled, "scaler_shapes"),
+        "layouts_scaler_shardings": _on(scaled, "scaler_shardings"),
+        "layouts_powersgd": _on(powersgd, "powersgd_layouts"),
+        # data: a step's micro-batches, or a pipeline's chunks, start where
+        "data_starts": ["chunk_starts" if ctx["pipeline"] else "micro_batch_starts"],
+    }
+
+
 def parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
-    return {**_generate(ctx), **_config(ctx), **_readme(ctx), **_state_names(ctx), **_opt_state(ctx)}
+    return {
+        **_generate(ctx), **_config(ctx), **_readme(ctx), **_state_names(ctx), **_opt_state(ctx),
+        **_train_program(ctx),
+    }
