@@ -457,6 +457,9 @@ def target_fields(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
             "checkpoint_args": ["STACK_ROWS"] * bool(ctx["repeats"]) + [("unsaved", ("powersgd",))] * bool(comm["powersgd"]),
             # data.py's batch_arrays past its shardings: context parallelism's balanced order of positions
             "batch_args": ["positions"] * bool(plan.context_sequence_axis and plan.mesh.context),
+            # runtime.py's start_devices: the XLA flags and the NCCL algorithm the communication settings ask for
+            "device_keywords": [("xla_flags", list(comm["xla_flags"]))] * bool(comm["xla_flags"])
+            + [("nccl_algo", comm["nccl_algo"])] * bool(comm["nccl_algo"]),
             # remat's options (runtime/jax/remat.py): `ring` under context parallelism (ring attention)
             "remat_keywords": [("ring", True)] * bool(plan.context_sequence_axis and plan.mesh.context),
             # what a replica's step takes past its batch (train_step.py.j2 `replica`): PowerSGD's state

@@ -70,6 +70,7 @@ class JaxSettings(ModelSettings):
     cache_keywords: list[Any]
     checkpoint_args: list[Any]
     batch_args: list[str]
+    device_keywords: list[Any]
     piped_groups: bool
     piped_copies: bool
     piped_padded: bool

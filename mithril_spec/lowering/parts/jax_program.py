@@ -241,6 +241,19 @@ def _train_program(ctx: dict[str, Any]) -> dict[str, list[str]]:
         "layouts_powersgd": _on(powersgd, "powersgd_layouts"),
         # data: a step's micro-batches, or a pipeline's chunks, start where
         "data_starts": ["chunk_starts" if ctx["pipeline"] else "micro_batch_starts"],
+        # train: the sections of context parallelism and of the pipeline schedule, where the program has them;
+        # parallel.py's docstring says so, and whether the program reduces the replicas' gradients itself
+        "train_context": _on(j.context, "context_section"),
+        "train_pipeline": _on(j.pipeline, "pipeline_section"),
+        "train_parallel_schedule": _on(j.pipeline, "pipeline_schedule"),
+        "train_parallel_replicas": _on(j.comm["replicas"], "replicas_reduction"),
+        # runtime: TF32 matmuls are a setting of float32 compute only
+        "runtime_devices": _on(t["precision"]["compute"] == "float32", "tf32_flag"),
+        # replicas: ZeRO's sliced reduction (each replica keeps the slice it updates); PowerSGD's matrices of
+        # a stacked gradient, one per copy
+        "replicas_zero_doc": _on(j.zero, "zero_slice_doc"),
+        "replicas_zero_dim": _on(j.zero, "zero_slice_dim"),
+        "replicas_powersgd_copies": ["copies_of_stacked" if stacked else "one_copy"],
     }
 
 
