@@ -16,9 +16,10 @@ def _generate(ctx: dict[str, Any]) -> dict[str, list[str]]:
     if s is None:
         return {}
     pp = j.pipeline
-    uses = j.op_attrs.get("attention", [])
-    gqa = any(a["kv_heads"] != a["heads"] for a in uses)
-    biased = [a for a in uses if a["bias"]]
+    # what cached_attention takes (sampling.py) says which of its pieces it holds: grouped-query heads, biases
+    # (o_bias: some layer biases only q, k and v)
+    takes = {name for name, _ in s["attention_params"]}
+    gqa, biased = "kv_heads" in takes, "bias" in takes
     return {
         # the module docstring's --check sentence: through the pipeline stages, or the one forward pass
         "generate_check_docstring": ["check_pipelined" if pp else "check_whole"],
@@ -48,9 +49,7 @@ def _generate(ctx: dict[str, Any]) -> dict[str, list[str]]:
             *_on(s["softcap"], "softcap_scores"),
         ],
         # the output projection's bias, where a layer has biases (o_bias asked where some biases q, k, v only)
-        "generate_attention_out_bias": _on(
-            biased, "out_bias_unless_qkv_only" if any(not a["o_bias"] for a in biased) else "out_bias"
-        ),
+        "generate_attention_out_bias": _on(biased, "out_bias_unless_qkv_only" if "o_bias" in takes else "out_bias"),
         # a pipelined repeat's copies run through the stages (shard_map over pipe)
         "generate_pipelined_stack": _on(pp, "pipelined_stack"),
         # --check's whole-sequence forward: refused with dropout under a pipeline, through the pipeline, or
