@@ -10,11 +10,20 @@ def _on(flag: Any, *names: str) -> list[str]:
     return list(names) if flag else []
 
 
+# generate.py's slots, every one empty in a program without generate.py
+GENERATE_SLOTS = (
+    "generate_check_docstring", "generate_tokenizer_comment", "generate_decode_helpers",
+    "generate_attention_defaults", "generate_attention_heads", "generate_attention_scores",
+    "generate_attention_out_bias", "generate_pipelined_stack", "generate_full_forward", "generate_context_order",
+    "generate_context_positions", "generate_forward_logits",
+)
+
+
 def _generate(ctx: dict[str, Any]) -> dict[str, list[str]]:
-    """generate.py's slots (a language model's; none rendered without one)."""
+    """generate.py's slots: a language model's (every slot empty without one: no generate.py)."""
     s, j = ctx["sampling"], ctx["jax"]
     if s is None:
-        return {}
+        return {slot: [] for slot in GENERATE_SLOTS}
     pp = j.pipeline
     # what cached_attention takes (sampling.py) says which of its pieces it holds: grouped-query heads, biases
     # (o_bias: some layer biases only q, k and v)
