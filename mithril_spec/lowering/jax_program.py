@@ -452,6 +452,14 @@ def target_fields(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
             "piped_padded": bool(pipeline and pipeline["padded"]),
             # generate.py's cache_layouts: the pipelined repeat, whose caches are split over `pipe` like its copies
             "cache_keywords": [("piped", pipeline["repeat"]["name"])] if pipeline else [],
+            # checkpoint.py's Checkpoints past (MANIFESTS, KEEP_CHECKPOINTS): the rows of the stacked arrays, and
+            # PowerSGD's state, which checkpoints leave out
+            "checkpoint_args": ["STACK_ROWS"] * bool(ctx["repeats"]) + [("unsaved", ("powersgd",))] * bool(comm["powersgd"]),
+            # data.py's batch_arrays past its shardings: context parallelism's balanced order of positions
+            "batch_args": ["positions"] * bool(plan.context_sequence_axis and plan.mesh.context),
+            # runtime.py's start_devices: the XLA flags and the NCCL algorithm the communication settings ask for
+            "device_keywords": [("xla_flags", list(comm["xla_flags"]))] * bool(comm["xla_flags"])
+            + [("nccl_algo", comm["nccl_algo"])] * bool(comm["nccl_algo"]),
             # remat's options (runtime/jax/remat.py): `ring` under context parallelism (ring attention)
             "remat_keywords": [("ring", True)] * bool(plan.context_sequence_axis and plan.mesh.context),
             # what a replica's step takes past its batch (train_step.py.j2 `replica`): PowerSGD's state

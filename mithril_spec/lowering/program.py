@@ -68,6 +68,9 @@ class JaxSettings(ModelSettings):
     row_keywords: list[Any]
     schedule_args: list[str]
     cache_keywords: list[Any]
+    checkpoint_args: list[Any]
+    batch_args: list[str]
+    device_keywords: list[Any]
     piped_groups: bool
     piped_copies: bool
     piped_padded: bool

@@ -166,6 +166,7 @@ def sampling_context(plan: Plan, ctx: dict[str, Any], target: str) -> dict[str, 
         "local_modules": tuple(sorted(set(local_modules))),
         "stages": stages,
         **(_jax_rope_table(caches) if target == "jax" else {}),
+        **(_jax_attention_params(caches, ctx["jax"]["op_attrs"]) if target == "jax" else {}),
     }
 
 
@@ -182,6 +183,28 @@ def _jax_rope_table(caches: list[dict[str, Any]]) -> dict[str, Any]:
     a layer scales its rotary frequencies."""
     scaled = any(c["rope_scaling"] for entry in caches for c in entry["layers"])
     return {"rope_table_params": [("scaling", None)] * scaled, "rope_table_args": ["rope_scaling"] * scaled}
+
+
+def _jax_attention_params(caches: list[dict[str, Any]], op_attrs: dict[str, Any]) -> dict[str, Any]:
+    """JAX generate.py's cached_attention: its optional parameters past (x, p, pre, kv, pos, heads, head_dim),
+    (name, default) pairs, each where a layer of the model needs it: grouped-query key/value heads, the rotary
+    base and scaling, the q/k norms, a score scale, a softcap, biases (and o_bias where some layer biases only
+    q, k and v)."""
+    def given(key: str) -> bool:
+        return any(c[key] for entry in caches for c in entry["layers"])
+
+    uses = [a for op, attrs in op_attrs.items() if op in OPS and OPS[op].kv_cache for a in attrs]
+    biased = [a for a in uses if a["bias"]]
+    return {"attention_params": [
+        *[("kv_heads", None)] * any(a["kv_heads"] != a["heads"] for a in uses),
+        *[("rotary_base", None)] * given("rotary"),
+        *[("rope_scaling", None)] * given("rope_scaling"),
+        *[("qk_norm", None)] * given("qk_norm"),
+        *[("scale", None)] * given("scale"),
+        *[("softcap", None)] * given("softcap"),
+        *[("bias", False)] * bool(biased),
+        *[("o_bias", True)] * any(not a["o_bias"] for a in biased),
+    ]}
 
 
 def _cache(plan: Plan, layer: dict[str, Any], prefix: str) -> dict[str, Any]:
