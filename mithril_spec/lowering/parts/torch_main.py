@@ -6,7 +6,7 @@ from typing import Any
 
 
 def parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
-    return main_parts(ctx)
+    return main_parts(ctx) | params_parts(ctx)
 
 
 def main_parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
@@ -136,4 +136,24 @@ def main_parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
                            ("output_without_targets", ctx["hf"] and ctx["loss"]["predict_targets"]),
                            ("logits_to_numpy", ctx["hf"]), ("gather_logits", ctx["hf"] and t.distributed),
                            ("save_logits", ctx["hf"])),
+    }
+
+
+def params_parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
+    """params.py.j2's slots (templates/torch/model_parts.py.j2 holds the macros, in slot order)."""
+    t = ctx["torch"]
+    pipelined = bool(t.pipeline)  # the model is one pipeline stage
+    return {
+        # a Hugging Face model: its parameter names and files (common/hf.py.j2)
+        "hf_params": ["hf_params"] if ctx["hf"] else [],
+        # parameters stored in another dtype than float32: store_params casts the meta model
+        "store_params": ["store_params"] if t.store_params else [],
+        # fill_model: buffers filled too where the model has them; a pipeline stage holds some parameters
+        # of PARAMS, a whole model every one
+        "fill_docstring": (["buffers_from_init"] if t.has_buffers else []) + (["one_stage"] if pipelined else []),
+        "fill_check": ["stage_params_known" if pipelined else "model_params_equal"],
+        # buffers from their init: this rank's slice of those split over `tensor` (batch_norm's channels)
+        "fill_buffers": ["buffers_loop", "buffer_slices" if t.tp_channels else "whole_buffers"] if t.has_buffers else [],
+        # a Hugging Face model: export_params writes --export-hf too
+        "export_docstring": ["export_hf_doc"] if ctx["hf"] else [],
     }
