@@ -6,7 +6,7 @@ from typing import Any
 
 
 def parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
-    return main_parts(ctx) | params_parts(ctx)
+    return main_parts(ctx) | model_parts(ctx) | params_parts(ctx)
 
 
 def main_parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
@@ -136,6 +136,37 @@ def main_parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
                            ("output_without_targets", ctx["hf"] and ctx["loss"]["predict_targets"]),
                            ("logits_to_numpy", ctx["hf"]), ("gather_logits", ctx["hf"] and t.distributed),
                            ("save_logits", ctx["hf"])),
+    }
+
+
+def model_parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
+    """model.py.j2's slots (templates/torch/model_parts.py.j2 holds the macros, in slot order)."""
+    t = ctx["torch"]
+    remat = ctx["training"]["remat"]
+    # remat without repeated blocks: the whole model's forward pass is one checkpointed function
+    whole = remat != "none" and not ctx["blocks"]
+    # what asks the model for its output instead of the loss: --logits (a Hugging Face model), the
+    # evaluation, generate.py --check (a language model)
+    uses = [use for use, on in (("logits_use", ctx["hf"]), ("evaluation_use", ctx["eval"]),
+                                ("check_use", ctx["sampling"])) if on]
+    return {
+        # the micro-batch's place (dropout masks, batch statistics read it); the helpers of rotary
+        # embeddings and of per-head q / k norms
+        "model_helpers": [name for name, on in (("micro_step", t.micro_state), ("rope", t.rotary),
+                                                ("head_norm", t.qk_norm)) if on],
+        # selective remat: the policy that keeps the weight matmuls' outputs
+        "remat_policy": ["selective_remat"] if remat == "selective" else [],
+        # the loss as a function: pipeline stages, a layer's own loss and the evaluation call it
+        "loss_fn": ["loss_fn"] if t.pipeline or t.aux_loss or ctx["eval"] else [],
+        # a layer's own loss (moe's load balancing) adds to the model's
+        "model_docstring": ["plus_aux_losses"] if t.aux_loss else [],
+        "forward_params": ["predict_param"] if uses else [],
+        "forward_open": ["layers_fn"] if whole else [],
+        "forward_close": (["checkpoint_layers_selective" if remat == "selective" else "checkpoint_layers"]
+                          if whole else []),
+        # the first use plain, the others joined with " and "
+        "predict": ["predict_for", *uses[:1], *("and_" + u for u in uses[1:]), "predict_output"] if uses else [],
+        "model_loss": ["loss_plus_aux" if t.aux_loss else "loss_of_prediction"],
     }
 
 
