@@ -147,8 +147,10 @@ def model_parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
     whole = remat != "none" and not ctx["blocks"]
     # what asks the model for its output instead of the loss: --logits (a Hugging Face model), the
     # evaluation, generate.py --check (a language model)
-    uses = [use for use, on in (("logits_use", ctx["hf"]), ("evaluation_use", ctx["eval"]),
-                                ("check_use", ctx["sampling"])) if on]
+    # (each as the first, and as a later one joined with " and ")
+    uses = [(first, later) for first, later, on in (
+        ("logits_use", "", ctx["hf"]), ("evaluation_use", "and_evaluation_use", ctx["eval"]),
+        ("check_use", "and_check_use", ctx["sampling"])) if on]
     return {
         # the micro-batch's place (dropout masks, batch statistics read it); the helpers of rotary
         # embeddings and of per-head q / k norms
@@ -164,8 +166,7 @@ def model_parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
         "forward_open": ["layers_fn"] if whole else [],
         "forward_close": (["checkpoint_layers_selective" if remat == "selective" else "checkpoint_layers"]
                           if whole else []),
-        # the first use plain, the others joined with " and "
-        "predict": ["predict_for", *uses[:1], *("and_" + u for u in uses[1:]), "predict_output"] if uses else [],
+        "predict": ["predict_for", uses[0][0], *(later for _, later in uses[1:]), "predict_output"] if uses else [],
         "model_loss": ["loss_plus_aux" if t.aux_loss else "loss_of_prediction"],
     }
 
