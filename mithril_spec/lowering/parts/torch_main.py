@@ -6,7 +6,27 @@ from typing import Any
 
 
 def parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
-    return main_parts(ctx) | model_parts(ctx) | params_parts(ctx)
+    return train_parts(ctx) | main_parts(ctx) | model_parts(ctx) | params_parts(ctx)
+
+
+def train_parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
+    """train.py.j2's slots (templates/torch/train_parts.py.j2 holds the macros, in slot order)."""
+    t = ctx["torch"]
+    return {
+        # the docstring's commands: torchrun over the mesh's ranks (and the multi-machine launchers), or python
+        "usage": ["usage_ranks" if t.distributed else "usage_process"],
+        # context parallelism: its attention's ring (context.py.j2), beside the model
+        "model_sections": ["context_parallel"] if t.context else [],
+        # precision.float8: the FP8 linear layers; several ranks: the mesh applied to the model
+        "runtime_sections": [name for name, on in (("float8", ctx["training"]["precision"]["float8"]),
+                                                   ("parallel", t.distributed)) if on],
+        # training.offload: activations to host memory and back
+        "memory_sections": ["offload"] if ctx["predicted"]["offload"] else [],
+        # float16 loss scaling: the LossScaler
+        "optimizer_sections": ["loss_scale"] if ctx["training"]["loss_scaling"] else [],
+        # the training loop: over pipeline stages, or of the one model
+        "main_section": ["pipeline_main" if t.pipeline else "main"],
+    }
 
 
 def main_parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
