@@ -43,7 +43,7 @@ def main_parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
         """The macros whose condition holds, in the order given."""
         return [name for name, cond in pairs if cond]
 
-    return {
+    slots = {
         # ---- one micro-batch's passes
         # the logits split over `tensor` on the vocabulary: the passes under loss_parallel's cross-entropy
         "micro_body": ["in_loss_parallel" if t.vocab_parallel else "as_is"],
@@ -58,7 +58,7 @@ def main_parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
         # after optimizer.step(): the parameters rewritten from what the optimizer stepped (ZeRO slices or
         # float32 master copies), when it stepped Shards of them
         "after_step": ["write_back_slices" if t.zero else "write_back_copies"] if t.shards else [],
-        # ---- evaluate (a spec with an evaluation)
+        # ---- evaluate (a spec with an evaluation; none without one, below)
         # its docstring: eval mode turns dropout and batch statistics off where the model has them
         "eval_mode": on(("without_dropout", t.micro_state)),
         # a classification loss: the accuracy too (docstring, sums, counts, metric)
@@ -157,6 +157,9 @@ def main_parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
                            ("logits_to_numpy", ctx["hf"]), ("gather_logits", ctx["hf"] and t.distributed),
                            ("save_logits", ctx["hf"])),
     }
+    if not ev:  # no evaluate()
+        slots.update({slot: [] for slot in slots if slot.startswith("eval_")})
+    return slots
 
 
 def model_parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
