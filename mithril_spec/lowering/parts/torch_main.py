@@ -5,6 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 
+def on(*pairs: tuple[str, Any]) -> list[str]:
+    """The macros whose condition holds, in the order given."""
+    return [name for name, cond in pairs if cond]
+
+
 def parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
     return train_parts(ctx) | main_parts(ctx) | model_parts(ctx) | params_parts(ctx)
 
@@ -18,8 +23,7 @@ def train_parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
         # context parallelism: its attention's ring (context.py.j2), beside the model
         "model_sections": ["context_parallel"] if t.context else [],
         # precision.float8: the FP8 linear layers; several ranks: the mesh applied to the model
-        "runtime_sections": [name for name, on in (("float8", ctx["training"]["precision"]["float8"]),
-                                                   ("parallel", t.distributed)) if on],
+        "runtime_sections": on(("float8", ctx["training"]["precision"]["float8"]), ("parallel", t.distributed)),
         # training.offload: activations to host memory and back
         "memory_sections": ["offload"] if ctx["predicted"]["offload"] else [],
         # float16 loss scaling: the LossScaler
@@ -38,10 +42,6 @@ def main_parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
     offload = bool(ctx["predicted"]["offload"])  # training.offload: activations to host memory
     names = [i["name"] for i in ctx["inputs"]]
     repeats = len(ctx["repeats"])
-
-    def on(*pairs: tuple[str, Any]) -> list[str]:
-        """The macros whose condition holds, in the order given."""
-        return [name for name, cond in pairs if cond]
 
     slots = {
         # ---- one micro-batch's passes
@@ -171,14 +171,13 @@ def model_parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
     # what asks the model for its output instead of the loss: --logits (a Hugging Face model), the
     # evaluation, generate.py --check (a language model)
     # (each as the first, and as a later one joined with " and ")
-    uses = [(first, later) for first, later, on in (
+    uses = [(first, later) for first, later, used in (
         ("logits_use", "", ctx["hf"]), ("evaluation_use", "and_evaluation_use", ctx["eval"]),
-        ("check_use", "and_check_use", ctx["sampling"])) if on]
+        ("check_use", "and_check_use", ctx["sampling"])) if used]
     return {
         # the micro-batch's place (dropout masks, batch statistics read it); the helpers of rotary
         # embeddings and of per-head q / k norms
-        "model_helpers": [name for name, on in (("micro_step", t.micro_state), ("rope", t.rotary),
-                                                ("head_norm", t.qk_norm)) if on],
+        "model_helpers": on(("micro_step", t.micro_state), ("rope", t.rotary), ("head_norm", t.qk_norm)),
         # selective remat: the policy that keeps the weight matmuls' outputs
         "remat_policy": ["selective_remat"] if remat == "selective" else [],
         # the loss as a function: pipeline stages, a layer's own loss and the evaluation call it
