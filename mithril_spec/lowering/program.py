@@ -158,6 +158,7 @@ class TorchSettings:
     store_params: bool
     separate_qkv: bool
     checkpoint_state: list[str]
+    stage_args: list[str]
     step_contexts: list[str]
     fsdp_kind: str
     fsdp_mesh: list[str]

@@ -427,6 +427,8 @@ def target_fields(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
     # objects passed by keyword (Shards: ZeRO slices or master copies; the loss scaler)
     t["checkpoint_state"] = [name for name, on in (("shards", t["shards"]),
                                                    ("scaler", ctx["training"]["loss_scaling"])) if on]
+    # what export_params and export_grads take beside their arguments: a pipeline stage's process group
+    t["stage_args"] = ["pipe_group"] if t["pipeline"] else []
     # the context managers around each micro-batch's forward pass (main.py): autocast, activation offload
     t["step_contexts"] = [name for name, on in (("autocast", t["autocast"]),
                                                 ("offload", ctx["predicted"]["offload"])) if on]
