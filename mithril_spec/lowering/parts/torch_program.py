@@ -53,5 +53,58 @@ GENERATE_SLOTS = (
 )
 
 
+def optimizer(ctx: dict[str, Any]) -> dict[str, list[str]]:
+    """optimizer.py's slots (templates/torch/optimizer_parts.py.j2): the Shards class (ZeRO's slices and / or
+    float32 master copies; rendered only where the optimizer steps on Shards, t.shards) and make_optimizer."""
+    t, name = ctx["torch"], ctx["training"]["optimizer"]["name"]
+    zero, zero2, master = bool(t.zero), t.zero >= 2, t.master
+    if zero2:  # the gradients reduce-scattered onto the slices (no DDP)
+        take = "reduce_scatter_grads"
+    elif t.zero_all_reduce:  # ZeRO-1 in a pipeline: all-reduced here
+        take = "all_reduce_grads"
+    else:  # ZeRO-1 under DDP (averaged already), or master weights alone
+        take = "ddp_averaged_grads" if zero else "float32_grads"
+    return {
+        # Shards' docstring: a paragraph on ZeRO (the gradient split too from stage 2), one on master weights
+        # (copies of the slices under ZeRO)
+        "shards_docstring": (["zero_paragraph"] if zero else []) + (["master_paragraph"] if master else []),
+        "zero_split": ["and_gradient"] if zero2 else [],
+        "master_copy_of": ["each_slice" if zero else "each_parameter"],
+        # __init__: under ZeRO the data mesh and this rank's slice of each parameter (a float32 copy of it with
+        # master weights), else a float32 copy of the whole parameter; from stage 2 the gradient slices kept
+        "shards_mesh": ["data_mesh"] if zero else [],
+        "shards_leaf": ["slice_leaf" if zero else "float32_leaf"],
+        "master_slice": ["float32_slice"] if master else [],
+        "shards_kept": ["kept_grads"] if zero2 else [],
+        # take_grads: how the gradients reach the leaves (see `take` above), cast to float32 for master copies
+        "float32_grad": ["as_float32"] if master else [],
+        "take_grads_docstring": ["reduce_scatter_sentence"] if zero2 else [],
+        "take_grads": [take],
+        "float32_grads": ["to_float32"] if master else [],
+        # write_back: the slices all-gathered (rounded to PARAM_DTYPE from master copies), else the copies
+        # rounded; master weights free the float32 gradient there
+        "write_back_docstring": [
+            ("slices_gathered_rounded" if master else "slices_gathered") if zero else "copies_rounded"],
+        "write_back": [("gather_rounded" if master else "gather") if zero else "copy"]
+        + (["free_float32_grad"] if master else []),
+        # from ZeRO-2 the gradients held are the kept slices (the memory report), cleared by zero_grad
+        "held_grads_docstring": ["its_slices"] if zero2 else [],
+        "held_grads": ["kept_slices" if zero2 else "held_params_grads"],
+        "zero_kept": ["clear_kept"] if zero2 else [],
+        # state_dict: the master copy saved beside the moments; ZeRO's DTensors resharded by DCP
+        "state_dict_docstring": (["master_state_doc"] if master else []) + (["zero_state_doc"] if zero else []),
+        "master_state": ["master_state"] if master else [],
+        # make_optimizer over the Shards (which need the mesh, and under ZeRO without master copies may be
+        # strided views: the foreach kernels) or over the parameters; AdamW's two groups (weight decay on
+        # matrices only), of the leaves or the parameters
+        "mesh_param": ["mesh_param"] if t.shards else [],
+        "optimizer_kernel": (["shards_kernel"] + (["strided_kernel"] if t.zero_views else []))
+        if t.shards else ["parameters_kernel"],
+        "optimizer": [name if name in ("adamw", "adam") else "sgd"],
+        "named_params": ["named_leaves" if t.shards else "named_parameters"],
+        "shards_returned": ["shards_returned"] if t.shards else [],
+    }
+
+
 def parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
-    return {**generate(ctx)}
+    return {**generate(ctx), **optimizer(ctx)}
