@@ -68,7 +68,7 @@ def optimizer(ctx: dict[str, Any]) -> dict[str, list[str]]:
         # Shards' docstring: a paragraph on ZeRO (the gradient split too from stage 2), one on master weights
         # (copies of the slices under ZeRO)
         "shards_docstring": (["zero_paragraph"] if zero else []) + (["master_paragraph"] if master else []),
-        "zero_split": ["and_gradient"] if zero2 else [],
+        "zero_split": ["and_gradient"] if zero2 else [],  # (config.py's ZERO_DIMS comment renders it too)
         "master_copy_of": ["each_slice" if zero else "each_parameter"],
         # __init__: under ZeRO the data mesh and this rank's slice of each parameter (a float32 copy of it with
         # master weights), else a float32 copy of the whole parameter; from stage 2 the gradient slices kept
@@ -106,5 +106,43 @@ def optimizer(ctx: dict[str, Any]) -> dict[str, list[str]]:
     }
 
 
+def config(ctx: dict[str, Any]) -> dict[str, list[str]]:
+    """config.py's slots (templates/torch/config_parts.py.j2): the constants only some programs have."""
+    t, tr = ctx["torch"], ctx["training"]
+    o = tr["optimizer"]["name"]
+    return {
+        # MESH: every axis (an expert, context or pipe axis: its rank order told, with what its peers share)
+        # or the data x fsdp x tensor of the other meshes
+        "mesh": ["mesh_every_axis" if t.mesh_every_axis else "mesh3"],
+        "mesh_peers": (["expert_batch"] if t.expert > 1 else []) + (["context_peers"] if t.context else []),
+        # TRANSPOSED: the nn.Linear weights kept as [out, in], or none
+        "transposed": ["transposed" if t.transposed else "nothing_transposed"],
+        # FSDP_DIMS where FSDP2 shards parameters
+        "fsdp_dims": ["fsdp_dims"] if t.sharded else [],
+        "buffers": ["buffers" if ctx["buffers"] else "no_buffers"],
+        # tensor parallelism's plan, and the dropout layers of its sequence-parallel blocks
+        "tp_plan": (["tp_plan"] + (["sequence_dropout"] if t.sequence_dropout else [])) if t.tp_plan else [],
+        "input_layouts": ["input_layouts"] if t.input_layouts else [],
+        # a spec's pipeline built for one stage: its micro-batches run as more accumulation steps
+        "grad_accum": ["pipeline_grad_accum" if t.chunks > 1 else "grad_accum"],
+        # the optimizer's and the schedule's own hyperparameters
+        "optimizer_constants": {"adamw": ["betas", "weight_decay"], "adam": ["betas"]}.get(o, ["momentum"]),
+        "min_lr_ratio": ["min_lr_ratio"] if tr["schedule"]["name"] == "cosine" else [],
+        # TF32 matters only to float32 compute; the loss scale only to a spec that scales its loss
+        "tf32": ["tf32"] if tr["precision"]["compute"] == "float32" else [],
+        "loss_scale": ["loss_scale"] if tr["loss_scaling"] else [],
+        "checkpoint": ["checkpoint" if tr["checkpoint"] else "no_checkpoint"],
+        "master_weights": ["master_weights"] if t.master else [],
+        # ZeRO's split dimensions (what stage 2 splits too: optimizer's `zero_split`, which config renders too)
+        "zero": ["zero"] if t.zero else [],
+        # expert parallelism's layouts (the experts' hidden features over `tensor` too, with tp_experts)
+        "expert_layouts": ["expert_layouts"] if t.ep else [],
+        "expert_features": ["features_over_tensor"] if t.tp_experts else [],
+        # the pipeline's constants (its virtual stages told when a pipe rank holds several)
+        "pipeline": ["pipeline"] if t.pipeline else [],
+        "virtual_stages": ["virtual_stages"] if t.pipeline and t.pipeline["virtual"] > 1 else [],
+    }
+
+
 def parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
-    return {**generate(ctx), **optimizer(ctx)}
+    return {**generate(ctx), **optimizer(ctx), **config(ctx)}
