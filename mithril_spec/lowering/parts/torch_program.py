@@ -144,5 +144,66 @@ def config(ctx: dict[str, Any]) -> dict[str, list[str]]:
     }
 
 
+def _data_parallelism(t: Any) -> str:
+    """The README's words on the data parallelism (torch.dp, its mesh and ZeRO stage decide them)."""
+    if t.dp == "ddp":
+        return "ddp"
+    if t.dp == "hsdp":
+        return "hsdp_replicated" if t.mesh3["fsdp"] == 1 else "hsdp"
+    if t.dp == "fsdp":
+        if t.mesh3["fsdp"] == 1 and t.ep:
+            return "fsdp_replicated_experts"
+        return "fsdp_over_data" if t.shard_axis == "data" else "fsdp"
+    return {"zero2": "zero2", "zero1": "zero1_all_reduce"}.get(t.dp, "no_data_parallelism")
+
+
+def readme(ctx: dict[str, Any]) -> dict[str, list[str]]:
+    """README.md's slots (templates/torch/readme_parts.md.j2)."""
+    t, ev, data, s = ctx["torch"], ctx["eval"], ctx["data"], ctx["sampling"]
+    if not t.ep:
+        experts = "experts_over_expert"
+    else:
+        experts = "experts_each_rank" if len(t.expert_group) > 1 else "experts_over_group"
+    kinds = {"arrays": "data_arrays", "text": "data_text", "tokens": "data_tokens"}
+    return {
+        # the parallelism row: a pipeline's stages first, then the data parallelism, ZeRO-1's split state,
+        # master weights, tensor parallelism (sequence parallel too) and the experts' split
+        "parallelism": (["pipeline_stages"] if t.pipeline else []) + [_data_parallelism(t)]
+        + (["zero1"] if t.zero == 1 else []) + (["master_weights"] if t.master else [])
+        + ((["sequence_parallel"] if t.sp_repeats else ["tensor_parallel"]) if t.tp_plan else [])
+        + ([experts] if t.expert > 1 else []),
+        "batch_pipeline": ["pipeline_microbatches"] if ctx["pipeline"] else [],
+        "precision_float8": ["float8"] if ctx["training"]["precision"]["float8"] else [],
+        # Run: torchrun and the launcher on a mesh of several ranks (--profile through the launcher but for a
+        # pipeline), else plain python; --dry-run lays out every rank's shards on such a mesh
+        "run": (["run_distributed"] + ([] if t.pipeline else ["run_profile"])) if ctx["mesh"]["devices"] > 1
+        else ["run_single"],
+        "dry_run_sentence": ["dry_run_shards"] if ctx["mesh"]["devices"] > 1 else [],
+        # the metrics of a model with a sequence (tokens/s) and of a spec that evaluates (its accuracy for a
+        # loss over classes)
+        "metrics_fields": (["tokens_per_s"] if ctx["seq_len"] else [])
+        + ((["val_loss_field"] + (["val_accuracy_field"] if ev["accuracy"] else [])) if ev else []),
+        "tensorboard_scalars": ["val_loss_scalar"] if ev else [],
+        "hf_flags": ["hf_flags"] if ctx["hf"] else [],
+        # --data: what the data kind reads (its default path), and the evaluation's held-out part of it
+        "data_flag": [kinds.get(data["kind"], "data_synthetic")]
+        + (["data_default"] if data["kind"] != "synthetic" else [])
+        + (["eval_held_out"] if ev and ev["split"] else []),
+        # --eval-only: on the eval file, held-out samples or drawn ones; every N steps in training
+        "eval_only": ["eval_only"] if ev else [],
+        "eval_samples": ["eval_file" if ev["path"] else "held_out_samples" if ev["split"] else "drawn_samples"]
+        if ev else [],
+        "eval_every": ["every_steps"] if ev and ev["every"] else [],
+        "seed_eval": ["eval_seed"] if ev and data["kind"] == "synthetic" else [],
+        "memory_pipeline": ["fullest_pipe_rank"] if t.pipeline else [],
+        # the Sampling section of a language model (generate.py): split decode over `tensor`, the spec's
+        # tokenizer, --check through the pipeline's stages or train.py's forward pass
+        "sampling": ["sampling_section"] if s else [],
+        "sampling_tensor": ["tensor_split_decode"] if s and s["tensor"] > 1 else [],
+        "sampling_tokenizer": ["default_tokenizer"] if s and s["tokenizer"] else [],
+        "sampling_check": ["check_stages" if t.pipeline else "check_forward"],
+    }
+
+
 def parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
-    return {**generate(ctx), **optimizer(ctx), **config(ctx)}
+    return {**generate(ctx), **optimizer(ctx), **config(ctx), **readme(ctx)}
