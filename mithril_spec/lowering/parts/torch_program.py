@@ -205,5 +205,40 @@ def readme(ctx: dict[str, Any]) -> dict[str, list[str]]:
     }
 
 
+def memory(ctx: dict[str, Any]) -> dict[str, list[str]]:
+    """memory.py's slots (templates/torch/memory_parts.py.j2): dry_run."""
+    t = ctx["torch"]
+    return {
+        # a pipeline's dry run takes the pipe ranks of every parameter (`pipe_of`), tells so, and counts on each
+        # rank only what its stages own
+        "dry_run_params": ["pipe_of_param"] if t.pipeline else [],
+        "dry_run_docstring": ["pipe_of_doc"] if t.pipeline else [],
+        "rank_owner": ["pipe_owner"] if t.pipeline else [],
+        # on a mesh of several ranks one process stands in for every rank
+        "dry_run_mesh": ["fake_group_sentence"] if t.distributed else [],
+        # rank_bytes' optional arguments: the owner of a pipeline's parameters, the buffers split over the
+        # tensor-parallel channels, and with Shards the optimizer state's element bytes (+ 4: the float32
+        # master copy), ZeRO's split dimensions and ZeRO-2's split gradients
+        "rank_bytes_args": (["owns_mine"] if t.pipeline else []) + (["split_buffers"] if t.tp_channels else [])
+        + ((["master_state_element" if t.master else "state_element"] + (["zero_dims"] if t.zero else [])
+            + (["split_grads"] if t.zero >= 2 else [])) if t.shards else []),
+    }
+
+
+def loss_scale(ctx: dict[str, Any]) -> dict[str, list[str]]:
+    """loss_scale.py's slots (templates/torch/loss_scale_parts.py.j2): the LossScaler of a float16 build."""
+    t, ls = ctx["torch"], ctx["training"]["loss_scaling"]
+    dynamic = bool(ls and ls["dynamic"])
+    return {
+        # a dynamic scale grows after a run of finite steps and backs off after a skipped one; a fixed one
+        # only counts the skipped steps
+        "good_steps_comment": ["since_scale_changed"] if dynamic else [],
+        "scale_update": ["dynamic_update" if dynamic else "fixed_update"],
+        # the skip decision taken over every rank
+        "finite_where": ["on_every_rank"] if t.distributed else [],
+        "found_inf_reduced": ["all_reduce_found_inf"] if t.distributed else [],
+    }
+
+
 def parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
-    return {**generate(ctx), **optimizer(ctx), **config(ctx), **readme(ctx)}
+    return {**generate(ctx), **optimizer(ctx), **config(ctx), **readme(ctx), **memory(ctx), **loss_scale(ctx)}
