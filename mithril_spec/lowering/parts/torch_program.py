@@ -240,5 +240,30 @@ def loss_scale(ctx: dict[str, Any]) -> dict[str, list[str]]:
     }
 
 
+def data(ctx: dict[str, Any]) -> dict[str, list[str]]:
+    """data.py's slots (templates/torch/data_parts.py.j2)."""
+    t = ctx["torch"]
+    # 16-bit parameters without autocast: the float inputs (not the loss targets) cast to the compute dtype
+    cast = ctx["training"]["precision"]["params"] != "float32" and not t.mixed
+    return {
+        "to_tensors_docstring": ["compute_dtype_inputs"] if cast else [],
+        # each input made a tensor: cast as above, and cut to this rank's places of the sequence (context)
+        "to_tensor": (["cast_to_compute"] if cast else []) + (["context_places"] if t.context else []),
+        # inputs laid out otherwise than by rows of the batch (sharding.inputs): read as laid out, relaid out
+        "input_layouts_reading": ["read_batch_relayout"] if t.input_layouts else [],
+    }
+
+
+def communication(ctx: dict[str, Any]) -> dict[str, list[str]]:
+    """communication.py's slots (templates/torch/communication_parts.py.j2): DDP's gradient compression hook,
+    PowerSGD's or a cast to 16 bits (bf16's under its own name: DDP refuses bf16_compress_hook without CUDA)."""
+    hook = ctx["torch"].comm.get("hook")
+    cast = ["cast_compression", "bf16_hook" if hook == "bf16" else "register_compress_hook"]
+    return {"compress_hook": ["powersgd_hook"] if hook == "powersgd" else cast if hook else []}
+
+
 def parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
-    return {**generate(ctx), **optimizer(ctx), **config(ctx), **readme(ctx), **memory(ctx), **loss_scale(ctx)}
+    return {
+        **generate(ctx), **optimizer(ctx), **config(ctx), **readme(ctx), **memory(ctx), **loss_scale(ctx),
+        **data(ctx), **communication(ctx),
+    }
