@@ -262,8 +262,21 @@ def communication(ctx: dict[str, Any]) -> dict[str, list[str]]:
     return {"compress_hook": ["powersgd_hook"] if hook == "powersgd" else cast if hook else []}
 
 
+def context(ctx: dict[str, Any]) -> dict[str, list[str]]:
+    """context.py's slots (templates/torch/context_parts.py.j2): the gathers of the whole sequence the model's
+    layers call (torch.helpers: batch_norm's statistics over every place, a moe layer's tokens in order)."""
+    helpers = ctx["torch"].helpers
+    return {"sequence_gathers": [h for h in ("gather_places", "gather_sequence") if h in helpers]}
+
+
+def launch(ctx: dict[str, Any]) -> dict[str, list[str]]:
+    """launch.sh's slots (templates/torch/launch_parts.sh.j2)."""
+    # communication.algorithm: NCCL_ALGO exported for the ranks
+    return {"nccl_algo": ["nccl_algo"] if ctx["torch"].comm.get("nccl_algo") else []}
+
+
 def parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
     return {
         **generate(ctx), **optimizer(ctx), **config(ctx), **readme(ctx), **memory(ctx), **loss_scale(ctx),
-        **data(ctx), **communication(ctx),
+        **data(ctx), **communication(ctx), **context(ctx), **launch(ctx),
     }
