@@ -24,7 +24,8 @@ def generate(ctx: dict[str, Any]) -> dict[str, list[str]]:
         # each stage on the meta device as train.py does (its parameters stored apart, then parallelised)
         "stages_built": ["stages_parallelised"] if t.parallelized else [],
         "stages_read": ["stage_shards"] if t.parallelized else [],
-        "stage_built": (["store_stage_params"] if t.store_params else []) + (["parallelize_stage"] if t.parallelized else []),
+        "stage_built": (["store_stage_params"] if t.store_params else [])
+        + (["parallelize_stage"] if t.parallelized else []),
         # --resume's checkpoint load: with the Shards the optimizer steps on (ZeRO, master weights), or without
         "resume": ["load_checkpoint_shards" if t.shards else "load_checkpoint"],
         # the pipeline's full forward pass under autocast when the compute dtype is not the parameters'
@@ -32,7 +33,8 @@ def generate(ctx: dict[str, Any]) -> dict[str, list[str]]:
         # the same for the whole model (no pipeline): docstring, build calls, the forward pass of --check, its
         # sequence split over `context` (this rank's places in, every rank's logits gathered out)
         "model_built": ["model_parallelised"] if t.parallelized else [],
-        "model_built_calls": (["store_model_params"] if t.store_params else []) + (["parallelize_model"] if t.parallelized else []),
+        "model_built_calls": (["store_model_params"] if t.store_params else [])
+        + (["parallelize_model"] if t.parallelized else []),
         "full_tokens": ["context_places"] if t.context else [],
         "full_logits": ["forward_autocast" if t.autocast else "forward"],
         "full_gathered": ["context_gather"] if t.context else [],
@@ -47,9 +49,25 @@ def generate(ctx: dict[str, Any]) -> dict[str, list[str]]:
 
 
 GENERATE_SLOTS = (
-    "usage", "decode_docstring", "tokenizer_comment", "tensor_local", "stages_built", "stages_read", "stage_built",
-    "resume", "stages_context", "model_built", "model_built_calls", "full_tokens", "full_logits", "full_gathered",
-    "after_setup", "load_model", "decode_weights_args", "decoder_args", "print_result",
+    "usage",
+    "decode_docstring",
+    "tokenizer_comment",
+    "tensor_local",
+    "stages_built",
+    "stages_read",
+    "stage_built",
+    "resume",
+    "stages_context",
+    "model_built",
+    "model_built_calls",
+    "full_tokens",
+    "full_logits",
+    "full_gathered",
+    "after_setup",
+    "load_model",
+    "decode_weights_args",
+    "decoder_args",
+    "print_result",
 )
 
 
@@ -84,7 +102,8 @@ def optimizer(ctx: dict[str, Any]) -> dict[str, list[str]]:
         # write_back: the slices all-gathered (rounded to PARAM_DTYPE from master copies), else the copies
         # rounded; master weights free the float32 gradient there
         "write_back_docstring": [
-            ("slices_gathered_rounded" if master else "slices_gathered") if zero else "copies_rounded"],
+            ("slices_gathered_rounded" if master else "slices_gathered") if zero else "copies_rounded"
+        ],
         "write_back": [("gather_rounded" if master else "gather") if zero else "copy"]
         + (["free_float32_grad"] if master else []),
         # from ZeRO-2 the gradients held are the kept slices (the memory report), cleared by zero_grad
@@ -99,7 +118,8 @@ def optimizer(ctx: dict[str, Any]) -> dict[str, list[str]]:
         # matrices only), of the leaves or the parameters
         "mesh_param": ["mesh_param"] if t.shards else [],
         "optimizer_kernel": (["shards_kernel"] + (["strided_kernel"] if t.zero_views else []))
-        if t.shards else ["parameters_kernel"],
+        if t.shards
+        else ["parameters_kernel"],
         "optimizer": [name if name in ("adamw", "adam") else "sgd"],
         "named_params": ["named_leaves" if t.shards else "named_parameters"],
         "shards_returned": ["shards_returned"] if t.shards else [],
@@ -168,15 +188,18 @@ def readme(ctx: dict[str, Any]) -> dict[str, list[str]]:
     return {
         # the parallelism row: a pipeline's stages first, then the data parallelism, ZeRO-1's split state,
         # master weights, tensor parallelism (sequence parallel too) and the experts' split
-        "parallelism": (["pipeline_stages"] if t.pipeline else []) + [_data_parallelism(t)]
-        + (["zero1"] if t.zero == 1 else []) + (["master_weights"] if t.master else [])
+        "parallelism": (["pipeline_stages"] if t.pipeline else [])
+        + [_data_parallelism(t)]
+        + (["zero1"] if t.zero == 1 else [])
+        + (["master_weights"] if t.master else [])
         + ((["sequence_parallel"] if t.sp_repeats else ["tensor_parallel"]) if t.tp_plan else [])
         + ([experts] if t.expert > 1 else []),
         "batch_pipeline": ["pipeline_microbatches"] if ctx["pipeline"] else [],
         "precision_float8": ["float8"] if ctx["training"]["precision"]["float8"] else [],
         # Run: torchrun and the launcher on a mesh of several ranks (--profile through the launcher but for a
         # pipeline), else plain python; --dry-run lays out every rank's shards on such a mesh
-        "run": (["run_distributed"] + ([] if t.pipeline else ["run_profile"])) if ctx["mesh"]["devices"] > 1
+        "run": (["run_distributed"] + ([] if t.pipeline else ["run_profile"]))
+        if ctx["mesh"]["devices"] > 1
         else ["run_single"],
         "dry_run_sentence": ["dry_run_shards"] if ctx["mesh"]["devices"] > 1 else [],
         # the metrics of a model with a sequence (tokens/s) and of a spec that evaluates (its accuracy for a
@@ -192,7 +215,8 @@ def readme(ctx: dict[str, Any]) -> dict[str, list[str]]:
         # --eval-only: on the eval file, held-out samples or drawn ones; every N steps in training
         "eval_only": ["eval_only"] if ev else [],
         "eval_samples": ["eval_file" if ev["path"] else "held_out_samples" if ev["split"] else "drawn_samples"]
-        if ev else [],
+        if ev
+        else [],
         "eval_every": ["every_steps"] if ev and ev["every"] else [],
         "seed_eval": ["eval_seed"] if ev and data["kind"] == "synthetic" else [],
         "memory_pipeline": ["fullest_pipe_rank"] if t.pipeline else [],
@@ -219,9 +243,17 @@ def memory(ctx: dict[str, Any]) -> dict[str, list[str]]:
         # rank_bytes' optional arguments: the owner of a pipeline's parameters, the buffers split over the
         # tensor-parallel channels, and with Shards the optimizer state's element bytes (+ 4: the float32
         # master copy), ZeRO's split dimensions and ZeRO-2's split gradients
-        "rank_bytes_args": (["owns_mine"] if t.pipeline else []) + (["split_buffers"] if t.tp_channels else [])
-        + ((["master_state_element" if t.master else "state_element"] + (["zero_dims"] if t.zero else [])
-            + (["split_grads"] if t.zero >= 2 else [])) if t.shards else []),
+        "rank_bytes_args": (["owns_mine"] if t.pipeline else [])
+        + (["split_buffers"] if t.tp_channels else [])
+        + (
+            (
+                ["master_state_element" if t.master else "state_element"]
+                + (["zero_dims"] if t.zero else [])
+                + (["split_grads"] if t.zero >= 2 else [])
+            )
+            if t.shards
+            else []
+        ),
     }
 
 
@@ -277,6 +309,14 @@ def launch(ctx: dict[str, Any]) -> dict[str, list[str]]:
 
 def parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
     return {
-        **generate(ctx), **optimizer(ctx), **config(ctx), **readme(ctx), **memory(ctx), **loss_scale(ctx),
-        **data(ctx), **communication(ctx), **context(ctx), **launch(ctx),
+        **generate(ctx),
+        **optimizer(ctx),
+        **config(ctx),
+        **readme(ctx),
+        **memory(ctx),
+        **loss_scale(ctx),
+        **data(ctx),
+        **communication(ctx),
+        **context(ctx),
+        **launch(ctx),
     }
