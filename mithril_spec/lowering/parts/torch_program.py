@@ -122,6 +122,7 @@ def optimizer(ctx: dict[str, Any]) -> dict[str, list[str]]:
         else ["parameters_kernel"],
         "optimizer": [name if name in ("adamw", "adam") else "sgd"],
         "named_params": ["named_leaves" if t.shards else "named_parameters"],
+        "stepped": ["shard_leaves" if t.shards else "model_parameters"],  # what Adam and SGD step on
         "shards_returned": ["shards_returned"] if t.shards else [],
     }
 
@@ -226,6 +227,8 @@ def readme(ctx: dict[str, Any]) -> dict[str, list[str]]:
         "sampling_tensor": ["tensor_split_decode"] if s and s["tensor"] > 1 else [],
         "sampling_tokenizer": ["default_tokenizer"] if s and s["tokenizer"] else [],
         "sampling_check": ["check_stages" if t.pipeline else "check_forward"],
+        # the Sampling commands run under torchrun on a mesh of several ranks
+        "launcher": ["torchrun" if t.distributed else "python"],
     }
 
 
