@@ -30,6 +30,14 @@ def parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
     def one(flag: Any, name: str) -> list[str]:
         return [name] if flag else []
 
+    # the header's second line: how the spec places the copies (nothing to say of the planner's even split)
+    if groups:
+        placement = ["placed_groups"]
+    elif pp["even"]:
+        placement = []
+    else:
+        placement = ["placed_padded" if pp["padded"] else "placed"]
+
     return {
         # ---- pre_forward: the buffers its batch_norm layers moved, moe's losses (docstring, accumulator)
         "pre_doc_buffers": one(pre_buffers, "pre_doc_buffers"),
@@ -58,9 +66,9 @@ def parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
         # ---- the header comment: the planner's even split of one repeat, or the spec's placement (stages of
         # several blocks; padded stages)
         "header_copies": ["copies_even" if pp["even"] else "copies_placed"],
+        # the pipe ranks times their stages each, where a rank runs several (interleaved)
         "virtual_ranks": one(pp["virtual_stages"] > 1, "virtual_ranks"),
-        "header_placement": (["placed_groups"] if groups else [] if pp["even"]
-                             else ["placed_padded" if pp["padded"] else "placed"]),
+        "header_placement": placement,
         # ---- the constants: PER_STAGE and the stacked rows' copies, per stack (several blocks), computed from
         # PIPE, VIRTUAL_STAGES and PER_STAGE (the even split) or written out
         "per_stage": ["per_stage_groups" if groups else "per_stage_even" if pp["even"] else "per_stage_placed"],
@@ -74,11 +82,15 @@ def parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
         "stage_doc_keys": one(block_dropout, "doc_keys_named" if groups else "doc_keys_by_copy" if by_copy
                               else "doc_keys_by_stage"),
         "stage_doc": one(block_buffers, "doc_stage_buffers") + one(block_aux, "doc_stage_aux"),
+        # a stage of several blocks: its index among its rank's stages (interleaved)
         "virtual_stage": one(pp["virtual_stages"] > 1, "its_stage"),
+        # a stage of several blocks: the load-balancing losses of its copies, summed and returned
         "group_stage_start": one(block_aux, "stage_aux_init"),
         "group_stage_out": ["varying_x_aux" if block_aux else "varying_x"],
         # ZeRO: the stacked rows pinned to their layouts before the stages' branches (else a deadlock)
         "before_switch": one(zero, "pin_stacked_rows"),
+        # a stage of one block: its PER_STAGE rows are copies, or padding too; the buffer rows its copies move;
+        # the copies of its rows (stage_copies), else its first copy where the dropout keys need it
         "stage_doc_rows": ["doc_rows_padded" if pp["padded"] else "doc_rows"],
         "stage_start": (one(block_buffers, "buffer_rows")
                         + (["copies_note_padded" if pp["padded"] else "copies_note"] if by_copy
@@ -100,19 +112,26 @@ def parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
         "circular_share": ["share_scattered" if pp["share_outputs"] else "share_all"],
         # ---- pipeline_value_and_grad of the circular schedules
         "loop_doc_scale": one(scaled, "doc_scaled_loss"),
+        # the micro-batches' dropout keys: described, or dropped where the model draws none
         "step_key": ["keys_note" if dropout else "del_key"],
+        # the loss: the buffers moved in turn; the layers before the block micro-batch after micro-batch
+        # (pre_in_order: batch_norm) or vmapped, with or without their dropout keys and moe losses
         "loss_pre": (one(pp["buffers"], "buffers_b")
                      + [("loss_pre_in_order_aux" if pre_aux else "loss_pre_in_order") if pre_buffers
                         else "loss_pre_keyed" if dropout else "loss_pre"]),
         # shard_map's out_specs: the outputs alone, or a tuple with the moved buffers and the losses
         "circular_out_specs": ["out_specs_tuple" if len(pp["circular_out_specs"]) > 1 else "out_specs_one"],
+        # the stacked buffers that the circular loop moves, passed in and merged back
         "loss_run": ["loss_run_buffers" if block_buffers else "loss_run"],
         # the head: micro-batch after micro-batch where it moves batch_norm's statistics, else vmapped
         "loss_head": ["head_in_order" if post_buffers else "head_shared" if pp["share_outputs"] else "head_all"],
+        # the loss: moe's load-balancing losses added (before the block, and the stages')
         "loss_return": ["loss_with_aux" if pp["aux"] else "loss_mean"],
         "loss_terms": one(pre_aux, "plus_pre_aux") + one(block_aux, "plus_stage_aux"),
+        # the gradients: from the loss scale (jax.vjp), with the moved buffers as aux, or plain
         "loop_grads": ["grads_scaled" if scaled else "grads_moving_buffers" if pp["buffers"] else "grads"],
-        # ---- pipeline_1f1b
+        # ---- pipeline_1f1b: moe's losses and batch_norm's moved buffers (the copies' `sb`, the head's) carried,
+        # passed to the stage and the head, and returned; the head's gradient from the loss scale; ZeRO's pin
         "f1b_doc": (one(block_aux, "doc_f1b_aux")
                     + (["doc_stats_copies_and_head" if block_buffers and post_buffers else
                         "doc_stats_copies" if block_buffers else "doc_stats_head"] if pp["moves_stats"] else [])),
@@ -127,7 +146,8 @@ def parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
         "f1b_moved": one(block_buffers, "moved_sb") + one(post_buffers, "moved_head_buffers"),
         "f1b_end": one(post_buffers, "last_rank_head_buffers"),
         "f1b_returns": one(block_buffers, "carried_sb"),
-        # ---- pipeline_value_and_grad of 1f1b
+        # ---- pipeline_value_and_grad of 1f1b: the layers before the block (as loss_pre) under jax.vjp; the
+        # buffers the pipeline moves split off and merged back; moe's losses before the block in the gradients
         "f1b_step_doc_scale": one(scaled, "doc_scaled_grads"),
         "f1b_pre": [("vjp_in_order" if pre_buffers else "vjp_keyed" if dropout else "vjp") + ("_aux" if pre_aux else "")],
         "f1b_split_buffers": one(block_buffers, "split_sb") + one(post_buffers, "split_head_buffers"),
@@ -140,6 +160,8 @@ def parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
         "eval_start": one(post_train, "train_false") + one(post_aux, "aux_init"),
         "eval_end": one(post_aux, "drop_aux_loss") + one(ctx["loss"]["targets_is_input"], "read_targets"),
         "eval_return": ["return_loss_hits" if ev and ev["accuracy"] else "return_loss"],
+        # pipeline_eval: without batch_norm, no buffers; dropout keys the layers take (and draw nothing from);
+        # the outputs of pre_forward it drops; the circular loop with `train` False; the head per rank's share
         "eval_doc_modes": one(pp["eval_modes"], "doc_eval_modes"),
         "eval_doc_hits": one(ev and ev["accuracy"], "doc_eval_hits"),
         "eval_buffers": one(not pp["buffers"], "del_buffers"),
