@@ -167,13 +167,16 @@ def _groups(pp, reps: list[str], block: dict[str, str], kinds: list[str], number
             "orders": orders, "runs": tuple(runs)}
 
 
-def _pipeline_roles(pp: dict[str, Any], blocks: list[dict[str, Any]], dropout: bool, scaled: bool, circular: bool) -> None:
+def _pipeline_roles(pp: dict[str, Any], blocks: list[dict[str, Any]], inputs: list[dict[str, Any]], dropout: bool,
+                    scaled: bool, circular: bool, predicts: bool) -> None:
     """What the pipeline's functions (templates/jax/pipeline.py.j2) take and return beyond their fixed
     arguments, decided from the layers before the pipelined block (`pre`), its blocks and the layers after it
     (`post`): batch_norm's buffers, dropout keys, `train` (a layer that runs differently in the evaluation),
     moe's load-balancing losses, the loss scale. Each list holds extra parameters in order: a name, or (name,
     default) for a keyword parameter (templates/jax/macros.py.j2 `more`). `circular`: the circular pipeline is
-    rendered (its schedule, or the 1f1b build's evaluation / generate.py --check forward pass)."""
+    rendered (its schedule, or the 1f1b build's evaluation / generate.py --check forward pass); `predicts`: also
+    generate.py --check's (pipeline_predict). Layouts (PartitionSpecs of shard_map) are lists of mesh axes per
+    dimension (templates/jax/macros.py.j2 `pspec`)."""
     piped = [b for b in blocks if b["name"] in pp["blocks"]]
     pre_buffers = any(layer["buffers"] for layer in pp["pre"])
     block_buffers = any(b["has_buffers"] for b in piped)
@@ -216,6 +219,61 @@ def _pipeline_roles(pp: dict[str, Any], blocks: list[dict[str, Any]], dropout: b
         "f1b_params": ["key"] * dropout + ["scale"] * scaled + ["sb"] * block_buffers + ["head_buffers"] * post_buffers,
         "step_params": ["scale"] * scaled,
     })
+    pipe, whole = [["pipe"]], []  # a PartitionSpec split over `pipe` (first dimension), and a whole one
+    pre_aux, share = pp["pre_aux"], pp["share_outputs"]
+    ys = pipe if share else whole  # the finished micro-batches: each rank's share, or all on every rank
+    pp.update({
+        "predicts": predicts,  # pipeline_predict (generate.py --check)
+        # the model inputs that the layers before / after the block read (in the model's order)
+        "pre_inputs": [i for i in inputs if i["name"] in pp["pre_reads"]],
+        "post_inputs": [i for i in inputs if i["name"] in pp["post_reads"]],
+        # the dropout keys passed on: every micro-batch's (`key`), one micro-batch's (`k`)
+        "key_args": ["key"] * dropout,
+        "mb_keys": ["k"] * dropout,
+        "pre_aux_vars": ["pre_aux"] * pre_aux,  # the load-balancing losses of the layers before the block
+        # a stage's call: the stacked buffers it takes, what it returns past its output, the keyword `train`
+        "block_sb": ["sb"] * block_buffers,
+        "stage_outs": ["new_sb"] * block_buffers + ["stage_aux"] * block_aux,
+        "stage_aux_out": ["stage_aux"] * block_aux,
+        "stage_call_args": ["buffer_rows"] * block_buffers + ["key"] * block_dropout,
+        "stage_train": ["train"] * block_train,
+        # circular_pipeline: its loop's carry past (cur, laps, outs), its arguments, shard_map's specs
+        "circular_carry": ["aux"] * block_aux + ["sb"] * block_buffers,
+        "circular_args": ["sp"] + ["sb"] * block_buffers + ["xs"] + ["keys"] * block_dropout,
+        "circular_in_specs": [pipe] + [pipe] * block_buffers + [whole] + [whole] * block_dropout,
+        "circular_out_specs": [ys] + [pipe] * block_buffers + [whole] * block_aux,
+        "ys_layout": ys,
+        # the evaluation: the circular loop with `train` False where the block runs differently then; what
+        # pre_forward and post_eval take past (p, batch)
+        "eval_run": "loop" if block_train else "circular_pipeline",
+        "eval_pre_args": ["buffers"] * pre_buffers + ["k"] * dropout + [("train", False)] * pre_train,
+        "eval_pre_dropped": int(pre_buffers) + int(pre_aux),  # pre_forward's outputs past xs, dropped
+        "eval_post_args": ["buffers"] * post_buffers + ["k"] * dropout,
+        # the circular schedule's loss: the buffers (`b`) it moves, returned as the loss's aux
+        "loss_b": ["b"] * (pre_buffers or block_buffers or post_buffers),
+        "loss_buffers": ["buffers"] * (pre_buffers or block_buffers or post_buffers),
+        "loss_vjp": [("has_aux", True)] * (pre_buffers or block_buffers or post_buffers),
+        # 1f1b: the head's buffers (batch_norm after the block), the moved buffers, shard_map's specs
+        "head_b": ["b"] * post_buffers,
+        "head_vjp": [("has_aux", True)] * post_buffers,
+        "new_head_buffers": ["new_head_buffers"] * post_buffers,
+        "head_buffers_out": ["head_buffers"] * post_buffers,
+        "moved_buffers": ["sb"] * block_buffers + ["head_buffers"] * post_buffers,
+        "f1b_in_specs": [pipe, whole, whole, whole] + [whole] * dropout + [whole] * scaled + [pipe] * block_buffers
+        + [whole] * post_buffers,
+        "f1b_out_specs": [whole, pipe, whole, whole] + [pipe] * block_buffers + [whole] * post_buffers,
+    })
+    groups = pp["groups"]
+    if groups:
+        block = {b["name"]: b for b in blocks}
+        of = {h: block[groups["block_of"][h]] for h in groups["heads"]}
+        groups.update({
+            # per stack (its head repeat): what a run of its copies takes and returns past x
+            "run_keys": {h: ["key"] * b["has_dropout"] for h, b in of.items()},
+            "run_train": {h: ["train"] * b["train_arg"] for h, b in of.items()},
+            "run_outs": {h: ["aux"] * b["has_aux"] for h, b in of.items()},
+            "stage_fns": [f"stage_{n}" for n in range(len(groups["runs"]))],  # lax.switch's branches
+        })
 
 
 def free(name: str, taken: set[str]) -> str:
@@ -413,8 +471,9 @@ def target_fields(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
         lm = plan.language_model
         # generate.py --check runs the pipeline's forward pass (pipeline_predict) of a model without dropout
         predicts = lm is not None and not model["has_dropout"]
-        _pipeline_roles(pipeline, model["blocks"], model["has_dropout"], bool(ctx["training"]["loss_scaling"]),
-                        pipeline["schedule"] != "1f1b" or ctx["eval"] is not None or predicts)
+        _pipeline_roles(pipeline, model["blocks"], model["inputs"], model["has_dropout"],
+                        bool(ctx["training"]["loss_scaling"]),
+                        pipeline["schedule"] != "1f1b" or ctx["eval"] is not None or predicts, predicts)
     # the repeats whose stacked arrays hold the pipelined copies (split over `pipe`)
     heads = () if not pipeline else pipeline["groups"]["heads"] if pipeline["groups"] else (pipeline["repeat"]["name"],)
     tr = plan.spec.training
