@@ -16,7 +16,49 @@ def parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
     ls = bool(ctx["training"]["loss_scaling"])
     ev = ctx["eval"]
     repeats = any(layer["op"] == "repeat" for layer in ctx["layers"])
+    c = t.comm
+    own = set(t.tp_plan.values())
+    own_experts, own_channels = bool(own & {"experts", "experts_sp"}), "gather" in own
     return {
+        # ---- parallel.py.j2
+        # parallelize's docstring: a pipeline stage is parallelised on its own; tensor parallelism comes first
+        "parallelize_doc": _when((bool(pp), "stage_doc"), (bool(t.tp_plan), "tp_doc")),
+        # tensor parallelism (a TP_PLAN): the plan applied (a stage: its own layers' entries), then the layers
+        # that split their own parameters (moe experts, batch_norm channels: the comment names which), then
+        # dropout told the sequence positions of this rank
+        "tensor_parallel": (["tp_styles", "apply_tp_plan_stage" if pp else "apply_tp_plan"]
+                            + ([("own_both" if own_channels else "own_experts") if own_experts else "own_channels",
+                                "split_own"] if own_experts or own_channels else [])
+                            + _when((bool(t.sequence_dropout), "sequence_dropout"))) if t.tp_plan else [],
+        # FSDP2: MixedPrecisionPolicy imported where compute is mixed or gradients are compressed; the plan's
+        # shard dimensions (shard_placement_fn) where it shards; whole parameters and experts left to their own
+        # reductions; the precision policy; one group per repeated block (a stage: the blocks it holds) and the
+        # root; gloo collectives on CPU; the blocks' all-gather prefetch (communication.prefetch)
+        "fully_shard": (_when((bool(t.tp_plan), "after_tensor_parallel"))
+                        + ["fsdp_import_mp" if t.mixed or c["dtype"] else "fsdp_import",
+                           "shard_placement" if t.sharded else "fsdp_kw"]
+                        + _when((t.whole, "ignore_whole_" + t.shard_axis), (t.ep, "ignore_experts"))
+                        + ([("mp_mixed_compressed" if c["dtype"] else "mp_mixed") if t.mixed else "mp_compressed"]
+                           if t.mixed or c["dtype"] else [])
+                        + ["shard_blocks_stage" if pp else "shard_blocks"]
+                        + (["gloo_prefetch" if c["prefetch"] else "gloo"] if t.sharded else [])
+                        + (["prefetch_stage" if pp else "prefetch"] if c["prefetch"] else [])) if t.fsdp else [],
+        # DDP: the experts left out of its reducer (reduce_expert_grads reduces them)
+        "ddp_ignore": _when((t.ep, "ddp_ignore_experts")),
+        # DDP's process group: the batch axes flattened where there are several, else the one axis's
+        "ddp_group": (["ddp_flat" if t.ddp_flat else "ddp_axis"] if t.dp == "ddp" else []),
+        # keep_table_rows: a stage's tables may be absent (getattr), else they are the model's
+        "table_rows": (["table_rows_stage" if pp else "table_rows"] if t.keep_table_rows else []),
+        # expert_parallel: sub-meshes of axes in layout order (EXPERT_LAYOUTS over several axes); the all-to-all
+        # group over several mesh axes (a group per mesh column) or the `expert` axis's; each expert parameter's mesh
+        "expert_mesh_of": _when((t.ep and t.expert_layouts, "mesh_of")),
+        "ep_group": (["ep_group_columns" if t.expert_flat else "ep_group_axis"] if t.ep else []),
+        "expert_mesh": (["expert_mesh_of" if t.expert_layouts else "expert_mesh"] if t.ep else []),
+        # reduce_expert_grads: the experts' gradients (moe experts split over `expert`), or every gradient
+        # averaged over `expert` (the axis splits the batch only); FSDP2 averaged the others over its axes only
+        "reduce_doc": (["reduce_doc_experts" if t.ep else "reduce_doc_batch"] if t.reduce_experts else []),
+        "reduce_grads": ((["expert_grads_fsdp" if t.fsdp else "expert_grads"] if t.ep else ["batch_grads"])
+                         if t.reduce_experts else []),
         # ---- pipeline_main.py.j2 (the pipelined training loop; lists are empty without a pipeline)
         # the PipelineStage subclasses: MaskedStage tells dropout / batch_norm the micro-batch it runs, AuxStage
         # sums the moe layers' load-balancing losses
