@@ -59,6 +59,11 @@ def parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
         "reduce_doc": (["reduce_doc_experts" if t.ep else "reduce_doc_batch"] if t.reduce_experts else []),
         "reduce_grads": ((["expert_grads_fsdp" if t.fsdp else "expert_grads"] if t.ep else ["batch_grads"])
                          if t.reduce_experts else []),
+        # ---- pipeline_stages.py.j2
+        # moe layers in a pipeline: AUX_LOSS and CarryAuxLoss, which starts their gradient at a stage's output
+        "stage_module_head": _when((bool(pp) and t.aux_loss, "carry_aux_loss")),
+        # tables tied across stages: TIED, their groups, and the reduction of their copies' gradients
+        "stage_module_tail": _when((bool(pp and pp["tied"]), "tied_tables")),
         # ---- pipeline_main.py.j2 (the pipelined training loop; lists are empty without a pipeline)
         # the PipelineStage subclasses: MaskedStage tells dropout / batch_norm the micro-batch it runs, AuxStage
         # sums the moe layers' load-balancing losses
@@ -84,6 +89,11 @@ def parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
                           + _when((ls, "loss_scaler"))) if pp else [],
         # the autocast context the forward passes run under (mixed compute)
         "before_read": _when((bool(pp) and t.autocast, "autocast")),
+        # the evaluation: batch_norm's running statistics held (micro-batch id -1) where it keeps micro-batch
+        # state; the accuracy's counts and value where the evaluation reports it
+        "eval_begin": _when((bool(pp and ev) and t.micro_state, "eval_micro_ids")),
+        "eval_batch": _when((bool(pp and ev and ev["accuracy"]), "accuracy_sums")),
+        "eval_end": _when((bool(pp and ev and ev["accuracy"]), "val_accuracy")),
         # loss scaling: the memory report waits for the first update that is not skipped
         "before_loop": _when((bool(pp) and ls, "report_once")),
         # moe: the factor of the load-balancing losses' gradient (times the loss scale with loss scaling)
