@@ -447,6 +447,11 @@ def target_fields(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
     # a pipeline spec built for one stage with dropout: each micro-step draws its masks as pipeline
     # micro-batch k % chunks of the spec's micro-batch (as a pipelined build draws them)
     t["chunk_masks"] = t["micro_state"] and t["chunks"] > 1 and random
+    if t["pipeline"]:
+        # the class each pipeline stage runs as (identifiers, pipeline_main.py.j2): PipelineStage, or MaskedStage
+        # (micro-batch ids for dropout / batch_norm), under AuxStage where moe layers add load-balancing losses
+        base = "MaskedStage" if t["micro_state"] else "PipelineStage"
+        t["pipeline"].update(stage_base=base, stage_class="AuxStage" if t["aux_loss"] else base)
     # batch statistics over several batch axes: their flattened mesh's group (else the one axis's)
     t["sync_bn_flat"] = len(t["sync_bn"]) > 1
     # the all-to-all's group spans several mesh axes (expert and fsdp): a group per column of the mesh
