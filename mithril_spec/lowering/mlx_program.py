@@ -75,7 +75,11 @@ def _op_defs(op_attrs: dict[str, list[dict[str, Any]]], tensor: int, evaluates: 
     dropout_layers = some(Dropout, lambda a: a["rate"])
     attention_dropout = some(Attention, lambda a: a["dropout"])
     dropout_heads = tp and attention_dropout
-    defs: dict[type, dict[str, Any]] = {Dropout: {"helper": dropout_layers, "heads": dropout_heads}}
+    # the helper's optional parameter `heads` (None: a dropout layer's whole rows)
+    dropout_params = [("heads", None)] if dropout_heads else []
+    defs: dict[type, dict[str, Any]] = {
+        Dropout: {"helper": dropout_layers, "heads": dropout_heads, "params": dropout_params}
+    }
     f = {
         "gqa": some(Attention, lambda a: a["kv_heads"] != a["heads"]),
         "causal": some(Attention, lambda a: a["causal"]),
@@ -89,7 +93,14 @@ def _op_defs(op_attrs: dict[str, list[dict[str, Any]]], tensor: int, evaluates: 
         "tp": tp,
         "dropout_helper": attention_dropout and not dropout_layers,  # no dropout layer renders it
         "dropout_heads": dropout_heads,
+        "dropout_params": dropout_params,
     }
+    # project()'s heads: all of them (n), or with tp this process's (-1: what its columns hold); the k and v
+    # projections' heads; when the output projection adds its bias (`bias`, and `o_bias` where some layer has
+    # biases on q, k, v alone)
+    f["project_heads"] = -1 if tp else "n"
+    f["kv_heads"] = "kv_heads" if f["gqa"] else "heads"
+    f["out_bias"] = ["bias", "o_bias"] if f["qkv_only"] else ["bias"]
     f["rope_params"] = [("scaling", None)] if f["scaled"] else []
     f["params"] = [*op_of[Attention].helper_params(by_kind.get(Attention, [])), *([("tp", False)] if tp else []),
                    *([("dropout_rate", 0.0), ("key", None)] if f["drop"] else [])]
