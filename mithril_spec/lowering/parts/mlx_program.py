@@ -82,5 +82,33 @@ def _ops(ctx: dict[str, Any]) -> dict[str, list[str]]:
     }
 
 
+def _main(ctx: dict[str, Any]) -> dict[str, list[str]]:
+    """templates/mlx/main.py.j2 (main_parts.py.j2)."""
+    tp = ctx["mlx"].tp  # tensor parallelism: each process holds slices of the parameters
+    evaluates = ctx["eval"] is not None
+    return {
+        # this process's data-parallel rank: with tp, TENSOR processes share a batch
+        "data_rank": _pick(("per_tensor_group", tp)),
+        # the starting parameters and a checkpoint's arrays: this process's slices with tp, else whole
+        "init_params": ["params_sliced" if tp else "params_whole"],
+        "restore": ["restore_sliced" if tp else "restore_whole"],
+        # --export-grads writes whole gradients: with tp every process gathers them
+        "export_grads_doc": _pick(("gathered_doc", tp)),
+        "export_grads_gather": _pick(("gather_grads", tp)),
+        # --eval-only: the evaluation of the starting parameters (a spec with an `eval` section)
+        "before_training": _pick(("eval_only", evaluates)),
+        # data.mask: the step's loss factor (the mean over the global batch's unmasked targets)
+        "step_args": _pick(("loss_scale_arg", ctx["data"]["mask"])),
+        # the step's row: tokens per second for sequence models, the evaluation's figures
+        "step_row": _pick(("tokens_per_s", ctx["seq_len"]), ("eval_row", evaluates)),
+        "console_args": _pick(("eval_log_arg", evaluates)),
+        # a checkpoint holds whole arrays: with tp gathered by every process, else this process's state
+        "checkpoint": ["checkpoint_gathered" if tp else "checkpoint_local"],
+        "gather_params": _pick(("gather_params", tp)),
+        # a model with a Hugging Face mapping: --export-hf and --logits
+        "hf_exports": _pick(("hf_exports", ctx["hf"])),
+    }
+
+
 def parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
-    return _ops(ctx)
+    return {**_ops(ctx), **_main(ctx)}
