@@ -110,5 +110,24 @@ def _main(ctx: dict[str, Any]) -> dict[str, list[str]]:
     }
 
 
+def _train_step(ctx: dict[str, Any]) -> dict[str, list[str]]:
+    """templates/mlx/train_step.py.j2 (train_step_parts.py.j2)."""
+    m = ctx["mlx"]
+    ev = ctx["eval"]
+    return {
+        # the gradients' norm: with tp the slices' squares summed over the processes
+        "global_norm": ["norm_of_slices" if m.tp else "norm_of_whole"],
+        # a micro-batch's dropout key, where some layer draws a mask
+        "micro_batch_key": ["dropout_key" if m.has_dropout else "no_key"],
+        # a micro-batch's weight: with data.mask the step's factor makes the loss the mean over unmasked targets
+        "micro_batch_weight": ["masked_weight" if ctx["data"]["mask"] else "plain_weight"],
+        "clip": _pick(("clip_grads", ctx["training"]["clip_grad_norm"])),
+        # predict (for --logits, a model with a Hugging Face mapping) and the evaluation (with or without accuracy)
+        "after_train_step": _pick(("predict", ctx["hf"]),
+                                  ("evaluate_accuracy" if ev and ev["accuracy"] else "evaluate_loss", ev)),
+        "predict_args": _pick(("buffers_arg", m.has_buffers), ("predict_key_arg", m.has_dropout)),
+    }
+
+
 def parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
-    return {**_ops(ctx), **_main(ctx)}
+    return {**_ops(ctx), **_main(ctx), **_train_step(ctx)}
