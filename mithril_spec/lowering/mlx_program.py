@@ -153,6 +153,14 @@ def target_fields(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
         block["call_args"] = block["state_args"] + (["train"] if block["train_arg"] else [])
         block["returns"] = [n for n, has in (("buffers", block["has_buffers"]), ("aux_loss", block["has_aux"])) if has]
         block["receives"] = [n for n, has in (("buffers", block["has_buffers"]), ("aux", block["has_aux"])) if has]
+        # the block's optional pieces (templates/mlx/model_parts.py.j2): with moe layers it returns their losses'
+        # sum (after the buffers, where it has them), starts it at 0, and the repeat adds it to forward's
+        aux = block["has_aux"]
+        block["parts"] = {
+            "docstring": [("returns_buffers_aux_doc" if block["has_buffers"] else "returns_aux_doc")] if aux else [],
+            "start": ["aux_init"] if aux else [],
+            "after_call": ["add_aux"] if aux else [],
+        }
     loss = model["loss"]
     # forward's arguments after (p, batch), and its results: the prediction, the targets (unless an input),
     # the buffers, the moe layers' losses; the evaluation passes no dropout key and train=False

@@ -129,5 +129,29 @@ def _train_step(ctx: dict[str, Any]) -> dict[str, list[str]]:
     }
 
 
+def _model(ctx: dict[str, Any]) -> dict[str, list[str]]:
+    """templates/mlx/model.py.j2 (model_parts.py.j2); each block's pieces: lowering/mlx_program.py (blk.parts)."""
+    m, loss, ev = ctx["mlx"], ctx["loss"], ctx["eval"]
+    targets = [] if loss["targets_is_input"] else ["targets_doc"]  # forward returns the targets unless an input
+    return {
+        # pool2d: the helper of the pooling layers (no op's definition holds it)
+        "model_helpers": _pick(("pool2d_helper", "pool2d" in m.helpers)),
+        # forward's results beyond the prediction; with moe layers it sums their losses from 0
+        "forward_doc": [*targets, *_pick(("buffers_doc", m.has_buffers), ("aux_doc", m.has_aux))],
+        "forward_start": _pick(("aux_init", m.has_aux)),
+        # remat (training.remat full): around each repeated block, or around the whole forward pass
+        "repeat_call": ["block_remat" if m.remat_blocks else "block_call"],
+        "forward_call": ["forward_remat" if m.remat_forward else "forward_plain"],
+        # the targets read from the batch where they are an input (loss_fn and eval_fn)
+        "loss_targets": _pick(("targets_from_batch", loss["targets_is_input"])),
+        "loss_return": ["return_with_aux" if m.has_aux else "return_loss"],
+        # eval_fn, with an `eval` section: its docstring's clauses, its results (with eval.accuracy the hits)
+        "after_loss": _pick(("eval_fn", ev)),
+        "eval_results_doc": _pick(("without_aux_doc", m.has_aux), ("hits_doc", ev and ev["accuracy"])),
+        "eval_model_doc": _pick(("without_dropout_doc", m.has_dropout), ("running_stats_doc", m.has_buffers)),
+        "eval_return": ["return_hits" if ev and ev["accuracy"] else "return_eval_loss"],
+    }
+
+
 def parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
-    return {**_ops(ctx), **_main(ctx), **_train_step(ctx)}
+    return {**_ops(ctx), **_main(ctx), **_train_step(ctx), **_model(ctx)}
