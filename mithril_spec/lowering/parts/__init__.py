@@ -20,7 +20,8 @@ every slot given (an empty list renders nothing), and the Program's `parts` is {
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from . import (
     common,

@@ -153,5 +153,26 @@ def _model(ctx: dict[str, Any]) -> dict[str, list[str]]:
     }
 
 
+def _config(ctx: dict[str, Any]) -> dict[str, list[str]]:
+    """templates/mlx/config.py.j2 (config_parts.py.j2)."""
+    t = ctx["training"]
+    opt = t["optimizer"]["name"]
+    return {
+        # tensor parallelism: its degree and the parameters' split dimensions
+        "tensor_constants": _pick(("tensor_split", ctx["mlx"].tp)),
+        # batch_norm's running statistics, or none
+        "buffers": ["buffers_table" if ctx["buffers"] else "no_buffers"],
+        # the spec's pipeline micro-batches, run one after the other (else one)
+        "microbatches": ["pipeline_microbatches" if ctx["pipeline"] else "one_microbatch"],
+        # the optimizer's hyperparameters: adam's and adamw's betas and eps, adamw's weight decay, sgd's momentum;
+        # its state tensors per parameter
+        "optimizer_constants": [*_pick(("betas", opt in ("adam", "adamw")), ("weight_decay", opt == "adamw")),
+                                "sgd_momentum" if opt == "sgd" else "adam_slots"],
+        "schedule_constants": _pick(("min_lr_ratio", t["schedule"]["name"] == "cosine")),
+        # the spec's checkpoints, or none by default
+        "checkpoint_constants": ["checkpoint_spec" if t["checkpoint"] else "no_checkpoint"],
+    }
+
+
 def parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
-    return {**_ops(ctx), **_main(ctx), **_train_step(ctx), **_model(ctx)}
+    return {**_ops(ctx), **_main(ctx), **_train_step(ctx), **_model(ctx), **_config(ctx)}
