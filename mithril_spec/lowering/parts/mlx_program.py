@@ -174,5 +174,33 @@ def _config(ctx: dict[str, Any]) -> dict[str, list[str]]:
     }
 
 
+def _readme(ctx: dict[str, Any]) -> dict[str, list[str]]:
+    """templates/mlx/README.md.j2 (readme_parts.md.j2)."""
+    ev, data = ctx["eval"], ctx["data"]
+    synthetic = data["kind"] == "synthetic"
+    return {
+        # how to run: launch.sh for several processes, train.py for one
+        "run_commands": ["run_processes" if ctx["mesh"]["devices"] > 1 else "run_one"],
+        # the metrics beyond loss and speed: tokens per second (sequence models), the evaluation's
+        "metrics_doc": _pick(("tokens_metric", ctx["seq_len"]), ("val_loss_metric", ev),
+                             ("val_accuracy_metric", ev and ev["accuracy"])),
+        "tensorboard_doc": _pick(("val_loss_scalar", ev)),
+        "hf_flags": _pick(("hf_flags", ctx["hf"])),
+        "checkpoint_default": ["checkpoint_default" if ctx["training"]["checkpoint"] else "no_checkpoint_default"],
+        # --data: what it reads (per data kind), its default path, the evaluation's held-out split
+        "data_doc": [f"data_{data['kind']}", *_pick(("data_default", not synthetic),
+                                                   ("held_out_split", ev and ev["split"]))],
+        # --eval-only (an `eval` section): the samples it evaluates, how often training evaluates
+        "eval_flags": _pick(("eval_only_flag", ev)),
+        "eval_source": [] if not ev else ["eval_path_source" if ev["path"] else
+                                          "held_out_source" if ev["split"] else "drawn_source"],
+        "eval_every": _pick(("eval_every_doc", ev and ev["every"])),
+        "seed_doc": _pick(("eval_samples_seed", ev and synthetic)),
+        # generate.py (a language model): how to sample, the spec's tokenizer
+        "sampling": _pick(("sampling_section", ctx["sampling"])),
+        "tokenizer_doc": _pick(("spec_tokenizer", ctx["sampling"] and ctx["sampling"]["tokenizer"])),
+    }
+
+
 def parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
-    return {**_ops(ctx), **_main(ctx), **_train_step(ctx), **_model(ctx), **_config(ctx)}
+    return {**_ops(ctx), **_main(ctx), **_train_step(ctx), **_model(ctx), **_config(ctx), **_readme(ctx)}
