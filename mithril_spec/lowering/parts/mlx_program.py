@@ -202,5 +202,33 @@ def _readme(ctx: dict[str, Any]) -> dict[str, list[str]]:
     }
 
 
+def _program(ctx: dict[str, Any]) -> dict[str, list[str]]:
+    """templates/mlx/train.py.j2, optimizer.py.j2, runtime.py.j2 and generate.py.j2 (program_parts.py.j2)."""
+    m, t = ctx["mlx"], ctx["training"]
+    opt, schedule = t["optimizer"], t["schedule"]["name"]
+    sampling = ctx["sampling"]
+    return {
+        # train.py: launch.sh and data parallelism in the docstring for several processes; tensor
+        # parallelism's helpers (tensor.py.j2); the Hugging Face mapping (a model with one)
+        "run_docstring": _pick(("launch_doc", ctx["mesh"]["devices"] > 1)),
+        "model_sections": _pick(("tensor_section", m.tp)),
+        "checkpoint_sections": _pick(("hf_section", ctx["hf"])),
+        # the lr schedule: noam's, else the warmup then cosine's decay or the constant lr
+        "lr_schedule": ["noam_lr"] if schedule == "noam" else
+                       ["cosine_after" if schedule == "cosine" else "constant_after", "warmup_then_after"],
+        # the optimizer: adamw (two groups: weight decay on matrices only), adam, sgd
+        "make_optimizer": [{"adamw": "adamw_groups", "adam": "adam_group"}.get(opt["name"], "sgd_group")],
+        # sgd without momentum keeps no state (mlx would allocate a momentum buffer)
+        "init_optimizer_state": _pick(("no_sgd_state", opt["name"] == "sgd" and not opt.get("momentum"))),
+        # --dry-run's per-process shapes: with tp a split dimension divided by TENSOR
+        "local_shape": ["tensor_local_shape" if m.tp else "whole_shape"],
+        # generate.py: without the spec's tokenizer, bytes; the logits of forward's results (with moe: the first)
+        "tokenizer_comment": _pick(("no_tokenizer_doc", sampling and not sampling["tokenizer"])),
+        "logits_doc": _pick(("no_dropout_doc", m.has_dropout)),
+        "logits_of_results": _pick(("first_result", m.has_aux)),
+    }
+
+
 def parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
-    return {**_ops(ctx), **_main(ctx), **_train_step(ctx), **_model(ctx), **_config(ctx), **_readme(ctx)}
+    return {**_ops(ctx), **_main(ctx), **_train_step(ctx), **_model(ctx), **_config(ctx), **_readme(ctx),
+            **_program(ctx)}
