@@ -14,7 +14,7 @@ from ..graph import RepeatNode
 from ..ops import OPS
 from ..ops.attention import Attention
 from ..ops.elementwise import Dropout
-from ..ops.mlp import SILU_GATE, Mlp
+from ..ops.mlp import GELU, SILU_GATE, Mlp
 from ..ops.moe import Moe
 from ..ops.norm import BatchNorm, RmsNorm
 from ..planner.plan import Plan
@@ -107,7 +107,7 @@ def _op_defs(op_attrs: dict[str, list[dict[str, Any]]], tensor: int, evaluates: 
     defs[Attention] = f
     gelu_gate = some(Mlp, lambda a: a["gate_activation"] != SILU_GATE)
     acts = activations(Mlp)
-    defs[Mlp] = {"gelu_gate": gelu_gate, "tp": tp, "activations": acts,
+    defs[Mlp] = {"gelu_gate": gelu_gate, "tp": tp, "activations": acts, "tanh_gelu": GELU in acts,
                  # SwiGLU and/or a plain MLP (act(fc)); both: branched on `activation`
                  "swiglu": "swiglu" in acts, "plain": acts != ["swiglu"], "branch": "swiglu" in acts and len(acts) > 1,
                  "params": [*([("tp", False)] if tp else []), *([("gate_act", SILU_GATE)] if gelu_gate else [])],

@@ -9,17 +9,29 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...ops import OPS
+from ...ops.attention import Attention
+from ...ops.elementwise import Dropout
+from ...ops.mlp import Mlp
+from ...ops.moe import Moe
+from ...ops.norm import BatchNorm, RmsNorm
+
 
 def _pick(*named: tuple[str, Any]) -> list[str]:
     """The names whose flag is set, in order."""
     return [name for name, flag in named if flag]
 
 
+def _one(present: Any, name: str) -> list[str]:
+    """[name] where the piece's function is rendered at all, else nothing."""
+    return [name] if present else []
+
+
 def _ops(ctx: dict[str, Any]) -> dict[str, list[str]]:
     """templates/mlx/ops.py.j2's helper definitions (empty where the program has no such op)."""
-    defs = ctx["mlx"].op_defs
-    drop, bn, rms = defs.get("dropout", {}), defs.get("batch_norm", {}), defs.get("rms_norm", {})
-    att, mlp, moe = defs.get("attention", {}), defs.get("mlp", {}), defs.get("moe", {})
+    defs = {type(OPS[op]): uses for op, uses in ctx["mlx"].op_defs.items()}
+    drop, bn, rms = defs.get(Dropout, {}), defs.get(BatchNorm, {}), defs.get(RmsNorm, {})
+    att, mlp, moe = defs.get(Attention, {}), defs.get(Mlp, {}), defs.get(Moe, {})
     # dropout's helper takes an attention layer's heads with tensor parallelism and attention dropout
     heads = drop.get("heads") or att.get("dropout_heads")
     # the experts' MLPs of moe's routings: SwiGLU and/or plain; both branched on `activation`
@@ -31,12 +43,12 @@ def _ops(ctx: dict[str, Any]) -> dict[str, list[str]]:
         "dropout_def": _pick(("dropout_helper", drop.get("helper"))),
         # the helper's sentence on heads and its mask: for the rows alone, or for the heads too
         "dropout_docstring": _pick(("dropout_heads_doc", heads)),
-        "dropout_keep": ["keep_heads" if heads else "keep_rows"],
+        "dropout_keep": _one(drop.get("helper") or att.get("dropout_helper"), "keep_heads" if heads else "keep_rows"),
         # batch_norm with an `eval` section: the evaluation uses the running statistics (`train` False)
         "batch_norm_docstring": _pick(("batch_norm_eval_doc", bn.get("params"))),
         "batch_norm_eval": _pick(("batch_norm_running", bn.get("params"))),
         # rms_norm: with `offset` where some layer has a weight offset
-        "rms_norm_def": ["rms_norm_offset" if rms.get("offset") else "rms_norm"],
+        "rms_norm_def": _one(rms, "rms_norm_offset" if rms.get("offset") else "rms_norm"),
         # attention's helpers, docstring sentences and statements: each for a feature some layer uses
         "attention_helpers": _pick(("attention_dropout_helper", att.get("dropout_helper")),
                                    ("head_norm", att.get("qknorm")), ("scale_inv_freq", att.get("scaled")),
@@ -50,7 +62,7 @@ def _ops(ctx: dict[str, Any]) -> dict[str, list[str]]:
                                          ("rotate_scaled" if att.get("scaled") else "rotate", att.get("rotary")),
                                          ("repeat_kv", att.get("gqa"))),
         # the scores scaled by `scale` where some layer gives one, else by 1 / sqrt(head_dim)
-        "attention_scores": ["scores_scaled" if att.get("scaled_scores") else "scores"],
+        "attention_scores": _one(att, "scores_scaled" if att.get("scaled_scores") else "scores"),
         "attention_masks": _pick(("softcap", att.get("capped")), ("causal_mask", att.get("causal"))),
         # dropout on the probabilities; with tp the mask of this process's heads
         "attention_dropout": _pick(("probs_dropout_heads" if att.get("tp") else "probs_dropout", att.get("drop"))),
@@ -58,10 +70,10 @@ def _ops(ctx: dict[str, Any]) -> dict[str, list[str]]:
         # mlp: its forms (docstring), dense() with tp's reduce or without, SwiGLU and/or the plain MLP
         "mlp_forms_doc": _pick(("plain_form_doc", mlp.get("plain")), ("or_doc", mlp.get("branch")),
                                ("swiglu_form_doc", mlp.get("swiglu"))),
-        "mlp_docstring": _pick(("gelu_doc", "gelu" in mlp.get("activations", []))),
-        "mlp_dense": ["dense_tp" if mlp.get("tp") else "dense"],
-        "mlp_return": ["swiglu_return"] if not mlp.get("plain") else _pick(("swiglu_branch", mlp.get("branch")),
-                                                                           ("plain_return", True)),
+        "mlp_docstring": _pick(("gelu_doc", mlp.get("tanh_gelu"))),
+        "mlp_dense": _one(mlp, "dense_tp" if mlp.get("tp") else "dense"),
+        "mlp_return": [] if not mlp else ["swiglu_return"] if not mlp["plain"] else _pick(
+            ("swiglu_branch", mlp["branch"]), ("plain_return", True)),
         # moe: the routings' functions (capped: slot_experts, dropless: grouped_experts), their experts' MLPs
         "moe_helpers": _pick(("slot_experts", moe.get("capped")), ("grouped_experts", moe.get("dropless"))),
         "slot_experts_mlp": [f"slot_{e}" if e in ("swiglu", "plain") else e for e in experts],
@@ -72,10 +84,12 @@ def _ops(ctx: dict[str, Any]) -> dict[str, list[str]]:
         "moe_returns_doc": _pick(("z_loss_doc", moe.get("z_loss"))),
         "moe_gates": _pick(("normalize_gates", moe.get("normalize"))),
         # both routings: chosen by `grouped`
-        "moe_routing": ["route_by_grouped" if moe.get("both_routings") else
-                        "route_grouped" if moe.get("dropless") else "route_slots"],
-        "moe_shared": _pick(("shared_experts", moe.get("shared")), ("shared_gate", moe.get("shared_gate")),
+        "moe_routing": _one(moe, "route_by_grouped" if moe.get("both_routings") else
+                            "route_grouped" if moe.get("dropless") else "route_slots"),
+        # the shared experts (gated where some layer has a shared gate), added to the routed experts' output
+        "moe_shared": _pick(("shared_experts", moe.get("shared")), ("shared_gate", moe.get("shared") and moe.get("shared_gate")),
                             ("shared_add", moe.get("shared"))),
+        # the router z-loss beside the load-balancing loss, where some layer weighs it
         "moe_aux": _pick(("z_loss", moe.get("z_loss"))),
         # cross_entropy: with data.mask, masked targets count 0
         "cross_entropy_loss": ["masked_loss" if ctx["data"]["mask"] else "mean_loss"],
