@@ -14,7 +14,7 @@ from ..graph import RepeatNode
 from ..ops import OPS
 from ..ops.attention import Attention
 from ..ops.elementwise import Dropout
-from ..ops.mlp import SILU_GATE, Mlp
+from ..ops.mlp import GELU, SILU_GATE, Mlp
 from ..ops.moe import Moe
 from ..ops.norm import BatchNorm, RmsNorm
 from ..planner.plan import Plan
@@ -75,7 +75,11 @@ def _op_defs(op_attrs: dict[str, list[dict[str, Any]]], tensor: int, evaluates: 
     dropout_layers = some(Dropout, lambda a: a["rate"])
     attention_dropout = some(Attention, lambda a: a["dropout"])
     dropout_heads = tp and attention_dropout
-    defs: dict[type, dict[str, Any]] = {Dropout: {"helper": dropout_layers, "heads": dropout_heads}}
+    # the helper's optional parameter `heads` (None: a dropout layer's whole rows)
+    dropout_params = [("heads", None)] if dropout_heads else []
+    defs: dict[type, dict[str, Any]] = {
+        Dropout: {"helper": dropout_layers, "heads": dropout_heads, "params": dropout_params}
+    }
     f = {
         "gqa": some(Attention, lambda a: a["kv_heads"] != a["heads"]),
         "causal": some(Attention, lambda a: a["causal"]),
@@ -89,14 +93,21 @@ def _op_defs(op_attrs: dict[str, list[dict[str, Any]]], tensor: int, evaluates: 
         "tp": tp,
         "dropout_helper": attention_dropout and not dropout_layers,  # no dropout layer renders it
         "dropout_heads": dropout_heads,
+        "dropout_params": dropout_params,
     }
+    # project()'s heads: all of them (n), or with tp this process's (-1: what its columns hold); the k and v
+    # projections' heads; when the output projection adds its bias (`bias`, and `o_bias` where some layer has
+    # biases on q, k, v alone)
+    f["project_heads"] = -1 if tp else "n"
+    f["kv_heads"] = "kv_heads" if f["gqa"] else "heads"
+    f["out_bias"] = ["bias", "o_bias"] if f["qkv_only"] else ["bias"]
     f["rope_params"] = [("scaling", None)] if f["scaled"] else []
     f["params"] = [*op_of[Attention].helper_params(by_kind.get(Attention, [])), *([("tp", False)] if tp else []),
                    *([("dropout_rate", 0.0), ("key", None)] if f["drop"] else [])]
     defs[Attention] = f
     gelu_gate = some(Mlp, lambda a: a["gate_activation"] != SILU_GATE)
     acts = activations(Mlp)
-    defs[Mlp] = {"gelu_gate": gelu_gate, "tp": tp, "activations": acts,
+    defs[Mlp] = {"gelu_gate": gelu_gate, "tp": tp, "activations": acts, "tanh_gelu": GELU in acts,
                  # SwiGLU and/or a plain MLP (act(fc)); both: branched on `activation`
                  "swiglu": "swiglu" in acts, "plain": acts != ["swiglu"], "branch": "swiglu" in acts and len(acts) > 1,
                  "params": [*([("tp", False)] if tp else []), *([("gate_act", SILU_GATE)] if gelu_gate else [])],
@@ -142,6 +153,14 @@ def target_fields(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
         block["call_args"] = block["state_args"] + (["train"] if block["train_arg"] else [])
         block["returns"] = [n for n, has in (("buffers", block["has_buffers"]), ("aux_loss", block["has_aux"])) if has]
         block["receives"] = [n for n, has in (("buffers", block["has_buffers"]), ("aux", block["has_aux"])) if has]
+        # the block's optional pieces (templates/mlx/model_parts.py.j2): with moe layers it returns their losses'
+        # sum (after the buffers, where it has them), starts it at 0, and the repeat adds it to forward's
+        aux = block["has_aux"]
+        block["parts"] = {
+            "docstring": [("returns_buffers_aux_doc" if block["has_buffers"] else "returns_aux_doc")] if aux else [],
+            "start": ["aux_init"] if aux else [],
+            "after_call": ["add_aux"] if aux else [],
+        }
     loss = model["loss"]
     # forward's arguments after (p, batch), and its results: the prediction, the targets (unless an input),
     # the buffers, the moe layers' losses; the evaluation passes no dropout key and train=False

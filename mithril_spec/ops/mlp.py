@@ -11,6 +11,7 @@ from ..spec.common import Size
 from .base import LayerArgs, Op, OpError, OpResult, ParamDef, expect_features, expect_float, given
 
 SILU_GATE = "silu"  # swiglu's own gate (gate_activation's default)
+GELU = "gelu"  # the plain MLP's gelu activation: the tanh approximation (GPT-2's), as the helpers say
 
 
 class MlpArgs(LayerArgs):
