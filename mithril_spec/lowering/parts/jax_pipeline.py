@@ -149,7 +149,9 @@ def parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
         # ---- pipeline_value_and_grad of 1f1b: the layers before the block (as loss_pre) under jax.vjp; the
         # buffers the pipeline moves split off and merged back; moe's losses before the block in the gradients
         "f1b_step_doc_scale": one(scaled, "doc_scaled_grads"),
-        "f1b_pre": [("vjp_in_order" if pre_buffers else "vjp_keyed" if dropout else "vjp") + ("_aux" if pre_aux else "")],
+        "f1b_pre": [{(True, False): "vjp_in_order", (True, True): "vjp_in_order_aux",
+                     (False, False): "vjp_keyed" if dropout else "vjp",
+                     (False, True): "vjp_keyed_aux" if dropout else "vjp_aux"}[(bool(pre_buffers), bool(pre_aux))]],
         "f1b_split_buffers": one(block_buffers, "split_sb") + one(post_buffers, "split_head_buffers"),
         "f1b_merge_buffers": one(pp["moves_stats"], "merge_buffers"),
         "pre_grads": ["pre_grads_with_aux" if pre_aux else "pre_grads"],

@@ -76,8 +76,8 @@ def _ops(ctx: dict[str, Any]) -> dict[str, list[str]]:
             ("swiglu_branch", mlp["branch"]), ("plain_return", True)),
         # moe: the routings' functions (capped: slot_experts, dropless: grouped_experts), their experts' MLPs
         "moe_helpers": _pick(("slot_experts", moe.get("capped")), ("grouped_experts", moe.get("dropless"))),
-        "slot_experts_mlp": [f"slot_{e}" if e in ("swiglu", "plain") else e for e in experts],
-        "grouped_experts_mlp": [f"grouped_{e}" if e in ("swiglu", "plain") else e for e in experts],
+        "slot_experts_mlp": [{"swiglu": "slot_swiglu", "plain": "slot_plain"}.get(e, e) for e in experts],
+        "grouped_experts_mlp": [{"swiglu": "grouped_swiglu", "plain": "grouped_plain"}.get(e, e) for e in experts],
         "moe_gates_doc": _pick(("normalize_doc", moe.get("normalize"))),
         "moe_docstring": _pick(("capped_doc", moe.get("capped")), ("dropless_doc", moe.get("dropless")),
                                ("shared_gated_doc" if moe.get("shared_gate") else "shared_doc", moe.get("shared"))),

@@ -37,7 +37,7 @@ def parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
         "fully_shard": (_when((bool(t.tp_plan), "after_tensor_parallel"))
                         + ["fsdp_import_mp" if t.mixed or c["dtype"] else "fsdp_import",
                            "shard_placement" if t.sharded else "fsdp_kw"]
-                        + _when((t.whole, "ignore_whole_" + t.shard_axis), (t.ep, "ignore_experts"))
+                        + _when((t.whole, {"data": "ignore_whole_data", "fsdp": "ignore_whole_fsdp"}[t.shard_axis]), (t.ep, "ignore_experts"))
                         + ([("mp_mixed_compressed" if c["dtype"] else "mp_mixed") if t.mixed else "mp_compressed"]
                            if t.mixed or c["dtype"] else [])
                         + ["shard_blocks_stage" if pp else "shard_blocks"]
