@@ -6,7 +6,64 @@ from typing import Any
 
 
 def parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
-    return {**_train_step(ctx)}
+    return {**_ops(ctx), **_train_step(ctx)}
+
+
+def _ops(ctx: dict[str, Any]) -> dict[str, list[str]]:
+    """ops.py.j2's slots (templates/jax/ops_parts.py.j2): what the helper functions hold, from the attrs of every
+    layer of their operator (`uses`), so that a helper holds only the code some layer of this program runs."""
+    j = ctx["jax"]
+    uses = j.op_attrs
+    ring = bool(j.context)  # context parallelism: the sequence held in positions() order, split over `context`
+    drop = [a for a in uses.get("dropout", []) if a["rate"]]
+    # the random helpers, once per program (dropout layers, attention's dropout); under context parallelism a
+    # mask keeps the one-device mask's entries of its places
+    random = ["random_helpers"] + ["keep_in_places"] * ring + ["dropout_tail"]
+    att = uses.get("attention", [])
+    rotary, scaled = any(a["rotary"] for a in att), any(a["rope_scaling"] for a in att)
+    qknorm, att_drop = any(a["qk_norm"] for a in att), any(a["dropout"] for a in att)
+    grouped = any(a["kv_heads"] != a["heads"] for a in att)
+    causal = any(a["causal"] for a in att)
+    ring_form = "ring_causal" if causal else "ring"
+    evaluates = ctx["eval"] is not None  # batch_norm takes `train`: the evaluation reads the running statistics
+    return {
+        # dropout_def: the random helpers, where some dropout layer draws (rate > 0)
+        "dropout_def": random if drop else [],
+        # batch_norm's signature and docstring: with `train` where the program evaluates
+        "batch_norm_def": ["batch_norm_evaluating" if evaluates else "batch_norm_training"],
+        # its weights read at the places' positions (context parallelism), and the evaluation's running statistics
+        "batch_norm_inputs": ["channels_in_places"] * ring
+        + [("running_statistics_in_places" if ring else "running_statistics")] * evaluates,
+        # the statistics moved back to the sequence's order (context parallelism)
+        "batch_norm_stats": ["statistics_in_order"] * ring,
+        # rms_norm with Gemma's weight offset where some layer has one
+        "rms_norm_def": ["rms_norm_offset" if any(a["weight_offset"] for a in uses.get("rms_norm", [])) else
+                         "rms_norm_plain"],
+        # a position embedding reads the rows of the places' global positions (context parallelism)
+        "pos_embedding": ["rows_in_places" if ring else "first_rows"],
+        # attention's helpers: the random helpers (unless a dropout layer brings them), the q/k head norms, the
+        # rotary embedding (its scaled frequencies; its angles at the places' positions under context parallelism)
+        "attention_helpers": random * bool(att_drop and not drop) + ["head_norm"] * qknorm
+        + ["scale_inv_freq"] * scaled
+        + (["rope_scaled" if scaled else "rope", "angles_in_places" if ring else "angles", "rotate"] if rotary else []),
+        # the docstring's sentences on the features some layer uses
+        "attention_doc": ["qkv_bias_doc"] * any(a["bias"] and not a["o_bias"] for a in att)
+        + ["grouped_query_doc"] * grouped + [("rotary_scaled_doc" if scaled else "rotary_doc")] * rotary
+        + ["dropout_doc"] * att_drop,
+        # grouped-query attention: kv_heads defaults to heads
+        "attention_kv_heads": ["kv_heads_default"] * grouped,
+        # q, k, v split into heads (fewer key/value heads with grouped-query), their norms, their rotation
+        "attention_heads": ["split_heads_grouped" if grouped else "split_heads"] + ["qk_norm"] * qknorm
+        + [("rotate_scaled" if scaled else "rotate_qk")] * rotary,
+        # the scores, softmax and weighted values: ring attention over `context` (its dropout mask drawn whole),
+        # or on one place (the key/value heads repeated, scaled or capped scores, the causal mask, dropout)
+        "attention_core": (["ring_keep", f"{ring_form}_dropout"] if att_drop else [ring_form]) if ring else
+        ["repeat_kv"] * grouped + ["scores_scaled" if any(a["scale"] for a in att) else "scores"]
+        + ["softcap"] * any(a["softcap"] for a in att) + ["causal_mask"] * causal + ["probs"]
+        + ["probs_dropout"] * att_drop + ["heads_out"],
+        # the output projection's bias: o_bias decides where some layer has q/k/v biases without it
+        "attention_out": ["out_bias_optional" if any(a["bias"] and not a["o_bias"] for a in att) else "out_bias"],
+    }
 
 
 def _train_step(ctx: dict[str, Any]) -> dict[str, list[str]]:
