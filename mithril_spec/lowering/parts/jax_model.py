@@ -63,6 +63,55 @@ def _ops(ctx: dict[str, Any]) -> dict[str, list[str]]:
         + ["probs_dropout"] * att_drop + ["heads_out"],
         # the output projection's bias: o_bias decides where some layer has q/k/v biases without it
         "attention_out": ["out_bias_optional" if any(a["bias"] and not a["o_bias"] for a in att) else "out_bias"],
+        **_mlp(uses.get("mlp", [])),
+        **_moe(uses.get("moe", []), ring),
+        # the mean over the unmasked targets (data.mask) or over every target
+        "cross_entropy_def": ["masked_cross_entropy" if ctx["data"]["mask"] else "mean_cross_entropy"],
+    }
+
+
+def _forms(uses: list[dict[str, Any]]) -> str:
+    """The expert or MLP forms the layers use: `plain` (proj(act(fc(x)))), `swiglu`, or `both`."""
+    acts = {a["activation"] for a in uses}
+    return "both" if len(acts) > 1 and "swiglu" in acts else "swiglu" if "swiglu" in acts else "plain"
+
+
+def _mlp(uses: list[dict[str, Any]]) -> dict[str, list[str]]:
+    forms = _forms(uses)
+    return {
+        # the docstring names the forms some layer uses (and gelu's approximation where some layer uses gelu)
+        "mlp_doc": [f"mlp_doc_{forms}"] + ["gelu_doc"] * any(a["activation"] == "gelu" for a in uses),
+        # swiglu alone, or the plain form with swiglu chosen by `activation` where both are used
+        "mlp_body": {"swiglu": ["swiglu"], "both": ["swiglu_chosen", "fc_act_proj"], "plain": ["fc_act_proj"]}[forms],
+    }
+
+
+def _moe(uses: list[dict[str, Any]], ring: bool) -> dict[str, list[str]]:
+    forms = _forms(uses)
+    ffn = {"swiglu": "swiglu", "both": "either", "plain": "fc_act_proj"}[forms]  # the experts' feed-forward code
+    dropless = any(a["dropless"] for a in uses)
+    zloss = any(a["z_loss_weight"] for a in uses)
+    shared = any(a["shared_hidden"] for a in uses)
+    return {
+        # the experts' feed-forward over their slots (dense dispatch) and over sorted rows (dropless routing)
+        "slot_experts_ffn": [f"slot_{ffn}"],
+        "grouped_experts": ["grouped_experts_head", f"grouped_{ffn}", "grouped_experts_tail"] if dropless else [],
+        # the docstring's fragments on the gates, the experts' forms and shared experts, the z-loss, dropless routes
+        "moe_gates_doc": ["renormalised_doc" if any(a["normalize_gates"] for a in uses) else "not_renormalised_doc"],
+        "moe_experts_doc": [f"experts_{forms}_doc"]
+        + [("shared_gated_doc" if any(a["shared_gate"] for a in uses) else "shared_doc")] * shared,
+        "moe_losses_doc": ["z_loss_doc"] * zloss,
+        "moe_routes_doc": ["grouped_doc"] * dropless,
+        # context parallelism: the layer runs on the whole sequence in token order
+        "moe_tokens": ["tokens_in_order"] * ring,
+        # the router's logits kept for the z-loss
+        "moe_router": ["router_logits" if zloss else "router_probs"],
+        # the gates renormalised, the experts (grouped where dropless), the shared experts (gated)
+        "moe_experts": ["normalize_gates"] * any(a["normalize_gates"] for a in uses)
+        + ["grouped_or_slots" if dropless else "slots"]
+        + [("shared_experts_gated" if any(a["shared_gate"] for a in uses) else "shared_experts")] * shared,
+        # the z-loss, and the output back in the places' order (context parallelism)
+        "moe_losses": ["z_loss"] * zloss + ["places_return" if ring else "shaped_return"],
     }
 
 
