@@ -6,7 +6,31 @@ from typing import Any
 
 
 def parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
-    return {**_ops(ctx), **_train_step(ctx)}
+    return {**_ops(ctx), **_model(ctx), **_train_step(ctx)}
+
+
+def _model(ctx: dict[str, Any]) -> dict[str, list[str]]:
+    """model.py.j2's slots (templates/jax/model_parts.py.j2)."""
+    j = ctx["jax"]
+    remat = ctx["training"]["remat"] != "none"
+    ev = ctx["eval"]
+    return {
+        # the helpers before the ops': constrain() inside the replicas' shard_map, project_together where some
+        # layer projects several weights in one matmul
+        "shared_helpers": ["constrain"] * j.comm["replicas"] + ["project_together"] * ("project_together" in j.helpers),
+        # a block's copies: remat applies to each, or they keep their matmuls' outputs (remat: none)
+        "stack_doc": ["remat_doc" if remat else "saved_outputs_doc"],
+        # the forward pass sums the moe layers' load-balancing losses
+        "forward_start": ["zero_aux_loss"] * j.has_aux,
+        # loss_fn's forward pass: remat over the whole of it where no repeated block takes it
+        "forward_call": ["remat_forward" if remat and not ctx["blocks"] else "forward"],
+        # the targets are a model input: read from the batch (else forward returns them)
+        "read_targets": ["targets_from_batch"] * bool(ctx["loss"]["targets_is_input"]),
+        # the loss, with the load-balancing losses
+        "loss_return": ["loss_with_aux" if j.has_aux else "loss_alone"],
+        # eval_fn's results: the correct predictions counted with `accuracy`
+        "eval_return": ["loss_and_hits" if ev and ev["accuracy"] else "loss_only"],
+    }
 
 
 def _ops(ctx: dict[str, Any]) -> dict[str, list[str]]:
