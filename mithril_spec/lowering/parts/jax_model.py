@@ -9,6 +9,34 @@ def parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
     return {**_ops(ctx), **_model(ctx), **_train_step(ctx)}
 
 
+def block_parts(b: dict[str, Any]) -> dict[str, list[str]]:
+    """The slots of one repeated block's functions in model.py.j2 (`blk.parts`; lowering/jax_program.py sets them
+    once the block's fields are known), each macro of model_parts.py.j2 taking the block."""
+    return {
+        # the copy sums its moe layers' load-balancing losses
+        "copy_start": ["zero_aux_loss"] * b["has_aux"],
+        # the stack function's docstring: its copies' dropout keys (from `first` in a pipeline stage, or their own
+        # repeat's name and index), the rows' copies (padding rows skipped), the buffers and losses it returns
+        "stack_doc": ([("staged_keys_doc" if b["staged"] else "named_keys_doc" if b["named_keys"] else "keys_doc")]
+                      * b["has_dropout"])
+        + [("padded_copies_doc" if b["padded"] else "copies_doc")] * b["per_copy"]
+        + ["buffers_aux_doc" if b["has_aux"] else "buffers_doc"] * b["has_buffers"]
+        + ["aux_doc"] * (b["has_aux"] and not b["has_buffers"]),
+        # what the scan runs over beside the parameters: the buffers, each row's copy (a pipeline stage gives them,
+        # -1 a padding row), the copies' dropout keys, and the tied tables every copy reads
+        "stack_rows": ["buffer_rows"] * b["has_buffers"] + ["copy_rows"] * b["per_copy"] + ["real_rows"] * b["padded"]
+        + [("named_key_rows" if b["named_keys"] else "copy_key_rows" if b["per_copy"] else
+            "staged_key_rows" if b["staged"] else "key_rows")] * b["has_dropout"]
+        + ["shared_rows"] * bool(b["shared"]),
+        # the copy under remat; the evaluation's pass (train False) without it
+        "stack_block": ["block_or_eval" if b["train_arg"] else "block"],
+        # the scan's step carries the load-balancing losses' sum
+        "stack_step": ["step_with_aux" if b["has_aux"] else "step"],
+        # the block's moved buffers back among all the buffers
+        "stack_end": ["merged_buffers"] * b["has_buffers"],
+    }
+
+
 def _model(ctx: dict[str, Any]) -> dict[str, list[str]]:
     """model.py.j2's slots (templates/jax/model_parts.py.j2)."""
     j = ctx["jax"]
