@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...ops import OPS
+
 
 def parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
     return {**_ops(ctx), **_model(ctx), **_train_step(ctx)}
@@ -62,109 +64,26 @@ def _model(ctx: dict[str, Any]) -> dict[str, list[str]]:
 
 
 def _ops(ctx: dict[str, Any]) -> dict[str, list[str]]:
-    """ops.py.j2's slots (templates/jax/ops_parts.py.j2): what the helper functions hold, from the attrs of every
-    layer of their operator (`uses`), so that a helper holds only the code some layer of this program runs."""
+    """ops.py.j2's slots (templates/jax/ops_parts.py.j2): what the helper functions hold, each operator's decided by
+    its ops/*.py `jax_parts` from the attrs of every layer of it, so that a helper holds only the code some layer
+    of this program runs."""
     j = ctx["jax"]
-    uses = j.op_attrs
     ring = bool(j.context)  # context parallelism: the sequence held in positions() order, split over `context`
-    drop = [a for a in uses.get("dropout", []) if a["rate"]]
-    # the random helpers, once per program (dropout layers, attention's dropout); under context parallelism a
-    # mask keeps the one-device mask's entries of its places
-    random = ["random_helpers"] + ["keep_in_places"] * ring + ["dropout_tail"]
-    att = uses.get("attention", [])
-    rotary, scaled = any(a["rotary"] for a in att), any(a["rope_scaling"] for a in att)
-    qknorm, att_drop = any(a["qk_norm"] for a in att), any(a["dropout"] for a in att)
-    grouped = any(a["kv_heads"] != a["heads"] for a in att)
-    causal = any(a["causal"] for a in att)
-    ring_form = "ring_causal" if causal else "ring"
-    evaluates = ctx["eval"] is not None  # batch_norm takes `train`: the evaluation reads the running statistics
-    return {
-        # dropout_def: the random helpers, where some dropout layer draws (rate > 0)
-        "dropout_def": random if drop else [],
-        # batch_norm's signature and docstring: with `train` where the program evaluates
-        "batch_norm_def": ["batch_norm_evaluating" if evaluates else "batch_norm_training"],
-        # its weights read at the places' positions (context parallelism), and the evaluation's running statistics
-        "batch_norm_inputs": ["channels_in_places"] * ring
-        + [("running_statistics_in_places" if ring else "running_statistics")] * evaluates,
-        # the statistics moved back to the sequence's order (context parallelism)
-        "batch_norm_stats": ["statistics_in_order"] * ring,
-        # rms_norm with Gemma's weight offset where some layer has one
-        "rms_norm_def": ["rms_norm_offset" if any(a["weight_offset"] for a in uses.get("rms_norm", [])) else
-                         "rms_norm_plain"],
-        # a position embedding reads the rows of the places' global positions (context parallelism)
-        "pos_embedding": ["rows_in_places" if ring else "first_rows"],
-        # attention's helpers: the random helpers (unless a dropout layer brings them), the q/k head norms, the
-        # rotary embedding (its scaled frequencies; its angles at the places' positions under context parallelism)
-        "attention_helpers": random * bool(att_drop and not drop) + ["head_norm"] * qknorm
-        + ["scale_inv_freq"] * scaled
-        + (["rope_scaled" if scaled else "rope", "angles_in_places" if ring else "angles", "rotate"] if rotary else []),
-        # the docstring's sentences on the features some layer uses
-        "attention_doc": ["qkv_bias_doc"] * any(a["bias"] and not a["o_bias"] for a in att)
-        + ["grouped_query_doc"] * grouped + [("rotary_scaled_doc" if scaled else "rotary_doc")] * rotary
-        + ["dropout_doc"] * att_drop,
-        # grouped-query attention: kv_heads defaults to heads
-        "attention_kv_heads": ["kv_heads_default"] * grouped,
-        # q, k, v split into heads (fewer key/value heads with grouped-query), their norms, their rotation
-        "attention_heads": ["split_heads_grouped" if grouped else "split_heads"] + ["qk_norm"] * qknorm
-        + [("rotate_scaled" if scaled else "rotate_qk")] * rotary,
-        # the scores, softmax and weighted values: ring attention over `context` (its dropout mask drawn whole),
-        # or on one place (the key/value heads repeated, scaled or capped scores, the causal mask, dropout)
-        "attention_core": (["ring_keep", f"{ring_form}_dropout"] if att_drop else [ring_form]) if ring else
-        ["repeat_kv"] * grouped + ["scores_scaled" if any(a["scale"] for a in att) else "scores"]
-        + ["softcap"] * any(a["softcap"] for a in att) + ["causal_mask"] * causal + ["probs"]
-        + ["probs_dropout"] * att_drop + ["heads_out"],
-        # the output projection's bias: o_bias decides where some layer has q/k/v biases without it
-        "attention_out": ["out_bias_optional" if any(a["bias"] and not a["o_bias"] for a in att) else "out_bias"],
-        **_mlp(uses.get("mlp", [])),
-        **_moe(uses.get("moe", []), ring),
-        # the mean over the unmasked targets (data.mask) or over every target
-        "cross_entropy_def": ["masked_cross_entropy" if ctx["data"]["mask"] else "mean_cross_entropy"],
+    program = {
+        "ring": ring,
+        "evaluates": ctx["eval"] is not None,  # the evaluation runs the layers with `train` False
+        # the random helpers, once per program (dropout layers, attention's dropout): under context parallelism a
+        # mask keeps the one-device mask's entries of its places
+        "random": ["random_helpers"] + ["keep_in_places"] * ring + ["dropout_tail"],
+        # the operators some layer of which draws random numbers
+        "draws": {op for op, uses in j.op_attrs.items() if any(OPS[op].is_random(a) for a in uses)},
     }
-
-
-def _forms(uses: list[dict[str, Any]]) -> str:
-    """The expert or MLP forms the layers use: `plain` (proj(act(fc(x)))), `swiglu`, or `both`."""
-    acts = {a["activation"] for a in uses}
-    return "both" if len(acts) > 1 and "swiglu" in acts else "swiglu" if "swiglu" in acts else "plain"
-
-
-def _mlp(uses: list[dict[str, Any]]) -> dict[str, list[str]]:
-    forms = _forms(uses)
-    return {
-        # the docstring names the forms some layer uses (and gelu's approximation where some layer uses gelu)
-        "mlp_doc": [f"mlp_doc_{forms}"] + ["gelu_doc"] * any(a["activation"] == "gelu" for a in uses),
-        # swiglu alone, or the plain form with swiglu chosen by `activation` where both are used
-        "mlp_body": {"swiglu": ["swiglu"], "both": ["swiglu_chosen", "fc_act_proj"], "plain": ["fc_act_proj"]}[forms],
-    }
-
-
-def _moe(uses: list[dict[str, Any]], ring: bool) -> dict[str, list[str]]:
-    forms = _forms(uses)
-    ffn = {"swiglu": "swiglu", "both": "either", "plain": "fc_act_proj"}[forms]  # the experts' feed-forward code
-    dropless = any(a["dropless"] for a in uses)
-    zloss = any(a["z_loss_weight"] for a in uses)
-    shared = any(a["shared_hidden"] for a in uses)
-    return {
-        # the experts' feed-forward over their slots (dense dispatch) and over sorted rows (dropless routing)
-        "slot_experts_ffn": [f"slot_{ffn}"],
-        "grouped_experts": ["grouped_experts_head", f"grouped_{ffn}", "grouped_experts_tail"] if dropless else [],
-        # the docstring's fragments on the gates, the experts' forms and shared experts, the z-loss, dropless routes
-        "moe_gates_doc": ["renormalised_doc" if any(a["normalize_gates"] for a in uses) else "not_renormalised_doc"],
-        "moe_experts_doc": [f"experts_{forms}_doc"]
-        + [("shared_gated_doc" if any(a["shared_gate"] for a in uses) else "shared_doc")] * shared,
-        "moe_losses_doc": ["z_loss_doc"] * zloss,
-        "moe_routes_doc": ["grouped_doc"] * dropless,
-        # context parallelism: the layer runs on the whole sequence in token order
-        "moe_tokens": ["tokens_in_order"] * ring,
-        # the router's logits kept for the z-loss
-        "moe_router": ["router_logits" if zloss else "router_probs"],
-        # the gates renormalised, the experts (grouped where dropless), the shared experts (gated)
-        "moe_experts": ["normalize_gates"] * any(a["normalize_gates"] for a in uses)
-        + ["grouped_or_slots" if dropless else "slots"]
-        + [("shared_experts_gated" if any(a["shared_gate"] for a in uses) else "shared_experts")] * shared,
-        # the z-loss, and the output back in the places' order (context parallelism)
-        "moe_losses": ["z_loss"] * zloss + ["places_return" if ring else "shaped_return"],
-    }
+    out: dict[str, list[str]] = {}
+    for kind, op in OPS.items():
+        out.update(op.jax_parts(j.op_attrs.get(kind, []), program))
+    # the loss: the mean over the unmasked targets (data.mask) or over every target
+    out["cross_entropy_def"] = ["masked_cross_entropy" if ctx["data"]["mask"] else "mean_cross_entropy"]
+    return out
 
 
 def _train_step(ctx: dict[str, Any]) -> dict[str, list[str]]:
