@@ -32,10 +32,14 @@ def block_parts(b: dict[str, Any]) -> dict[str, list[str]]:
         + ["shared_rows"] * bool(b["shared"]),
         # the copy under remat; the evaluation's pass (train False) without it
         "stack_block": ["block_or_eval" if b["train_arg"] else "block"],
+        # a pipeline stage's padding rows skip the block: their function passes the input (and buffers) through
+        "stack_skip": [("skip" + "_buffers" * b["has_buffers"] + "_aux" * b["has_aux"])] * b["padded"],
         # the scan's step carries the load-balancing losses' sum
         "stack_step": ["step_with_aux" if b["has_aux"] else "step"],
         # the block's moved buffers back among all the buffers
         "stack_end": ["merged_buffers"] * b["has_buffers"],
+        # the forward pass adds the repeat's load-balancing losses to its own
+        "after_repeat": ["add_aux"] * b["has_aux"],
     }
 
 
