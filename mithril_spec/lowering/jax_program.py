@@ -37,6 +37,7 @@ from ..planner.plan import Plan
 from .comm import jax_comm
 from .common import RESERVED, rename_vars
 from .costing import Costing
+from .parts import jax_model
 
 # Names the generated model code uses inside the functions that hold tensor variables.
 MODEL_NAMES = {
@@ -467,6 +468,7 @@ def target_fields(plan: Plan, ctx: dict[str, Any], costing: Costing) -> dict[str
             "train_arg"] + [("first", 0)] * b["staged"] + [("copies", None)] * b["per_copy"])
         b["stack_args"] = ["buffers"] * b["has_buffers"] + ["key"] * b["has_dropout"] + ["train"] * b["train_arg"]
         b["stack_outs"] = ["buffers"] * b["has_buffers"] + ["aux"] * b["has_aux"]
+        b["parts"] = jax_model.block_parts(b)  # the optional pieces of its functions (lowering/parts/jax_model.py)
     if pipeline:
         lm = plan.language_model
         # generate.py --check runs the pipeline's forward pass (pipeline_predict) of a model without dropout

@@ -212,6 +212,40 @@ class Attention(Op):
     def is_random(self, attrs):
         return attrs.get("dropout", 0) > 0
 
+    def jax_parts(self, uses, program):
+        ring = program["ring"]  # the sequence held in positions() order, split over `context`
+        rotary, scaled = any(a["rotary"] for a in uses), any(a["rope_scaling"] for a in uses)
+        qknorm, drop = any(a["qk_norm"] for a in uses), any(a["dropout"] for a in uses)
+        grouped = any(a["kv_heads"] != a["heads"] for a in uses)
+        causal = any(a["causal"] for a in uses)
+        qkv_bias = any(a["bias"] and not a["o_bias"] for a in uses)
+        ring_form = "ring_causal" if causal else "ring"
+        return {
+            # the random helpers (unless a dropout layer brings them), the q/k head norms, the rotary embedding
+            # (its scaled frequencies; its angles at the places' positions under context parallelism)
+            "attention_helpers": program["random"] * (drop and "dropout" not in program["draws"])
+            + ["head_norm"] * qknorm + ["scale_inv_freq"] * scaled
+            + (["rope_scaled" if scaled else "rope", "angles_in_places" if ring else "angles", "rotate"]
+               if rotary else []),
+            # the docstring's sentences on the features some layer uses
+            "attention_doc": ["qkv_bias_doc"] * qkv_bias + ["grouped_query_doc"] * grouped
+            + [("rotary_scaled_doc" if scaled else "rotary_doc")] * rotary + ["dropout_doc"] * drop,
+            # grouped-query attention: kv_heads defaults to heads
+            "attention_kv_heads": ["kv_heads_default"] * grouped,
+            # q, k, v split into heads (fewer key/value heads with grouped-query), their norms, their rotation
+            "attention_heads": ["split_heads_grouped" if grouped else "split_heads"] + ["qk_norm"] * qknorm
+            + [("rotate_scaled" if scaled else "rotate_qk")] * rotary,
+            # the scores, softmax and weighted values: ring attention over `context` (its dropout mask drawn
+            # whole), or on one place (the key/value heads repeated, scaled or capped scores, the causal mask,
+            # dropout)
+            "attention_core": (["ring_keep", f"{ring_form}_dropout"] if drop else [ring_form]) if ring else
+            ["repeat_kv"] * grouped + ["scores_scaled" if any(a["scale"] for a in uses) else "scores"]
+            + ["softcap"] * any(a["softcap"] for a in uses) + ["causal_mask"] * causal + ["probs"]
+            + ["probs_dropout"] * drop + ["heads_out"],
+            # the output projection's bias: o_bias decides where some layer has q/k/v biases without it
+            "attention_out": ["out_bias_optional" if qkv_bias else "out_bias"],
+        }
+
     def pipeline_limit(self, attrs):
         return "attention with dropout above rate 0 (masks per micro-batch and stage)" if self.is_random(attrs) else None
 

@@ -233,6 +233,14 @@ class Op:
         """Does the layer draw random numbers (a mask per step, micro-batch and rank)?"""
         return False
 
+    def jax_parts(self, uses: list[dict[str, Any]], program: dict[str, Any]) -> dict[str, list[str]]:
+        """The slots of its helper function in the JAX program (templates/jax/ops.py.j2 `<op>_def`): {slot: the
+        macros of templates/jax/ops_parts.py.j2 it renders}, every slot given (lowering/parts/jax_model.py), so
+        that the helper holds only the code some layer runs. `uses`: the attrs of every layer of the op (none:
+        the program has none); `program`: `ring` (context parallelism), `evaluates` (an `eval` section),
+        `random` (the random helpers' macros), `draws` (the operators some layer of which draws)."""
+        return {}
+
     def fused_kernel(self, attrs: dict[str, Any]) -> bool:
         """Does a target whose kernel for this layer is fused (the `fused_attention` capability, the cost
         model's CostOptions.fused_attention) save less for the backward pass than the operator's own count?"""

@@ -100,6 +100,10 @@ class Dropout(_Unary):
     def is_random(self, attrs):
         return attrs["rate"] > 0
 
+    def jax_parts(self, uses, program):
+        # the random helpers, where some layer draws (rate > 0)
+        return {"dropout_def": program["random"] if any(self.is_random(a) for a in uses) else []}
+
     def costs(self, c):
         c.save("mask", math.ceil(c.b * c.out.numel / c.deg(c.out_axes)) * MASK_BYTES)
 

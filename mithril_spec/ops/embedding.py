@@ -82,3 +82,7 @@ class PosEmbedding(Op):
 
     def decodes(self, attrs):
         return True  # the row of the position
+
+    def jax_parts(self, uses, program):
+        # the rows of the places' global positions (context parallelism)
+        return {"pos_embedding": ["rows_in_places" if program["ring"] else "first_rows"]}

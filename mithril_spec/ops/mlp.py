@@ -81,6 +81,16 @@ class Mlp(Op):
         parts = ("parts", a["fused_parts"], a["activation"] == "swiglu" and (a["fused_parts"] or 1) != 1)
         return given((parts,)) + self.helper_keywords(a)
 
+    def jax_parts(self, uses, program):
+        forms = ffn_forms(uses)
+        return {
+            # the docstring names the forms some layer uses (and gelu's approximation where some layer uses it)
+            "mlp_doc": [f"mlp_doc_{forms}"] + ["gelu_doc"] * any(a["activation"] == "gelu" for a in uses),
+            # swiglu alone, or the plain form with swiglu chosen by `activation` where both are used
+            "mlp_body": {"swiglu": ["swiglu"], "both": ["swiglu_chosen", "fc_act_proj"],
+                         "plain": ["fc_act_proj"]}[forms],
+        }
+
     def decode_features(self, attrs):
         out = {"dense_mlp", "gated" if attrs["activation"] == "swiglu" else "ungated"}
         if attrs["gate_activation"] != SILU_GATE:
@@ -101,3 +111,10 @@ class Mlp(Op):
             c.save(f"hidden{j}", hid * c.compute_bytes)
         if T:
             c.tp_pair(T, c.input_gradients(self.input_projections(c.attrs)))
+
+
+def ffn_forms(uses) -> str:
+    """The feed-forward forms the layers (`uses`: their attrs, each with an `activation`) use: `plain`
+    (proj(act(fc(x)))), `swiglu` (down(silu(gate(x)) * up(x))), or `both` (chosen by `activation`)."""
+    acts = {a["activation"] for a in uses}
+    return "both" if len(acts) > 1 and "swiglu" in acts else "swiglu" if "swiglu" in acts else "plain"

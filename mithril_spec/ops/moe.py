@@ -18,6 +18,7 @@ from pydantic import Field
 from .. import codes
 from ..spec.common import Size
 from .base import LayerArgs, Op, OpError, OpResult, ParamDef, expect_features, expect_float, given
+from .mlp import ffn_forms
 
 
 class MoeArgs(LayerArgs):
@@ -103,6 +104,32 @@ class Moe(Op):
     def jax_keywords(self, layer):
         # `grouped`: the jax lowering's `moe_grouped` (dropless routing without the experts split)
         return self.helper_keywords({**layer["attrs"], "dropless": layer["moe_grouped"]})
+
+    def jax_parts(self, uses, program):
+        forms = ffn_forms(uses)
+        ffn = {"swiglu": "swiglu", "both": "either", "plain": "fc_act_proj"}[forms]  # the experts' feed-forward
+        dropless, zloss = any(a["dropless"] for a in uses), any(a["z_loss_weight"] for a in uses)
+        shared, gated = any(a["shared_hidden"] for a in uses), any(a["shared_gate"] for a in uses)
+        normalize = any(a["normalize_gates"] for a in uses)
+        return {
+            # the experts' feed-forward over their slots (dense dispatch) and over sorted rows (dropless routing)
+            "slot_experts_ffn": [f"slot_{ffn}"],
+            "grouped_experts": ["grouped_experts_head", f"grouped_{ffn}", "grouped_experts_tail"] * dropless,
+            # the docstring's fragments: the gates, the experts' forms and shared experts, the z-loss, dropless routes
+            "moe_gates_doc": ["renormalised_doc" if normalize else "not_renormalised_doc"],
+            "moe_experts_doc": [f"experts_{forms}_doc"] + [("shared_gated_doc" if gated else "shared_doc")] * shared,
+            "moe_losses_doc": ["z_loss_doc"] * zloss,
+            "moe_routes_doc": ["grouped_doc"] * dropless,
+            # context parallelism: the layer runs on the whole sequence in token order
+            "moe_tokens": ["tokens_in_order"] * program["ring"],
+            # the router's logits kept for the z-loss
+            "moe_router": ["router_logits" if zloss else "router_probs"],
+            # the gates renormalised, the experts (grouped where dropless), the shared experts (gated)
+            "moe_experts": ["normalize_gates"] * normalize + ["grouped_or_slots" if dropless else "slots"]
+            + [("shared_experts_gated" if gated else "shared_experts")] * shared,
+            # the z-loss, and the output back in the places' order (context parallelism)
+            "moe_losses": ["z_loss"] * zloss + ["places_return" if program["ring"] else "shaped_return"],
+        }
 
     def decode_features(self, attrs):
         out = {"experts", "experts_gated" if attrs["activation"] == "swiglu" else "experts_ungated"}

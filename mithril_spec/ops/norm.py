@@ -63,6 +63,10 @@ class RmsNorm(SavesInputs):
     def helper_keywords(self, attrs):
         return given((("offset", attrs["weight_offset"], attrs["weight_offset"]),))
 
+    def jax_parts(self, uses, program):
+        # with Gemma's weight offset where some layer has one
+        return {"rms_norm_def": ["rms_norm_offset" if any(a["weight_offset"] for a in uses) else "rms_norm_plain"]}
+
     def torch_args(self, attrs, decode=False, split=False):
         return self.helper_keywords(attrs)
 
@@ -89,6 +93,18 @@ class BatchNorm(SavesInputs):
 
     def helpers(self, attrs):
         return frozenset({"gather_places"})  # its statistics are over every position of the sequence
+
+    def jax_parts(self, uses, program):
+        ring, evaluates = program["ring"], program["evaluates"]
+        return {
+            # its signature and docstring: with `train` where the program evaluates (the running statistics)
+            "batch_norm_def": ["batch_norm_evaluating" if evaluates else "batch_norm_training"],
+            # its weights read at the places' positions (context parallelism), the evaluation's running statistics
+            "batch_norm_inputs": ["channels_in_places"] * ring
+            + [("running_statistics_in_places" if ring else "running_statistics")] * evaluates,
+            # the statistics moved back to the sequence's order (context parallelism)
+            "batch_norm_stats": ["statistics_in_order"] * ring,
+        }
 
     def pipeline_limit(self, attrs):
         return "batch_norm (running statistics per micro-batch and stage)"
