@@ -5,5 +5,79 @@ from __future__ import annotations
 from typing import Any
 
 
+def _on(flag: Any, *names: str) -> list[str]:
+    """`names` where `flag` holds, else none."""
+    return list(names) if flag else []
+
+
+def _moe(t: Any) -> dict[str, list[str]]:
+    """MoE's slots (moe_def): its experts' MLPs come in the activations the program's moe layers use, swiglu
+    (gate, up, down), plain ones (fc, proj, then the activation) or both (a test of self.activation); its
+    routing options (torch.forms), tensor, expert and context parallelism add their code."""
+    acts = t.activations.get("moe", [])
+    swiglu, plain = "swiglu" in acts, any(a != "swiglu" for a in acts)
+    both = swiglu and plain
+    forms, tp, ep = set(t.forms), t.tp_experts, t.ep
+    # one name per form of the experts' MLPs: swiglu alone, plain alone, or swiglu tested first
+    form = "swiglu_or_plain" if both else "swiglu" if swiglu else "plain"
+    return {
+        # the grouped matmul dropless routing runs the experts with
+        "moe_helpers": _on("dropless" in forms, "grouped_mm"),
+        # the docstring's parameters: those of the forms the layers use
+        "moe_doc_experts": _on(plain, "doc_plain_experts") + _on(both, "doc_or_for_swiglu")
+        + _on(swiglu, "doc_swiglu_experts"),
+        # the shared experts' parameters, their gate's when some layer gates them
+        "moe_doc_shared": _on("shared" in forms, "doc_shared_gated" if "shared_gate" in forms else "doc_shared"),
+        "moe_doc_z_loss": _on("z_loss" in forms, "doc_z_loss"),
+        "moe_doc_tensor": _on(tp, "doc_tensor"),
+        # __init__'s fields of the routing options
+        "moe_grouped_field": _on("dropless" in forms, "grouped_field"),
+        "moe_routing_fields": _on("normalize" in forms, "normalize_field") + _on("z_loss" in forms, "z_loss_field"),
+        # the experts' weights in the activations' form
+        "moe_experts": [f"{form}_experts"],
+        "moe_shared": _on("shared" in forms, "shared_experts") + _on("shared_gate" in forms, "shared_gate_weights"),
+        # the process groups expert_parallel() and split_tensor() set
+        "moe_parallel_fields": _on(ep, "expert_group_field") + _on(tp, "tensor_group_field"),
+        # tensor parallelism splits every expert's hidden features (split_tensor, its slots below)
+        "moe_split_tensor": _on(tp, "moe_split_tensor"),
+        "moe_split_doc": _on(plain, "split_doc_plain") + _on(both, "split_doc_or") + _on(swiglu, "split_doc_swiglu")
+        + _on("shared" in forms, "split_doc_shared"),
+        "moe_split_doc_whole": _on(plain, "split_doc_proj_bias") + _on("shared_gate" in forms, "split_doc_shared_gate"),
+        "moe_split": [f"split_{form}"] + _on("shared" in forms, "split_shared"),
+        # expert parallelism split the experts already
+        "moe_split_skip": _on(ep, "split_skip_expert_parallel"),
+        # forward(): context parallelism routes the whole sequence and keeps this rank's places of the output
+        "moe_gather_sequence": _on(t.context, "gather_sequence"),
+        "moe_return": ["return_places" if t.context else "return_whole"],
+        # the z-loss needs the router's logits
+        "moe_router": ["router_logits" if "z_loss" in forms else "router_probs"],
+        "moe_doc_gates": _on("normalize" not in forms, "doc_gates_kept"),
+        "moe_normalize": _on("normalize" in forms, "normalize_gates"),
+        # dropless routing runs the chosen rows as grouped matmuls (not under expert parallelism)
+        "moe_pick": ["pick_slots"] if "dropless" not in forms
+        else ["pick_grouped_unless_expert_parallel" if ep else "pick_grouped_or_slots"],
+        "moe_shared_forward": _on("shared" in forms, "shared_forward", "shared_mlp_tensor" if tp else "shared_mlp")
+        + _on("shared_gate" in forms, "shared_gate") + _on("shared" in forms, "shared_add"),
+        "moe_z_loss": _on("z_loss" in forms, "z_loss"),
+        # the dropless methods (grouped_experts, grouped_mlps and its form's body)
+        "moe_grouped_experts": _on("dropless" in forms, "grouped_experts"),
+        "moe_grouped_mlps": _on(tp, "grouped_tensor_biased" if plain else "grouped_tensor")
+        + _on(swiglu, ("grouped_swiglu_branch" if both else "grouped_swiglu") + ("_tensor" if tp else ""))
+        + _on(plain, "grouped_plain_tensor" if tp else "grouped_plain"),
+        "moe_doc_expert": _on(plain, "doc_expert_plain") + _on(both, "doc_expert_or") + _on(swiglu, "doc_expert_swiglu"),
+        # run_experts(): expert parallelism sends the rows to the experts' ranks; else tensor parallelism splits
+        # each expert's MLP
+        "moe_run_experts": ["run_expert_parallel"] if ep else _on(tp, f"run_tensor_{form}") + ["run_local"],
+        "moe_local_experts": _on(ep, "local_experts_tensor" if tp else "local_experts"),
+        "moe_local_tensor": _on(swiglu, "local_tensor_swiglu_branch" if both else "local_tensor_swiglu")
+        + _on(plain, "local_tensor_plain"),
+        "moe_expert_mlps": _on(swiglu, "expert_mlps_swiglu_branch" if both else "expert_mlps_swiglu")
+        + _on(plain, "expert_mlps_plain"),
+        # Megatron's f and g, for the experts split over `tensor`
+        "moe_tensor_functions": _on(tp, "tensor_region_functions"),
+    }
+
+
 def parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
-    return {}
+    t = ctx["torch"]
+    return {**_moe(t)}
