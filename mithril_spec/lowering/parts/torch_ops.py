@@ -10,6 +10,35 @@ def _on(flag: Any, *names: str) -> list[str]:
     return list(names) if flag else []
 
 
+def _attention(t: Any) -> dict[str, list[str]]:
+    """Attention's slots (attention_def): q, k, v as three projections or one matmul (torch.separate_qkv); its
+    options (qk_norm, rotary, scaled rotary, score scale, softcap) where some attention layer uses them; dropout
+    on the probabilities computes the softmax itself; context parallelism runs ring attention."""
+    drop, tp = "attention_rng" in t.ops, bool(t.tp_plan)
+    return {
+        # the docstring of the projections' form, and why dropout computes the softmax itself
+        "attention_doc": ["doc_separate_qkv" if t.separate_qkv else "doc_joined_qkv"] + _on(drop, "doc_dropout"),
+        "attention_rope_field": _on(t.rope_scaled, "rope_scaling_field"),
+        # the scores' scale and cap, those some layer sets; the norms of q and k; the joined matmul's widths;
+        # the dropout (with the head count tensor parallelism's ranks find their heads from)
+        "attention_fields": _on(t.score_scale or t.softcap,
+                                "scale_softcap_fields" if t.score_scale and t.softcap
+                                else "softcap_field" if t.softcap else "scale_field")
+        + _on(t.qk_norm, "qk_norm_fields") + _on(not t.separate_qkv, "widths_field")
+        + _on(drop and tp, "heads_field") + _on(drop, "dropout_field"),
+        # forward(): q, k and v projected, normed (qk_norm) and rotated (rotary embeddings)
+        "attention_qkv": ["separate_qkv" if t.separate_qkv else "joined_qkv"] + _on(t.qk_norm, "qk_norm")
+        + _on(t.rotary, "rotary_scaled" if t.rope_scaled else "rotary"),
+        # the scores: capped and dropped ones computed here; ring attention under context parallelism (which
+        # drops with the one-device mask), else the fused kernel
+        "attention_scores": _on(t.softcap, "scores_capped") + _on(drop and not t.context, "scores_dropped")
+        + ([("ring_dropped_heads" if tp else "ring_dropped") if drop else "ring"] if t.context
+           else ["fused_scaled" if t.score_scale else "fused"]),
+        "attention_methods": _on(t.softcap, "capped")
+        + _on(drop and not t.context, "dropped", *_on(tp, "dropped_heads"), "dropped_return"),
+    }
+
+
 def _moe(t: Any) -> dict[str, list[str]]:
     """MoE's slots (moe_def): its experts' MLPs come in the activations the program's moe layers use, swiglu
     (gate, up, down), plain ones (fc, proj, then the activation) or both (a test of self.activation); its
@@ -80,4 +109,4 @@ def _moe(t: Any) -> dict[str, list[str]]:
 
 def parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
     t = ctx["torch"]
-    return {**_moe(t)}
+    return {**_attention(t), **_moe(t)}
