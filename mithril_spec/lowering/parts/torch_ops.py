@@ -10,6 +10,49 @@ def _on(flag: Any, *names: str) -> list[str]:
     return list(names) if flag else []
 
 
+def _dropout(t: Any, evaluates: bool) -> dict[str, list[str]]:
+    """Dropout's slots (dropout_rng_def): its mask is drawn whole and each rank keeps its part, the heads of
+    attention probabilities (an attention layer with dropout), the positions under sequence parallelism or
+    the places under context parallelism."""
+    heads, sequence = "attention_rng" in t.ops, bool(t.sequence_dropout)
+    # the argument naming x's slice of dimension 1: attention's `heads`, else a local `part` (positions)
+    part = "heads" if heads else "part"
+    return {
+        "dropout_doc": _on(heads, "doc_dropout_heads"),
+        "dropout_fields": _on(sequence, "sequence_field"),
+        # forward()'s docstring on its `heads` argument; the evaluation drops nothing
+        "dropout_forward": _on(t.dropout_heads, "doc_heads_argument") + _on(evaluates, "eval_identity"),
+        # the mask: this rank's places (context), its slice of heads or positions, or its rows alone
+        "dropout_mask": ["mask_places"] if t.context else (
+            _on(not heads, "part_whole") + _on(sequence, f"sequence_{part}") + [f"mask_{part}"]
+        ) if heads or sequence else ["mask_whole"],
+        "dropout_methods": _on(t.context and heads, "context_keep"),
+    }
+
+
+def _batch_norm(t: Any, evaluates: bool) -> dict[str, list[str]]:
+    """BatchNorm's slots (batch_norm_def): synchronised statistics under data parallelism (torch.sync_bn),
+    context parallelism (the channels are positions, x holds this rank's), channels split over `tensor`, and
+    the evaluation's use of the running statistics."""
+    sync, places = bool(t.sync_bn), bool(t.context)
+    return {
+        "batch_norm_doc": _on(sync, "doc_sync_bn"),
+        # the batch axes' group the statistics are all-reduced over
+        "batch_norm_fields": _on(sync, "group_field"),
+        # forward(): channels split over `tensor` run whole; the evaluation normalises with the running statistics
+        "batch_norm_forward": _on(t.tp_channels, "whole_channels_call")
+        + _on(evaluates, "eval_running_places" if places else "eval_running"),
+        # the statistics: F.batch_norm's, unless they span the ranks (sync_bn) or the channels this rank's places
+        "batch_norm_statistics": ["local_batch_norm"] if not (sync or places) else [
+            "global_batch_norm",
+            "doc_all_ranks_places" if sync and places else "doc_all_ranks" if sync else "doc_places",
+            "moments_all_ranks" if sync else "moments",
+            "normalise_places" if places else "normalise",
+        ],
+        "batch_norm_methods": _on(t.tp_channels, "split_channels"),
+    }
+
+
 def _attention(t: Any) -> dict[str, list[str]]:
     """Attention's slots (attention_def): q, k, v as three projections or one matmul (torch.separate_qkv); its
     options (qk_norm, rotary, scaled rotary, score scale, softcap) where some attention layer uses them; dropout
@@ -36,6 +79,24 @@ def _attention(t: Any) -> dict[str, list[str]]:
            else ["fused_scaled" if t.score_scale else "fused"]),
         "attention_methods": _on(t.softcap, "capped")
         + _on(drop and not t.context, "dropped", *_on(tp, "dropped_heads"), "dropped_return"),
+    }
+
+
+def _mlp(t: Any) -> dict[str, list[str]]:
+    """MLP's slots (mlp_def): the forms of the activations the program's mlp layers use, swiglu (gate, up,
+    down), plain ones (fc, proj, then the activation) or both (a test of self.activation); swiglu's gate is a
+    field where some layer gates with gelu (torch.gelu_gate)."""
+    acts = t.activations.get("mlp", [])
+    swiglu, plain = "swiglu" in acts, any(a != "swiglu" for a in acts)
+    both = swiglu and plain
+    return {
+        # the forms' formulas; the tanh approximation where gelu is one of them
+        "mlp_doc": _on(plain, "mlp_doc_plain") + _on(both, "mlp_doc_or") + _on(swiglu, "mlp_doc_swiglu"),
+        "mlp_doc_gelu": _on("gelu" in acts, "mlp_doc_gelu"),
+        "mlp_fields": _on(t.gelu_gate, "mlp_gate_fn")
+        + ["mlp_swiglu_or_plain_weights" if both else "mlp_swiglu_weights" if swiglu else "mlp_plain_weights"],
+        "mlp_forward": _on(swiglu, ("mlp_swiglu_branch" if both else "mlp_swiglu") + ("_gate_fn" if t.gelu_gate else ""))
+        + _on(plain, "mlp_plain"),
     }
 
 
@@ -109,4 +170,5 @@ def _moe(t: Any) -> dict[str, list[str]]:
 
 def parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
     t = ctx["torch"]
-    return {**_attention(t), **_moe(t)}
+    evaluates = bool(ctx["eval"])
+    return {**_dropout(t, evaluates), **_batch_norm(t, evaluates), **_attention(t), **_mlp(t), **_moe(t)}
