@@ -15,17 +15,22 @@ def _dropout(t: Any, evaluates: bool) -> dict[str, list[str]]:
     attention probabilities (an attention layer with dropout), the positions under sequence parallelism or
     the places under context parallelism."""
     heads, sequence = "attention_rng" in t.ops, bool(t.sequence_dropout)
-    # the argument naming x's slice of dimension 1: attention's `heads`, else a local `part` (positions)
-    part = "heads" if heads else "part"
+    # the mask: this rank's places (context parallelism), its slice of dimension 1 (attention's `heads`
+    # argument, or a local `part`: its positions under sequence parallelism), or its rows alone
+    if t.context:
+        mask = ["mask_places"]
+    elif heads:
+        mask = _on(sequence, "sequence_heads") + ["mask_heads"]
+    elif sequence:
+        mask = ["part_whole", "sequence_part", "mask_part"]
+    else:
+        mask = ["mask_whole"]
     return {
         "dropout_doc": _on(heads, "doc_dropout_heads"),
         "dropout_fields": _on(sequence, "sequence_field"),
         # forward()'s docstring on its `heads` argument; the evaluation drops nothing
         "dropout_forward": _on(t.dropout_heads, "doc_heads_argument") + _on(evaluates, "eval_identity"),
-        # the mask: this rank's places (context), its slice of heads or positions, or its rows alone
-        "dropout_mask": ["mask_places"] if t.context else (
-            _on(not heads, "part_whole") + _on(sequence, f"sequence_{part}") + [f"mask_{part}"]
-        ) if heads or sequence else ["mask_whole"],
+        "dropout_mask": mask,
         "dropout_methods": _on(t.context and heads, "context_keep"),
     }
 
@@ -95,7 +100,8 @@ def _mlp(t: Any) -> dict[str, list[str]]:
         "mlp_doc_gelu": _on("gelu" in acts, "mlp_doc_gelu"),
         "mlp_fields": _on(t.gelu_gate, "mlp_gate_fn")
         + ["mlp_swiglu_or_plain_weights" if both else "mlp_swiglu_weights" if swiglu else "mlp_plain_weights"],
-        "mlp_forward": _on(swiglu, ("mlp_swiglu_branch" if both else "mlp_swiglu") + ("_gate_fn" if t.gelu_gate else ""))
+        "mlp_forward": _on(swiglu, ("mlp_swiglu_branch_gate_fn" if t.gelu_gate else "mlp_swiglu_branch") if both
+                           else "mlp_swiglu_gate_fn" if t.gelu_gate else "mlp_swiglu")
         + _on(plain, "mlp_plain"),
     }
 
@@ -108,8 +114,11 @@ def _moe(t: Any) -> dict[str, list[str]]:
     swiglu, plain = "swiglu" in acts, any(a != "swiglu" for a in acts)
     both = swiglu and plain
     forms, tp, ep = set(t.forms), t.tp_experts, t.ep
-    # one name per form of the experts' MLPs: swiglu alone, plain alone, or swiglu tested first
-    form = "swiglu_or_plain" if both else "swiglu" if swiglu else "plain"
+
+    def form(alone_swiglu: str, alone_plain: str, swiglu_or_plain: str) -> str:
+        """The macro of the experts' MLPs' form: swiglu alone, plain alone, or swiglu tested first."""
+        return swiglu_or_plain if both else alone_swiglu if swiglu else alone_plain
+
     return {
         # the grouped matmul dropless routing runs the experts with
         "moe_helpers": _on("dropless" in forms, "grouped_mm"),
@@ -124,7 +133,7 @@ def _moe(t: Any) -> dict[str, list[str]]:
         "moe_grouped_field": _on("dropless" in forms, "grouped_field"),
         "moe_routing_fields": _on("normalize" in forms, "normalize_field") + _on("z_loss" in forms, "z_loss_field"),
         # the experts' weights in the activations' form
-        "moe_experts": [f"{form}_experts"],
+        "moe_experts": [form("swiglu_experts", "plain_experts", "swiglu_or_plain_experts")],
         "moe_shared": _on("shared" in forms, "shared_experts") + _on("shared_gate" in forms, "shared_gate_weights"),
         # the process groups expert_parallel() and split_tensor() set
         "moe_parallel_fields": _on(ep, "expert_group_field") + _on(tp, "tensor_group_field"),
@@ -133,7 +142,7 @@ def _moe(t: Any) -> dict[str, list[str]]:
         "moe_split_doc": _on(plain, "split_doc_plain") + _on(both, "split_doc_or") + _on(swiglu, "split_doc_swiglu")
         + _on("shared" in forms, "split_doc_shared"),
         "moe_split_doc_whole": _on(plain, "split_doc_proj_bias") + _on("shared_gate" in forms, "split_doc_shared_gate"),
-        "moe_split": [f"split_{form}"] + _on("shared" in forms, "split_shared"),
+        "moe_split": [form("split_swiglu", "split_plain", "split_swiglu_or_plain")] + _on("shared" in forms, "split_shared"),
         # expert parallelism split the experts already
         "moe_split_skip": _on(ep, "split_skip_expert_parallel"),
         # forward(): context parallelism routes the whole sequence and keeps this rank's places of the output
@@ -152,12 +161,13 @@ def _moe(t: Any) -> dict[str, list[str]]:
         # the dropless methods (grouped_experts, grouped_mlps and its form's body)
         "moe_grouped_experts": _on("dropless" in forms, "grouped_experts"),
         "moe_grouped_mlps": _on(tp, "grouped_tensor_biased" if plain else "grouped_tensor")
-        + _on(swiglu, ("grouped_swiglu_branch" if both else "grouped_swiglu") + ("_tensor" if tp else ""))
+        + _on(swiglu, ("grouped_swiglu_branch_tensor" if tp else "grouped_swiglu_branch") if both
+              else "grouped_swiglu_tensor" if tp else "grouped_swiglu")
         + _on(plain, "grouped_plain_tensor" if tp else "grouped_plain"),
         "moe_doc_expert": _on(plain, "doc_expert_plain") + _on(both, "doc_expert_or") + _on(swiglu, "doc_expert_swiglu"),
         # run_experts(): expert parallelism sends the rows to the experts' ranks; else tensor parallelism splits
         # each expert's MLP
-        "moe_run_experts": ["run_expert_parallel"] if ep else _on(tp, f"run_tensor_{form}") + ["run_local"],
+        "moe_run_experts": ["run_expert_parallel"] if ep else _on(tp, form("run_tensor_swiglu", "run_tensor_plain", "run_tensor_swiglu_or_plain")) + ["run_local"],
         "moe_local_experts": _on(ep, "local_experts_tensor" if tp else "local_experts"),
         "moe_local_tensor": _on(swiglu, "local_tensor_swiglu_branch" if both else "local_tensor_swiglu")
         + _on(plain, "local_tensor_plain"),
@@ -168,7 +178,29 @@ def _moe(t: Any) -> dict[str, list[str]]:
     }
 
 
+def _operators(t: Any, masked: bool) -> dict[str, list[str]]:
+    """The other operators' slots: the helpers and forms of code the program's settings choose."""
+    return {
+        # a linear layer tied to an embedding table under sharded FSDP2 computes its weight gradient whole
+        "linear_helpers": _on(t.tied_head, "tied_head"),
+        # RMSNorm with the (offset + weight) scale where some layer sets weight_offset
+        "rms_norm_class": ["rms_norm_offset" if t.rms_offset else "rms_norm"],
+        # context parallelism: x holds this rank's places of the sequence, whose rows (angles) it takes
+        "pos_embedding_rows": ["pos_rows_places" if t.context else "pos_rows"],
+        "rope_angles": ["angles_places" if t.context else "angles"],
+        # transformers' rope_scaling, where some attention layer scales its frequencies
+        "rope_helpers": _on(t.rope_scaled, "scale_inv_freq"),
+        "rope_scaling": _on(t.rope_scaled, "rope_scaling"),
+        # the loss: a sum over the unmasked targets (a data mask) or a mean; under loss_parallel (the logits
+        # split on the vocabulary) a DTensor made whole
+        "cross_entropy": [("cross_entropy_masked_loss_parallel" if t.vocab_parallel else "cross_entropy_masked")
+                          if masked else
+                          "cross_entropy_mean_loss_parallel" if t.vocab_parallel else "cross_entropy_mean"],
+    }
+
+
 def parts(ctx: dict[str, Any]) -> dict[str, list[str]]:
     t = ctx["torch"]
     evaluates = bool(ctx["eval"])
-    return {**_dropout(t, evaluates), **_batch_norm(t, evaluates), **_attention(t), **_mlp(t), **_moe(t)}
+    masked = bool(ctx["data"]["mask"])
+    return {**_operators(t, masked), **_dropout(t, evaluates), **_batch_norm(t, evaluates), **_attention(t), **_mlp(t), **_moe(t)}
