@@ -91,13 +91,12 @@ def _mlp(t: Any) -> dict[str, list[str]]:
     """MLP's slots (mlp_def): the forms of the activations the program's mlp layers use, swiglu (gate, up,
     down), plain ones (fc, proj, then the activation) or both (a test of self.activation); swiglu's gate is a
     field where some layer gates with gelu (torch.gelu_gate)."""
-    acts = t.activations.get("mlp", [])
-    swiglu, plain = "swiglu" in acts, any(a != "swiglu" for a in acts)
+    swiglu, plain = "mlp_gated" in t.forms, "mlp_ungated" in t.forms  # (ops/mlp.py forms)
     both = swiglu and plain
     return {
         # the forms' formulas; the tanh approximation where gelu is one of them
         "mlp_doc": _on(plain, "mlp_doc_plain") + _on(both, "mlp_doc_or") + _on(swiglu, "mlp_doc_swiglu"),
-        "mlp_doc_gelu": _on("gelu" in acts, "mlp_doc_gelu"),
+        "mlp_doc_gelu": _on("mlp_tanh_gelu" in t.forms, "mlp_doc_gelu"),
         "mlp_fields": _on(t.gelu_gate, "mlp_gate_fn")
         + ["mlp_swiglu_or_plain_weights" if both else "mlp_swiglu_weights" if swiglu else "mlp_plain_weights"],
         "mlp_forward": _on(swiglu, ("mlp_swiglu_branch_gate_fn" if t.gelu_gate else "mlp_swiglu_branch") if both
@@ -110,8 +109,7 @@ def _moe(t: Any) -> dict[str, list[str]]:
     """MoE's slots (moe_def): its experts' MLPs come in the activations the program's moe layers use, swiglu
     (gate, up, down), plain ones (fc, proj, then the activation) or both (a test of self.activation); its
     routing options (torch.forms), tensor, expert and context parallelism add their code."""
-    acts = t.activations.get("moe", [])
-    swiglu, plain = "swiglu" in acts, any(a != "swiglu" for a in acts)
+    swiglu, plain = "experts_gated" in t.forms, "experts_ungated" in t.forms  # (ops/moe.py forms)
     both = swiglu and plain
     forms, tp, ep = set(t.forms), t.tp_experts, t.ep
 
@@ -193,7 +191,7 @@ def _operators(t: Any, masked: bool) -> dict[str, list[str]]:
         "rope_scaling": _on(t.rope_scaled, "rope_scaling"),
         # the loss: a sum over the unmasked targets (a data mask) or a mean; under loss_parallel (the logits
         # split on the vocabulary) a DTensor made whole
-        "cross_entropy": [("cross_entropy_masked_loss_parallel" if t.vocab_parallel else "cross_entropy_masked")
+        "cross_entropy_loss": [("cross_entropy_masked_loss_parallel" if t.vocab_parallel else "cross_entropy_masked")
                           if masked else
                           "cross_entropy_mean_loss_parallel" if t.vocab_parallel else "cross_entropy_mean"],
     }
