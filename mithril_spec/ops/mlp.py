@@ -64,6 +64,11 @@ class Mlp(Op):
     def decodes(self, attrs):
         return True  # per position
 
+    def forms(self, attrs):
+        # the torch MLP's forms (lowering/parts/torch_ops.py): gated (swiglu) or ungated, and the tanh gelu's
+        return frozenset({"mlp_gated" if attrs["activation"] == "swiglu" else "mlp_ungated"}
+                         | ({"mlp_tanh_gelu"} if attrs["activation"] == "gelu" else set()))
+
     def helper_keywords(self, attrs):
         # a gate other than silu (GeGLU)
         return given((("gate_act", attrs["gate_activation"], attrs["gate_activation"] != SILU_GATE),))

@@ -67,7 +67,10 @@ class Moe(Op):
     def forms(self, attrs):
         return frozenset(f for f, on in (("normalize", attrs["normalize_gates"]), ("shared", attrs["shared_hidden"]),
                                          ("shared_gate", attrs["shared_gate"]), ("z_loss", attrs["z_loss_weight"]),
-                                         ("dropless", attrs["dropless"]))
+                                         ("dropless", attrs["dropless"]),
+                                         # the experts' MLPs: gated (swiglu) or ungated
+                                         ("experts_gated", attrs["activation"] == "swiglu"),
+                                         ("experts_ungated", attrs["activation"] != "swiglu"))
                          if on)
 
     jax_function = True  # generate.py's decode calls train.py's `moe`
