@@ -219,7 +219,6 @@ class Attention(Op):
         grouped = any(a["kv_heads"] != a["heads"] for a in uses)
         causal = any(a["causal"] for a in uses)
         qkv_bias = any(a["bias"] and not a["o_bias"] for a in uses)
-        ring_form = "ring_causal" if causal else "ring"
         return {
             # the random helpers (unless a dropout layer brings them), the q/k head norms, the rotary embedding
             # (its scaled frequencies; its angles at the places' positions under context parallelism)
@@ -238,7 +237,8 @@ class Attention(Op):
             # the scores, softmax and weighted values: ring attention over `context` (its dropout mask drawn
             # whole), or on one place (the key/value heads repeated, scaled or capped scores, the causal mask,
             # dropout)
-            "attention_core": (["ring_keep", f"{ring_form}_dropout"] if drop else [ring_form]) if ring else
+            "attention_core": (["ring_keep", "ring_causal_dropout" if causal else "ring_dropout"] if drop
+                               else ["ring_causal" if causal else "ring"]) if ring else
             ["repeat_kv"] * grouped + ["scores_scaled" if any(a["scale"] for a in uses) else "scores"]
             + ["softcap"] * any(a["softcap"] for a in uses) + ["causal_mask"] * causal + ["probs"]
             + ["probs_dropout"] * drop + ["heads_out"],

@@ -90,7 +90,7 @@ class Mlp(Op):
         forms = ffn_forms(uses)
         return {
             # the docstring names the forms some layer uses (and gelu's approximation where some layer uses it)
-            "mlp_doc": [f"mlp_doc_{forms}"] + ["gelu_doc"] * any(a["activation"] == "gelu" for a in uses),
+            "mlp_doc": [{"swiglu": "mlp_doc_swiglu", "both": "mlp_doc_both", "plain": "mlp_doc_plain"}[forms]] + ["gelu_doc"] * any(a["activation"] == "gelu" for a in uses),
             # swiglu alone, or the plain form with swiglu chosen by `activation` where both are used
             "mlp_body": {"swiglu": ["swiglu"], "both": ["swiglu_chosen", "fc_act_proj"],
                          "plain": ["fc_act_proj"]}[forms],

@@ -110,17 +110,17 @@ class Moe(Op):
 
     def jax_parts(self, uses, program):
         forms = ffn_forms(uses)
-        ffn = {"swiglu": "swiglu", "both": "either", "plain": "fc_act_proj"}[forms]  # the experts' feed-forward
         dropless, zloss = any(a["dropless"] for a in uses), any(a["z_loss_weight"] for a in uses)
         shared, gated = any(a["shared_hidden"] for a in uses), any(a["shared_gate"] for a in uses)
         normalize = any(a["normalize_gates"] for a in uses)
         return {
             # the experts' feed-forward over their slots (dense dispatch) and over sorted rows (dropless routing)
-            "slot_experts_ffn": [f"slot_{ffn}"],
-            "grouped_experts": ["grouped_experts_head", f"grouped_{ffn}", "grouped_experts_tail"] * dropless,
+            "slot_experts_ffn": [{"swiglu": "slot_swiglu", "both": "slot_either", "plain": "slot_fc_act_proj"}[forms]],
+            "grouped_experts": ["grouped_experts_head", {"swiglu": "grouped_swiglu", "both": "grouped_either", "plain": "grouped_fc_act_proj"}[forms],
+                                "grouped_experts_tail"] * dropless,
             # the docstring's fragments: the gates, the experts' forms and shared experts, the z-loss, dropless routes
             "moe_gates_doc": ["renormalised_doc" if normalize else "not_renormalised_doc"],
-            "moe_experts_doc": [f"experts_{forms}_doc"] + [("shared_gated_doc" if gated else "shared_doc")] * shared,
+            "moe_experts_doc": [{"swiglu": "experts_swiglu_doc", "both": "experts_both_doc", "plain": "experts_plain_doc"}[forms]] + [("shared_gated_doc" if gated else "shared_doc")] * shared,
             "moe_losses_doc": ["z_loss_doc"] * zloss,
             "moe_routes_doc": ["grouped_doc"] * dropless,
             # context parallelism: the layer runs on the whole sequence in token order

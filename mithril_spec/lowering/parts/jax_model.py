@@ -33,7 +33,8 @@ def block_parts(b: dict[str, Any]) -> dict[str, list[str]]:
         # the copy under remat; the evaluation's pass (train False) without it
         "stack_block": ["block_or_eval" if b["train_arg"] else "block"],
         # a pipeline stage's padding rows skip the block: their function passes the input (and buffers) through
-        "stack_skip": [("skip" + "_buffers" * b["has_buffers"] + "_aux" * b["has_aux"])] * b["padded"],
+        "stack_skip": [{(False, False): "skip", (True, False): "skip_buffers", (False, True): "skip_aux",
+                        (True, True): "skip_buffers_aux"}[(bool(b["has_buffers"]), bool(b["has_aux"]))]] * b["padded"],
         # the scan's step carries the load-balancing losses' sum
         "stack_step": ["step_with_aux" if b["has_aux"] else "step"],
         # the block's moved buffers back among all the buffers
@@ -99,11 +100,11 @@ def _train_step(ctx: dict[str, Any]) -> dict[str, list[str]]:
     mask = bool(ctx["data"]["mask"])
     replicas, psgd = j.comm["replicas"], j.comm["powersgd"]
     ev = ctx["eval"]
-    reduced = "powersgd" if psgd else "compressed"  # how the replicas' gradients are reduced
-    counting = "counting" if ev and ev["accuracy"] else "loss"  # the evaluation counts the correct predictions
+    powersgd = bool(psgd)  # the replicas' gradients reduced by PowerSGD (else compressed)
+    counting = bool(ev and ev["accuracy"])  # the evaluation counts the correct predictions
     return {
         # the loss scaler's update rule: torch's GradScaler (dynamic) or a fixed scale (skipped steps counted)
-        "scaler_update": [f"update_scaler_{'dynamic' if ls['dynamic'] else 'fixed'}"] if ls else [],
+        "scaler_update": ["update_scaler_dynamic" if ls["dynamic"] else "update_scaler_fixed"] if ls else [],
         # the gradients of one micro-batch: through the pipeline, of the scaled loss (a vjp from `scale`), or plain
         "grad_fn": ["grad_fn_pipelined" if pp else "grad_fn_scaled" if ls else "grad_fn_plain"],
         # what the step reads once before its micro-batches: data.mask's factor, the loss scale, the batch as
@@ -116,14 +117,14 @@ def _train_step(ctx: dict[str, Any]) -> dict[str, list[str]]:
         # data.mask: the micro-batch's loss and gradients scaled to the mean over the unmasked targets
         "after_grads": ["masked_grads"] * mask,
         # the sums' start: inside a replica's shard_map (compressed gradients, PowerSGD) or in the step itself
-        "sums": [f"replica_{reduced}" if replicas else "zero_sums"],
+        "sums": [("replica_powersgd" if powersgd else "replica_compressed") if replicas else "zero_sums"],
         # the micro-batches' loop: none for one
         "accumulation": ["one_micro_batch" if j.accum == 1 else "scan_micro_batches"],
         # a replica's means over the replicas, its batch split over `data` (ZeRO's gradients come out split),
         # and the shard_map's results; or the sums themselves
-        "replica_end": [f"replica_reduce_{reduced}"] * replicas,
+        "replica_end": ["replica_reduce_powersgd" if powersgd else "replica_reduce_compressed"] * replicas,
         "replicas_split": ["batch_split_zero" if j.zero else "batch_split"] * replicas,
-        "gathered": [f"shard_map_{reduced}" if replicas else "summed"],
+        "gathered": [("shard_map_powersgd" if powersgd else "shard_map_compressed") if replicas else "summed"],
         # before the norm: the gradients unscaled (and the step's finiteness), ZeRO-2's gradient slices
         "before_norm": ["unscale"] * bool(ls) + ["zero2_gradients"] * (j.zero >= 2),
         # the update: skipped where a scaled gradient is not finite, or always applied
@@ -134,6 +135,7 @@ def _train_step(ctx: dict[str, Any]) -> dict[str, list[str]]:
         "metrics": ["scaled_metrics" if ls else "metrics"],
         # the evaluation's step (through the pipeline or eval_fn) and loop, counting correct predictions with
         # `accuracy`; none without an `eval` section
-        "eval_step": [f"eval_step_{counting}", f"pipeline_eval_{counting}" if pp else f"eval_{counting}"] if ev else [],
-        "evaluate": [f"evaluate_{counting}"] * bool(ev),
+        "eval_step": (["eval_step_counting", "pipeline_eval_counting" if pp else "eval_counting"] if counting else
+                      ["eval_step_loss", "pipeline_eval_loss" if pp else "eval_loss"]) if ev else [],
+        "evaluate": ["evaluate_counting" if counting else "evaluate_loss"] * bool(ev),
     }
