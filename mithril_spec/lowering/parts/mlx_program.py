@@ -195,6 +195,10 @@ def _readme(ctx: dict[str, Any]) -> dict[str, list[str]]:
     return {
         # how to run: launch.sh for several processes, train.py for one
         "run_commands": ["run_processes" if ctx["mesh"]["devices"] > 1 else "run_one"],
+        # how the processes share the work: one holds everything; over `data` each the whole model; over
+        # `tensor` each its slices
+        "parallelism_doc": ["one_process_doc" if ctx["mesh"]["devices"] == 1 else
+                            "tensor_parallel_doc" if ctx["mlx"].tp else "data_parallel_doc"],
         # the metrics beyond loss and speed: tokens per second (sequence models), the evaluation's
         "metrics_doc": _pick(("tokens_metric", ctx["seq_len"]), ("val_loss_metric", ev),
                              ("val_accuracy_metric", ev and ev["accuracy"])),
@@ -224,7 +228,8 @@ def _program(ctx: dict[str, Any]) -> dict[str, list[str]]:
     return {
         # train.py: launch.sh and data parallelism in the docstring for several processes; tensor
         # parallelism's helpers (tensor.py.j2); the Hugging Face mapping (a model with one)
-        "run_docstring": _pick(("launch_doc", ctx["mesh"]["devices"] > 1)),
+        # several processes: how to start them and how they share the work (over `data` or over `tensor`)
+        "run_docstring": _pick(("launch_tensor_doc" if ctx["mlx"].tp else "launch_data_doc", ctx["mesh"]["devices"] > 1)),
         "model_sections": _pick(("tensor_section", m.tp)),
         "checkpoint_sections": _pick(("hf_section", ctx["hf"])),
         # the lr schedule: noam's, else the warmup then cosine's decay or the constant lr
