@@ -103,11 +103,13 @@ def test_the_walk_through_runs_as_written(tmp_path):
     unmasked = ce(logits0, torch.tensor(nxt).flatten()).item()
     losses = [json.loads(line)["loss"] for line in (work / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
     assert len(losses) == 30
-    # (a random model's per-token losses are all near log(vocab): make_model.py's initializer_range keeps
-    # the prompts' from the answers' by some 1e-2, a thousand times what float32 leaves between the program and
-    # transformers)
-    assert abs(losses[0] - want) < 2e-5, (losses[0], want)
-    assert abs(unmasked - want) > 1e-3, (unmasked, want)  # the mask changes the loss: it was honoured
+    # The first loss is the masked loss (the answers' targets only) to float32's agreement with transformers,
+    # and a program that ignored the mask would be told apart: the loss over every target lies several times
+    # that tolerance away. (A random model's per-token losses are all near log(vocab), so the two are close:
+    # make_model.py's initializer_range keeps them some 1e-4 apart on this data, which the docs give.)
+    tol = 2e-5
+    assert abs(losses[0] - want) < tol, (losses[0], want)
+    assert abs(unmasked - want) > 5 * tol, (unmasked, want)  # the mask changes the loss: it was honoured
     assert np.mean(losses[-5:]) < losses[0] - 0.5, losses
     assert got["val_loss_after"] < got["val_loss_before"] - 0.5, got
     assert got["logits_max_abs_diff"] < 1e-4 and abs(got["first_step_loss"] - want) < 1e-4, got
