@@ -18,11 +18,6 @@ from ...ops.norm import BatchNorm, RmsNorm
 from .choose import chosen
 
 
-def _one(present: Any, name: str) -> list[str]:
-    """[name] where the piece's function is rendered at all, else nothing."""
-    return [name] if present else []
-
-
 def _ops(ctx: dict[str, Any]) -> dict[str, list[str]]:
     """templates/mlx/ops.py.j2's helper definitions (empty where the program has no such op)."""
     defs = {type(OPS[op]): uses for op, uses in ctx["mlx"].op_defs.items()}
@@ -39,12 +34,12 @@ def _ops(ctx: dict[str, Any]) -> dict[str, list[str]]:
         "dropout_def": chosen(("dropout_helper", drop.get("helper"))),
         # the helper's sentence on heads and its mask: for the rows alone, or for the heads too
         "dropout_docstring": chosen(("dropout_heads_doc", heads)),
-        "dropout_keep": _one(drop.get("helper") or att.get("dropout_helper"), "keep_heads" if heads else "keep_rows"),
+        "dropout_keep": chosen(("keep_heads" if heads else "keep_rows", drop.get("helper") or att.get("dropout_helper"))),
         # batch_norm with an `eval` section: the evaluation uses the running statistics (`train` False)
         "batch_norm_docstring": chosen(("batch_norm_eval_doc", bn.get("params"))),
         "batch_norm_eval": chosen(("batch_norm_running", bn.get("params"))),
         # rms_norm: with `offset` where some layer has a weight offset
-        "rms_norm_def": _one(rms, "rms_norm_offset" if rms.get("offset") else "rms_norm"),
+        "rms_norm_def": chosen(("rms_norm_offset" if rms.get("offset") else "rms_norm", rms)),
         # attention's helpers, docstring sentences and statements: each for a feature some layer uses
         "attention_helpers": chosen(("attention_dropout_helper", att.get("dropout_helper")),
                                    ("head_norm", att.get("qknorm")), ("scale_inv_freq", att.get("scaled")),
@@ -58,7 +53,7 @@ def _ops(ctx: dict[str, Any]) -> dict[str, list[str]]:
                                          ("rotate_scaled" if att.get("scaled") else "rotate", att.get("rotary")),
                                          ("repeat_kv", att.get("gqa"))),
         # the scores scaled by `scale` where some layer gives one, else by 1 / sqrt(head_dim)
-        "attention_scores": _one(att, "scores_scaled" if att.get("scaled_scores") else "scores"),
+        "attention_scores": chosen(("scores_scaled" if att.get("scaled_scores") else "scores", att)),
         "attention_masks": chosen(("softcap", att.get("capped")), ("causal_mask", att.get("causal"))),
         # dropout on the probabilities; with tp the mask of this process's heads
         "attention_dropout": chosen(("probs_dropout_heads" if att.get("tp") else "probs_dropout", att.get("drop"))),
@@ -67,7 +62,7 @@ def _ops(ctx: dict[str, Any]) -> dict[str, list[str]]:
         "mlp_forms_doc": chosen(("plain_form_doc", mlp.get("plain")), ("or_doc", mlp.get("branch")),
                                ("swiglu_form_doc", mlp.get("swiglu"))),
         "mlp_docstring": chosen(("gelu_doc", mlp.get("tanh_gelu"))),
-        "mlp_dense": _one(mlp, "dense_tp" if mlp.get("tp") else "dense"),
+        "mlp_dense": chosen(("dense_tp" if mlp.get("tp") else "dense", mlp)),
         "mlp_return": [] if not mlp else ["swiglu_return"] if not mlp["plain"] else chosen(
             ("swiglu_branch", mlp["branch"]), ("plain_return", True)),
         # moe: the routings' functions (capped: slot_experts, dropless: grouped_experts), their experts' MLPs
@@ -80,8 +75,8 @@ def _ops(ctx: dict[str, Any]) -> dict[str, list[str]]:
         "moe_returns_doc": chosen(("z_loss_doc", moe.get("z_loss"))),
         "moe_gates": chosen(("normalize_gates", moe.get("normalize"))),
         # both routings: chosen by `grouped`
-        "moe_routing": _one(moe, "route_by_grouped" if moe.get("both_routings") else
-                            "route_grouped" if moe.get("dropless") else "route_slots"),
+        "moe_routing": chosen(("route_by_grouped" if moe.get("both_routings") else
+                            "route_grouped" if moe.get("dropless") else "route_slots", moe)),
         # the shared experts (gated where some layer has a shared gate), added to the routed experts' output
         "moe_shared": chosen(("shared_experts", moe.get("shared")), ("shared_gate", moe.get("shared") and moe.get("shared_gate")),
                             ("shared_add", moe.get("shared"))),
