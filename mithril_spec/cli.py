@@ -721,7 +721,8 @@ def cmd_data(args) -> int:
     else:
         p = prepare(args.inputs, args.vocab, Path(args.output), args.val_fraction, tokenizer=args.tokenizer)
     where = escape(str(p.out.resolve()))
-    print(f"{p.documents} document(s): {p.train_tokens:,} training and {p.val_tokens:,} held-out tokens, "
+    empty = f" ({p.empty_files} empty input file(s) left out)" if p.empty_files else ""
+    print(f"{p.documents} document(s){empty}: {p.train_tokens:,} training and {p.val_tokens:,} held-out tokens, "
           f"vocab {p.vocab:,} ({p.dtype}) in {where}")
     print("in the spec (or paths relative to the spec's directory):")
     mask = f", mask: {where}/train.mask" if masked else ""

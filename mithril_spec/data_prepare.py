@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +34,7 @@ class Prepared:
     train_tokens: int
     val_tokens: int
     out: Path
+    empty_files: int = 0  # input files left out: they hold no text
 
 
 def input_files(paths: list[str]) -> list[Path]:
@@ -53,20 +55,22 @@ def input_files(paths: list[str]) -> list[Path]:
     return out
 
 
-def _documents(files: list[Path]) -> list[str]:
-    docs = []
-    for f in files:
-        try:
-            text = f.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            raise UsageError(f"{f}: not UTF-8 text") from None
-        except OSError as e:
-            raise UsageError(f"{f}: cannot read: {e.strerror or e}") from None
-        if text.strip():
-            docs.append(text)
+def _read_text(f: Path) -> str:
+    """The file's text (UTF-8; a byte-order mark at its start, as Windows editors write it, is not text)."""
+    try:
+        return f.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError:
+        raise UsageError(f"{f}: not UTF-8 text") from None
+    except OSError as e:
+        raise UsageError(f"{f}: cannot read: {e.strerror or e}") from None
+
+
+def _documents(files: list[Path]) -> tuple[list[str], int]:
+    """The files' texts, and how many files were left out for holding no text (only whitespace)."""
+    docs = [text for text in map(_read_text, files) if text.strip()]
     if not docs:
         raise UsageError("the input files hold no text")
-    return docs
+    return docs, len(files) - len(docs)
 
 
 def tokenizer_file(raw: str) -> Path:
@@ -80,9 +84,11 @@ def tokenizer_file(raw: str) -> Path:
 
 
 def _eos(tok, f: Path) -> int | None:
-    """The model's end-of-sequence id: tokenizer_config.json's eos_token, config.json's eos_token_id, or a
-    usual end-of-text token of the vocabulary; None when there is none."""
-    names = []
+    """The model's end-of-sequence id: tokenizer_config.json's eos_token, else config.json's eos_token_id
+    (the first of a list), else a usual end-of-text token of the vocabulary; None when there is none. A
+    configured one that the tokenizer lacks is refused (the files beside tokenizer.json are of another
+    tokenizer): encoding with another token would teach the model a stop it never emits."""
+    vocab = tok.get_vocab_size()
     for cfg, key in (("tokenizer_config.json", "eos_token"), ("config.json", "eos_token_id")):
         try:
             v = json.loads((f.parent / cfg).read_text(encoding="utf-8")).get(key)
@@ -92,11 +98,18 @@ def _eos(tok, f: Path) -> int | None:
             v = v.get("content")
         if isinstance(v, list) and v:
             v = v[0]
-        if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < tok.get_vocab_size():
+        if isinstance(v, int) and not isinstance(v, bool):
+            if not 0 <= v < vocab:
+                raise UsageError(f"{f.parent / cfg}: {key} {v} is not an id of {f} ({vocab:,} ids): the files "
+                                 "beside it are of another tokenizer; give the model's own tokenizer.json")
             return v
-        if isinstance(v, str):
-            names.append(v)
-    for name in [*names, EOT, "</s>", "<|end_of_text|>", "<|im_end|>", "[SEP]"]:
+        if isinstance(v, str) and v:
+            i = tok.token_to_id(v)
+            if i is None:
+                raise UsageError(f"{f.parent / cfg}: {key} {v!r} is not a token of {f}: add it to the tokenizer "
+                                 "(tokenizer.add_special_tokens) or give the model's own tokenizer.json")
+            return i
+    for name in (EOT, "</s>", "<|end_of_text|>", "<|im_end|>", "[SEP]"):
         i = tok.token_to_id(name)
         if i is not None:
             return i
@@ -127,7 +140,7 @@ def prepare(paths: list[str], vocab: int | None, out: Path, val_fraction: float 
         raise UsageError(f"`data prepare` needs numpy and tokenizers ({e.name} is missing): "
                          "pip install 'mithril-spec[data]'") from None
     source = tokenizer_file(tokenizer) if tokenizer is not None else None
-    docs = _documents(input_files(paths))
+    docs, empty = _documents(input_files(paths))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if source is None:
         tok = Tokenizer(models.BPE())
@@ -145,7 +158,8 @@ def prepare(paths: list[str], vocab: int | None, out: Path, val_fraction: float 
         ids += enc.ids
         if eot is not None:
             ids.append(eot)
-    return _write_split(out, tok, source, ids, None, eot, len(docs), val_fraction, "the input files give")
+    return _write_split(out, tok, source, ids, None, eot, len(docs), val_fraction, "the input files give",
+                        empty_files=empty)
 
 
 def _write_split(out: Path, tok, source: Path | None, ids: list[int], mask: list[int] | None, eot: int | None,
@@ -181,7 +195,7 @@ def _write_split(out: Path, tok, source: Path | None, ids: list[int], mask: list
             "tokenizer": "trained" if source is None else str(source.resolve()),
             "tokenizer_sha256": sha256(out / "tokenizer.json"), **extra}
     write_atomic(out / "data.json", json.dumps(meta, indent=2) + "\n")
-    return Prepared(vocab, dtype, documents, meta["train_tokens"], n_val, out)
+    return Prepared(vocab, dtype, documents, meta["train_tokens"], n_val, out, extra.get("empty_files", 0))
 
 
 def id_dtype(vocab: int) -> str:
@@ -200,47 +214,100 @@ def load_tokenizer(f: Path):
 FORMATS = ("text", "chat", "prompt-response")
 
 
-def _examples(path: str, fmt: str) -> list[list[dict]]:
-    """The JSONL file's examples as chat messages: `{"messages": [{"role", "content"}, ...]}` per line (chat),
-    or `{"prompt", "response"}` (prompt-response: a user message, then the assistant's)."""
+SHAPES = {"chat": '{"messages": [{"role": ..., "content": ...}, ...]}',
+          "prompt-response": '{"prompt": ..., "response": ...} (or "completion")'}
+RESPONSE_KEYS = ("response", "completion")  # prompt-response: the answer's key (TRL's prompt-completion names it so)
+
+
+def _kind(value) -> str:
+    """A JSON value's type, as a message names it."""
+    if value is None:
+        return "null"
+    for t, name in ((bool, "a boolean"), (str, "a string"), (int, "a number"), (float, "a number"),
+                    (list, "a list"), (dict, "an object")):
+        if isinstance(value, t):
+            return name
+    return type(value).__name__
+
+
+def _not_shape(where: str, fmt: str, what: str, row) -> UsageError:
+    """One line: the line's problem, what the format reads, and (for an object of other keys) its keys and the
+    format that reads them."""
+    keys = f" (its keys: {', '.join(map(str, row))})" if isinstance(row, dict) and row else ""
+    other = next((f for f, ks in (("chat", {"messages"}), ("prompt-response", {"prompt", *RESPONSE_KEYS}))
+                  if f != fmt and isinstance(row, dict) and ks & set(row)), None)
+    hint = f"; --format {other} reads {SHAPES[other]}" if other else ""
+    return UsageError(f"{where}: {what}{keys}: --format {fmt} reads {SHAPES[fmt]} per line{hint}")
+
+
+def _string(row: dict, key: str, where: str, fmt: str, context: str = "") -> str:
+    value = row.get(key)
+    if isinstance(value, str):
+        return value
+    if key not in row:
+        raise _not_shape(where, fmt, f'{context}no "{key}"', row)
+    parts = " (content parts are not read: join their text into one string)" if isinstance(value, list) else ""
+    raise UsageError(f'{where}: {context}"{key}" is {_kind(value)}, not a string{parts}')
+
+
+def _messages(row, where: str, fmt: str) -> list[dict]:
+    """One line's conversation: its messages (chat), or the prompt and the response as a user message and the
+    assistant's (prompt-response)."""
+    if not isinstance(row, dict):
+        raise _not_shape(where, fmt, f"{_kind(row)}, not a JSON object", row)
+    if fmt == "prompt-response":
+        answers = [k for k in RESPONSE_KEYS if k in row]
+        if len(answers) > 1:
+            raise UsageError(f'{where}: both "response" and "completion": give the answer once')
+        prompt = _string(row, "prompt", where, fmt)
+        response = _string(row, answers[0] if answers else "response", where, fmt)
+        return [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
+    msgs = row.get("messages")
+    if "messages" not in row:
+        raise _not_shape(where, fmt, 'no "messages"', row)
+    if not isinstance(msgs, list) or not msgs:
+        raise UsageError(f'{where}: "messages" is {_kind(msgs) if msgs != [] else "empty"}: --format chat reads '
+                         f"{SHAPES['chat']}")
+    for i, m in enumerate(msgs, 1):
+        if not isinstance(m, dict):
+            raise UsageError(f'{where}: message {i} is {_kind(m)}, not {{"role": ..., "content": ...}}')
+        for key in ("role", "content"):
+            _string(m, key, where, fmt, f"message {i}: ")
+    if not any(m["role"] == "assistant" for m in msgs):
+        roles = ", ".join(dict.fromkeys(m["role"] for m in msgs))
+        raise UsageError(f'{where}: no "assistant" message (roles: {roles}): nothing for the loss to count')
+    return [{"role": m["role"], "content": m["content"]} for m in msgs]
+
+
+def _examples(path: str, fmt: str) -> list[tuple[str, list[dict]]]:
+    """The JSONL file's examples, each as (`path:line`, its chat messages): `{"messages": [{"role", "content"}, ...]}` per line (chat),
+    or `{"prompt", "response"}` (prompt-response: a user message, then the assistant's). Lines are split at
+    `\n` alone (JSON strings may hold U+2028 and other characters str.splitlines() would break at); blank lines
+    are no examples."""
     p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"{path}: a directory: --format {fmt} reads one JSONL file (one JSON object per line)")
     if not p.is_file():
         raise UsageError(f"{path}: no such file (--format {fmt} reads one JSON object per line)")
     out = []
-    try:
-        lines = p.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError:
-        raise UsageError(f"{path}: not UTF-8 text") from None
-    for n, line in enumerate(lines, 1):
+    for n, line in enumerate(_read_text(p).split("\n"), 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
         except ValueError as e:
-            raise UsageError(f"{path}:{n}: not a JSON object ({e.msg})") from None
-        if fmt == "chat":
-            msgs = row.get("messages") if isinstance(row, dict) else None
-            ok = isinstance(msgs, list) and msgs and all(
-                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-                for m in msgs)
-            if not ok:
-                raise UsageError(f'{path}:{n}: --format chat needs {{"messages": [{{"role": ..., "content": ...}}, ...]}}')
-        else:
-            ok = isinstance(row, dict) and isinstance(row.get("prompt"), str) and isinstance(row.get("response"), str)
-            if not ok:
-                raise UsageError(f'{path}:{n}: --format prompt-response needs {{"prompt": "...", "response": "..."}}')
-            msgs = [{"role": "user", "content": row["prompt"]}, {"role": "assistant", "content": row["response"]}]
-        if not any(m["role"] == "assistant" for m in msgs):
-            raise UsageError(f"{path}:{n}: no assistant message: nothing for the loss to count")
-        out.append(msgs)
+            array = " (the file is one JSON array: write one object per line)" if n == 1 and line.lstrip()[:1] == "[" else ""
+            raise UsageError(f"{path}:{n}: not a JSON object ({e.msg}){array}") from None
+        out.append((f"{path}:{n}", _messages(row, f"{path}:{n}", fmt)))
     if not out:
-        raise UsageError(f"{path}: no examples")
+        raise UsageError(f"{path}: no examples (the file is empty or blank)")
     return out
 
 
 def _chat_template(f: Path):
-    """tokenizer_config.json's chat_template (a Jinja template, rendered as transformers renders it), its
-    special tokens; None when there is none."""
+    """tokenizer_config.json's chat_template (a Jinja template, rendered as transformers renders it) and the
+    special tokens that file names (bos/eos/unk/pad, additional_special_tokens, added_tokens_decoder's
+    special ones); None when there is none."""
     try:
         cfg = json.loads((f.parent / "tokenizer_config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -259,14 +326,45 @@ def _chat_template(f: Path):
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.filters["tojson"] = lambda x, indent=None, **_: json.dumps(x, ensure_ascii=False, indent=indent)
     env.globals["raise_exception"] = raise_exception
-    template = env.from_string(tpl)
+    try:
+        template = env.from_string(tpl)
+    except TemplateError as e:
+        raise UsageError(f"{f.parent / 'tokenizer_config.json'}: chat_template is not a Jinja template "
+                         f"({' '.join(str(e).split())[:200]})") from None
 
-    def token(key):
-        v = cfg.get(key)
-        return v.get("content", "") if isinstance(v, dict) else (v or "")
+    def content(v):
+        v = v.get("content", "") if isinstance(v, dict) else v
+        return v if isinstance(v, str) else ""
 
-    special = {k: token(k) for k in ("bos_token", "eos_token", "unk_token", "pad_token")}
-    return lambda messages, gen: template.render(messages=messages, add_generation_prompt=gen, **special)
+    special = {k: content(cfg.get(k)) for k in ("bos_token", "eos_token", "unk_token", "pad_token")}
+    extra = cfg.get("additional_special_tokens")
+    added = cfg.get("added_tokens_decoder")
+    named = [*special.values(), *map(content, extra if isinstance(extra, list) else []),
+             *(content(v) for v in (added.values() if isinstance(added, dict) else []) if isinstance(v, dict)
+               and v.get("special"))]
+
+    def render(messages, gen):
+        return template.render(messages=messages, add_generation_prompt=gen, **special)
+
+    return render, tuple(dict.fromkeys(t for t in named if t))
+
+
+MARKUP = re.compile(r"<\|[^\s|<>]{1,64}\|>")  # <|im_start|>, <|eot_id|>, ...: special tokens by their look
+
+
+def _unheld_markup(tok, text: str, messages: list[dict], specials: tuple[str, ...], checked: set[str]) -> str | None:
+    """The first special token the rendered example writes (a string of tokenizer_config.json's special tokens,
+    or one that looks like `<|...|>`) outside its messages' contents that the tokenizer does not encode as one
+    token; None when it holds them all. `checked`: the strings already found held (updated)."""
+    contents = [m["content"] for m in messages]
+    for m in sorted({*MARKUP.findall(text), *(t for t in specials if t in text)} - checked):
+        if text.count(m) <= sum(c.count(m) for c in contents):
+            continue  # only inside the contents: the user's text, not the template's markup
+        i = tok.token_to_id(m)
+        if i is None or tok.encode(m, add_special_tokens=False).ids != [i]:
+            return m
+        checked.add(m)
+    return None
 
 
 def _plain(messages: list[dict], gen: bool) -> str:
@@ -311,14 +409,20 @@ def prepare_instructions(path: str, fmt: str, tokenizer: str, out: Path, val_fra
     if eot is None:
         raise UsageError(f"--tokenizer {tokenizer}: no end-of-sequence token to separate the examples (set "
                          "eos_token in tokenizer_config.json)")
-    render = _chat_template(source) or _plain
+    render, specials = _chat_template(source) or (_plain, ())
     ids: list[int] = []
     mask: list[int] = []
-    for n, messages in enumerate(examples, 1):
+    held: set[str] = set()
+    for where, messages in examples:
         try:
             i, m = encode_example(tok, render, messages)
+            text = render(messages, False)
         except Exception as e:  # noqa: BLE001 - the chat template's own errors
-            raise UsageError(f"{path}: example {n}: the chat template fails ({' '.join(str(e).split())[:200]})") from None
+            raise UsageError(f"{where}: the chat template fails ({' '.join(str(e).split())[:200]})") from None
+        if (lost := _unheld_markup(tok, text, messages, specials, held)) is not None:
+            raise UsageError(f"--tokenizer {tokenizer}: the chat template writes {lost!r}, which {source} does not "
+                             "hold as one token (it would be trained as ordinary text): add it to the tokenizer "
+                             "(tokenizer.add_special_tokens) or give the model's own tokenizer.json")
         if not i or i[-1] != eot:  # a template that ends each turn with it (Llama 3's <|eot_id|>) wrote it
             i, m = [*i, eot], [*m, 1]
         ids += i

@@ -169,3 +169,22 @@ def test_prepare_picks_uint32_for_a_large_vocabulary(tmp_path, capsys):
     assert meta["dtype"] == "uint32" and meta["vocab"] == 70001
     got = np.concatenate([np.fromfile(tmp_path / "d" / f, dtype="<u4") for f in ("train.bin", "val.bin")])
     assert got[-2:].tolist() == [69999, 70000]
+
+
+def test_prepare_says_which_inputs_it_left_out(tmp_path, capsys):
+    """A file of whitespace only is no document: the count of such files is printed and kept in data.json,
+    not dropped silently. A byte-order mark (Windows editors write one) is not text: not encoded."""
+    root = tmp_path / "in"
+    root.mkdir()
+    (root / "a.txt").write_text("hello world, hello model\r\n" * 20, newline="")
+    (root / "b.txt").write_text("\ufeffhello model", encoding="utf-8")
+    (root / "empty.txt").write_text("\n \r\n")
+    model = model_tokenizer(tmp_path)
+    rc, out, err = run(capsys, "data", "prepare", root, "--tokenizer", model, "-o", tmp_path / "d")
+    assert rc == 0, err
+    assert out.startswith("2 document(s) (1 empty input file(s) left out):")
+    meta = json.loads((tmp_path / "d" / "data.json").read_text())
+    assert meta["documents"] == 2 and meta["empty_files"] == 1
+    tok = Tokenizer.from_file(str(model / "tokenizer.json"))
+    ids = np.concatenate([np.fromfile(tmp_path / "d" / f, dtype="<u2") for f in ("train.bin", "val.bin")]).tolist()
+    assert ids[-len(tok.encode("hello model").ids) - 1:-1] == tok.encode("hello model").ids

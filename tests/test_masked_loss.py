@@ -84,18 +84,121 @@ def test_prepare_instructions_masks_the_prompts(tmp_path, capsys, template):
 
 
 def test_prepare_instructions_refuses_bad_input_in_one_line(tmp_path, capsys):
+    """Each line that is not an example of the format stops the preparation with one line naming the file,
+    the line (counted with the blank ones) and what is wrong in it: nothing is dropped silently."""
     model = model_tokenizer(tmp_path)
     bad = tmp_path / "bad.jsonl"
+    ok = '{"prompt": "a", "response": "b"}\n\n'  # a good line and a blank one before the bad line 3
+    chat = ["--format", "chat"]
     for text, argv, says in (
-        ('{"prompt": "x"}\n', ["--format", "prompt-response"], '--format prompt-response needs {"prompt"'),
-        ("not json\n", ["--format", "chat"], "bad.jsonl:1: not a JSON object"),
-        ('{"messages": [{"role": "user", "content": "x"}]}\n', ["--format", "chat"], "no assistant message"),
-        ('{"prompt": "x", "response": "y"}\n', ["--format", "chat", "--vocab", "300"], "give --tokenizer"),
+        ('{"prompt": "x"}\n', ["--format", "prompt-response"],
+         'bad.jsonl:1: no "response" (its keys: prompt): --format prompt-response reads {"prompt"'),
+        (ok + '{"prompt": "x", "response": 5}\n', ["--format", "prompt-response"],
+         'bad.jsonl:3: "response" is a number, not a string'),
+        (ok + '{"prompt": "x", "response": "y", "completion": "z"}\n', ["--format", "prompt-response"],
+         'bad.jsonl:3: both "response" and "completion"'),
+        ('{"instruction": "x", "input": "", "output": "y"}\n', ["--format", "prompt-response"],
+         'bad.jsonl:1: no "prompt" (its keys: instruction, input, output)'),
+        (ok + "not json\n", ["--format", "prompt-response"], "bad.jsonl:3: not a JSON object"),
+        ('[\n  {"prompt": "x", "response": "y"}\n]\n', chat, "the file is one JSON array: write one object per line"),
+        ('["x"]\n', chat, "bad.jsonl:1: a list, not a JSON object"),
+        (ok, chat, 'bad.jsonl:1: no "messages" (its keys: prompt, response): --format chat reads {"messages"'),
+        ('{"messages": []}\n', chat, 'bad.jsonl:1: "messages" is empty'),
+        ('{"messages": [{"role": "user", "content": "x"}, "y"]}\n', chat, "bad.jsonl:1: message 2 is a string"),
+        ('{"messages": [{"role": "user", "content": "x"}, {"role": "assistant"}]}\n', chat,
+         'bad.jsonl:1: message 2: no "content"'),
+        ('{"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": null}]}\n', chat,
+         'bad.jsonl:1: message 2: "content" is null, not a string'),
+        ('{"messages": [{"role": "assistant", "content": [{"type": "text", "text": "y"}]}]}\n', chat,
+         '"content" is a list, not a string (content parts are not read: join their text into one string)'),
+        ('{"messages": [{"role": "human", "content": "x"}, {"role": "gpt", "content": "y"}]}\n', chat,
+         'no "assistant" message (roles: human, gpt)'),
+        ("\n \n", chat, "bad.jsonl: no examples"),
+        ('{"prompt": "x", "response": "y"}\n', [*chat, "--vocab", "300"], "give --tokenizer"),
     ):
         bad.write_text(text)
         tokenizer = [] if "--vocab" in argv else ["--tokenizer", str(model)]
         rc, _out, err = cli_run(capsys, "data", "prepare", bad, *argv, *tokenizer, "-o", tmp_path / "o")
         assert rc == 2 and says in err and err.count("\n") == 1, (text, err)
+    (tmp_path / "adir").mkdir()
+    rc, _out, err = cli_run(capsys, "data", "prepare", tmp_path / "adir", *chat, "--tokenizer", model, "-o", tmp_path / "o")
+    assert rc == 2 and "adir: a directory: --format chat reads one JSONL file" in err and err.count("\n") == 1, err
+
+
+def test_prepare_instructions_reads_jsonl_as_people_write_it(tmp_path, capsys):
+    """CRLF and LF lines mixed, blank lines, a byte-order mark, strings holding U+2028 / U+0085 / U+001C (which
+    str.splitlines() breaks at, JSON does not), ensure_ascii or not, and TRL's {"prompt", "completion"}: the
+    same files as the plain JSONL of the same examples."""
+    model = model_tokenizer(tmp_path)
+    rows = [{"prompt": f"caf\u00e9 {i}\u2028line \U0001f680", "response": f"na\u00efve\x85 {i}\x1c end"} for i in range(30)]
+    clean = write_jsonl(tmp_path / "clean.jsonl", rows)
+    messy = tmp_path / "messy.jsonl"
+    with open(messy, "w", encoding="utf-8-sig", newline="") as f:
+        for i, r in enumerate(rows):
+            r = {"prompt": r["prompt"], "completion": r["response"]}
+            f.write(json.dumps(r, ensure_ascii=bool(i % 2)) + ("\r\n" if i % 3 else "\n") + ("\n" if i % 7 == 0 else ""))
+    for name, f in (("c", clean), ("m", messy)):
+        rc, out, err = cli_run(capsys, "data", "prepare", "--format", "prompt-response", f, "--tokenizer", model,
+                               "-o", tmp_path / name)
+        assert rc == 0 and out.startswith("30 document(s)"), err
+    for f in ("train.bin", "val.bin", "train.mask", "val.mask"):
+        assert (tmp_path / "m" / f).read_bytes() == (tmp_path / "c" / f).read_bytes(), f
+    tok = Tokenizer.from_file(str(model / "tokenizer.json"))
+    ids = np.fromfile(tmp_path / "c" / "train.bin", dtype="<u2").tolist()
+    first = ids[: ids.index(tok.token_to_id("</s>"))]  # the first example, as written
+    assert first == tok.encode(f"user: {rows[0]['prompt']}\nassistant: {rows[0]['response']}\n").ids
+
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_prepare_instructions_refuses_a_tokenizer_without_the_templates_tokens(tmp_path, capsys):
+    """The chat template's special tokens and the configured end-of-sequence token must be tokens of the
+    tokenizer: otherwise their text would be trained as ordinary pieces, or the examples separated by another
+    token than the one the model stops at. One line (exit 2) names the token."""
+    from tokenizers import AddedToken
+
+    data = write_jsonl(tmp_path / "pr.jsonl", EXAMPLES * 4)
+    model = model_tokenizer(tmp_path, chat_template=CHATML)
+    tok = Tokenizer.from_file(str(model / "tokenizer.json"))
+    cfg = json.loads((model / "tokenizer_config.json").read_text())
+
+    def prepare():
+        return cli_run(capsys, "data", "prepare", "--format", "prompt-response", data, "--tokenizer", model,
+                       "-o", tmp_path / "o")
+
+    rc, _out, err = prepare()  # the template's <|im_start|>, <|im_end|> are text pieces of this tokenizer
+    assert rc == 2 and "the chat template writes '<|im_end|>'" in err and "does not hold as one token" in err, err
+    assert err.count("\n") == 1
+    tok.add_special_tokens([AddedToken("<|im_end|>", special=True)])
+    tok.save(str(model / "tokenizer.json"))
+    rc, _out, err = prepare()
+    assert rc == 2 and "the chat template writes '<|im_start|>'" in err and err.count("\n") == 1, err
+    # a special token of tokenizer_config.json the template writes (here as bos_token): held, or refused
+    (model / "tokenizer_config.json").write_text(json.dumps({**cfg, "bos_token": "[BOS]",
+                                                             "chat_template": "{{ bos_token }}" + CHATML}))
+    tok.add_special_tokens([AddedToken("<|im_start|>", special=True)])
+    tok.save(str(model / "tokenizer.json"))
+    rc, _out, err = prepare()
+    assert rc == 2 and "the chat template writes '[BOS]'" in err, err
+    (model / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template": CHATML}))
+    assert prepare()[0] == 0
+    # a user's text that holds such a string is text, not markup: not refused
+    write_jsonl(data, [{"prompt": "what is <|tool|>?", "response": "a string"}] * 4)
+    assert prepare()[0] == 0
+    # the configured end-of-sequence token: tokenizer_config.json's eos_token first (as documented), then
+    # config.json's eos_token_id; one the tokenizer lacks is refused, not replaced by another
+    (model / "config.json").write_text(json.dumps({"eos_token_id": [tok.token_to_id("<s>"), 5]}))
+    assert prepare()[0] == 0
+    assert json.loads((tmp_path / "o" / "data.json").read_text())["eot"] == tok.token_to_id("</s>")
+    (model / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template": CHATML, "eos_token": "<|eos|>"}))
+    rc, _out, err = prepare()
+    assert rc == 2 and "eos_token '<|eos|>' is not a token of" in err and err.count("\n") == 1, err
+    (model / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHATML}))
+    (model / "config.json").write_text(json.dumps({"eos_token_id": 10**6}))
+    rc, _out, err = prepare()
+    assert rc == 2 and "eos_token_id 1000000 is not an id of" in err and err.count("\n") == 1, err
 
 
 SEQ, BATCH = 16, 8
