@@ -61,6 +61,7 @@ def token_dirs() -> Path:
         "i64": (ids().astype("<i8").tobytes(), None),
         "meta-dtype": (ids().astype("<u4").tobytes(), {"dtype": "uint32", "vocab": VOCAB}),
         "meta-vocab": (ids().astype("<u2").tobytes(), {"dtype": "uint16", "vocab": 1000}),
+        "masked": (ids(300).astype("<u2").tobytes(), None),  # with train.mask: data prepare --format's pair
     }
     for name, (raw, meta) in cases.items():
         (root / name).mkdir(parents=True)
@@ -71,6 +72,7 @@ def token_dirs() -> Path:
             (root / name / "train.bin").write_bytes(raw)
         if meta:
             (root / name / "data.json").write_text(json.dumps(meta))
+    (root / "masked" / "train.mask").write_bytes(np.resize(np.uint8([0, 1, 1]), 300).tobytes())
     return root
 
 
@@ -119,6 +121,20 @@ def test_token_files_are_checked_before_step_one(tmp_path):
     p = run_process([jr.PY, "-c", DRIVER, json.dumps([(str(program), "spec path", base)])], tmp_path, jr.env_for())
     r = json.loads(p.stdout.splitlines()[-1])[0]
     assert r["code"] == 2 and one_line(r["stderr"]).startswith("error: data.path (the spec's): "), r["stderr"]
+    # a masked build: --data replaces the ids, not the mask; the refusal says so (not "prepare both", which
+    # the user did), and --help says what --data's default is (not a constant's name)
+    masked = path.with_name("gpt-masked.yaml")
+    masked.write_text(GPT.replace("good/train.bin", "masked/train.bin, mask: masked/train.mask"))
+    program = mr.build(masked, "single") / "train.py"
+    jobs = [(str(program), "other ids", [*base, "--data", str(root / "good" / "train.bin")]),
+            (str(program), "its own", base), (str(program), "help", ["--help"])]
+    p = run_process([jr.PY, "-c", DRIVER, json.dumps(jobs)], tmp_path, jr.env_for())
+    r = {x["name"]: x for x in json.loads(p.stdout.splitlines()[-1])}
+    assert r["its own"]["code"] == 0, r["its own"]["stderr"][-3000:]
+    line = one_line(r["other ids"]["stderr"])
+    assert r["other ids"]["code"] == 2 and line.startswith("error: data.mask (the spec's): ") and (
+        "holds 300 byte(s), not one per id of" in line and "--data replaces data.path, not data.mask" in line), line
+    assert "(default: the spec's data.path, data.py's DATA_PATH)" in " ".join(r["help"]["stdout"].split())
     jr.report("token checks", lines=lines)
 
 
@@ -161,12 +177,22 @@ def test_hf_checkpoints_of_another_model_and_every_parameter_source(tmp_path, ca
     spec.write_text((WORK / "imported0.yaml").read_text())
     program = mr.build(spec, "data=1") / "train.py"
     base = ["--steps", "0", "--checkpoint-dir", ""]
-    jobs = [(str(program), "two", [*base, "--init-params", str(two)]),
-            (str(program), "three", [*base, "--init-params", str(three)])]
+    ckpt, exported = tmp_path / "ckpt", tmp_path / "exported"
+    jobs = [(str(program), "two", [*base, "--init-params", str(two), "--export-hf", str(exported)]),
+            (str(program), "three", [*base, "--init-params", str(three)]),
+            (str(program), "save", ["--steps", "1", "--checkpoint-dir", str(ckpt), "--init-params", str(two)]),
+            # a resumed run (as a restart passes the first run's flags again) does not read --init-params
+            (str(program), "resume", ["--steps", "2", "--checkpoint-dir", str(ckpt), "--resume", "auto",
+                                      "--init-params", str(two)])]
     p = run_process([jr.PY, "-c", DRIVER, json.dumps(jobs)], tmp_path, jr.env_for())
     assert p.returncode == 0, p.stderr[-3000:]
     r = {x["name"]: x for x in json.loads(p.stdout.splitlines()[-1])}
     assert r["two"]["code"] == 0, r["two"]["stderr"]
+    assert f"wrote {exported} (config.json, model.safetensors: " in r["two"]["stdout"], r["two"]["stdout"]
+    assert r["save"]["code"] == 0 and "parameters: loaded from" in r["save"]["stdout"], r["save"]["stderr"]
+    assert r["resume"]["code"] == 0 and "parameters: loaded from" not in r["resume"]["stdout"], r["resume"]
+    assert f"note: --init-params {two} not read: the run continues from the checkpoint of --resume {ckpt}" in (
+        r["resume"]["stdout"]), r["resume"]["stdout"]
     line = one_line(r["three"]["stderr"])
     assert r["three"]["code"] == 2 and "not this model's checkpoint" in line, line
     assert "model.layers.2.input_layernorm.weight (extra)" in line, line

@@ -210,7 +210,7 @@ def resolve_resume(args, say, step_of, most=None):
     usable one; `step_of(name)` reads a checkpoint directory's step), else a fresh start, which `say` prints
     in one line. `most(n)`: the largest of the processes' restart counts, on every process (torchrun counts
     a restart where a rank failed, not always on the other nodes, whose ranks would otherwise start afresh
-    while the rest resume)."""
+    while the rest resume). A run that resumes does not read --init-params: `say` notes it."""
     # a restart (torchrun --max-restarts, launch.sh's MAX_RESTARTS) continues from the newest checkpoint
     restart = int(
         os.environ.get("TORCHELASTIC_RESTART_COUNT") or os.environ.get("MITHRIL_RESTART") or 0
@@ -219,14 +219,19 @@ def resolve_resume(args, say, step_of, most=None):
     if restart and args.checkpoint_dir:
         say(f"restart {restart}: continuing as --resume auto")
         args.resume = "auto"
-    if args.resume != "auto":
-        return
-    where = args.checkpoint_dir
-    require(where, "--resume auto: this spec saves no checkpoints; pass --checkpoint-dir DIR")
-    found = checkpoint_dirs(where, step_of) if os.path.isdir(where) else {}
-    args.resume = where if found else None
-    if not found:  # (what it found is said once checked: `resumed from DIR at step N`)
-        say(f"--resume auto: no checkpoint in {where}: starting fresh")
+    if args.resume == "auto":
+        where = args.checkpoint_dir
+        require(where, "--resume auto: this spec saves no checkpoints; pass --checkpoint-dir DIR")
+        found = checkpoint_dirs(where, step_of) if os.path.isdir(where) else {}
+        args.resume = where if found else None
+        if not found:  # (what it found is said once checked: `resumed from DIR at step N`)
+            say(f"--resume auto: no checkpoint in {where}: starting fresh")
+    # (a restart of a run that started from --init-params passes it again: not an error)
+    if args.resume and getattr(args, "init_params", None):
+        say(
+            f"note: --init-params {args.init_params} not read: the run continues from the checkpoint of "
+            f"--resume {args.resume}, which holds every parameter"
+        )
 
 
 def check_start(args, start, saved, spec_dir):

@@ -14,11 +14,12 @@ ASYNC_SAVE = {
     "torch": "torch.distributed.checkpoint.async_save",
 }
 PROFILES = {"jax", "torch"}  # the targets whose programs trace --profile
+DEFAULT_DATA = "(default: the spec's data.path, data.py's DATA_PATH)"
 DATA_HELP = {
-    "arrays": "the training data: a directory of .npy arrays, one per input (default: DATA_PATH)",
-    "text": "the training data: a text file, its bytes the tokens (default: DATA_PATH)",
-    "tokens": "the training data: a file of token ids (TOKEN_DTYPE, nanoGPT's train.bin) "
-    "(default: DATA_PATH)",
+    "arrays": f"the training data: a directory of .npy arrays, one per input {DEFAULT_DATA}",
+    "text": f"the training data: a text file, its bytes the tokens {DEFAULT_DATA}",
+    "tokens": "the training data: a file of token ids (data.py's TOKEN_DTYPE, nanoGPT's train.bin; "
+    f"data.mask, if any, stays the spec's) {DEFAULT_DATA}",
     "synthetic": "not used: this program draws synthetic data",
 }
 
