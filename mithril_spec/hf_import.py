@@ -727,8 +727,9 @@ def import_hf(path: Path, name: str | None = None, seq: int | None = None, mesh:
             codes.E070, f"model_type {kind!r} is not imported yet: {NOT_YET[kind]}", doc.pos(("model_type",)),
             help=f"families that import: {', '.join(sorted(FAMILIES))}")])
     if kind not in FAMILIES:
+        what = f"model_type {kind!r} cannot be imported" if "model_type" in doc.data else "the config has no model_type"
         raise DiagnosticError([Diagnostic(
-            codes.E071, f"model_type {kind!r} cannot be imported", doc.pos(("model_type",)),
+            codes.E071, what, doc.pos(("model_type",) if "model_type" in doc.data else ()),
             help=f"families that import: {', '.join(sorted(FAMILIES))}")])
     max_pos = (c.number("max_position_embeddings", integer=True, none=True)
                or c.number("n_positions", integer=True, none=True) or DEFAULT_SEQ_CAP)

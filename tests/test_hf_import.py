@@ -139,6 +139,10 @@ def test_sliding_window_shorter_than_the_sequence(tmp_path, capsys):
 def test_unknown_family_and_missing_sizes(tmp_path, capsys):
     rc, diags = _diags(capsys, _config(tmp_path, model_type="t5"))
     assert rc == 1 and diags[0]["code"] == "E071" and "llama" in diags[0]["help"]
+    path = _config(tmp_path)
+    path.write_text(json.dumps({k: v for k, v in json.loads(path.read_text()).items() if k != "model_type"}))
+    rc, diags = _diags(capsys, path)  # (before: "model_type None cannot be imported")
+    assert rc == 1 and diags[0]["code"] == "E071" and diags[0]["message"] == "the config has no model_type"
     path = _config(tmp_path, hidden_size=0)
     rc, diags = _diags(capsys, path)
     assert rc == 1 and diags[0]["code"] == "E071" and "hidden_size" in diags[0]["message"]
