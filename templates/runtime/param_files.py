@@ -50,7 +50,8 @@ class FileTensor:
         return self[()].astype(dtype or np.float32)
 
 
-FLOATS = ("F16", "BF16", "F32", "F64")  # the floating-point tensors read (numpy's, and bfloat16: see below)
+# the floating-point tensors read (numpy's, and bfloat16: see below)
+FLOATS = ("F16", "BF16", "F32", "F64")
 
 
 class SafetensorsFile:
@@ -85,7 +86,11 @@ class BFloat16Slice:
 
     def __init__(self, path, start, shape):
         self.shape, count = list(shape), int(np.prod(shape, dtype=np.int64))
-        bits = np.memmap(path, np.dtype("<u2"), "r", start, (count,)) if count else np.zeros(0, np.uint16)
+        bits = (
+            np.memmap(path, np.dtype("<u2"), "r", start, (count,))
+            if count
+            else np.zeros(0, np.uint16)
+        )
         self.bits = bits.reshape(self.shape)
 
     def get_shape(self):
@@ -230,8 +235,13 @@ def safetensors_tensors(path):
         return {key: (handle, key) for key in handle.keys()}
     handles = {file: SafetensorsFile(file) for file in set(files.values())}
     held = {file: set(handle.keys()) for file, handle in handles.items()}
-    lacking = [f"{key} ({os.path.basename(file)})" for key, file in files.items() if key not in held[file]]
-    require(not lacking, f"model.safetensors.index.json names tensors their shards lack: {', '.join(lacking[:5])}")
+    lacking = [
+        f"{key} ({os.path.basename(file)})" for key, file in files.items() if key not in held[file]
+    ]
+    require(
+        not lacking,
+        f"model.safetensors.index.json names tensors their shards lack: {', '.join(lacking[:5])}",
+    )
     return {key: (handles[file], key) for key, file in files.items()}
 
 
