@@ -37,10 +37,37 @@ class _Config:
         self.doc, self.data = doc, doc.data
         self.diags: list[Diagnostic] = []
         self.read: set[str] = set()
+        self.defaults = DEFAULTS.get(self.data.get("model_type"), {})
 
     def get(self, key: str, default: Any = None) -> Any:
+        """The field's value; where the config lacks it, the family's transformers default (DEFAULTS), else
+        `default`."""
         self.read.add(key)
-        return self.data.get(key, default)
+        return self.data.get(key, self.defaults.get(key, default))
+
+    def number(self, key: str, default: Any = None, *, integer: bool = False, none: bool = False,
+               zero: bool = False) -> Any:
+        """`get`, checked: a positive number (an integer with `integer`; 0 too with `zero`; null with `none`).
+        Anything else is E071 at the field, and `default` stands in for it so that reading goes on."""
+        value = self.get(key, default)
+        if value is None and none:
+            return None
+        kinds = int if integer else (int, float)
+        if isinstance(value, kinds) and not isinstance(value, bool) and (value > 0 or (zero and value == 0)):
+            return value
+        what = f"a {'non-negative' if zero else 'positive'} {'integer' if integer else 'number'}"
+        self.diags.append(Diagnostic(codes.E071, f"`{key}` must be {what}{' or null' if none else ''}, got {value!r}",
+                                     self.doc.pos((key,) if key in self.data else ()), help="check the config"))
+        return default
+
+    def flag(self, key: str, default: bool) -> bool:
+        """`get`, checked: true or false (E071 at the field otherwise: a string "false" is not false)."""
+        value = self.get(key, default)
+        if not isinstance(value, bool):
+            self.diags.append(Diagnostic(codes.E071, f"`{key}` must be true or false, got {value!r}",
+                                         self.doc.pos((key,) if key in self.data else ()), help="check the config"))
+            return default
+        return value
 
     def need(self, key: str) -> Any:
         self.read.add(key)
@@ -87,6 +114,22 @@ class _Config:
                     "rate for their probabilities)"))
 
 
+# transformers' defaults (its config classes') for fields a config.json may lack, where they are not the generic
+# ones the families fall back to (num_key_value_heads: num_attention_heads, head_dim: hidden_size //
+# num_attention_heads, rope_theta 10000, rms_norm_eps 1e-6, untied embeddings): a config without the field is
+# the model transformers builds from it. tests/test_hf_import.py checks them against the installed transformers.
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "mistral": {"num_key_value_heads": 8, "sliding_window": 4096},
+    "qwen2": {"num_key_value_heads": 32},
+    "qwen3": {"num_key_value_heads": 32, "head_dim": 128},
+    "gemma": {"num_key_value_heads": 16, "head_dim": 256, "tie_word_embeddings": True},
+    "gemma2": {"num_key_value_heads": 4, "head_dim": 256, "tie_word_embeddings": True, "sliding_window": 4096,
+               "query_pre_attn_scalar": 256, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0},
+    "mixtral": {"num_key_value_heads": 8, "rms_norm_eps": 1e-5, "rope_theta": 1e6},
+    "qwen2_moe": {"num_key_value_heads": 16},
+    "qwen3_moe": {"num_key_value_heads": 4},
+}
+
 # Fields of any transformers config that do not change the model's computation (token ids, generation
 # defaults, initialisation, bookkeeping). Every other field must be read by the family's function.
 HARMLESS = frozenset({
@@ -131,10 +174,13 @@ def _rope(c: _Config) -> tuple[float, dict | None]:
         key, fields = "rope_scaling", dict(legacy)
         fields.pop("rope_theta", None)
     else:
-        return theta, None
+        key, fields = "rope_theta", {}
     if not isinstance(theta, (int, float)) or isinstance(theta, bool) or theta <= 1:
-        c.refuse(key, f"rope_theta {theta!r} must be a number above 1", "check the config", ("rope_theta",))
+        path = ("rope_theta",) if key != "rope_theta" else ()
+        c.refuse(key, f"{'rope_theta ' if path else ''}{theta!r} must be a number above 1", "check the config", path)
         return 10000.0, None
+    if not fields and key == "rope_theta":
+        return float(theta), None
     kind = fields.pop("rope_type", fields.pop("type", "default"))
     if "partial_rotary_factor" in fields and fields.pop("partial_rotary_factor") != 1.0:
         c.refuse(key, "rotary embeddings on part of each head are not in the spec language",
@@ -186,20 +232,43 @@ def _sanitize(name: str) -> str:
 # ---------------------------------------------------------------- families
 
 
+def _attention_dims(c: _Config, seq: int) -> tuple[dict, int]:
+    """The dims of a Llama-like decoder, and the heads' size (num_key_value_heads and head_dim: null or
+    absent without a family default is num_attention_heads and hidden_size / num_attention_heads)."""
+    d, heads = c.need("hidden_size"), c.need("num_attention_heads")
+    kv = c.number("num_key_value_heads", integer=True, none=True) or heads
+    if heads % kv:
+        c.diags.append(Diagnostic(codes.E071, f"`num_key_value_heads` ({kv}) must divide num_attention_heads ({heads})",
+                                  c.doc.pos(("num_key_value_heads",) if "num_key_value_heads" in c.data else ()),
+                                  help="check the config"))
+    dims = {"vocab": c.need("vocab_size"), "seq": seq, "d": d, "heads": heads, "kv_heads": kv,
+            "ff": c.need("intermediate_size"), "layers": c.need("num_hidden_layers")}
+    return dims, c.number("head_dim", integer=True, none=True) or d // heads
+
+
+def _layer_types(c: _Config, layers: int) -> list | None:
+    """`layer_types`: null, or one attention kind (a string) per layer (E071 otherwise)."""
+    types = c.get("layer_types")
+    if types is not None and (not isinstance(types, list) or len(types) != layers
+                              or not all(isinstance(t, str) for t in types)):
+        c.diags.append(Diagnostic(codes.E071, f"`layer_types` must list one attention kind per layer ({layers}), "
+                                  f"got {types!r}", c.doc.pos(("layer_types",)), help="check the config"))
+        return None
+    return types
+
+
 def _llama(c: _Config, seq: int) -> tuple[dict, list[str], str]:
     """Llama and its variants (Mistral, Qwen2, Qwen3): rms_norm, grouped-query attention with rotary
     embeddings (transformers' rotate-half convention is the spec's), swiglu; Qwen3's RMS norms on each head
     of q and k are the attention's qk_norm."""
     kind = c.get("model_type")
-    d, heads = c.need("hidden_size"), c.need("num_attention_heads")
-    kv = c.get("num_key_value_heads") or heads
-    dims = {"vocab": c.need("vocab_size"), "seq": seq, "d": d, "heads": heads, "kv_heads": kv,
-            "ff": c.need("intermediate_size"), "layers": c.need("num_hidden_layers")}
-    head_dim = c.get("head_dim") or d // heads
+    dims, head_dim = _attention_dims(c, seq)
+    d, heads = dims["d"], dims["heads"]
     gemma = kind == "gemma"  # Gemma: GeGLU, (1 + weight) norms, embeddings scaled by sqrt(hidden_size)
     if gemma:
-        c.only("hidden_act", ("gelu_pytorch_tanh", "gelu_new"), "Gemma's GeGLU gate imports with the tanh gelu",
-               "use gelu_pytorch_tanh", "gelu_pytorch_tanh")
+        # ("gelu": the first Gemma releases' name of the tanh gelu, which transformers reads as such)
+        c.only("hidden_act", ("gelu_pytorch_tanh", "gelu_new", "gelu"), "Gemma's GeGLU gate imports with the tanh "
+               "gelu", "use gelu_pytorch_tanh", "gelu_pytorch_tanh")
         c.only("hidden_activation", (None, "gelu_pytorch_tanh", "gelu_new"), "Gemma's GeGLU gate imports with "
                "the tanh gelu", "use gelu_pytorch_tanh")
         c.only("use_bidirectional_attention", (None, False), "the imported attention is causal", "remove it")
@@ -207,39 +276,38 @@ def _llama(c: _Config, seq: int) -> tuple[dict, list[str], str]:
         c.only("hidden_act", ("silu",), "the spec's swiglu uses silu", "only silu-gated MLPs import", "silu")
     c.only("mlp_bias", (False,), "the spec's swiglu has no biases", "only bias-free MLPs import", False)
     c.get("pretraining_tp")  # a way to split the same matmuls: the model is the same
-    eps = c.get("rms_norm_eps", 1e-6)
+    eps = c.number("rms_norm_eps", 1e-6)
     theta, scaling = _rope(c)
     ffn = "{op: mlp, name: mlp, hidden: ff, activation: swiglu" + (", gate_activation: gelu}" if gemma else "}")
     if kind in MOE_FAMILIES:
         ffn = _moe(c, kind, dims)
     if kind == "qwen2_moe":  # Qwen2's attention: biases on q, k and v (transformers 5's qkv_bias)
-        bias = "qkv" if c.get("qkv_bias", True) else "false"
-        if c.get("use_sliding_window", False):
+        bias = "qkv" if c.flag("qkv_bias", True) else "false"
+        if c.flag("use_sliding_window", False):
             c.refuse("use_sliding_window", "sliding-window attention is not in the spec language",
                      "set use_sliding_window to false (full attention)")
         c.get("max_window_layers")  # the layers with sliding windows: none without use_sliding_window
         c.get("sliding_window")  # (read by transformers only with use_sliding_window)
     elif kind in ("qwen2", "qwen3", "qwen3_moe"):
         # Qwen2's q, k and v projections have biases, its o projection none; Qwen3's all four or none
-        bias = "qkv" if kind == "qwen2" else "true" if c.get("attention_bias", False) else "false"
-        if c.get("use_sliding_window", False):
+        bias = "qkv" if kind == "qwen2" else "true" if c.flag("attention_bias", False) else "false"
+        if c.flag("use_sliding_window", False):
             c.refuse("use_sliding_window", "sliding-window attention is not in the spec language",
                      "set use_sliding_window to false (full attention)")
         c.get("max_window_layers")  # the layers with sliding windows: none without use_sliding_window
         c.get("sliding_window")  # (read by transformers only with use_sliding_window)
     else:
-        bias = "true" if c.get("attention_bias", False) else "false"
-        window = c.get("sliding_window")
+        bias = "true" if c.flag("attention_bias", False) else "false"
+        window = c.number("sliding_window", integer=True, none=True)
         if window is not None and window < seq:
             c.refuse("sliding_window", f"a window of {window} tokens is shorter than the sequence ({seq}): sliding-"
                      "window attention is not in the spec language", f"import with --seq {window} or less")
-    types = c.get("layer_types")
+    types = _layer_types(c, dims["layers"])
     if types is not None and any(t != "full_attention" for t in types):
         c.refuse("layer_types", "layers other than full_attention (sliding windows) are not in the spec language",
                  "import a model whose layers all use full attention")
     c.no_dropout("attention_dropout")
-    tie = bool(c.get("tie_word_embeddings", gemma))
-    c.get("max_position_embeddings")
+    tie = c.flag("tie_word_embeddings", gemma)
     attn = (f"{{op: attention, name: self_attn, heads: heads, kv_heads: kv_heads, causal: true, rotary: true, "
             f"rotary_base: {_num(theta)}, bias: {bias}" + (f", head_dim: {head_dim}" if head_dim * heads != d else "")
             + (f", rope_scaling: {_flow(scaling)}" if scaling else "")
@@ -273,7 +341,7 @@ def _moe(c: _Config, kind: str, dims: dict) -> str:
     load-balancing loss only with output_router_logits, a loss the moe operator's is not: refused."""
     if kind == "mixtral":
         dims["experts"] = c.need("num_local_experts")
-        jitter = c.get("router_jitter_noise", 0.0)
+        jitter = c.number("router_jitter_noise", 0.0, zero=True)
         if jitter:
             c.refuse("router_jitter_noise", f"{jitter!r}: multiplicative noise on the router's input in training "
                      "is not in the moe operator", "set router_jitter_noise to 0")
@@ -287,7 +355,7 @@ def _moe(c: _Config, kind: str, dims: dict) -> str:
         dims["moe_ff"] = c.need("moe_intermediate_size")
         if kind == "qwen2_moe":
             dims["shared_ff"] = c.need("shared_expert_intermediate_size")
-        step = c.get("decoder_sparse_step", 1)
+        step = c.number("decoder_sparse_step", 1, integer=True)
         if step != 1:
             c.refuse("decoder_sparse_step", f"{step!r}: dense MLP layers between the moe layers are not imported "
                      "(every layer of the imported model is alike)", "import a model with decoder_sparse_step 1")
@@ -295,7 +363,7 @@ def _moe(c: _Config, kind: str, dims: dict) -> str:
         if dense:
             c.refuse("mlp_only_layers", f"{dense!r}: dense MLP layers among the moe layers are not imported (every "
                      "layer of the imported model is alike)", "import a model with no mlp_only_layers")
-        norm = c.get("norm_topk_prob", False)
+        norm = c.flag("norm_topk_prob", False)
         shared = ", shared_experts: 1, shared_hidden: shared_ff, shared_gate: true" if kind == "qwen2_moe" else ""
         layer = ("{op: moe, name: mlp, experts: experts, top_k: top_k, hidden: moe_ff, activation: swiglu, "
                  f"normalize_gates: {'true' if norm else 'false'}, dropless: true{shared}, aux_loss_weight: 0.0}}")
@@ -303,7 +371,7 @@ def _moe(c: _Config, kind: str, dims: dict) -> str:
     if dims["top_k"] > dims["experts"]:
         c.refuse("num_experts_per_tok", f"{dims['top_k']} experts per token of {dims['experts']}",
                  "check the config")
-    if c.get("output_router_logits", False):
+    if c.flag("output_router_logits", False):
         c.refuse("output_router_logits", "transformers' load-balancing loss (over every top-k choice, over the "
                  "tokens of all layers together) is not the moe operator's (first choices, per layer and sample)",
                  "set output_router_logits to false: the imported model trains without a load-balancing loss "
@@ -316,32 +384,30 @@ def _gemma2(c: _Config, seq: int):
     """Gemma 2: Gemma's GeGLU, (1 + weight) RMS norms and scaled embeddings, with a norm before and after
     each sub-layer, attention scores scaled by query_pre_attn_scalar ** -0.5 and soft-capped, alternating
     sliding-window layers (exact when the window is at least the sequence) and soft-capped final logits."""
-    d, heads = c.need("hidden_size"), c.need("num_attention_heads")
-    kv = c.get("num_key_value_heads") or heads
-    dims = {"vocab": c.need("vocab_size"), "seq": seq, "d": d, "heads": heads, "kv_heads": kv,
-            "ff": c.need("intermediate_size"), "layers": c.need("num_hidden_layers")}
-    head_dim = c.get("head_dim") or d // heads
+    dims, head_dim = _attention_dims(c, seq)
+    d, heads = dims["d"], dims["heads"]
     c.only("hidden_activation", (None, "gelu_pytorch_tanh", "gelu_new"), "Gemma's GeGLU gate imports with the "
            "tanh gelu", "use gelu_pytorch_tanh")
     c.only("hidden_act", (None, "gelu_pytorch_tanh", "gelu_new"), "Gemma's GeGLU gate imports with the tanh gelu",
            "use gelu_pytorch_tanh")
     c.only("use_bidirectional_attention", (None, False), "the imported attention is causal", "remove it")
     c.only("mlp_bias", (False,), "the spec's swiglu has no biases", "only bias-free MLPs import", False)
-    eps = c.get("rms_norm_eps", 1e-6)
+    eps = c.number("rms_norm_eps", 1e-6)
     theta, scaling = _rope(c)
-    bias = "true" if c.get("attention_bias", False) else "false"
-    # (absent fields take Gemma2Config's defaults, as transformers reads the config)
-    scalar = c.get("query_pre_attn_scalar", 256)
-    cap, final_cap = c.get("attn_logit_softcapping", 50.0), c.get("final_logit_softcapping", 30.0)
-    window, types = c.get("sliding_window", 4096), c.get("layer_types")
+    bias = "true" if c.flag("attention_bias", False) else "false"
+    # (absent fields take Gemma2Config's defaults, DEFAULTS, as transformers reads the config)
+    scalar = c.number("query_pre_attn_scalar", 256)
+    cap = c.number("attn_logit_softcapping", 50.0, none=True)
+    final_cap = c.number("final_logit_softcapping", 30.0, none=True)
+    window = c.number("sliding_window", 4096, integer=True, none=True)
+    types = _layer_types(c, dims["layers"])
     if (types is None or "sliding_attention" in types) and window is not None and window < seq:
         c.refuse("sliding_window", f"a window of {window} tokens is shorter than the sequence ({seq}): sliding-"
                  "window attention is not in the spec language", f"import with --seq {window} or less")
     if types is not None and any(t not in ("full_attention", "sliding_attention") for t in types):
         c.refuse("layer_types", "only full and sliding-window attention layers import", "check the config")
     c.no_dropout("attention_dropout")
-    tie = bool(c.get("tie_word_embeddings", True))
-    c.get("max_position_embeddings")
+    tie = c.flag("tie_word_embeddings", True)
     c.get("cache_implementation")  # how generate() caches keys and values: the same model
     attn = (f"{{op: attention, name: self_attn, heads: heads, kv_heads: kv_heads, causal: true, rotary: true, "
             f"rotary_base: {_num(theta)}, bias: {bias}, scale: {json.dumps(float(scalar) ** -0.5)}"
@@ -376,7 +442,8 @@ def _gpt2(c: _Config, seq: int):
     """GPT-2: learned positions, pre-norm blocks with biased attention and a gelu (tanh) MLP, tied head."""
     d = c.need("n_embd")
     dims = {"vocab": c.need("vocab_size"), "seq": seq, "positions": c.need("n_positions"), "d": d,
-            "heads": c.need("n_head"), "ff": c.get("n_inner") or 4 * d, "layers": c.need("n_layer")}
+            "heads": c.need("n_head"), "ff": c.number("n_inner", integer=True, none=True) or 4 * d,
+            "layers": c.need("n_layer")}
     c.only("activation_function", ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"),
            "the spec's mlp gelu is the tanh approximation", "only tanh-approximated gelu imports", "gelu_new")
     c.get("n_ctx")  # older configs' copy of n_positions
@@ -391,7 +458,7 @@ def _gpt2(c: _Config, seq: int):
                 "summary_first_dropout"):
         c.get(key)  # GPT2DoubleHeadsModel's multiple-choice head: not part of GPT2LMHeadModel
     c.no_dropout("resid_pdrop", "embd_pdrop", "attn_pdrop")
-    eps = c.get("layer_norm_epsilon", 1e-5)
+    eps = c.number("layer_norm_epsilon", 1e-5)
     block = [
         f"{{op: layer_norm, name: ln_1, eps: {_num(eps)}}}",
         "{op: attention, name: attn, heads: heads, causal: true, bias: true}",
@@ -427,12 +494,12 @@ def _bert(c: _Config, seq: int):
     if archs[0] not in ("BertForSequenceClassification", "BertModel"):
         c.refuse("architectures", f"{archs[0]} is not imported (BertForSequenceClassification is)",
                  "import the encoder with a classification head")
-    labels = c.get("num_labels") or len(c.get("id2label") or {}) or 2
+    labels = c.number("num_labels", integer=True, none=True) or len(c.get("id2label") or {}) or 2
     c.only("problem_type", (None, "single_label_classification"), "the spec's loss is cross-entropy over labels",
            "import a single-label classifier")
     c.get("tie_word_embeddings")  # BERT for classification has no language-model head to tie
     c.get("use_cache")
-    eps = c.get("layer_norm_eps", 1e-12)
+    eps = c.number("layer_norm_eps", 1e-12)
     approx = _BERT_ACTS.get(act, "none")
     dims = {"vocab": c.need("vocab_size"), "seq": seq, "positions": c.need("max_position_embeddings"),
             "types": c.need("type_vocab_size"), "d": c.need("hidden_size"), "heads": c.need("num_attention_heads"),
@@ -660,10 +727,12 @@ def import_hf(path: Path, name: str | None = None, seq: int | None = None, mesh:
             codes.E070, f"model_type {kind!r} is not imported yet: {NOT_YET[kind]}", doc.pos(("model_type",)),
             help=f"families that import: {', '.join(sorted(FAMILIES))}")])
     if kind not in FAMILIES:
+        what = f"model_type {kind!r} cannot be imported" if "model_type" in doc.data else "the config has no model_type"
         raise DiagnosticError([Diagnostic(
-            codes.E071, f"model_type {kind!r} cannot be imported", doc.pos(("model_type",)),
+            codes.E071, what, doc.pos(("model_type",) if "model_type" in doc.data else ()),
             help=f"families that import: {', '.join(sorted(FAMILIES))}")])
-    max_pos = c.get("max_position_embeddings") or c.get("n_positions") or DEFAULT_SEQ_CAP
+    max_pos = (c.number("max_position_embeddings", integer=True, none=True)
+               or c.number("n_positions", integer=True, none=True) or DEFAULT_SEQ_CAP)
     seq = seq or min(max_pos, DEFAULT_SEQ_CAP)
     dims, blocks, layers = FAMILIES[kind](c, seq)
     c.unread()

@@ -129,7 +129,7 @@ def test_gpt2_untied_head_is_refused(tmp_path, capsys):
 
 
 def test_sliding_window_shorter_than_the_sequence(tmp_path, capsys):
-    path = _config(tmp_path, model_type="mistral", sliding_window=32)
+    path = _config(tmp_path, model_type="mistral", sliding_window=32, num_key_value_heads=2)
     rc, diags = _diags(capsys, path)
     assert rc == 1 and diags[0]["code"] == "E070" and "--seq 32" in diags[0]["help"]
     rc, _ = _diags(capsys, path, "--seq", "32")  # the window then never cuts anything: exact
@@ -139,6 +139,10 @@ def test_sliding_window_shorter_than_the_sequence(tmp_path, capsys):
 def test_unknown_family_and_missing_sizes(tmp_path, capsys):
     rc, diags = _diags(capsys, _config(tmp_path, model_type="t5"))
     assert rc == 1 and diags[0]["code"] == "E071" and "llama" in diags[0]["help"]
+    path = _config(tmp_path)
+    path.write_text(json.dumps({k: v for k, v in json.loads(path.read_text()).items() if k != "model_type"}))
+    rc, diags = _diags(capsys, path)  # (before: "model_type None cannot be imported")
+    assert rc == 1 and diags[0]["code"] == "E071" and diags[0]["message"] == "the config has no model_type"
     path = _config(tmp_path, hidden_size=0)
     rc, diags = _diags(capsys, path)
     assert rc == 1 and diags[0]["code"] == "E071" and "hidden_size" in diags[0]["message"]
@@ -162,3 +166,111 @@ def test_usage_errors(tmp_path, capsys):
     assert cli(["import", "hf", str(tmp_path / "nowhere"), "-o", "-"]) == 2
     assert "no config.json" in capsys.readouterr().err
     assert cli(["import", "hf", str(_config(tmp_path)), "-o", "-", "--mesh", "dtaa=2"]) == 2
+
+
+# config.json of each family (written by transformers) for the tests of fields left out or mistyped
+FAMILY_CONFIGS = {
+    "llama": ("LlamaConfig", {}),
+    "mistral": ("MistralConfig", {}),
+    "qwen2": ("Qwen2Config", {}),
+    "qwen3": ("Qwen3Config", {"head_dim": 8}),
+    "gemma": ("GemmaConfig", {"head_dim": 8}),
+    "gemma2": ("Gemma2Config", {"head_dim": 8, "sliding_window": 16}),
+    "gpt2": ("GPT2Config", {"n_layer": 2, "n_embd": 32, "n_head": 4, "vocab_size": 100, "n_positions": 64}),
+    "bert": ("BertConfig", {}),
+    "mixtral": ("MixtralConfig", {"num_local_experts": 4}),
+    "qwen2_moe": ("Qwen2MoeConfig", {"num_experts": 4, "moe_intermediate_size": 16,
+                                     "shared_expert_intermediate_size": 32}),
+    "qwen3_moe": ("Qwen3MoeConfig", {"head_dim": 8, "num_experts": 4, "num_experts_per_tok": 2,
+                                     "moe_intermediate_size": 16}),
+}
+
+
+def _spec_of(path):
+    """The imported spec without its comments and `hf.config` (the config's own text), or the errors' codes."""
+    from mithril_spec.diagnostics import DiagnosticError
+    from mithril_spec.hf_import import import_hf
+
+    try:
+        text = import_hf(path, name="m", seq=16).spec
+    except DiagnosticError as e:
+        return sorted(d.code for d in e.diagnostics if d.severity == "error")
+    return [line for line in text.splitlines() if not line.startswith(("#", "  config:"))]
+
+
+def _family_config(tmp_path, family) -> dict:
+    cls, fields = FAMILY_CONFIGS[family]
+    small = {k: v for k, v in SMALL.items() if family != "gpt2"}
+    # (32 heads: each family's default num_key_value_heads divides them, so that leaving it out imports)
+    extra = {} if family in ("gpt2", "bert") else {"num_key_value_heads": 2, "hidden_size": 64, "num_attention_heads": 32}
+    getattr(transformers, cls)(**{**small, **extra, **fields}).save_pretrained(tmp_path / "written")
+    return json.loads((tmp_path / "written" / "config.json").read_text())
+
+
+@pytest.mark.parametrize("family", list(FAMILY_CONFIGS))
+def test_a_field_left_out_is_read_as_transformers_reads_it(tmp_path, family):
+    """config.json without one of its fields (older configs lack head_dim, num_key_value_heads, rope_theta,
+    ...; transformers 4's layout): the spec is that of the config transformers reads from it (its classes'
+    defaults, DEFAULTS in hf_import.py), or a refusal (a size the import needs)."""
+    data = _family_config(tmp_path, family)
+    assert isinstance(_spec_of(tmp_path / "written" / "config.json"), list)
+    v4 = {k: v for k, v in data.items() if k not in ("rope_parameters", "dtype", "layer_types")}
+    if "rope_parameters" in data:  # transformers 4's layout
+        v4["rope_theta"] = data["rope_parameters"]["rope_theta"]
+    variants = {f"no-{key}": {k: v for k, v in data.items() if k != key} for key in data if key != "model_type"}
+    variants["v4"] = v4
+    variants["v4-sparse"] = {k: v for k, v in v4.items() if k not in (
+        "head_dim", "tie_word_embeddings", "rope_theta", "sliding_window", "rms_norm_eps")}
+    checked = []
+    for tag, variant in variants.items():
+        path = tmp_path / tag / "config.json"
+        path.parent.mkdir()
+        path.write_text(json.dumps(variant, indent=1))
+        try:  # how transformers reads it, written back whole
+            transformers.AutoConfig.from_pretrained(path.parent).save_pretrained(tmp_path / tag / "read")
+        except Exception:  # noqa: BLE001, S112 (transformers refuses it too: nothing to compare)
+            continue
+        got = _spec_of(path)
+        if "E071" not in got:  # (a refusal of a missing size, or of one that does not fit the others, is right)
+            assert got == _spec_of(tmp_path / tag / "read" / "config.json"), tag
+            checked.append(tag)
+    assert "v4" in checked and "v4-sparse" in checked and len(checked) > 10, checked
+
+
+@pytest.mark.parametrize("field, value", [
+    ("rms_norm_eps", None), ("rms_norm_eps", "1e-5"), ("tie_word_embeddings", "false"), ("attention_bias", "false"),
+    ("sliding_window", "16"), ("num_key_value_heads", "2"), ("num_key_value_heads", 0), ("num_key_value_heads", 3),
+    ("head_dim", 0), ("head_dim", "8"), ("max_position_embeddings", "64"), ("layer_types", "full_attention"),
+    ("layer_types", ["full_attention"]), ("rope_theta", "1e6"),
+])
+def test_a_field_of_the_wrong_type_is_refused_at_the_field(tmp_path, capsys, field, value):
+    """(before: internal errors, or "false" read as true, 0 heads as all of them)"""
+    path = _config(tmp_path, **{"model_type": "mistral", "num_key_value_heads": 2, "sliding_window": None, field: value})
+    rc, diags = _diags(capsys, path, "--seq", "16")
+    assert rc == 1 and [d["code"] for d in diags] in (["E071"], ["E070"]) and field in diags[0]["message"], diags
+    assert f'"{field}"' in path.read_text().splitlines()[diags[0]["line"] - 1]
+
+
+@pytest.mark.parametrize("family, fields", [
+    ("qwen2_moe", {"qkv_bias": "yes"}), ("qwen2_moe", {"norm_topk_prob": 1}), ("gemma2", {"final_logit_softcapping": "30"}),
+    ("gemma2", {"query_pre_attn_scalar": None}), ("gpt2", {"layer_norm_epsilon": None}), ("gpt2", {"n_inner": 0}),
+    ("bert", {"layer_norm_eps": None}), ("mixtral", {"router_jitter_noise": "0"}),
+])
+def test_other_families_refuse_a_wrong_type_too(tmp_path, capsys, family, fields):
+    data = _family_config(tmp_path, family)
+    path = tmp_path / "bad" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps({**data, **fields}, indent=1))
+    rc, diags = _diags(capsys, path, "--seq", "16")
+    errors = [d for d in diags if d["severity"] == "error"]
+    assert rc == 1 and len(errors) == 1 and next(iter(fields)) in errors[0]["message"], diags
+    assert errors[0]["code"] in ("E070", "E071")
+
+
+def test_gemma_legacy_gelu_is_the_tanh_gelu(tmp_path):
+    """The first Gemma releases name the tanh gelu `gelu`; transformers reads it as gelu_pytorch_tanh."""
+    data = _family_config(tmp_path, "gemma")
+    path = tmp_path / "legacy" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps({**data, "hidden_act": "gelu"}))
+    assert _spec_of(path) == _spec_of(tmp_path / "written" / "config.json")

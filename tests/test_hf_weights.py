@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
+import json
+import shutil
 
 import jax_runs as jr
 import mlx_runs as mr
@@ -55,11 +57,11 @@ def model(family: str):
     return directory, spec
 
 
-def reference(family: str, directory) -> np.ndarray:
-    """transformers' logits on the program's first batch (samples 0 .. 7)."""
+def reference(family: str, directory, **load) -> np.ndarray:
+    """transformers' logits on the program's first batch (samples 0 .. 7); `load`: from_pretrained's options."""
     _, spec = model(family)
     samples = synthetic_samples(spec, 8)
-    m = getattr(transformers, FAMILIES[family][1]).from_pretrained(directory).eval()
+    m = getattr(transformers, FAMILIES[family][1]).from_pretrained(directory, **load).eval()
     kw = {"input_ids": torch.tensor(samples["tokens"]).long()}
     if "token_type_ids" in samples:
         kw["token_type_ids"] = torch.tensor(samples["token_type_ids"]).long()
@@ -165,3 +167,34 @@ def test_a_checkpoint_in_shards_loads_by_its_index():
     out = jr.WORK / "hf" / "llama-gqa-shards.npy"
     jr.run(jr.build(spec, "data=1"), "--steps", "0", "--init-params", str(shards), "--logits", str(out))
     assert float(np.abs(np.load(out) - reference("llama-gqa", shards)).max()) < 1e-4
+    # an index naming a tensor in a shard that lacks it: one line naming both
+    index = json.loads((shards / "model.safetensors.index.json").read_text())
+    shard = index["weight_map"]["lm_head.weight"]
+    index["weight_map"]["lm_head.weight"] = next(f for f in index["weight_map"].values() if f != shard)
+    broken = jr.WORK / "hf" / "llama-gqa-shards-broken"
+    shutil.copytree(shards, broken, dirs_exist_ok=True)
+    (broken / "model.safetensors.index.json").write_text(json.dumps(index))
+    r = jr.run(jr.build(spec, "data=1"), "--steps", "0", "--init-params", str(broken), expect_rc=2)
+    assert "names tensors their shards lack: lm_head.weight" in r.output and "Traceback" not in r.output
+
+
+@pytest.mark.runs
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_half_precision_checkpoint_loads_and_exports_in_float32(dtype):
+    """Models are mostly released in bfloat16 (which numpy lacks: the program widens its bits): the program's
+    float32 parameters are the checkpoint's values, so its logits are transformers' of the checkpoint in
+    float32. The spec imported from it (config.json's `dtype` a half precision) exports a float32
+    checkpoint whose config says so: transformers loads it in float32."""
+    torch.manual_seed(0)
+    directory = jr.WORK / "hf" / f"llama-gqa-{dtype}"
+    m = transformers.LlamaForCausalLM(FAMILIES["llama-gqa"][0](transformers))
+    m.to(getattr(torch, dtype)).save_pretrained(directory)
+    assert json.loads((directory / "config.json").read_text())["dtype"] == dtype
+    spec = jr.WORK / "hf" / f"llama-gqa-{dtype}.yaml"
+    assert cli(["import", "hf", str(directory), "-o", str(spec), "--seq", "16"]) == 0
+    out, export = jr.WORK / "hf" / f"llama-gqa-{dtype}.npy", jr.WORK / "hf" / f"llama-gqa-{dtype}-export"
+    tr.run(tr.build(spec, "data=1"), "--steps", "0", "--init-params", str(directory), "--export-hf", str(export),
+           "--logits", str(out))
+    assert float(np.abs(np.load(out) - reference("llama-gqa", directory, dtype=torch.float32)).max()) < 1e-4
+    assert json.loads((export / "config.json").read_text())["dtype"] == "float32"
+    assert transformers.LlamaForCausalLM.from_pretrained(export).dtype == torch.float32

@@ -30,7 +30,7 @@ class FileTensor:
         self.stored, self.key, self.transposed, self.flag = stored, key, transposed, flag
         self.offset = part * self.shape[-1] if self.shape else 0
         self.dtype = stored.get_dtype()  # safetensors' name: F32, BF16, I64, ...
-        self.floating = self.dtype.startswith(("F", "BF"))
+        self.floating = self.dtype in FLOATS
 
     def __getitem__(self, index):
         box = slices(index if isinstance(index, tuple) else (index,), self.shape)
@@ -48,6 +48,59 @@ class FileTensor:
 
     def __array__(self, dtype=None, copy=None):
         return self[()].astype(dtype or np.float32)
+
+
+# the floating-point tensors read (numpy's, and bfloat16: see below)
+FLOATS = ("F16", "BF16", "F32", "F64")
+
+
+class SafetensorsFile:
+    """One safetensors file: its tensors' slices, those of safetensors' numpy reader or, for bfloat16 (the
+    dtype of most released checkpoints, which numpy lacks), BFloat16Slice's."""
+
+    def __init__(self, path):
+        from safetensors import safe_open
+
+        self.path, self.handle = path, safe_open(path, framework="numpy")
+        self.names = self.handle.keys()
+        self.header = None  # (its length, the tensors' entries): read at the first bfloat16 tensor
+
+    def keys(self):
+        return self.names
+
+    def get_slice(self, key):
+        stored = self.handle.get_slice(key)
+        if stored.get_dtype() != "BF16":
+            return stored
+        if self.header is None:
+            with open(self.path, "rb") as f:
+                n = int.from_bytes(f.read(8), "little")
+                self.header = (n, json.loads(f.read(n)))
+        n, entries = self.header
+        return BFloat16Slice(self.path, 8 + n + entries[key]["data_offsets"][0], stored.get_shape())
+
+
+class BFloat16Slice:
+    """A bfloat16 tensor of a safetensors file (at byte `start`), mapped, not read: indexing it reads those
+    entries, as float32 (a bfloat16 is the upper half of the float32 of the same value)."""
+
+    def __init__(self, path, start, shape):
+        self.shape, count = list(shape), int(np.prod(shape, dtype=np.int64))
+        bits = (
+            np.memmap(path, np.dtype("<u2"), "r", start, (count,))
+            if count
+            else np.zeros(0, np.uint16)
+        )
+        self.bits = bits.reshape(self.shape)
+
+    def get_shape(self):
+        return self.shape
+
+    def get_dtype(self):
+        return "BF16"
+
+    def __getitem__(self, box):
+        return (np.asarray(self.bits[box], np.uint32) << 16).view(np.float32)
 
 
 class ExpertTensors:
@@ -147,7 +200,7 @@ def read_params(path, params, flag="--init-params", hf=None):
             if tuple(t.shape) != tuple(shape)
             else None
             if (t.floating if lazy else t.dtype.kind == "f")
-            else f"of dtype {t.dtype} (expected floating point)"
+            else f"of dtype {t.dtype} (expected floating point: float16, bfloat16, float32 or float64)"
         )
         if why:
             wrong.append(f"{key} {why}")
@@ -171,8 +224,6 @@ def read_params(path, params, flag="--init-params", hf=None):
 
 def safetensors_tensors(path):
     """name -> (open file, name) of every tensor in a safetensors file, a model directory, or its shards."""
-    from safetensors import safe_open
-
     index = os.path.join(path, "model.safetensors.index.json")
     if os.path.isfile(index):  # shards: name -> file
         with open(index) as f:
@@ -180,9 +231,17 @@ def safetensors_tensors(path):
     else:
         path = os.path.join(path, "model.safetensors") if os.path.isdir(path) else path
         require(os.path.isfile(path), f"--init-params {path}: no such file")
-        handle = safe_open(path, framework="numpy")
+        handle = SafetensorsFile(path)
         return {key: (handle, key) for key in handle.keys()}
-    handles = {file: safe_open(file, framework="numpy") for file in set(files.values())}
+    handles = {file: SafetensorsFile(file) for file in set(files.values())}
+    held = {file: set(handle.keys()) for file, handle in handles.items()}
+    lacking = [
+        f"{key} ({os.path.basename(file)})" for key, file in files.items() if key not in held[file]
+    ]
+    require(
+        not lacking,
+        f"model.safetensors.index.json names tensors their shards lack: {', '.join(lacking[:5])}",
+    )
     return {key: (handles[file], key) for key, file in files.items()}
 
 
