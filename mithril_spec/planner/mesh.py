@@ -29,7 +29,7 @@ class Mesh(ParallelDims):
         return ", ".join(f"{a}={self.sizes[a]}" for a in self.axes) or "a single device"
 
 
-_OVERRIDE = re.compile(r"^\s*([A-Za-z_]+)\s*=\s*(\d+)\s*$")
+_OVERRIDE = re.compile(r"^\s*([A-Za-z_]+)\s*=\s*([0-9]+)\s*$")  # (ASCII digits: `\d` takes any script's)
 
 
 def parse_override(text: str) -> dict[str, int]:
