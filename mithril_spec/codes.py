@@ -111,7 +111,8 @@ _TEXTS: dict[str, tuple[str, str]] = {
             "The key is not part of the spec language at this place. Typos are never ignored: a misspelt "
             "`weight_decay` would otherwise silently train without weight decay. The help suggests the closest "
             "key or lists the accepted ones; see docs/spec.md for the keys each section accepts, or `mithril-spec "
-            "schema` for the JSON Schema."
+            "schema` for the JSON Schema. A key that a spec sets to null through `extends` (to remove it from the "
+            "base) must be a key of its section too, when no base spec has it."
         ),
     ),
     "E011": (

@@ -187,7 +187,7 @@ def _located(doc: Document, data: Any, a: _Arg, sub: Document, path: PathT, crea
         if old is not None:
             overridden[path] = old
     sources = {**doc.sources, a.name: a.text}
-    return Document(data, doc.file, doc.text, values, keys, sources, overridden, removed)
+    return Document(data, doc.file, doc.text, values, keys, sources, overridden, removed, doc.nulls)
 
 
 def _parent(doc: Document, data: dict, a: _Arg, create: bool) -> tuple[Any, PathT, int | None]:

@@ -44,6 +44,9 @@ class Document:
     # Through `--set KEY=null`: for a key an override removed, where that argument names it (a diagnostic
     # about the missing key then shows why it is missing).
     removed: dict[PathT, Position] = dataclasses.field(default_factory=dict)
+    # Through `extends`: a key an extending spec set to null that no base spec has (it removes nothing), where
+    # that key stands; validation checks that it is a key its section has (a misspelt one is E010).
+    nulls: dict[PathT, Position] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.sources.setdefault(self.file, self.text)

@@ -54,7 +54,7 @@ def validate(doc: Document) -> Spec:
                 )
             ]
         )
-    numbers = _out_of_range(doc)
+    numbers = _out_of_range(doc) + _unknown_nulls(doc)
     try:
         spec = Spec.model_validate(data)
     except pydantic.ValidationError as e:
@@ -63,6 +63,32 @@ def validate(doc: Document) -> Spec:
     if numbers:
         raise DiagnosticError(numbers)
     return spec
+
+
+def _unknown_nulls(doc: Document) -> list[Diagnostic]:
+    """E010 for a key that an extending spec sets to null, that no base spec has and that its section does not
+    have either: a misspelt key (`chekpoint: null`) would otherwise remove nothing, silently."""
+    out = []
+    for path, pos in doc.nulls.items():
+        section = path[:-1]
+        if _has_path(doc.data, path) or not _has_path(doc.data, section):
+            continue  # set again later (checked as any value), or its section is gone
+        allowed = _allowed_keys(section, doc.data)
+        if allowed is None or path[-1] in allowed:
+            continue
+        out.append(Diagnostic(
+            codes.E010, f"unknown key `{shorten(path[-1])}` in {_section(section)}", pos,
+            help=did_you_mean(str(path[-1]), allowed),
+            notes=("set to null, it removes nothing: no base spec has it",), path=path, key=str(path[-1])))
+    return out
+
+
+def _has_path(data: Any, path: tuple) -> bool:
+    for p in path:
+        if not _has_child(data, p):
+            return False
+        data = data[p]
+    return True
 
 
 # `hf.config` is the imported model's config.json, kept as it is (written back by --export-hf).
