@@ -118,6 +118,9 @@ def _parse(arg: str, index: int) -> _Arg:
 
 def _apply_one(doc: Document, arg: str, index: int) -> Document:
     a = _parse(arg, index)
+    if a.parts[0] == "extends":  # (merged before the overrides: setting it would change nothing)
+        raise UsageError(f"--set {a.key}: `extends` is merged before the overrides are applied, so an override "
+                         "cannot change it; edit the spec's `extends:`, or --set the values themselves")
     # The value is parsed where it stands in the argument, so that its positions are columns of the argument.
     sub = load_text(" " * a.value_at + arg[a.value_at:], a.name, root_span=True)
     if not isinstance(doc.data, dict):
