@@ -146,9 +146,10 @@ def load_file(path: str | Path) -> Document:
 # ---------------------------------------------------------------- YAML
 
 _MERGE = "tag:yaml.org,2002:merge"
-_VALUE = "tag:yaml.org,2002:value"
 _INT = "tag:yaml.org,2002:int"
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_CORE = "tag:yaml.org,2002:"
+_TAGS = {_CORE + t for t in ("str", "int", "float", "bool", "null", "seq", "map", "merge")}  # tags a spec may write
 
 
 class _Refused(yaml.MarkedYAMLError):
@@ -216,26 +217,40 @@ class _LimitedComposer(Composer):
         self.depth -= 1
         return node
 
-    def compose_scalar_node(self, anchor):
-        event = self.peek_event()
-        m = _SURROGATE.search(event.value)
-        if m:
-            raise _Refused(f"\\u{ord(m.group()):04x} is not a Unicode character (a lone surrogate)",
-                           event.start_mark, "write the character itself, or escape a whole one (\\U0001F600)")
-        node = super().compose_scalar_node(anchor)
-        node.size, node.height = 1, 1
-        return node
+    def _check_tag(self, event) -> None:
+        """A tag other than YAML's own for strings, numbers, booleans, null, lists and mappings (`!!binary`,
+        `!!set`, `!!python/object:...`, `!foo`) is refused where it stands: ignored, it would change nothing
+        on a mapping or list, and turn a scalar into the text of some other type."""
+        tag = event.tag
+        if tag is not None and tag != "!" and tag not in _TAGS:
+            shown = "!!" + tag.removeprefix(_CORE) if tag.startswith(_CORE) else tag
+            raise _Refused(f"the tag `{shown}` is not supported", event.start_mark,
+                           "remove the tag: a spec holds strings, numbers, booleans, null, lists and mappings "
+                           "(`!!str` makes a value a string)")
 
     def compose_sequence_node(self, anchor):
+        self._check_tag(self.peek_event())
         node = super().compose_sequence_node(anchor)
         node.size = 1 + sum(item.size for item in node.value)
         node.height = 1 + max((item.height for item in node.value), default=0)
         return node
 
     def compose_mapping_node(self, anchor):
+        self._check_tag(self.peek_event())
         node = super().compose_mapping_node(anchor)
         node.size = 1 + sum(v.size for _, v in node.value)
         node.height = 1 + max((max(k.height, v.height) for k, v in node.value), default=0)
+        return node
+
+    def compose_scalar_node(self, anchor):
+        event = self.peek_event()
+        self._check_tag(event)
+        m = _SURROGATE.search(event.value)
+        if m:
+            raise _Refused(f"\\u{ord(m.group()):04x} is not a Unicode character (a lone surrogate)",
+                           event.start_mark, "write the character itself, or escape a whole one (\\U0001F600)")
+        node = super().compose_scalar_node(anchor)
+        node.size, node.height = 1, 1
         return node
 
 
@@ -363,12 +378,9 @@ def _mark(node: yaml.Node, file: str) -> Position:
 def _key(loader, knode) -> str:
     if not isinstance(knode, ScalarNode):
         raise yaml.MarkedYAMLError(problem="mapping keys must be plain scalars", problem_mark=knode.start_mark)
-    if knode.tag == _VALUE:  # `=`, YAML 1.1's value key: plain text here
-        return knode.value
-    key = _scalar(loader, knode)
-    if not isinstance(key, str):
-        key = str(key).lower() if isinstance(key, bool) else str(key)
-    return key
+    # A key is its text as written: `on:` is the key "on" (not YAML 1.1's true), `~:` "~" (not null), `0x1F:`
+    # "0x1F" (not 31), `=` (YAML 1.1's value key) "=".
+    return knode.value
 
 
 def _entries(loader, node) -> list[tuple[str, Any, Any, bool]]:

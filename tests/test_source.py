@@ -53,14 +53,34 @@ def test_yaml_values_and_positions():
     assert doc.pos(("nope",)) == doc.pos(())
 
 
-def test_yaml_keys_that_are_not_strings_become_text():
-    doc = load_text("1: a\ntrue: b\nnull: c\n", "s.yaml")
-    assert doc.data == {"1": "a", "true": "b", "None": "c"}
+def test_yaml_keys_are_their_text_as_written():
+    # (`null:` was the key "None", `on:` and `True:` "true", `0x1F:` "31": a dim `on` became `true`)
+    doc = load_text("1: a\ntrue: b\nnull: c\non: d\nTrue: e\n~: f\n0x1F: g\n\"q r\": h\n", "s.yaml")
+    assert doc.data == {"1": "a", "true": "b", "null": "c", "on": "d", "True": "e", "~": "f", "0x1F": "g", "q r": "h"}
+    with pytest.raises(DiagnosticError) as e:
+        load_text("on: 1\n'on': 2\n", "s.yaml")
+    assert [(d.code, d.pos.line) for d in e.value.diagnostics] == [("E003", 2)]
 
 
 def test_yaml_dates_and_bad_scalars_stay_text():
-    doc = load_text("a: 2001-01-01\nb: 2001-02-30\nc: !!float abc\nd: !!binary aGk=\n", "s.yaml")
-    assert doc.data == {"a": "2001-01-01", "b": "2001-02-30", "c": "abc", "d": "b'hi'"}
+    doc = load_text("a: 2001-01-01\nb: 2001-02-30\nc: !!float abc\nd: !!str 5\n", "s.yaml")
+    assert doc.data == {"a": "2001-01-01", "b": "2001-02-30", "c": "abc", "d": "5"}
+
+
+@pytest.mark.parametrize("text", [
+    "d: !!binary aGk=\n",  # (was the text "b'hi'")
+    "d: !!python/object:os.system {kind: synthetic}\n",  # a tag on a mapping or list was ignored
+    "d: !!set {a: 1}\n",
+    "d: !!omap [a: 1]\n",
+    "d: !local x\n",
+    "d: !!timestamp 2001-01-01\n",
+])
+def test_yaml_tags_other_than_the_standard_ones_are_refused(text):
+    with pytest.raises(DiagnosticError) as e:
+        load_text(text, "s.yaml")
+    [d] = e.value.diagnostics
+    assert (d.code, d.pos.line, d.pos.col) == ("E001", 1, 4)
+    assert "is not supported" in d.message and d.help.startswith("remove the tag")
 
 
 def test_yaml_merge_keys():
