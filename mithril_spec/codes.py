@@ -57,7 +57,10 @@ _TEXTS: dict[str, tuple[str, str]] = {
         (
             "A mapping defines the same key twice (YAML), or a TOML key or table is defined twice. YAML parsers "
             "usually keep the last one silently; mithril-spec refuses, because one of the two values is a "
-            "mistake. A label points at the first definition. Remove or rename one of the two."
+            "mistake. A label points at the first definition. Remove or rename one of the two. In TOML, a "
+            "table or array written whole inline (`optimizer = { ... }`, `layers = [ ... ]`) cannot be extended "
+            "afterwards by a dotted key or a header (`optimizer.lr = 0.1`, `[[layers]]`): write all of it in one "
+            "place."
         ),
     ),
     "E004": (

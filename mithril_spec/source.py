@@ -533,11 +533,17 @@ def _load_toml(text: str, file: str) -> Document:
             line, col = 1, 1
         msg = _TOML_ERR.sub("", _TOML_EOF.sub("", msg)).strip()
         dup = "Cannot overwrite a value" in msg or "Cannot declare" in msg or "Duplicate inline table key" in msg
+        dup = dup or "Cannot mutate immutable namespace" in msg
         if dup:
             pos, msg, first, key = _toml_duplicate(text, file, line, col, msg)
+            inline = "is an inline table" in msg or "is an array" in msg
+            help = ("write all of its keys inside its `{ ... }`, or make it a [table]" if "is an inline table" in msg
+                    else "write all of its entries inside its `[ ... ]`, or make every entry a [[table]]" if inline
+                    else "a key or table may be defined only once")
             raise DiagnosticError([Diagnostic(
-                codes.E003, msg, pos, help="a key or table may be defined only once",
-                labels=(Label(first, "first defined here"),) if first else (), key=key)]) from None
+                codes.E003, msg, pos, help=help,
+                labels=(Label(first, "written whole here" if inline else "first defined here"),) if first else (),
+                key=key)]) from None
         raise DiagnosticError([toml_error(text, file, Position(file, line, col), at_end, msg)]) from None
     except ValueError as e:
         # Python refuses to convert an integer of more than 4,300 digits.
@@ -610,18 +616,34 @@ def _toml_duplicate(
         if len(hits) > 1:
             first = span(line, hits[-2].start(1), hits[-2].end(1))
         return pos, f"duplicate key `{key}` in an inline table", first, key
-    m = re.search(r"Cannot declare \((.*)\) twice", msg)
+    m = re.search(r"Cannot (declare|mutate immutable namespace) \((.*?)\)( twice)?$", msg)
     if m:
         src = lines[line - 1]
-        name = ".".join(p.strip().strip("'\"") for p in m.group(1).split(",") if p.strip())
+        names = [p.strip().strip("'\"") for p in m.group(2).split(",") if p.strip()]
+        name = ".".join(names)
+        h = _TOML_HEADER.match(src)
+        if h:
+            pos = span(line, h.start(1), h.end(1))
+        else:  # a dotted key (`a.y = 2`): the key
+            start = len(src) - len(src.lstrip())
+            pos = span(line, start, start + len(src.split("=")[0].rstrip()) - start)
         first = None
         for i in range(line - 1, 0, -1):
             h = _TOML_HEADER.match(lines[i - 1])
             if h and _toml_name(h.group(2)) == name and not h.group(1).startswith("[["):
                 first = span(i, h.start(1), h.end(1))
                 break
-        h = _TOML_HEADER.match(src)
-        pos = span(line, h.start(1), h.end(1)) if h else Position(file, line, len(src) - len(src.lstrip()) + 1)
+        if first is None:  # an inline table or array (`a = {x = 1}`) that the line goes on to extend
+            for n in range(len(names), 0, -1):
+                found = _toml_written_whole(lines, line, names[n - 1])
+                if found is not None:
+                    where, kind = found
+                    whole = ".".join(names[:n])
+                    return pos, (
+                        f"duplicate key: `{whole}` is {kind}, written whole at line {where[0]}: it cannot be "
+                        "extended afterwards"), span(*where), whole
+        if m.group(1) != "declare":
+            return pos, f"duplicate key: `{name}` cannot be extended here", None, name
         return pos, f"duplicate key: table `[{name}]` is declared twice", first, name
     for i in range(line, 0, -1):
         src = lines[i - 1]
@@ -642,6 +664,17 @@ def _toml_duplicate(
                     break
             return span(i, start, start + len(key)), f"duplicate key: `{key}` is already defined", first, key
     return Position(file, line, col), f"duplicate key: {msg}", None, None
+
+
+def _toml_written_whole(lines: list[str], line: int, key: str) -> tuple[tuple[int, int, int], str] | None:
+    """Where `key = {` or `key = [` stands on a line before `line` (the nearest): ((line, start, end) of the
+    key, "an inline table" or "an array"), or None."""
+    pattern = re.compile(r"(?:^|[\s.{,])([\"']?" + re.escape(key) + r"[\"']?)\s*=\s*([\[{])")
+    for i in range(line - 1, 0, -1):
+        found = pattern.search(lines[i - 1])
+        if found:
+            return (i, found.start(1), found.end(1)), "an inline table" if found.group(2) == "{" else "an array"
+    return None
 
 
 _TOML_HEADER = re.compile(r"\s*(\[\[?\s*([^\]\n]*?)\s*\]\]?)")

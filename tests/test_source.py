@@ -165,6 +165,11 @@ def test_toml_values_and_positions():
         ("a = 1\n  b = 2\n  a = [1,\n 2]\n", "E003", 3, 3, "`a` is already defined"),
         ("[t]\nx = 1\n[t]\n", "E003", 3, 1, "table `[t]` is declared twice"),
         ("x = {a = 1, a = 2}\n", "E003", 1, 13, "duplicate key `a` in an inline table"),
+        # an inline table or array extended later (was E002 "Cannot mutate immutable namespace" at the line's
+        # end with a syntax help, or "table `[t.a.b]` is declared twice" of a table declared once)
+        ("a = {x = 1}\na.y = 2\n", "E003", 2, 1, "`a` is an inline table, written whole at line 1"),
+        ("[t]\na = {x = 1}\n[t.a.b]\n", "E003", 3, 1, "`t.a` is an inline table, written whole at line 2"),
+        ("a = [1]\n[[a]]\nx = 1\n", "E003", 2, 1, "`a` is an array, written whole at line 1"),
     ],
 )
 def test_toml_errors(text, code, line, col, message):
