@@ -259,10 +259,22 @@ class _SpecLoader(_LimitedComposer, yaml.SafeLoader):
     wants `1.0e-3`)."""
 
 
+# YAML 1.1's numbers without its surprises: `1:20` (base 60) and `017` (octal) are not numbers (the text
+# then fails the type check, as in YAML 1.2); `0x1F`, `0o17`, `0b101` and `1_000` are, as in TOML.
+_SpecLoader.yaml_implicit_resolvers = {
+    c: [(tag, r) for tag, r in rs if tag not in (_CORE + "int", _CORE + "float")]
+    for c, rs in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
 _SpecLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    _CORE + "int",
+    re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0o[0-7_]+|[-+]?0x[0-9a-fA-F_]+|[-+]?(?:0|[1-9][0-9_]*))$"),
     list("-+0123456789"),
+)
+_SpecLoader.add_implicit_resolver(
+    _CORE + "float",
+    re.compile(r"^(?:[-+]?(?:[0-9][0-9_]*\.[0-9_]*|\.[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)?|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+"
+               r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
+    list("-+0123456789."),
 )
 
 try:  # libyaml's parser (C, tens of times faster) feeding the same composer, resolver and constructor

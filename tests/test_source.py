@@ -83,6 +83,17 @@ def test_yaml_tags_other_than_the_standard_ones_are_refused(text):
     assert "is not supported" in d.message and d.help.startswith("remove the tag")
 
 
+@pytest.mark.parametrize("text, value", [
+    ("1:20", "1:20"),  # YAML 1.1's base 60 (was the integer 80)
+    ("1:20.5", "1:20.5"),  # (was 80.5)
+    ("017", "017"),  # YAML 1.1's octal (was 15)
+    ("0o17", 15), ("0x1F", 31), ("0b101", 5), ("1_000", 1000), ("+5", 5), ("-0", 0),  # as in TOML
+    ("1e-3", 0.001), ("1.5E+3", 1500.0), ("-.5", -0.5), ("1.", 1.0), ("-.inf", -math.inf),
+])
+def test_yaml_numbers_without_yaml_1_1_surprises(text, value):
+    assert load_text(f"a: {text}\n", "s.yaml").data["a"] == value
+
+
 def test_yaml_merge_keys():
     doc = load_text("base: &b {x: 1, y: 2}\nother:\n  <<: *b\n  y: 3\n", "s.yaml")
     assert doc.data["other"] == {"x": 1, "y": 3}
