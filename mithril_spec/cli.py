@@ -79,7 +79,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="search meshes (every axis the spec's targets run) and settings (pipeline, gradient "
                     "accumulation, ZeRO, sequence parallelism, remat) for --devices N on --hardware NAME and list "
                     "the best that fit, ranked by predicted step time, then memory, then communication")
-    pl.add_argument("--top", type=int, default=5, metavar="K", help="with --auto: how many candidates to list")
+    pl.add_argument("--top", type=int, metavar="K", help="with --auto: how many candidates to list (default: 5)")
     pl.add_argument("--write", metavar="NEW.yaml",
                     help="with --auto: write the best candidate as a spec that `extends` SPEC (in SPEC's directory "
                     "or one above it)")
@@ -186,6 +186,8 @@ def _check_numbers(args) -> None:
         if n is not None and abs(n) >= MAX_INT:
             raise UsageError(f"--{flag} {n if n < 10**30 else 'of ' + str(len(str(n))) + ' digits'}: out of range "
                              "(numbers are below 2^53)")
+        if n is not None and n < 1:  # a count: 0 or -4 devices, candidates, processes, positions mean nothing
+            raise UsageError(f"--{flag} must be at least 1 (got {n})")
     mesh = getattr(args, "mesh", None)
     if mesh:
         product = 1
@@ -265,7 +267,8 @@ def _spec_files(paths: list[str]) -> list[Path]:
         if p.is_dir():
             # Files starting with `_` are base specs, checked through the specs that extend them.
             out += sorted(
-                f for f in p.rglob("*") if f.suffix.lower() in SPEC_SUFFIXES and not f.name.startswith("_")
+                f for f in p.rglob("*")
+                if f.suffix.lower() in SPEC_SUFFIXES and not f.name.startswith("_") and not f.is_dir()
             )
         elif p.exists():
             out.append(p)
@@ -376,6 +379,8 @@ def cmd_plan(args) -> int:
         return _plan_auto(args)
     if args.write:
         raise UsageError("--write needs --auto (it writes the best candidate the search finds)")
+    if args.top is not None:
+        raise UsageError("--top needs --auto (it is how many of the search's candidates to list)")
     c, diags, sources = _compile(Path(args.spec), args.mesh, args.devices, args.settings)
     diags = _strict(diags, args.strict)
     if c is None or any(d.severity == "error" for d in diags):
@@ -459,11 +464,10 @@ def _plan_auto(args) -> int:
         _emit(f8, sources, args)
         return EXIT_INVALID
     devices = args.devices or c.spec.devices or c.plan.mesh.devices
-    if devices < 1:
-        raise UsageError("--devices must be at least 1")
     res = search(c.spec, c.doc, c.graph, devices, hw,
                  options=CostOptions(fused_attention=all(attention_kernels(c.spec.targets).values())))
-    best = res.fitting[: max(args.top, 1)]
+    top = args.top or 5
+    best = res.fitting[:top]
     if args.report and best:
         from .auto import candidate_spec
         from .planner.plan import make_plan
@@ -474,7 +478,7 @@ def _plan_auto(args) -> int:
     if args.write and best:
         _write_auto(Path(args.write), Path(args.spec), c, best[0], args, devices, args.hardware or hw.name)
     if args.format == "json":
-        sys.stdout.write(json.dumps(res.to_json(max(args.top, 1)), indent=2) + "\n")
+        sys.stdout.write(json.dumps(res.to_json(top), indent=2) + "\n")
         return EXIT_OK if best else EXIT_INVALID
     out = [(f"auto plan for {c.spec.name} on {devices} x {hw.name}: {res.meshes} mesh(es) over "
             f"{', '.join(res.axes)}, {res.evaluations} setting(s) costed; the best {len(res.fitting)} that fit in "
@@ -677,8 +681,6 @@ def cmd_import(args) -> int:
         path = path.parent
     if not config_path(path).is_file():
         raise UsageError(f"{args.path}: no config.json there (give a transformers model directory or its config.json)")
-    if args.seq is not None and args.seq < 1:
-        raise UsageError("--seq must be at least 1")
     mesh = parse_override(args.mesh) if args.mesh else None
     cfg = str(config_path(path))
     try:

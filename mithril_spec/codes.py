@@ -57,7 +57,10 @@ _TEXTS: dict[str, tuple[str, str]] = {
         (
             "A mapping defines the same key twice (YAML), or a TOML key or table is defined twice. YAML parsers "
             "usually keep the last one silently; mithril-spec refuses, because one of the two values is a "
-            "mistake. A label points at the first definition. Remove or rename one of the two."
+            "mistake. A label points at the first definition. Remove or rename one of the two. In TOML, a "
+            "table or array written whole inline (`optimizer = { ... }`, `layers = [ ... ]`) cannot be extended "
+            "afterwards by a dotted key or a header (`optimizer.lr = 0.1`, `[[layers]]`): write all of it in one "
+            "place."
         ),
     ),
     "E004": (
@@ -111,7 +114,8 @@ _TEXTS: dict[str, tuple[str, str]] = {
             "The key is not part of the spec language at this place. Typos are never ignored: a misspelt "
             "`weight_decay` would otherwise silently train without weight decay. The help suggests the closest "
             "key or lists the accepted ones; see docs/spec.md for the keys each section accepts, or `mithril-spec "
-            "schema` for the JSON Schema."
+            "schema` for the JSON Schema. A key that a spec sets to null through `extends` (to remove it from the "
+            "base) must be a key of its section too, when no base spec has it."
         ),
     ),
     "E011": (

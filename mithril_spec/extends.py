@@ -39,8 +39,15 @@ def _load(path: Path, chain: tuple[Path, ...]) -> Document:
     if not isinstance(ext, str) or not ext:
         raise DiagnosticError([Diagnostic(codes.E004, "`extends` must be a relative path to a spec file", pos)])
     rel = Path(ext)
-    root = path.parent.resolve()
-    target = (path.parent / rel).resolve()
+    try:
+        root = path.parent.resolve()
+        target = (path.parent / rel).resolve()
+        target.is_file()  # (a name too long for the file system: OSError here, not later)
+    except (OSError, ValueError) as e:  # ValueError: a NUL character
+        why = "contains a NUL character" if "\0" in ext else f"is not a usable path ({getattr(e, 'strerror', None) or e})"
+        raise DiagnosticError([Diagnostic(codes.E004, f"`extends` {why}", pos,
+                                          help="name a spec file next to this one or below it, e.g. `_base.yaml`")]
+                              ) from None
     if rel.is_absolute() or not target.is_relative_to(root):
         raise DiagnosticError([Diagnostic(
             codes.E004, f"`extends: {ext}` leaves the directory of this spec", pos,
@@ -59,7 +66,8 @@ def _load(path: Path, chain: tuple[Path, ...]) -> Document:
         kind = "empty" if base.data is None else f"a {type(base.data).__name__}"
         raise DiagnosticError([Diagnostic(codes.E005, f"the base spec `{ext}` is not a mapping ({kind})", base.pos(()),
                                           help="a base spec is a mapping of spec sections, like any spec")])
-    data = _merge(base.data, {k: v for k, v in doc.data.items() if k != "extends"})
+    absent: list[tuple] = []
+    data = _merge(base.data, {k: v for k, v in doc.data.items() if k != "extends"}, absent)
     if count_values(data) > MAX_NODES:
         raise DiagnosticError([Diagnostic(
             codes.E006, f"this spec and the base specs it extends hold more than {MAX_NODES:,} values together", pos,
@@ -67,7 +75,8 @@ def _load(path: Path, chain: tuple[Path, ...]) -> Document:
     values = {**base.values, **doc.values}
     keys = {**base.keys, **doc.keys}
     sources = {**base.sources, **doc.sources}
-    return Document(data, doc.file, doc.text, values, keys, sources, _overridden(base, doc))
+    nulls = {**base.nulls, **{p: doc.pos(p, key=True) for p in absent}}
+    return Document(data, doc.file, doc.text, values, keys, sources, _overridden(base, doc), nulls=nulls)
 
 
 def _overridden(base: Document, doc: Document) -> dict:
@@ -91,13 +100,18 @@ def _get(data: Any, path: tuple) -> Any:
     return data
 
 
-def _merge(base: Any, over: Any) -> Any:
+def _merge(base: Any, over: Any, absent: list | None = None, path: tuple = ()) -> Any:
+    """`over` merged over `base`; the paths of the keys `over` sets to null that `base` lacks (they remove
+    nothing) are appended to `absent`."""
     if isinstance(base, dict) and isinstance(over, dict):
         out = dict(base)
         for k, v in over.items():
             if v is None:
-                out.pop(k, None)
+                if k in out:
+                    del out[k]
+                elif absent is not None:
+                    absent.append(path + (k,))
             else:
-                out[k] = _merge(base.get(k), v)
+                out[k] = _merge(base.get(k), v, absent, path + (k,))
         return out
     return over

@@ -5,6 +5,7 @@ kept, as the commands report them (`SpecFile`)."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Optional
@@ -56,8 +57,12 @@ class SpecFile:
     fields filled in (`finish`), so that a command reports every stage's problems, mesh by mesh."""
 
     def __init__(self, path: Path, devices: int | None, settings: Sequence[str] = ()):
+        if path.is_dir():
+            raise UsageError(f"{path}: is a directory, not a spec file")
         if not path.is_file():
-            raise UsageError(f"{path}: no such file")
+            broken = path.is_symlink() and not path.exists()
+            raise UsageError(f"{path}: " + (f"a broken symbolic link (to {os.readlink(path)})" if broken else
+                                            "no such file"))
         if path.suffix.lower() not in SPEC_SUFFIXES:
             raise UsageError(f"{path}: not a spec file (expected {', '.join(SPEC_SUFFIXES)})")
         self.path, self.devices = path, devices

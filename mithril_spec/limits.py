@@ -29,7 +29,10 @@ def float_not_finite(x: Any) -> bool:
 
 
 def show(value: Any, limit: int = MAX_SHOWN) -> str:
-    """`repr(value)` for a message, shortened in the middle when long (a spec's values can be huge)."""
+    """`repr(value)` for a message, shortened in the middle when long (a spec's values can be huge); a boolean
+    and null as the spec writes them (`true`, `null`, not Python's `True`, `None`)."""
+    if value is None or isinstance(value, bool):
+        return "null" if value is None else str(value).lower()
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**30:
         digits = len(str(abs(value))) if abs(value) < 10**4000 else None
         return f"an integer of {digits:,} digits" if digits else "an integer of more than 4,000 digits"

@@ -118,6 +118,9 @@ def _parse(arg: str, index: int) -> _Arg:
 
 def _apply_one(doc: Document, arg: str, index: int) -> Document:
     a = _parse(arg, index)
+    if a.parts[0] == "extends":  # (merged before the overrides: setting it would change nothing)
+        raise UsageError(f"--set {a.key}: `extends` is merged before the overrides are applied, so an override "
+                         "cannot change it; edit the spec's `extends:`, or --set the values themselves")
     # The value is parsed where it stands in the argument, so that its positions are columns of the argument.
     sub = load_text(" " * a.value_at + arg[a.value_at:], a.name, root_span=True)
     if not isinstance(doc.data, dict):
@@ -187,7 +190,7 @@ def _located(doc: Document, data: Any, a: _Arg, sub: Document, path: PathT, crea
         if old is not None:
             overridden[path] = old
     sources = {**doc.sources, a.name: a.text}
-    return Document(data, doc.file, doc.text, values, keys, sources, overridden, removed)
+    return Document(data, doc.file, doc.text, values, keys, sources, overridden, removed, doc.nulls)
 
 
 def _parent(doc: Document, data: dict, a: _Arg, create: bool) -> tuple[Any, PathT, int | None]:

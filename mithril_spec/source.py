@@ -44,6 +44,9 @@ class Document:
     # Through `--set KEY=null`: for a key an override removed, where that argument names it (a diagnostic
     # about the missing key then shows why it is missing).
     removed: dict[PathT, Position] = dataclasses.field(default_factory=dict)
+    # Through `extends`: a key an extending spec set to null that no base spec has (it removes nothing), where
+    # that key stands; validation checks that it is a key its section has (a misspelt one is E010).
+    nulls: dict[PathT, Position] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.sources.setdefault(self.file, self.text)
@@ -143,9 +146,10 @@ def load_file(path: str | Path) -> Document:
 # ---------------------------------------------------------------- YAML
 
 _MERGE = "tag:yaml.org,2002:merge"
-_VALUE = "tag:yaml.org,2002:value"
 _INT = "tag:yaml.org,2002:int"
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_CORE = "tag:yaml.org,2002:"
+_TAGS = {_CORE + t for t in ("str", "int", "float", "bool", "null", "seq", "map", "merge")}  # tags a spec may write
 
 
 class _Refused(yaml.MarkedYAMLError):
@@ -213,8 +217,34 @@ class _LimitedComposer(Composer):
         self.depth -= 1
         return node
 
+    def _check_tag(self, event) -> None:
+        """A tag other than YAML's own for strings, numbers, booleans, null, lists and mappings (`!!binary`,
+        `!!set`, `!!python/object:...`, `!foo`) is refused where it stands: ignored, it would change nothing
+        on a mapping or list, and turn a scalar into the text of some other type."""
+        tag = event.tag
+        if tag is not None and tag != "!" and tag not in _TAGS:
+            shown = "!!" + tag.removeprefix(_CORE) if tag.startswith(_CORE) else tag
+            raise _Refused(f"the tag `{shown}` is not supported", event.start_mark,
+                           "remove the tag: a spec holds strings, numbers, booleans, null, lists and mappings "
+                           "(`!!str` makes a value a string)")
+
+    def compose_sequence_node(self, anchor):
+        self._check_tag(self.peek_event())
+        node = super().compose_sequence_node(anchor)
+        node.size = 1 + sum(item.size for item in node.value)
+        node.height = 1 + max((item.height for item in node.value), default=0)
+        return node
+
+    def compose_mapping_node(self, anchor):
+        self._check_tag(self.peek_event())
+        node = super().compose_mapping_node(anchor)
+        node.size = 1 + sum(v.size for _, v in node.value)
+        node.height = 1 + max((max(k.height, v.height) for k, v in node.value), default=0)
+        return node
+
     def compose_scalar_node(self, anchor):
         event = self.peek_event()
+        self._check_tag(event)
         m = _SURROGATE.search(event.value)
         if m:
             raise _Refused(f"\\u{ord(m.group()):04x} is not a Unicode character (a lone surrogate)",
@@ -223,28 +253,28 @@ class _LimitedComposer(Composer):
         node.size, node.height = 1, 1
         return node
 
-    def compose_sequence_node(self, anchor):
-        node = super().compose_sequence_node(anchor)
-        node.size = 1 + sum(item.size for item in node.value)
-        node.height = 1 + max((item.height for item in node.value), default=0)
-        return node
-
-    def compose_mapping_node(self, anchor):
-        node = super().compose_mapping_node(anchor)
-        node.size = 1 + sum(v.size for _, v in node.value)
-        node.height = 1 + max((max(k.height, v.height) for k, v in node.value), default=0)
-        return node
-
 
 class _SpecLoader(_LimitedComposer, yaml.SafeLoader):
     """PyYAML's safe loader with our composer, reading `1e-3` as a float (YAML 1.2, and TOML, do; YAML 1.1
     wants `1.0e-3`)."""
 
 
+# YAML 1.1's numbers without its surprises: `1:20` (base 60) and `017` (octal) are not numbers (the text
+# then fails the type check, as in YAML 1.2); `0x1F`, `0o17`, `0b101` and `1_000` are, as in TOML.
+_SpecLoader.yaml_implicit_resolvers = {
+    c: [(tag, r) for tag, r in rs if tag not in (_CORE + "int", _CORE + "float")]
+    for c, rs in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
 _SpecLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    _CORE + "int",
+    re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0o[0-7_]+|[-+]?0x[0-9a-fA-F_]+|[-+]?(?:0|[1-9][0-9_]*))$"),
     list("-+0123456789"),
+)
+_SpecLoader.add_implicit_resolver(
+    _CORE + "float",
+    re.compile(r"^(?:[-+]?(?:[0-9][0-9_]*\.[0-9_]*|\.[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)?|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+"
+               r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
+    list("-+0123456789."),
 )
 
 try:  # libyaml's parser (C, tens of times faster) feeding the same composer, resolver and constructor
@@ -360,12 +390,9 @@ def _mark(node: yaml.Node, file: str) -> Position:
 def _key(loader, knode) -> str:
     if not isinstance(knode, ScalarNode):
         raise yaml.MarkedYAMLError(problem="mapping keys must be plain scalars", problem_mark=knode.start_mark)
-    if knode.tag == _VALUE:  # `=`, YAML 1.1's value key: plain text here
-        return knode.value
-    key = _scalar(loader, knode)
-    if not isinstance(key, str):
-        key = str(key).lower() if isinstance(key, bool) else str(key)
-    return key
+    # A key is its text as written: `on:` is the key "on" (not YAML 1.1's true), `~:` "~" (not null), `0x1F:`
+    # "0x1F" (not 31), `=` (YAML 1.1's value key) "=".
+    return knode.value
 
 
 def _entries(loader, node) -> list[tuple[str, Any, Any, bool]]:
@@ -518,11 +545,17 @@ def _load_toml(text: str, file: str) -> Document:
             line, col = 1, 1
         msg = _TOML_ERR.sub("", _TOML_EOF.sub("", msg)).strip()
         dup = "Cannot overwrite a value" in msg or "Cannot declare" in msg or "Duplicate inline table key" in msg
+        dup = dup or "Cannot mutate immutable namespace" in msg
         if dup:
             pos, msg, first, key = _toml_duplicate(text, file, line, col, msg)
+            inline = "is an inline table" in msg or "is an array" in msg
+            help = ("write all of its keys inside its `{ ... }`, or make it a [table]" if "is an inline table" in msg
+                    else "write all of its entries inside its `[ ... ]`, or make every entry a [[table]]" if inline
+                    else "a key or table may be defined only once")
             raise DiagnosticError([Diagnostic(
-                codes.E003, msg, pos, help="a key or table may be defined only once",
-                labels=(Label(first, "first defined here"),) if first else (), key=key)]) from None
+                codes.E003, msg, pos, help=help,
+                labels=(Label(first, "written whole here" if inline else "first defined here"),) if first else (),
+                key=key)]) from None
         raise DiagnosticError([toml_error(text, file, Position(file, line, col), at_end, msg)]) from None
     except ValueError as e:
         # Python refuses to convert an integer of more than 4,300 digits.
@@ -595,18 +628,34 @@ def _toml_duplicate(
         if len(hits) > 1:
             first = span(line, hits[-2].start(1), hits[-2].end(1))
         return pos, f"duplicate key `{key}` in an inline table", first, key
-    m = re.search(r"Cannot declare \((.*)\) twice", msg)
+    m = re.search(r"Cannot (declare|mutate immutable namespace) \((.*?)\)( twice)?$", msg)
     if m:
         src = lines[line - 1]
-        name = ".".join(p.strip().strip("'\"") for p in m.group(1).split(",") if p.strip())
+        names = [p.strip().strip("'\"") for p in m.group(2).split(",") if p.strip()]
+        name = ".".join(names)
+        h = _TOML_HEADER.match(src)
+        if h:
+            pos = span(line, h.start(1), h.end(1))
+        else:  # a dotted key (`a.y = 2`): the key
+            start = len(src) - len(src.lstrip())
+            pos = span(line, start, start + len(src.split("=")[0].rstrip()) - start)
         first = None
         for i in range(line - 1, 0, -1):
             h = _TOML_HEADER.match(lines[i - 1])
             if h and _toml_name(h.group(2)) == name and not h.group(1).startswith("[["):
                 first = span(i, h.start(1), h.end(1))
                 break
-        h = _TOML_HEADER.match(src)
-        pos = span(line, h.start(1), h.end(1)) if h else Position(file, line, len(src) - len(src.lstrip()) + 1)
+        if first is None:  # an inline table or array (`a = {x = 1}`) that the line goes on to extend
+            for n in range(len(names), 0, -1):
+                found = _toml_written_whole(lines, line, names[n - 1])
+                if found is not None:
+                    where, kind = found
+                    whole = ".".join(names[:n])
+                    return pos, (
+                        f"duplicate key: `{whole}` is {kind}, written whole at line {where[0]}: it cannot be "
+                        "extended afterwards"), span(*where), whole
+        if m.group(1) != "declare":
+            return pos, f"duplicate key: `{name}` cannot be extended here", None, name
         return pos, f"duplicate key: table `[{name}]` is declared twice", first, name
     for i in range(line, 0, -1):
         src = lines[i - 1]
@@ -627,6 +676,17 @@ def _toml_duplicate(
                     break
             return span(i, start, start + len(key)), f"duplicate key: `{key}` is already defined", first, key
     return Position(file, line, col), f"duplicate key: {msg}", None, None
+
+
+def _toml_written_whole(lines: list[str], line: int, key: str) -> tuple[tuple[int, int, int], str] | None:
+    """Where `key = {` or `key = [` stands on a line before `line` (the nearest): ((line, start, end) of the
+    key, "an inline table" or "an array"), or None."""
+    pattern = re.compile(r"(?:^|[\s.{,])([\"']?" + re.escape(key) + r"[\"']?)\s*=\s*([\[{])")
+    for i in range(line - 1, 0, -1):
+        found = pattern.search(lines[i - 1])
+        if found:
+            return (i, found.start(1), found.end(1)), "an inline table" if found.group(2) == "{" else "an array"
+    return None
 
 
 _TOML_HEADER = re.compile(r"\s*(\[\[?\s*([^\]\n]*?)\s*\]\]?)")

@@ -54,7 +54,7 @@ def validate(doc: Document) -> Spec:
                 )
             ]
         )
-    numbers = _out_of_range(doc)
+    numbers = _out_of_range(doc) + _unknown_nulls(doc)
     try:
         spec = Spec.model_validate(data)
     except pydantic.ValidationError as e:
@@ -63,6 +63,32 @@ def validate(doc: Document) -> Spec:
     if numbers:
         raise DiagnosticError(numbers)
     return spec
+
+
+def _unknown_nulls(doc: Document) -> list[Diagnostic]:
+    """E010 for a key that an extending spec sets to null, that no base spec has and that its section does not
+    have either: a misspelt key (`chekpoint: null`) would otherwise remove nothing, silently."""
+    out = []
+    for path, pos in doc.nulls.items():
+        section = path[:-1]
+        if _has_path(doc.data, path) or not _has_path(doc.data, section):
+            continue  # set again later (checked as any value), or its section is gone
+        allowed = _allowed_keys(section, doc.data)
+        if allowed is None or path[-1] in allowed:
+            continue
+        out.append(Diagnostic(
+            codes.E010, f"unknown key `{shorten(path[-1])}` in {_section(section)}", pos,
+            help=did_you_mean(str(path[-1]), allowed),
+            notes=("set to null, it removes nothing: no base spec has it",), path=path, key=str(path[-1])))
+    return out
+
+
+def _has_path(data: Any, path: tuple) -> bool:
+    for p in path:
+        if not _has_child(data, p):
+            return False
+        data = data[p]
+    return True
 
 
 # `hf.config` is the imported model's config.json, kept as it is (written back by --export-hf).
@@ -110,11 +136,19 @@ def _convert(err: pydantic.ValidationError, doc: Document) -> list[Diagnostic]:
     seen: set[tuple] = set()
     unknown_ops: set[tuple] = set()  # layers whose operator is unknown: their other errors are noise
     out: list[Diagnostic] = []
-    for e in err.errors(include_url=False):
+    errors = err.errors(include_url=False)
+    # A size (an integer or a string: `Size`) that is neither: pydantic reports each member of the union.
+    members = {(e["loc"][:-1], e["loc"][-1], e["type"]) for e in errors if e["loc"]}
+    sizes = {loc for loc, tag, typ in members if (tag, typ) == ("int", "int_type")
+             and (loc, "str", "string_type") in members}
+    for e in errors:
         if _other_branch(e["loc"], doc.data):
             continue
         path = _real_path(e["loc"], doc.data)
-        d = _diagnostic(e, path, doc, is_key=bool(e["loc"]) and e["loc"][-1] == "[key]")
+        if e["loc"][:-1] in sizes:
+            d = _wrong_size(path, doc)
+        else:
+            d = _diagnostic(e, path, doc, is_key=bool(e["loc"]) and e["loc"][-1] == "[key]")
         key = (path, d.code)
         if key in seen or any(path[:n] in unknown_ops for n in range(len(path) + 1)):
             continue
@@ -146,11 +180,13 @@ def _real_path(loc: tuple, data: Any) -> tuple:
     """Pydantic's loc with union tags and validator names dropped: a path into the data."""
     path: list = []
     node = data
+    tagged = None  # the node whose union tag was skipped (once: the loc's next item is one of its keys)
     for i, item in enumerate(loc):
         if (isinstance(node, dict) and isinstance(item, str) and path_is_tag(item, node) and i + 1 < len(loc)
-                and _has_child(node, item) and not isinstance(node[item], (dict, list))):
+                and _has_child(node, item) and not isinstance(node[item], (dict, list)) and tagged is not node):
             # The union tag of a layer (`repeat`) that is also one of its keys: the loc goes on inside the
             # layer (`repeat`, `stage`), not inside the scalar value of that key.
+            tagged = node
             continue
         if _has_child(node, item):
             path.append(item)
@@ -314,6 +350,17 @@ def _diagnostic_for(e: dict, path: tuple, doc: Document, is_key: bool = False) -
         f"invalid value {show(value)} for {here}: {e['msg'].removeprefix('Value error, ')}",
         doc.pos(path),
         help=None,
+        path=path,
+    )
+
+
+def _wrong_size(path: tuple, doc: Document) -> Diagnostic:
+    return Diagnostic(
+        codes.E012,
+        f"wrong type for {_section(path)}: expected a size (an integer, a dim name or an expression such as "
+        f"`4*d`), got {_kind(_get(doc.data, path))}",
+        doc.pos(path),
+        help="write a positive integer (`512`), a dim of `dims` (`ff`) or arithmetic on dims (`4*d`, `d/heads`)",
         path=path,
     )
 

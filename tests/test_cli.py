@@ -130,6 +130,13 @@ def test_validate_skips_underscore_base_files_in_directories(tmp_path, capsys):
         ["plan", SPECS_DIR / "gpt-tiny.yaml", "--mesh", "dta=2"],
         ["plan", SPECS_DIR / "gpt-tiny.yaml", "--mesh", "nosuch"],
         ["validate", SPECS_DIR, "--mesh", "nosuch"],
+        ["plan", SPECS_DIR / "gpt-tiny.yaml", "--mesh", "data=\u0662"],  # an Arabic-Indic 2: not a size
+        ["plan", SPECS_DIR / "gpt-tiny.yaml", "--mesh", "data=" + "\u0669" * 5000],  # (was an internal error)
+        ["plan", SPECS_DIR / "gpt-tiny.yaml", "--devices", "0"],  # (was E046 "0 are given", exit 1)
+        ["validate", SPECS_DIR / "gpt-tiny.yaml", "--devices", "-1"],
+        ["plan", SPECS_DIR / "gpt-tiny.yaml", "--top", "3"],  # --top without --auto (was ignored)
+        ["plan", SPECS_DIR / "gpt-tiny.yaml", "--auto", "--top", "0", "--hardware", "cpu"],
+        ["plan", SPECS_DIR],  # a directory (was "no such file")
         ["explain", "E999"],
         ["explain", "nonsense"],
         ["validate"],  # argparse: PATH required
@@ -143,6 +150,23 @@ def test_usage_errors_exit_2(argv, capsys):
     rc, _out, err = run(capsys, *argv)
     assert rc == 2
     assert "error" in err
+
+
+def test_count_flags_below_1_and_directories_are_said_so(capsys):
+    err = run(capsys, "plan", SPECS_DIR / "gpt-tiny.yaml", "--devices", "0")[2]
+    assert "--devices must be at least 1 (got 0)" in err and "E046" not in err
+    err = run(capsys, "plan", SPECS_DIR / "gpt-tiny.yaml", "--top", "2")[2]
+    assert "--top needs --auto" in err
+    err = run(capsys, "build", SPECS_DIR, "--target", "jax", "-o", "unused")[2]
+    assert f"{SPECS_DIR}: is a directory, not a spec file" in err
+
+
+def test_validate_walk_skips_directories_named_like_specs(tmp_path, capsys):
+    (tmp_path / "old.yaml").mkdir()  # a directory whose name ends in .yaml is walked, not read
+    shutil.copy(SPECS_DIR / "mlp-dp.yaml", tmp_path / "old.yaml" / "mlp.yaml")
+    rc, _out, err = run(capsys, "validate", tmp_path)
+    assert rc == 0, err
+    assert "1 spec(s) checked" in err
 
 
 def test_usage_error_messages(capsys):

@@ -117,6 +117,32 @@ def test_null_removes_a_whole_section(tree, capsys):
     assert json.loads(capsys.readouterr().out)["mesh"]["devices"] == 1
 
 
+def test_null_for_a_key_no_base_has(tree, capsys):
+    # a key the section has: removing it when absent is fine
+    ok = write(tree / "ok.yaml", "extends: bases/mlp.yaml\nname: ok\ntraining: {checkpoint: null}\neval: null\n")
+    assert validate_json(capsys, ok) == (0, [])
+    # a misspelt key: it removed nothing and was dropped silently; now E010 where it is written, also when a spec
+    # extends the spec that wrote it, and not when a later spec sets it (then it is checked as any value)
+    write(tree / "mid.yaml", "extends: bases/mlp.yaml\nname: mid\ntraining:\n  optimiser: null\n")
+    top = write(tree / "top.yaml", "extends: mid.yaml\nname: top\n")
+    rc, diags = validate_json(capsys, top)
+    assert rc == 1
+    assert [(d["code"], Path(d["file"]).name, d["line"], d["col"], d["key"], d["help"]) for d in diags] == [
+        ("E010", "mid.yaml", 4, 3, "optimiser", "did you mean `optimizer`?")]
+    again = write(tree / "again.yaml", "extends: mid.yaml\nname: again\ntraining: {optimiser: {lr: 1}}\n")
+    rc, diags = validate_json(capsys, again)
+    assert [(d["code"], Path(d["file"]).name, d["line"]) for d in diags] == [("E010", "again.yaml", 3)]
+
+
+def test_extends_path_too_long_for_the_file_system(tree, capsys):
+    # (was exit 2 "derived.yaml: cannot read: File name too long", blaming the spec file and not its `extends`)
+    spec = write(tree / "derived.yaml", f"extends: {'a' * 300}/base.yaml\nname: derived\n")
+    rc, diags = validate_json(capsys, spec)
+    assert rc == 1
+    assert [(d["code"], d["line"], d["col"]) for d in diags] == [("E004", 1, 10)]
+    assert "is not a usable path (File name too long)" in diags[0]["message"]
+
+
 def test_base_in_subdirectory_validates_and_plans(tree, capsys):
     spec = write(tree / "derived.yaml", "extends: bases/mlp.yaml\nname: derived\ntraining: {batch_size: 16}\n")
     assert cli.main(["validate", str(spec)]) == 0

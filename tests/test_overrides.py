@@ -81,6 +81,11 @@ def test_malformed_overrides_are_usage_errors(capsys):
         ("training..steps=3", "dotted path"),
         ("+++dims.x=3", "dotted path"),
         ("model.layers.0=null", "list entries cannot be removed"),
+        # `extends` is merged before the overrides: `+extends=x.yaml` was accepted and changed nothing, and
+        # `extends=x.yaml` was E007 with the help "write `--set +extends=x.yaml`"
+        ("+extends=_base.yaml", "`extends` is merged before the overrides"),
+        ("extends=_base.yaml", "`extends` is merged before the overrides"),
+        ("++extends.x=1", "`extends` is merged before the overrides"),
     ):
         rc, _out, err = run(capsys, "validate", GPT, "--set", arg)
         assert rc == 2, (arg, err)

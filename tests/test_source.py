@@ -53,14 +53,45 @@ def test_yaml_values_and_positions():
     assert doc.pos(("nope",)) == doc.pos(())
 
 
-def test_yaml_keys_that_are_not_strings_become_text():
-    doc = load_text("1: a\ntrue: b\nnull: c\n", "s.yaml")
-    assert doc.data == {"1": "a", "true": "b", "None": "c"}
+def test_yaml_keys_are_their_text_as_written():
+    # (`null:` was the key "None", `on:` and `True:` "true", `0x1F:` "31": a dim `on` became `true`)
+    doc = load_text("1: a\ntrue: b\nnull: c\non: d\nTrue: e\n~: f\n0x1F: g\n\"q r\": h\n", "s.yaml")
+    assert doc.data == {"1": "a", "true": "b", "null": "c", "on": "d", "True": "e", "~": "f", "0x1F": "g", "q r": "h"}
+    with pytest.raises(DiagnosticError) as e:
+        load_text("on: 1\n'on': 2\n", "s.yaml")
+    assert [(d.code, d.pos.line) for d in e.value.diagnostics] == [("E003", 2)]
 
 
 def test_yaml_dates_and_bad_scalars_stay_text():
-    doc = load_text("a: 2001-01-01\nb: 2001-02-30\nc: !!float abc\nd: !!binary aGk=\n", "s.yaml")
-    assert doc.data == {"a": "2001-01-01", "b": "2001-02-30", "c": "abc", "d": "b'hi'"}
+    doc = load_text("a: 2001-01-01\nb: 2001-02-30\nc: !!float abc\nd: !!str 5\n", "s.yaml")
+    assert doc.data == {"a": "2001-01-01", "b": "2001-02-30", "c": "abc", "d": "5"}
+
+
+@pytest.mark.parametrize("text", [
+    "d: !!binary aGk=\n",  # (was the text "b'hi'")
+    "d: !!python/object:os.system {kind: synthetic}\n",  # a tag on a mapping or list was ignored
+    "d: !!set {a: 1}\n",
+    "d: !!omap [a: 1]\n",
+    "d: !local x\n",
+    "d: !!timestamp 2001-01-01\n",
+])
+def test_yaml_tags_other_than_the_standard_ones_are_refused(text):
+    with pytest.raises(DiagnosticError) as e:
+        load_text(text, "s.yaml")
+    [d] = e.value.diagnostics
+    assert (d.code, d.pos.line, d.pos.col) == ("E001", 1, 4)
+    assert "is not supported" in d.message and d.help.startswith("remove the tag")
+
+
+@pytest.mark.parametrize("text, value", [
+    ("1:20", "1:20"),  # YAML 1.1's base 60 (was the integer 80)
+    ("1:20.5", "1:20.5"),  # (was 80.5)
+    ("017", "017"),  # YAML 1.1's octal (was 15)
+    ("0o17", 15), ("0x1F", 31), ("0b101", 5), ("1_000", 1000), ("+5", 5), ("-0", 0),  # as in TOML
+    ("1e-3", 0.001), ("1.5E+3", 1500.0), ("-.5", -0.5), ("1.", 1.0), ("-.inf", -math.inf),
+])
+def test_yaml_numbers_without_yaml_1_1_surprises(text, value):
+    assert load_text(f"a: {text}\n", "s.yaml").data["a"] == value
 
 
 def test_yaml_merge_keys():
@@ -145,6 +176,11 @@ def test_toml_values_and_positions():
         ("a = 1\n  b = 2\n  a = [1,\n 2]\n", "E003", 3, 3, "`a` is already defined"),
         ("[t]\nx = 1\n[t]\n", "E003", 3, 1, "table `[t]` is declared twice"),
         ("x = {a = 1, a = 2}\n", "E003", 1, 13, "duplicate key `a` in an inline table"),
+        # an inline table or array extended later (was E002 "Cannot mutate immutable namespace" at the line's
+        # end with a syntax help, or "table `[t.a.b]` is declared twice" of a table declared once)
+        ("a = {x = 1}\na.y = 2\n", "E003", 2, 1, "`a` is an inline table, written whole at line 1"),
+        ("[t]\na = {x = 1}\n[t.a.b]\n", "E003", 3, 1, "`t.a` is an inline table, written whole at line 2"),
+        ("a = [1]\n[[a]]\nx = 1\n", "E003", 2, 1, "`a` is an array, written whole at line 1"),
     ],
 )
 def test_toml_errors(text, code, line, col, message):

@@ -7,7 +7,7 @@ import re
 
 from .. import codes
 from ..axes import MESH_AXES, ParallelDims
-from ..diagnostics import Diagnostic, DiagnosticError, did_you_mean
+from ..diagnostics import Diagnostic, DiagnosticError, Label, did_you_mean
 from ..source import Document
 from ..spec.root import Spec
 
@@ -29,7 +29,7 @@ class Mesh(ParallelDims):
         return ", ".join(f"{a}={self.sizes[a]}" for a in self.axes) or "a single device"
 
 
-_OVERRIDE = re.compile(r"^\s*([A-Za-z_]+)\s*=\s*(\d+)\s*$")
+_OVERRIDE = re.compile(r"^\s*([A-Za-z_]+)\s*=\s*([0-9]+)\s*$")  # (ASCII digits: `\d` takes any script's)
 
 
 def parse_override(text: str) -> dict[str, int]:
@@ -54,9 +54,15 @@ def parse_override(text: str) -> dict[str, int]:
 def select_mesh(spec: Spec, doc: Document, choice: str | None) -> Mesh:
     """The mesh to plan for. `choice` is a mesh name, an `AXIS=SIZE,...` override, or None (the default)."""
     if spec.mesh is not None and spec.meshes is not None:
-        raise DiagnosticError(
-            [Diagnostic(codes.E047, "give either `mesh` or `meshes`, not both", doc.pos(("meshes",), key=True))]
-        )
+        # At the one the spec adds to its base's (through `extends`), or else at the later one; a label on the other
+        at = {k: doc.pos((k,), key=True) for k in ("mesh", "meshes")}
+        mine = [k for k in at if at[k].file == doc.file]
+        second = mine[0] if len(mine) == 1 else max(at, key=lambda k: (at[k].line, at[k].col))
+        first = "meshes" if second == "mesh" else "mesh"
+        raise DiagnosticError([Diagnostic(
+            codes.E047, "give either `mesh` or `meshes`, not both", at[second],
+            help="`mesh` is one mesh; `meshes` names several (the first is the default): keep one of them",
+            labels=(Label(at[first], f"`{first}` is given here"),))])
     named: dict[str, tuple[dict[str, int], tuple]] = {}
     if spec.meshes is not None:
         if not spec.meshes:
