@@ -243,3 +243,39 @@ def test_async_checkpoints_resume_exactly(target):
     shutil.rmtree(cwd / "ck" / ("step_00000010" if target == "torch" else "10"))  # resume from step 8's
     run(program, target, cwd, "--steps", "12", "--metrics", "m.jsonl", "--checkpoint-dir", "ck", "--resume", "auto")
     np.testing.assert_allclose(losses(cwd / "m.jsonl"), losses(cwd / "ref.jsonl"), rtol=0, atol=1e-6)
+
+
+# Runs train.py's cli with a SIGTERM already asked when its Preemption is made (as if the signal came right
+# after the handler was set): the run stops after its first step.
+SIGNALLED = r'''
+import signal, sys
+sys.path.insert(0, @TESTS@)
+from program_import import load_program
+m = load_program(sys.argv[1])
+class Signalled(m.Preemption):
+    def __init__(self):
+        super().__init__()
+        self.ask(signal.SIGTERM, None)
+m.Preemption = Signalled
+m.cli(sys.argv[2:])
+'''.replace("@TESTS@", repr(str(Path(__file__).resolve().parent)))
+
+
+@pytest.mark.parametrize("target", ["torch", "jax", "mlx"])
+def test_a_signal_in_the_last_step_ends_the_run_as_done(target):
+    """A signal during the run's last step: the run is done (exit 0, --export-params written), not
+    preempted (exit 3, whose `--resume auto` continuation to the same --steps would be refused: no step
+    left); a signal during an earlier step still stops it with exit 3."""
+    program = build(target, "single")
+    cwd = Path(tempfile.mkdtemp(dir=WORK))
+
+    def signalled(steps: str, where: str) -> subprocess.CompletedProcess:
+        argv = [PY, "-c", SIGNALLED, str(program), "--steps", steps, "--checkpoint-dir", where, "--export-params", f"{where}.npz"]
+        return subprocess.run(argv, cwd=cwd, env=env_for(target), capture_output=True, text=True, timeout=300, check=False)
+
+    p = signalled("2", "early")
+    assert p.returncode == 3 and "stopped by SIGTERM after step 1: checkpoint saved in " in p.stdout + p.stderr, p.stderr[-3000:]
+    p = signalled("1", "last")
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    assert "stopped by" not in p.stdout + p.stderr and (cwd / "last.npz").exists(), (p.stdout + p.stderr)[-3000:]
+    assert os.listdir(cwd / "last") == ["step_00000001" if target != "jax" else "1"]
