@@ -227,6 +227,12 @@ def test_resume_with_another_lr(target):
         render.build(compile_file(wider, "single"), target, refused, str(wider))
     out = run(refused, target, cwd, "--steps", "8", "--checkpoint-dir", "ck", "--resume", "auto", rc=2)
     assert "it is a checkpoint of another version of the spec 'mlp-dp'" in out, out[-3000:]
+    # checkpoints refused alike (steps 2 and 4 of one run): the reason is said once, for both
+    run(program, target, cwd, "--steps", "4", "--checkpoint-dir", "two", "--checkpoint-every", "2")
+    out = run(refused, target, cwd, "--steps", "8", "--checkpoint-dir", "", "--resume", "two", rc=2)
+    assert out.count("it is a checkpoint of another version") == 1, out[-3000:]
+    steps = ("two/4, two/2: ") if target == "jax" else "two/step_00000004, two/step_00000002: "
+    assert f"error: --resume two: no usable checkpoint: {steps}it is a checkpoint" in out, out[-3000:]
 
 
 @pytest.mark.parametrize("target", ["torch", "jax"])

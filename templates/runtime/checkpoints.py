@@ -224,7 +224,7 @@ def resume_from(path, found, verify, restore, manifests, say=True):
     `path` names). `verify(step, directory)` and then `restore(step, directory)` -> (state, why not) say
     whether one is usable (every process reaches the same verdict). A newer one that is not is skipped with
     a warning (printed where `say`, with the note of `manifests.settings_note`); when none is, exit 2
-    naming why."""
+    naming why (once for the checkpoints refused alike)."""
     require(found, f"--resume {path}: no checkpoint there")
     skipped = []
     for step in sorted(found, reverse=True):
@@ -242,9 +242,13 @@ def resume_from(path, found, verify, restore, manifests, say=True):
                 print(note, flush=True)
             return step, state
         skipped.append((found[step], why))
+    alike = {}  # why -> the checkpoints it refuses (a directory of another spec's: every one, said once)
+    for where, why in skipped:
+        alike.setdefault(why, []).append(where)
     require(
         False,
-        f"--resume {path}: no usable checkpoint: " + "; ".join(f"{w}: {why}" for w, why in skipped),
+        f"--resume {path}: no usable checkpoint: "
+        + "; ".join(f"{', '.join(wheres)}: {why}" for why, wheres in alike.items()),
     )
 
 
