@@ -285,3 +285,28 @@ def test_a_signal_in_the_last_step_ends_the_run_as_done(target):
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
     assert "stopped by" not in p.stdout + p.stderr and (cwd / "last.npz").exists(), (p.stdout + p.stderr)[-3000:]
     assert os.listdir(cwd / "last") == ["step_00000001" if target != "jax" else "1"]
+
+
+def test_torch_sigterm_to_one_rank_stops_every_rank_saved():
+    """SIGTERM to one rank alone (not the process group): every rank stops after the same step, saved, and
+    launch.sh exits 3 with rank 0's line only (before: plus `launch.sh: rank 0 failed with exit code 3`)."""
+    program = build("torch", "data=2")
+    cwd = Path(tempfile.mkdtemp(dir=WORK))
+    args = ["--steps", str(STEPS), "--metrics", "m.jsonl", "--checkpoint-dir", "ck", "--checkpoint-every", "0"]
+    p = subprocess.Popen([str(program / "launch.sh"), *args], cwd=cwd, env=env_for("torch"), text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_rows(cwd / "m.jsonl", 3, p)
+        ranks = [int(pid) for pid in subprocess.run(["pgrep", "-P", str(p.pid)], check=False, capture_output=True, text=True).stdout.split()]
+        assert len(ranks) == 2, ranks
+        os.kill(max(ranks), signal.SIGTERM)
+        out = p.communicate(timeout=240)[0]
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    stopped = rows(cwd / "m.jsonl")[-1]["step"]
+    assert p.returncode == 3, out[-3000:]
+    assert f"stopped by a signal on another process after step {stopped}: checkpoint saved in " in out, out[-3000:]
+    assert "launch.sh:" not in out, out[-3000:]
+    assert os.listdir(cwd / "ck") == [f"step_{stopped:08d}"]
