@@ -18,6 +18,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import math
+import os
 import shutil
 import struct
 from pathlib import Path
@@ -296,3 +297,51 @@ def test_steps_at_or_below_the_checkpoint_are_refused(runs, target):
     exported, full = runs[target]["export_only"], runs[target]["full"]
     assert not exported.metrics and sorted(exported.params) == sorted(full.params)
     assert max(float(abs(exported.params[n] - full.params[n]).max()) for n in full.params) == 0.0
+
+
+# train.py's cli with the checkpoint writer (torch: DCP's save, mlx: mx.save_safetensors) failing at the
+# second save once it has written its files, as a disk that fills up does (ENOSPC)
+FULL_DISK = r'''
+import errno, sys
+sys.path.insert(0, @TESTS@)
+from program_import import load_program
+target, program = sys.argv[1:3]
+m = load_program(program)
+if target == "torch":
+    import torch.distributed.checkpoint as writer
+    name = "save"
+else:
+    import mlx.core as writer
+    name = "save_safetensors"
+real, saves = getattr(writer, name), []
+def write(*args, **kwargs):
+    saves.append(real(*args, **kwargs))
+    if len(saves) == 2:
+        raise OSError(errno.ENOSPC, "No space left on device")
+setattr(writer, name, write)
+m.cli(sys.argv[3:])
+'''.replace("@TESTS@", repr(str(Path(__file__).resolve().parent)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["torch", "mlx"])
+def test_a_save_the_disk_cannot_take_stops_in_one_line(tmp_path, target):
+    """A save that the storage fails (here: ENOSPC at the step-4 save): one line naming the step, the
+    directory and the error, exit 2; its partial directory removed, step 2's checkpoint kept. (Before: a
+    traceback, exit 1.) Partial directories a killed run's saves left behind are removed at the next save."""
+    import subprocess
+
+    stale = tmp_path / "ck" / ".tmp_step_00000099"
+    stale.mkdir(parents=True)
+    (stale / "__0_0.distcp").write_bytes(b"half")
+    env = tr.env_for() if target == "torch" else jr.env_for()
+    cmd = [jr.PY, "-c", FULL_DISK, target, str(build(target)), "--steps", "6", "--checkpoint-dir", "ck",
+           "--checkpoint-every", "2"]
+    p = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert p.returncode == 2, p.stdout + p.stderr
+    line = one_error_line(p.stderr)
+    assert line.startswith("error: checkpoint: step 4 could not be saved in ck (OSError: [Errno 28] No space left on "
+                           "device; "), line
+    assert line.endswith("the checkpoints saved before it are kept: continue from them with --resume auto once there "
+                         "is room"), line
+    assert sorted(os.listdir(tmp_path / "ck")) == ["step_00000002"]

@@ -227,6 +227,12 @@ def test_resume_with_another_lr(target):
         render.build(compile_file(wider, "single"), target, refused, str(wider))
     out = run(refused, target, cwd, "--steps", "8", "--checkpoint-dir", "ck", "--resume", "auto", rc=2)
     assert "it is a checkpoint of another version of the spec 'mlp-dp'" in out, out[-3000:]
+    # checkpoints refused alike (steps 2 and 4 of one run): the reason is said once, for both
+    run(program, target, cwd, "--steps", "4", "--checkpoint-dir", "two", "--checkpoint-every", "2")
+    out = run(refused, target, cwd, "--steps", "8", "--checkpoint-dir", "", "--resume", "two", rc=2)
+    assert out.count("it is a checkpoint of another version") == 1, out[-3000:]
+    steps = ("two/4, two/2: ") if target == "jax" else "two/step_00000004, two/step_00000002: "
+    assert f"error: --resume two: no usable checkpoint: {steps}it is a checkpoint" in out, out[-3000:]
 
 
 @pytest.mark.parametrize("target", ["torch", "jax"])
@@ -243,3 +249,64 @@ def test_async_checkpoints_resume_exactly(target):
     shutil.rmtree(cwd / "ck" / ("step_00000010" if target == "torch" else "10"))  # resume from step 8's
     run(program, target, cwd, "--steps", "12", "--metrics", "m.jsonl", "--checkpoint-dir", "ck", "--resume", "auto")
     np.testing.assert_allclose(losses(cwd / "m.jsonl"), losses(cwd / "ref.jsonl"), rtol=0, atol=1e-6)
+
+
+# Runs train.py's cli with a SIGTERM already asked when its Preemption is made (as if the signal came right
+# after the handler was set): the run stops after its first step.
+SIGNALLED = r'''
+import signal, sys
+sys.path.insert(0, @TESTS@)
+from program_import import load_program
+m = load_program(sys.argv[1])
+class Signalled(m.Preemption):
+    def __init__(self):
+        super().__init__()
+        self.ask(signal.SIGTERM, None)
+m.Preemption = Signalled
+m.cli(sys.argv[2:])
+'''.replace("@TESTS@", repr(str(Path(__file__).resolve().parent)))
+
+
+@pytest.mark.parametrize("target", ["torch", "jax", "mlx"])
+def test_a_signal_in_the_last_step_ends_the_run_as_done(target):
+    """A signal during the run's last step: the run is done (exit 0, --export-params written), not
+    preempted (exit 3, whose `--resume auto` continuation to the same --steps would be refused: no step
+    left); a signal during an earlier step still stops it with exit 3."""
+    program = build(target, "single")
+    cwd = Path(tempfile.mkdtemp(dir=WORK))
+
+    def signalled(steps: str, where: str) -> subprocess.CompletedProcess:
+        argv = [PY, "-c", SIGNALLED, str(program), "--steps", steps, "--checkpoint-dir", where, "--export-params", f"{where}.npz"]
+        return subprocess.run(argv, cwd=cwd, env=env_for(target), capture_output=True, text=True, timeout=300, check=False)
+
+    p = signalled("2", "early")
+    assert p.returncode == 3 and "stopped by SIGTERM after step 1: checkpoint saved in " in p.stdout + p.stderr, p.stderr[-3000:]
+    p = signalled("1", "last")
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    assert "stopped by" not in p.stdout + p.stderr and (cwd / "last.npz").exists(), (p.stdout + p.stderr)[-3000:]
+    assert os.listdir(cwd / "last") == ["step_00000001" if target != "jax" else "1"]
+
+
+def test_torch_sigterm_to_one_rank_stops_every_rank_saved():
+    """SIGTERM to one rank alone (not the process group): every rank stops after the same step, saved, and
+    launch.sh exits 3 with rank 0's line only (before: plus `launch.sh: rank 0 failed with exit code 3`)."""
+    program = build("torch", "data=2")
+    cwd = Path(tempfile.mkdtemp(dir=WORK))
+    args = ["--steps", str(STEPS), "--metrics", "m.jsonl", "--checkpoint-dir", "ck", "--checkpoint-every", "0"]
+    p = subprocess.Popen([str(program / "launch.sh"), *args], cwd=cwd, env=env_for("torch"), text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_rows(cwd / "m.jsonl", 3, p)
+        ranks = [int(pid) for pid in subprocess.run(["pgrep", "-P", str(p.pid)], check=False, capture_output=True, text=True).stdout.split()]
+        assert len(ranks) == 2, ranks
+        os.kill(max(ranks), signal.SIGTERM)
+        out = p.communicate(timeout=240)[0]
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    stopped = rows(cwd / "m.jsonl")[-1]["step"]
+    assert p.returncode == 3, out[-3000:]
+    assert f"stopped by a signal on another process after step {stopped}: checkpoint saved in " in out, out[-3000:]
+    assert "launch.sh:" not in out, out[-3000:]
+    assert os.listdir(cwd / "ck") == [f"step_{stopped:08d}"]

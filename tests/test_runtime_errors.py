@@ -119,6 +119,9 @@ def shared_cases(data: Path, params: Path, tmp: Path) -> list[tuple[str, list[st
          f"cannot write there ({tmp / 'no'} is not a writable directory)"),
         ("--checkpoint-dir is a file", [*d("good"), "--checkpoint-dir", str(tmp / "a-file")],
          "--checkpoint-dir " + str(tmp / "a-file") + ": is a file, not a directory"),
+        # (before: trained, then a traceback at the first save)
+        ("--checkpoint-dir under a file", [*d("good"), "--checkpoint-dir", str(tmp / "a-file" / "ck")],
+         f"--checkpoint-dir {tmp / 'a-file' / 'ck'}: cannot write there ({tmp / 'a-file'} is a file)"),
         ("--export-params is a directory", [*d("good"), "--export-params", str(tmp)], ": is a directory, not a file"),
         ("--steps -1", [*d("good"), "--steps", "-1"], "--steps must be >= 0"),
         ("unknown flag", [*d("good"), "--stpes", "3"], "unrecognized arguments: --stpes 3"),

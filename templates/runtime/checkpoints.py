@@ -6,12 +6,15 @@ the spec's name and hash, the mesh, the step, every array of the train state (na
 every other file's size and sha256. --resume takes the newest checkpoint whose manifest agrees with its
 files and with this program, and whose values are finite."""
 
+import errno
 import hashlib
 import json
 import os
+import shutil
 import sys
 
-from .errors import require
+from .cli import existing_ancestor
+from .errors import Refusal, require
 
 
 class Manifests:
@@ -167,6 +170,46 @@ def other_model(saved, want):
     )
 
 
+def remove_partial(root):
+    """Removes the partial checkpoint directories in `root` (`.tmp_step_*`: saves cut short, by a kill or a
+    failure; a save in progress is never one when a new one begins), which would otherwise hold their space
+    for good."""
+    for name in os.listdir(root) if os.path.isdir(root) else []:
+        if name.startswith(".tmp_step_"):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
+def unsaved(step, root, error, needed=0):
+    """The Refusal (one line, exit 2) of the checkpoint of `step` that could not be written into `root` when
+    the storage failed it: an OSError (a directory that cannot be made, a read-only or full filesystem) in
+    `error`'s causes (DCP's CheckpointException: each rank's), or less space left there than the checkpoint's
+    `needed` bytes (a full disk that the writer reported otherwise). None for any other failure (a peer
+    process gone: a crash, which a restart continues). The checkpoints saved before it are complete."""
+    causes, seen = [error], []
+    while causes:
+        e = causes.pop(0)
+        if isinstance(e, BaseException) and all(e is not x for x in seen):
+            seen.append(e)
+            failures = getattr(e, "failures", None)
+            causes += [e.__cause__, e.__context__, *(f[0] for f in (failures or {}).values())]
+    try:
+        free = shutil.disk_usage(existing_ancestor(root)).free
+    except OSError:
+        free = None
+    storage = next((e for e in seen if isinstance(e, OSError)), None)
+    if storage is None and (free is None or free >= needed):
+        return None
+    first = storage or seen[-1]
+    why = next((line.strip() for line in str(first).splitlines() if line.strip()), "")
+    full = storage is None or storage.errno == errno.ENOSPC
+    space = f"; {free:,} bytes free on its filesystem" if full and free is not None else ""
+    return Refusal(
+        f"checkpoint: step {step} could not be saved in {root} ({type(first).__name__}: {why[:300]}{space}); "
+        "the checkpoints saved before it are kept: continue from them with --resume auto once "
+        + ("there is room" if full else "it can be written")
+    )
+
+
 def checkpoint_dirs(path, step_of):
     """{step: directory} of the checkpoints --resume `path` names: those in `path` (`step_of(name)`: the
     step a directory's name gives, or None), or `path` itself when it is one."""
@@ -181,7 +224,7 @@ def resume_from(path, found, verify, restore, manifests, say=True):
     `path` names). `verify(step, directory)` and then `restore(step, directory)` -> (state, why not) say
     whether one is usable (every process reaches the same verdict). A newer one that is not is skipped with
     a warning (printed where `say`, with the note of `manifests.settings_note`); when none is, exit 2
-    naming why."""
+    naming why (once for the checkpoints refused alike)."""
     require(found, f"--resume {path}: no checkpoint there")
     skipped = []
     for step in sorted(found, reverse=True):
@@ -199,9 +242,13 @@ def resume_from(path, found, verify, restore, manifests, say=True):
                 print(note, flush=True)
             return step, state
         skipped.append((found[step], why))
+    alike = {}  # why -> the checkpoints it refuses (a directory of another spec's: every one, said once)
+    for where, why in skipped:
+        alike.setdefault(why, []).append(where)
     require(
         False,
-        f"--resume {path}: no usable checkpoint: " + "; ".join(f"{w}: {why}" for w, why in skipped),
+        f"--resume {path}: no usable checkpoint: "
+        + "; ".join(f"{', '.join(wheres)}: {why}" for why, wheres in alike.items()),
     )
 
 

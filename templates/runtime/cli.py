@@ -150,11 +150,20 @@ def process_options(ap):
     )
 
 
+def existing_ancestor(path):
+    """`path`, or the nearest of its parents that exists: where a directory written under `path` begins."""
+    path = os.path.abspath(path)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path
+
+
 def check_arguments(args, target, data):
     """The command line's numbers and paths, checked before any work (`target`, `data`: as for
     train_parser): what is read exists, a file written at the end has a writable directory and is no
-    directory, and a directory written is no file; --profile's steps (torch, jax: args.profile_window).
-    Opening the data (train.py's) checks its files."""
+    directory, and a directory written is no file and lies in a writable directory (its nearest existing
+    parent, where it is yet to be made); --profile's steps (torch, jax: args.profile_window). Opening the
+    data (train.py's) checks its files."""
     require(args.steps >= 0, "--steps must be >= 0")
     require(
         data != "synthetic" or not args.data,
@@ -196,6 +205,12 @@ def check_arguments(args, target, data):
     }
     for flag, path in directories.items():
         require(not path or not os.path.isfile(path), f"{flag} {path}: is a file, not a directory")
+        where = existing_ancestor(path) if path else None
+        require(
+            not where or (os.path.isdir(where) and os.access(where, os.W_OK | os.X_OK)),
+            f"{flag} {path}: cannot write there ({where} is "
+            f"{'a file' if where and os.path.isfile(where) else 'not a writable directory'})",
+        )
     require(
         target in PROFILES or not args.profile,
         "--profile: not supported by the mlx program (MLX has no trace of its collectives); "

@@ -30,11 +30,13 @@ class Preemption:
     def ask(self, signum, frame):
         self.signal = self.signal or signal.Signals(signum).name
 
-    def stop(self, combine=None):
+    def stop(self, combine=None, last=False):
         """Whether to stop after this step: asked on any process (`combine(flag)`: the processes' flags
-        combined, the same verdict on every one; a single process alone only looks at its own)."""
+        combined, the same verdict on every one; a single process alone only looks at its own). After the
+        run's `last` step there is nothing left to stop: the run ends as done (its last save, exit 0), not as
+        preempted (exit 3, whose continuation, `--resume auto` to the same --steps, would have no step to run)."""
         asked = self.signal is not None
-        return combine(asked) if combine else asked
+        return (combine(asked) if combine else asked) and not last
 
     def exit(self, step, saved, say):
         """After stopping at `step`: one line, and the exit code (PREEMPTED once the checkpoint `saved` is

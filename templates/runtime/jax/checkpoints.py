@@ -5,6 +5,7 @@ straight into the train state's layout, verified first. Also the collectives the
 gathered to the host, the first process's verdict on every process, the non-finite arrays of a state.
 orbax is imported lazily: most runs never checkpoint."""
 
+import contextlib
 import json
 import os
 import time
@@ -13,7 +14,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from runtime.checkpoints import check_start, checkpoint_dirs, resume_from
+from runtime.checkpoints import check_start, checkpoint_dirs, resume_from, unsaved
 
 
 def to_host(x):
@@ -65,6 +66,22 @@ def nonfinite(state):
     ]
 
 
+@contextlib.contextmanager
+def writing(directory, step, state):
+    """Around the writing of the checkpoint of `step` (the train state `state`) into `directory`: where the
+    storage fails it (runtime/checkpoints.py unsaved: a full disk, a directory that cannot be made), the
+    program stops with one line, exit 2 (orbax removes its partial directory when it next opens
+    `directory`); any other failure is raised as it is."""
+    try:
+        yield
+    except Exception as e:
+        needed = sum(a.nbytes for a in jax.tree_util.tree_leaves(state))
+        refusal = unsaved(step, directory, e, needed)
+        if refusal is None:
+            raise
+        raise refusal from None
+
+
 class Checkpoints:
     """The checkpoints of one program: `manifests` (runtime/checkpoints.py's Manifests of its spec), the
     newest `keep` kept, `stack_order` ({repeat: the copy each row of its stacked arrays holds}, recorded in
@@ -112,16 +129,20 @@ class Checkpoints:
         if step in manager.all_steps():
             manager.delete(step)
         state = {k: v for k, v in state.items() if k not in self.unsaved}
-        manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state)), force=True)
+        with writing(str(manager.directory), step, state):
+            manager.save(
+                step, args=ocp.args.Composite(state=ocp.args.StandardSave(state)), force=True
+            )
         final, arrays = os.path.join(str(manager.directory), str(step)), state_arrays(state)
         extra = {} if self.stack_order is None else {"stack_order": self.stack_order}
 
         def finish():
-            manager.wait_until_finished()
-            if jax.process_count() > 1:
-                multihost_utils.sync_global_devices(f"checkpoint {step} written")
-            if jax.process_index() == 0:
-                self.manifests.write(final, step, arrays, **extra)
+            with writing(str(manager.directory), step, state):
+                manager.wait_until_finished()
+                if jax.process_count() > 1:
+                    multihost_utils.sync_global_devices(f"checkpoint {step} written")
+                if jax.process_index() == 0:
+                    self.manifests.write(final, step, arrays, **extra)
 
         if background:
             self.pending.append((finish, step, final, began, time.perf_counter() - began))

@@ -3,6 +3,7 @@ reshards to this mesh) of the model and optimizer state dicts, written to a temp
 when complete; rank 0 writes train_state.json (step, LR-scheduler state, spec, mesh) and then the manifest
 (runtime/checkpoints.py) once every rank has written. docs/program.md "Checkpoints"."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -12,6 +13,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -20,7 +22,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from runtime.checkpoints import checkpoint_dirs, resume_from
+from runtime.checkpoints import checkpoint_dirs, remove_partial, resume_from, unsaved
 from runtime.torch.ranks import all_ranks, is_first, log
 
 FLAT_OPTIMIZER_STATE = StateDictOptions(flatten_optimizer_state_dict=True)
@@ -73,6 +75,33 @@ def state_arrays(state):
     return {n: v for part in all_ranks(mine) for n, v in part.items()}
 
 
+def local_bytes(state):
+    """The bytes of this rank's part of the train state `state` (None: not made yet, 0)."""
+    return sum(
+        x.numel() * x.element_size()
+        for x in (
+            t.to_local() if hasattr(t, "to_local") else t for t in tensors(state or {}).values()
+        )
+    )
+
+
+@contextlib.contextmanager
+def writing(root, step, tmp, state):
+    """Around the writing of the checkpoint of `step` into `root` (via `tmp`; `state()`: the train state
+    written, or None): where the storage fails it (runtime/checkpoints.py unsaved: a full disk, a directory
+    that cannot be made), its partial directory is removed and the program stops with one line, exit 2;
+    any other failure is raised as it is."""
+    try:
+        yield
+    except (Exception, CheckpointException) as e:
+        refusal = unsaved(step, root, e, local_bytes(state()))
+        if refusal is None:
+            raise
+        if is_first():
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise refusal from None
+
+
 class Checkpoints:
     """The checkpoints of this program: `manifests` (runtime/checkpoints.py Manifests) written and verified
     beside each, the newest `keep` kept, `spec` and `mesh` recorded in train_state.json. With a process
@@ -95,57 +124,71 @@ class Checkpoints:
         began = time.perf_counter()
         final = os.path.join(root, f"step_{step:08d}")
         tmp = os.path.join(root, f".tmp_step_{step:08d}")
-        if is_first():
-            os.makedirs(root, exist_ok=True)
-            shutil.rmtree(tmp, ignore_errors=True)
-        if distributed:
-            dist.barrier()
-        state = train_state(model, optimizer, shards)
-        meta = {
-            "step": step,
-            "scheduler": scheduler.state_dict(),
-            "spec": self.spec,
-            "mesh": self.mesh,
-        }
-        if scaler is not None:
-            meta["scaler"] = scaler.state_dict()  # the loss scale and its counters
-
-        def finish(arrays):
-            """Once every rank has written its shards: rank 0 writes train_state.json and the manifest, and
-            renames the directory (a step_* directory exists only once it is complete)."""
+        state = None
+        with writing(root, step, tmp, lambda: state):
             if is_first():
-                Path(tmp, "train_state.json").write_text(json.dumps(meta))
-                self.manifests.write(tmp, step, arrays)
-                shutil.rmtree(final, ignore_errors=True)
-                os.replace(tmp, final)
-                for old in saved_steps(root)[: -self.keep]:
-                    shutil.rmtree(os.path.join(root, f"step_{old:08d}"), ignore_errors=True)
+                os.makedirs(root, exist_ok=True)
+                remove_partial(root)  # (this save's, and those of saves cut short: none is pending)
             if distributed:
                 dist.barrier()
+            state = train_state(model, optimizer, shards)
+            meta = {
+                "step": step,
+                "scheduler": scheduler.state_dict(),
+                "spec": self.spec,
+                "mesh": self.mesh,
+            }
+            if scaler is not None:
+                meta["scaler"] = scaler.state_dict()  # the loss scale and its counters
 
-        no_dist = {} if distributed else {"no_dist": True}
-        if background:
-            arrays = state_arrays(state)
-            group = {"process_group": self.checkpoint_group()} if distributed else no_dist
-            future = dcp.async_save(state, checkpoint_id=tmp, **group)
-            written = []  # when the thread has written this rank's shards
-            future.add_done_callback(lambda _: written.append(time.perf_counter()))
-            blocked = time.perf_counter() - began
-            self.pending.append(
-                (future, lambda: finish(arrays), step, final, began, blocked, written)
-            )
+            def finish(arrays):
+                """Once every rank has written its shards: rank 0 writes train_state.json and the manifest,
+                and renames the directory (a step_* directory exists only once it is complete)."""
+                if is_first():
+                    Path(tmp, "train_state.json").write_text(json.dumps(meta))
+                    self.manifests.write(tmp, step, arrays)
+                    shutil.rmtree(final, ignore_errors=True)
+                    os.replace(tmp, final)
+                    for old in saved_steps(root)[: -self.keep]:
+                        shutil.rmtree(os.path.join(root, f"step_{old:08d}"), ignore_errors=True)
+                if distributed:
+                    dist.barrier()
+
+            no_dist = {} if distributed else {"no_dist": True}
+            if background:
+                arrays = state_arrays(state)
+                group = {"process_group": self.checkpoint_group()} if distributed else no_dist
+                future = dcp.async_save(state, checkpoint_id=tmp, **group)
+                written = []  # when the thread has written this rank's shards
+                future.add_done_callback(lambda _: written.append(time.perf_counter()))
+                blocked = time.perf_counter() - began
+                self.pending.append(
+                    (
+                        future,
+                        lambda: finish(arrays),
+                        step,
+                        root,
+                        tmp,
+                        state,
+                        began,
+                        blocked,
+                        written,
+                    )
+                )
+                return final
+            dcp.save(state, checkpoint_id=tmp, **no_dist)
+            finish(state_arrays(state))  # (a collective: once every rank has written its shards)
+            log(f"checkpoint: step {step} saved in {final} ({time.perf_counter() - began:.1f} s)")
             return final
-        dcp.save(state, checkpoint_id=tmp, **no_dist)
-        finish(state_arrays(state))  # (a collective: once every rank has written its shards)
-        log(f"checkpoint: step {step} saved in {final} ({time.perf_counter() - began:.1f} s)")
-        return final
 
     def finish(self):
         """Waits for the asynchronous save still writing (every rank), and completes it."""
         while self.pending:
-            future, finish, step, final, began, blocked, written = self.pending.pop()
-            future.result()
-            finish()
+            future, finish, step, root, tmp, state, began, blocked, written = self.pending.pop()
+            with writing(root, step, tmp, lambda: state):
+                future.result()
+                finish()
+            final = os.path.join(root, f"step_{step:08d}")
             took = (written[0] if written else time.perf_counter()) - began
             log(
                 f"checkpoint: step {step} saved in {final} (asynchronous: training waited {blocked:.2f} s, "

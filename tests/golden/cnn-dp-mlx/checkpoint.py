@@ -10,7 +10,7 @@ import mlx.core as mx
 # isort: split
 # beside this file: runtime/ (the helpers every build carries unchanged) and this build's files
 from config import BUFFERS, MESH, PARAMS, SPEC_NAME
-from runtime.checkpoints import Manifests, checkpoint_dirs, resume_from
+from runtime.checkpoints import Manifests, checkpoint_dirs, remove_partial, resume_from, unsaved
 from runtime.param_files import read_params, write_params
 
 
@@ -63,14 +63,23 @@ def dtype_name(a):
 
 
 def save_checkpoint(directory, step, arrays):
-    """Saves the train state `arrays` after `step` as DIR/step_<step>; returns that directory."""
+    """Saves the train state `arrays` after `step` as DIR/step_<step>; returns that directory. Where the
+    storage fails it (runtime/checkpoints.py unsaved: a full disk, a directory that cannot be made), its
+    partial directory is removed and the program stops with one line, exit 2."""
     began = time.perf_counter()
     final = os.path.join(directory, f"step_{step:08d}")
     tmp = os.path.join(directory, f".tmp_step_{step:08d}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    mx.save_safetensors(os.path.join(tmp, "state.safetensors"), arrays)
-    MANIFESTS.write(tmp, step, {n: (a.shape, dtype_name(a)) for n, a in arrays.items()})
+    try:
+        remove_partial(directory)  # (this save's, and those of saves cut short)
+        os.makedirs(tmp)
+        mx.save_safetensors(os.path.join(tmp, "state.safetensors"), arrays)
+        MANIFESTS.write(tmp, step, {n: (a.shape, dtype_name(a)) for n, a in arrays.items()})
+    except Exception as e:
+        refusal = unsaved(step, directory, e, sum(a.nbytes for a in arrays.values()))
+        if refusal is None:
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise refusal from None
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     for old in sorted(step_dirs(directory))[:-KEEP_CHECKPOINTS]:

@@ -214,7 +214,7 @@ def main(args):
         metrics.log(**row)
         console.step(row)
         # a signal on any process: every process stops after this step (one number summed over the processes)
-        stop = preempt.stop(lambda asked: any_process(world, asked))
+        stop = preempt.stop(lambda asked: any_process(world, asked), last=done == args.steps)
         due = stop or done == args.steps or (every > 0 and done % every == 0)
         if args.checkpoint_dir and due:
             state = state_arrays(params, buffers, optimizers)

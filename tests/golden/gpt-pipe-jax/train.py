@@ -213,7 +213,7 @@ def train(args, mesh, preempt):
             console.step(row)
         done, queued = step + 1, (step + 1, m)
         # a signal on any process: every process stops after this step (one number from each, per step)
-        stop = preempt.stop(any_process)
+        stop = preempt.stop(any_process, last=done == args.steps)
         every = args.checkpoint_every
         save = checkpoints and (stop or done == args.steps or (every > 0 and done % every == 0))
         evals = False

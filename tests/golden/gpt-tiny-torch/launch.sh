@@ -16,7 +16,7 @@
 # the rank. TORCHRUN replaces the launcher as it is (e.g. TORCHRUN=torchrun: its own report, exit code 1).
 # MAX_RESTARTS=N: restart the ranks up to N times after a rank dies, each restart continuing from the newest
 # checkpoint (pass --checkpoint-every to bound what a restart repeats). SIGTERM or SIGUSR1 to this script
-# (or to its process group, as SLURM sends it): the ranks save a checkpoint and it exits 3.
+# (or to its process group, as SLURM sends it, or to a rank alone): the ranks save a checkpoint and it exits 3.
 set -euo pipefail
 # SIGUSR1, SLURM's warning before a job's time limit (launch.sbatch), is for train.py to act on (it saves a
 # checkpoint and exits 3): the launchers ignore it where they do not pass it on themselves (the ignoring is
@@ -90,7 +90,7 @@ try:
 except ChildFailedError as e:
     rank, failure = e.get_first_failure()
     code = failure.exitcode
-    if code != 2:  # 2: the rank said why
+    if code not in (2, 3):  # 2: the rank said why; 3: a signal to some ranks stopped them all, saved (said)
         print(f"launch.sh: rank {rank} failed with exit code {code}", file=sys.stderr)
     sys.exit(exit_code(code))
 except api.SignalException as e:

@@ -209,7 +209,7 @@ def main(args):
         done = step + 1
         # a signal on any rank: every rank stops after this step (the ranks' flags as they were when the loss's
         # all-reduce began, summed with it: a later signal stops the run after the next step)
-        stop = preempt.stop(lambda _: asked.item() > 0)
+        stop = preempt.stop(lambda _: asked.item() > 0, last=done == args.steps)
         if args.checkpoint_dir and (
             stop
             or (args.checkpoint_every > 0 and done % args.checkpoint_every == 0)
