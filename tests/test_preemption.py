@@ -163,6 +163,25 @@ def test_restart_after_a_process_dies(target):
     np.testing.assert_allclose(losses(cwd / "m.jsonl"), losses(cwd / "ref.jsonl"), rtol=0, atol=1e-6)
 
 
+def signal_one_rank(program, cwd, args, after_rows, sig, env=None):
+    """Runs the torch program's launch.sh with `args` (2 ranks) and, once `after_rows` metrics rows are
+    written, sends `sig` to one rank alone; returns (the launcher's process, its output)."""
+    p = subprocess.Popen([str(program / "launch.sh"), *args], cwd=cwd, env=env_for("torch", env or {}), text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_rows(cwd / "m.jsonl", after_rows, p)
+        # launch.sh execs torchrun, whose children are the ranks
+        ranks = [int(pid) for pid in subprocess.run(["pgrep", "-P", str(p.pid)], check=False, capture_output=True, text=True).stdout.split()]
+        assert len(ranks) == 2, ranks
+        os.kill(max(ranks), sig)
+        out = p.communicate(timeout=240)[0]
+    finally:
+        if p.poll() is None:  # (a hang: torchrun's ranks die with it, PR_SET_PDEATHSIG)
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    return p, out
+
+
 def test_torch_restart_after_a_rank_dies():
     """torchrun's restart: a rank killed mid-run under MAX_RESTARTS=1 brings the other down, and one restart
     (on a new store: none of the first attempt's keys) continues from the newest checkpoint to the
@@ -172,19 +191,7 @@ def test_torch_restart_after_a_rank_dies():
     steps = "40"
     run(program, "torch", cwd, "--steps", steps, "--metrics", "ref.jsonl", "--checkpoint-dir", "", launcher=True)
     args = ["--steps", steps, "--metrics", "m.jsonl", "--checkpoint-dir", "ck", "--checkpoint-every", "1", "--resume", "auto"]
-    p = subprocess.Popen([str(program / "launch.sh"), *args], cwd=cwd, env=env_for("torch", {"MAX_RESTARTS": "1"}),
-                         text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        wait_rows(cwd / "m.jsonl", 5, p)
-        # launch.sh execs torchrun, whose children are the ranks
-        ranks = [int(pid) for pid in subprocess.run(["pgrep", "-P", str(p.pid)], check=False, capture_output=True, text=True).stdout.split()]
-        assert len(ranks) == 2, ranks
-        os.kill(max(ranks), signal.SIGKILL)
-        out = p.communicate(timeout=240)[0]
-    finally:
-        if p.poll() is None:  # (a hang: torchrun's ranks die with it, PR_SET_PDEATHSIG)
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+    p, out = signal_one_rank(program, cwd, args, 5, signal.SIGKILL, {"MAX_RESTARTS": "1"})
     (cwd / "out.log").write_text(out)
     assert p.returncode == 0, out[-4000:]
     assert "restart 1: continuing as --resume auto" in out, out[-4000:]
@@ -293,18 +300,7 @@ def test_torch_sigterm_to_one_rank_stops_every_rank_saved():
     program = build("torch", "data=2")
     cwd = Path(tempfile.mkdtemp(dir=WORK))
     args = ["--steps", str(STEPS), "--metrics", "m.jsonl", "--checkpoint-dir", "ck", "--checkpoint-every", "0"]
-    p = subprocess.Popen([str(program / "launch.sh"), *args], cwd=cwd, env=env_for("torch"), text=True,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        wait_rows(cwd / "m.jsonl", 3, p)
-        ranks = [int(pid) for pid in subprocess.run(["pgrep", "-P", str(p.pid)], check=False, capture_output=True, text=True).stdout.split()]
-        assert len(ranks) == 2, ranks
-        os.kill(max(ranks), signal.SIGTERM)
-        out = p.communicate(timeout=240)[0]
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+    p, out = signal_one_rank(program, cwd, args, 3, signal.SIGTERM)
     stopped = rows(cwd / "m.jsonl")[-1]["step"]
     assert p.returncode == 3, out[-3000:]
     assert f"stopped by a signal on another process after step {stopped}: checkpoint saved in " in out, out[-3000:]

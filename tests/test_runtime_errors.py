@@ -108,7 +108,7 @@ def shared_cases(data: Path, params: Path, tmp: Path) -> list[tuple[str, list[st
          f"y.npy row {BAD} (sample {BAD}) holds 12, outside [0, 10)"),
         ("data: not a directory", ["--data", str(tmp / "a-file")], "is not a directory of .npy files"),
         ("init: no such file", p("nope.npz"), "nope.npz: no such file"),
-        ("init: integer arrays", p("int.npz"), "fc1.weight of dtype int64 (expected floating point)"),
+        ("init: integer arrays", p("int.npz"), "fc1.weight of dtype int64 (expected floating point: float16, bfloat16, float32 or float64)"),
         ("init: NaN", p("nan.npz"), "non-finite values (NaN or inf) in fc2.bias"),
         ("init: inf (.safetensors)", p("inf.safetensors"), "`fc2.bias` holds non-finite values (NaN or inf)"),
         ("init: missing name", p("missing.npz"), "not this model's parameters: head.weight (missing)"),
