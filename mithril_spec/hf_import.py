@@ -313,6 +313,9 @@ def _llama(c: _Config, seq: int) -> tuple[dict, list[str], str]:
         c.get("mlp_bias")
         c.get("original_max_position_embeddings")  # (longrope's, refused by _rope)
         c.get("embd_pdrop")  # (transformers' Phi-3 has no dropout on the embeddings)
+        # (Phi-3's first releases name their remote code, the model transformers has since built in: the one
+        # from_pretrained builds without trust_remote_code, and the one imported)
+        c.get("auto_map")
         c.no_dropout("resid_pdrop")
     else:
         c.only(mlp_bias, (False,), "the spec's swiglu has no biases", "only bias-free MLPs import", False)

@@ -83,6 +83,27 @@ def test_llama_2_7b_config(tmp_path, capsys):
     assert rc == 0 and "6,738,415,616" in capsys.readouterr().out
 
 
+def test_phi3_mini_config(tmp_path, capsys):
+    """Phi-3-mini-4k-instruct's config.json (transformers 4's layout, its remote code named in auto_map): its
+    window of 2047 tokens is exact with --seq 2047 (E070 with the default 2048), 3,821,079,552 parameters."""
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({
+        "architectures": ["Phi3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "auto_map": {"AutoConfig": "configuration_phi3.Phi3Config",
+                     "AutoModelForCausalLM": "modeling_phi3.Phi3ForCausalLM"},
+        "bos_token_id": 1, "embd_pdrop": 0.0, "eos_token_id": 32000, "hidden_act": "silu", "hidden_size": 3072,
+        "initializer_range": 0.02, "intermediate_size": 8192, "max_position_embeddings": 4096, "model_type": "phi3",
+        "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32,
+        "original_max_position_embeddings": 4096, "pad_token_id": 32000, "resid_pdrop": 0.0, "rms_norm_eps": 1e-05,
+        "rope_scaling": None, "rope_theta": 10000.0, "sliding_window": 2047, "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16", "transformers_version": "4.40.2", "use_cache": True, "vocab_size": 32064}))
+    rc, diags = _diags(capsys, cfg)
+    assert rc == 1 and [(d["code"], "--seq 2047" in d["help"]) for d in diags] == [("E070", True)], diags
+    rc, _, err = _import(capsys, cfg, "-o", str(tmp_path / "phi3.yaml"), "--seq", "2047")
+    assert rc == 0, err
+    assert compile_file(tmp_path / "phi3.yaml").plan.param_count == 3_821_079_552
+
+
 def _config(tmp_path, **fields):
     path = tmp_path / "m" / "config.json"
     path.parent.mkdir(exist_ok=True)
