@@ -423,16 +423,17 @@ _TEXTS: dict[str, tuple[str, str]] = {
             "`mithril-spec import hf` found a setting in the model's config.json that the spec language cannot "
             "express exactly (a rope scaling kind, sliding-window attention shorter than the sequence, an "
             "activation or position embedding other than the supported ones, a field the import does not read, "
-            "a family not imported yet such as Gemma 3, ...). The import stops rather than "
-            "approximate the model: the diagnostic names the field and what would import (often another value, "
-            "or a shorter `--seq`)."
+            "a family not imported yet such as Gemma 3, Helium, SmolLM3, OLMo 2 or Granite, ...). The import "
+            "stops rather than approximate the model: the diagnostic names the field and what would import (often "
+            "another value, or a shorter `--seq`)."
         ),
     ),
     "E071": (
         "not an importable model config",
         (
             "The config.json given to `mithril-spec import hf` is not one of the families that import (Llama, "
-            "Mistral, Qwen2, Qwen3, Gemma, Gemma 2, Mixtral, Qwen2-MoE, Qwen3-MoE, GPT-2, BERT: its `model_type`), lacks a "
+            "Mistral, Ministral, Qwen2, Qwen3, Gemma, Gemma 2, Phi-3, InternLM3, Seed-OSS, StarCoder2, Mixtral, "
+            "Qwen2-MoE, Qwen3-MoE, GPT-2, BERT: its `model_type`), lacks a "
             "field that family needs (sizes such as `hidden_size` must be positive integers), or holds a value of the "
             "wrong kind (a number or `false` written as a string, a head count that does not divide "
             "`num_attention_heads`, `layer_types` not one per layer)."

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any, Callable
@@ -128,6 +129,12 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "mixtral": {"num_key_value_heads": 8, "rms_norm_eps": 1e-5, "rope_theta": 1e6},
     "qwen2_moe": {"num_key_value_heads": 16},
     "qwen3_moe": {"num_key_value_heads": 4},
+    "phi3": {"rms_norm_eps": 1e-5},
+    "internlm3": {"num_key_value_heads": 2, "head_dim": 128, "rms_norm_eps": 1e-5},
+    "seed_oss": {"num_key_value_heads": 8, "head_dim": 128, "attention_bias": True, "attention_dropout": 0.1,
+                 "residual_dropout": 0.1},
+    "ministral": {"num_key_value_heads": 8, "sliding_window": 4096},
+    "starcoder2": {"num_key_value_heads": 2},
 }
 
 # Fields of any transformers config that do not change the model's computation (token ids, generation
@@ -257,10 +264,33 @@ def _layer_types(c: _Config, layers: int) -> list | None:
     return types
 
 
+def _windows(c: _Config, seq: int, layers: int, default: int | None) -> None:
+    """`layer_types` of full_attention and sliding_attention layers (Gemma 2, Ministral; absent: every layer
+    may slide), the latter with `sliding_window` (`default` where absent): exact when the window is at least
+    the sequence, where it cuts nothing."""
+    window = c.number("sliding_window", default, integer=True, none=True)
+    types = _layer_types(c, layers)
+    if (types is None or "sliding_attention" in types) and window is not None and window < seq:
+        c.refuse("sliding_window", f"a window of {window} tokens is shorter than the sequence ({seq}): sliding-"
+                 "window attention is not in the spec language", f"import with --seq {window} or less")
+    if types is not None and any(t not in ("full_attention", "sliding_attention") for t in types):
+        c.refuse("layer_types", "only full and sliding-window attention layers import", "check the config")
+
+
+def _alias(c: _Config, key: str, other: str) -> str:
+    """The one of two names of a field (a config class's attribute_map) that the config gives (`key` where it
+    gives neither); both, with different values, are E070 at `key`."""
+    c.get(other)
+    if key in c.data and other in c.data and c.data[key] != c.data[other]:
+        c.refuse(key, f"it names the field `{other}` too, with another value", f"remove one of {key} and {other}")
+    return other if other in c.data and key not in c.data else key
+
+
 def _llama(c: _Config, seq: int) -> tuple[dict, list[str], str]:
-    """Llama and its variants (Mistral, Qwen2, Qwen3): rms_norm, grouped-query attention with rotary
-    embeddings (transformers' rotate-half convention is the spec's), swiglu; Qwen3's RMS norms on each head
-    of q and k are the attention's qk_norm."""
+    """Llama and its variants (Mistral, Ministral, Qwen2, Qwen3, Phi-3, InternLM3, Seed-OSS): rms_norm,
+    grouped-query attention with rotary embeddings (transformers' rotate-half convention is the spec's),
+    swiglu; Qwen3's RMS norms on each head of q and k are the attention's qk_norm. Phi-3's fused qkv_proj and
+    gate_up_proj are names (_PHI3): the model is Llama's."""
     kind = c.get("model_type")
     dims, head_dim = _attention_dims(c, seq)
     d, heads = dims["d"], dims["heads"]
@@ -274,10 +304,28 @@ def _llama(c: _Config, seq: int) -> tuple[dict, list[str], str]:
         c.only("use_bidirectional_attention", (None, False), "the imported attention is causal", "remove it")
     else:
         c.only("hidden_act", ("silu",), "the spec's swiglu uses silu", "only silu-gated MLPs import", "silu")
-    c.only("mlp_bias", (False,), "the spec's swiglu has no biases", "only bias-free MLPs import", False)
+    # (InternLM3's attribute_map: its qkv_bias is attention_bias, its bias mlp_bias)
+    attention_bias, mlp_bias = "attention_bias", "mlp_bias"
+    if kind == "internlm3":
+        attention_bias, mlp_bias = _alias(c, "qkv_bias", "attention_bias"), _alias(c, "bias", "mlp_bias")
+    if kind == "phi3":  # Phi3Config has neither: its projections never have biases (transformers ignores them)
+        c.get("attention_bias")
+        c.get("mlp_bias")
+        c.get("original_max_position_embeddings")  # (longrope's, refused by _rope)
+        c.get("embd_pdrop")  # (transformers' Phi-3 has no dropout on the embeddings)
+        # (Phi-3's first releases name their remote code, the model transformers has since built in: the one
+        # from_pretrained builds without trust_remote_code, and the one imported)
+        c.get("auto_map")
+        c.no_dropout("resid_pdrop")
+    else:
+        c.only(mlp_bias, (False,), "the spec's swiglu has no biases", "only bias-free MLPs import", False)
     c.get("pretraining_tp")  # a way to split the same matmuls: the model is the same
     eps = c.number("rms_norm_eps", 1e-6)
     theta, scaling = _rope(c)
+    if kind == "phi3" and scaling:
+        c.refuse("rope_scaling" if "rope_scaling" in c.data else "rope_parameters", "Phi-3 takes only longrope "
+                 "scaling (Phi3Config refuses the others), which the spec's rope_scaling lacks",
+                 "remove the rope scaling (positions up to the original context)")
     ffn = "{op: mlp, name: mlp, hidden: ff, activation: swiglu" + (", gate_activation: gelu}" if gemma else "}")
     if kind in MOE_FAMILIES:
         ffn = _moe(c, kind, dims)
@@ -296,17 +344,30 @@ def _llama(c: _Config, seq: int) -> tuple[dict, list[str], str]:
                      "set use_sliding_window to false (full attention)")
         c.get("max_window_layers")  # the layers with sliding windows: none without use_sliding_window
         c.get("sliding_window")  # (read by transformers only with use_sliding_window)
+    elif kind == "ministral":  # Mistral with layer_types: its sliding_window only on the sliding_attention layers
+        bias = "false"
+        _windows(c, seq, dims["layers"], None)
     else:
-        bias = "true" if c.flag("attention_bias", False) else "false"
+        # Llama's bias is on q, k, v and o; Seed-OSS's on q, k and v (attention_bias) and o (attention_out_bias)
+        qkv = kind != "phi3" and c.flag(attention_bias, False)
+        out = c.flag("attention_out_bias", False) if kind == "seed_oss" else qkv
+        bias = "true" if qkv and out else "qkv" if qkv else "false"
+        if out and not qkv:
+            c.refuse("attention_out_bias", "a bias on the o projection alone is not in the spec language (the "
+                     "attention's bias is on q, k, v and o, or on q, k and v)", "import a model with "
+                     "attention_bias true too, or attention_out_bias false")
         window = c.number("sliding_window", integer=True, none=True)
         if window is not None and window < seq:
             c.refuse("sliding_window", f"a window of {window} tokens is shorter than the sequence ({seq}): sliding-"
                      "window attention is not in the spec language", f"import with --seq {window} or less")
-    types = _layer_types(c, dims["layers"])
-    if types is not None and any(t != "full_attention" for t in types):
-        c.refuse("layer_types", "layers other than full_attention (sliding windows) are not in the spec language",
-                 "import a model whose layers all use full attention")
+    if kind != "ministral":
+        types = _layer_types(c, dims["layers"])
+        if types is not None and any(t != "full_attention" for t in types):
+            c.refuse("layer_types", "layers other than full_attention (sliding windows) are not in the spec "
+                     "language", "import a model whose layers all use full attention")
     c.no_dropout("attention_dropout")
+    if kind == "seed_oss":
+        c.no_dropout("residual_dropout")
     tie = c.flag("tie_word_embeddings", gemma)
     attn = (f"{{op: attention, name: self_attn, heads: heads, kv_heads: kv_heads, causal: true, rotary: true, "
             f"rotary_base: {_num(theta)}, bias: {bias}" + (f", head_dim: {head_dim}" if head_dim * heads != d else "")
@@ -399,13 +460,7 @@ def _gemma2(c: _Config, seq: int):
     scalar = c.number("query_pre_attn_scalar", 256)
     cap = c.number("attn_logit_softcapping", 50.0, none=True)
     final_cap = c.number("final_logit_softcapping", 30.0, none=True)
-    window = c.number("sliding_window", 4096, integer=True, none=True)
-    types = _layer_types(c, dims["layers"])
-    if (types is None or "sliding_attention" in types) and window is not None and window < seq:
-        c.refuse("sliding_window", f"a window of {window} tokens is shorter than the sequence ({seq}): sliding-"
-                 "window attention is not in the spec language", f"import with --seq {window} or less")
-    if types is not None and any(t not in ("full_attention", "sliding_attention") for t in types):
-        c.refuse("layer_types", "only full and sliding-window attention layers import", "check the config")
+    _windows(c, seq, dims["layers"], 4096)
     c.no_dropout("attention_dropout")
     tie = c.flag("tie_word_embeddings", True)
     c.get("cache_implementation")  # how generate() caches keys and values: the same model
@@ -477,6 +532,43 @@ def _gpt2(c: _Config, seq: int):
     return dims, [("block", block)], layers
 
 
+def _starcoder2(c: _Config, seq: int):
+    """StarCoder2: Mistral's attention (grouped-query, rotary, a sliding window: exact when it is at least the
+    sequence) with biases on q, k, v and o (use_bias), layer norms with biases, a gelu (tanh) MLP c_fc, c_proj
+    with biases (use_bias), tied embeddings."""
+    dims, head_dim = _attention_dims(c, seq)
+    c.only("hidden_act", ("gelu_pytorch_tanh", "gelu_new", "gelu_fast"), "the spec's mlp gelu is the tanh "
+           "approximation", "only tanh-approximated gelu imports", "gelu_pytorch_tanh")
+    bias = "true" if c.flag("use_bias", True) else "false"
+    eps = c.number("norm_epsilon", 1e-5)
+    theta, scaling = _rope(c)
+    window = c.number("sliding_window", integer=True, none=True)
+    if window is not None and window < seq:
+        c.refuse("sliding_window", f"a window of {window} tokens is shorter than the sequence ({seq}): sliding-"
+                 "window attention is not in the spec language", f"import with --seq {window} or less")
+    c.no_dropout("attention_dropout", "residual_dropout", "embedding_dropout")
+    tie = c.flag("tie_word_embeddings", True)
+    attn = (f"{{op: attention, name: self_attn, heads: heads, kv_heads: kv_heads, causal: true, rotary: true, "
+            f"rotary_base: {_num(theta)}, bias: {bias}"
+            + (f", head_dim: {head_dim}" if head_dim * dims["heads"] != dims["d"] else "")
+            + (f", rope_scaling: {_flow(scaling)}" if scaling else "") + "}")
+    block = [
+        f"{{op: layer_norm, name: input_layernorm, eps: {_num(eps)}}}",
+        attn,
+        "{op: add, name: res1, inputs: [block_input, self_attn]}",
+        f"{{op: layer_norm, name: post_attention_layernorm, eps: {_num(eps)}}}",
+        f"{{op: mlp, name: mlp, hidden: ff, activation: gelu, bias: {bias}}}",
+        "{op: add, name: res2, inputs: [res1, mlp]}",
+    ]
+    layers = [
+        "{op: embedding, name: embed_tokens, vocab: vocab, dim: d, input: tokens}",
+        "{repeat: layers, block: decoder, name: layers}",
+        f"{{op: layer_norm, name: norm, eps: {_num(eps)}}}",
+        "{op: linear, name: lm_head, dimension: vocab, bias: false" + (", tie: embed_tokens}" if tie else "}"),
+    ]
+    return dims, [("decoder", block)], layers
+
+
 # transformers' hidden_act -> the spec's gelu `approximate` (transformers names the exact form "gelu")
 _BERT_ACTS = dict(zip(("gelu", "gelu_new", "gelu_pytorch_tanh"), ("none", "tanh", "tanh")))
 
@@ -532,17 +624,31 @@ def _bert(c: _Config, seq: int):
 
 FAMILIES: dict[str, Callable] = {"llama": _llama, "mistral": _llama, "qwen2": _llama, "qwen3": _llama,
                                  "gemma": _llama, "gemma2": _gemma2, "gpt2": _gpt2, "bert": _bert,
-                                 "mixtral": _llama, "qwen2_moe": _llama, "qwen3_moe": _llama}
+                                 "mixtral": _llama, "qwen2_moe": _llama, "qwen3_moe": _llama, "phi3": _llama,
+                                 "internlm3": _llama, "seed_oss": _llama, "ministral": _llama,
+                                 "starcoder2": _starcoder2}
 # Families close to those that import, and what the spec language lacks for them (E070 at model_type)
 NOT_YET = {
-    "gemma3_text": "its sliding-window layers, q/k norms with (1 + weight) and local rope base are not imported yet "
-    "(gemma imports)",
+    "gemma3_text": "its q/k norms are RMS norms with (1 + weight) (the attention's qk_norm has no weight offset), "
+    "and its sliding-window and full-attention layers use different rotary bases (rope_local_base_freq), which "
+    "the copies of one repeated block cannot (gemma and gemma2 import)",
+    "helium": "its rotary embeddings rotate interleaved pairs of features (x[2i], x[2i+1]); the spec's attention "
+    "rotates halves (x[i], x[i + head_dim/2]), as Llama's",
+    "smollm3": "its layers without rotary embeddings among layers with them (no_rope_layers, NoPE every "
+    "no_rope_layer_interval layers) are not expressible: the copies of one repeated block are alike",
+    "olmo2": "its q/k RMS norms over the whole q and k projections (all heads together) are not in the attention "
+    "operator, whose qk_norm normalises each head",
+    "granite": "its residual_multiplier (sub-layer outputs scaled before the residual add) and logits_scaling (the "
+    "logits divided) need a layer that multiplies by a constant, which the spec language lacks",
 }
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM",
                  "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
                  "qwen3_moe": "Qwen3MoeForCausalLM", "gpt2": "GPT2LMHeadModel",
-                 "bert": "BertForSequenceClassification"}
+                 "bert": "BertForSequenceClassification", "phi3": "Phi3ForCausalLM",
+                 "internlm3": "LlamaForCausalLM",  # (transformers builds InternLM3 as Llama)
+                 "seed_oss": "SeedOssForCausalLM", "ministral": "MinistralForCausalLM",
+                 "starcoder2": "Starcoder2ForCausalLM"}
 
 
 # ---------------------------------------------------------------- checkpoint names
@@ -560,6 +666,18 @@ _LLAMA = (
     (r"norm\.weight", "model.norm.weight", False, None),
     (r"lm_head\.weight", "lm_head.weight", True, None),
 )
+# Phi-3: q, k and v in one qkv_proj (the heads' rows, then the key/value heads' twice: parts of unequal sizes,
+# hf_context's), gate and up in one gate_up_proj (gate first)
+_PHI3 = (  # (the first rule that matches a name gives it: o_proj and down_proj are Llama's)
+    (r"layers\.(\d+)\.self_attn\.([qkv])\.weight", "model.layers.{0}.self_attn.qkv_proj.weight", True, _QKV),
+    (r"layers\.(\d+)\.mlp\.(gate|up)\.weight", "model.layers.{0}.mlp.gate_up_proj.weight", True, ("gate", "up")),
+) + _LLAMA
+_STARCODER2 = (  # (biases on its norms and MLP; the rest is Llama's)
+    (r"layers\.(\d+)\.(input_layernorm|post_attention_layernorm)\.(weight|bias)", "model.layers.{0}.{1}.{2}", False,
+     None),
+    (r"layers\.(\d+)\.mlp\.(fc|proj)\.(weight|bias)", "model.layers.{0}.mlp.c_{1}.{2}", True, None),
+    (r"norm\.(weight|bias)", "model.norm.{0}", False, None),
+) + _LLAMA
 _GPT2 = (  # GPT-2's Conv1D weights are [in, out]: the canonical layout
     (r"(wte|wpe)\.weight", "transformer.{0}.weight", False, None),
     (r"(h\.\d+\.ln_[12]|ln_f)\.(weight|bias)", "transformer.{0}.{1}", False, None),
@@ -601,7 +719,8 @@ _QWEN2_MOE = _LLAMA + (
 )
 NAME_RULES = {"llama": _LLAMA, "mistral": _LLAMA, "qwen2": _LLAMA, "qwen3": _LLAMA, "gemma": _LLAMA, "gemma2": _LLAMA,
               "gpt2": _GPT2, "bert": _BERT, "mixtral": _MIXTRAL, "qwen2_moe": _QWEN2_MOE,
-              "qwen3_moe": _QWEN2_MOE}
+              "qwen3_moe": _QWEN2_MOE, "phi3": _PHI3, "internlm3": _LLAMA, "seed_oss": _LLAMA, "ministral": _LLAMA,
+              "starcoder2": _STARCODER2}
 # The names in transformers 5's own layout (its modules' state dict), read where a checkpoint lacks the names
 # above: a layer's experts fused, [E, 2 * hidden, d] gate and up joined (parts 0 and 1 of 2, each expert's
 # matrix transposed) and [E, d, hidden] down; Mixtral's block_sparse_moe is `mlp` there
@@ -620,7 +739,8 @@ ALT_RULES = {
 }
 PREFIXES = {"llama": "model.", "mistral": "model.", "qwen2": "model.", "qwen3": "model.", "gemma": "model.",
             "gemma2": "model.", "gpt2": "transformer.", "bert": "bert.", "mixtral": "model.", "qwen2_moe": "model.",
-            "qwen3_moe": "model."}
+            "qwen3_moe": "model.", "phi3": "model.", "internlm3": "model.", "seed_oss": "model.", "ministral": "model.",
+            "starcoder2": "model."}
 
 
 def hf_name(model_type: str, name: str, ndim: int) -> tuple[str, bool, int, int] | None:
@@ -673,25 +793,33 @@ def hf_context(plan) -> dict[str, Any] | None:
     hf = plan.spec.hf
     if hf is None:
         return None
-    names = {p.name: list(hf_name(hf.model_type, p.name, len(p.param.shape))) for p in plan.top_params}
-    block_names: dict[str, dict[str, list]] = {}
-    for r in plan.repeats:
-        for b in r.params:
-            mark = str(10 ** 12 + 7)  # a copy index no model has: where the real one goes in the name
-            key, *rest = hf_name(hf.model_type, f"{r.name}.{mark}.{b.local}", len(b.first.param.shape))
-            before, after = key.split(mark)
-            block_names.setdefault(r.name, {})[b.local] = [before, after, *rest]
-    alt_names = {p.name: list(a) for p in plan.top_params
-                 if (a := hf_alt_name(hf.model_type, p.name, len(p.param.shape)))}
-    alt_block_names: dict[str, dict[str, list]] = {}
-    for r in plan.repeats:
-        for b in r.params:
-            mark = str(10 ** 12 + 7)
-            alt = hf_alt_name(hf.model_type, f"{r.name}.{mark}.{b.local}", len(b.first.param.shape))
-            if alt:
-                key, *rest = alt
-                before, after = key.split(mark)
-                alt_block_names.setdefault(r.name, {})[b.local] = [before, after, *rest]
+    mark = str(10 ** 12 + 7)  # a copy index no model has: where the real one goes in a block parameter's name
+
+    def rows(find):
+        """(names, block_names) by `find` (hf_name or hf_alt_name), each parameter's [.., part, parts] with
+        the parts' relative sizes where a fused tensor's parts differ in size (their canonical tensors' last
+        dimensions: Phi-3's qkv_proj with fewer key/value heads than heads)."""
+        names, block_names, fused = {}, {}, {}
+        for p in plan.top_params:
+            if found := find(hf.model_type, p.name, len(p.param.shape)):
+                names[p.name] = row = list(found)
+                fused.setdefault(row[0], []).append((row, p.param.shape[-1]))
+        for r in plan.repeats:
+            for b in r.params:
+                if found := find(hf.model_type, f"{r.name}.{mark}.{b.local}", len(b.first.param.shape)):
+                    key, *rest = found
+                    row = block_names.setdefault(r.name, {})[b.local] = [*key.split(mark), *rest]
+                    fused.setdefault((r.name, key), []).append((row, b.first.param.shape[-1]))
+        for members in fused.values():
+            sizes = {row[-2]: size for row, size in members}
+            if len(members) > 1 and len(sizes) == members[0][0][-1] and len(set(sizes.values())) > 1:
+                unit = math.gcd(*sizes.values())
+                for row, _ in members:
+                    row[-1] = [sizes[i] // unit for i in range(len(sizes))]
+        return names, block_names
+
+    names, block_names = rows(hf_name)
+    alt_names, alt_block_names = rows(hf_alt_name)
     config = {**hf.config, "architectures": [hf.architecture], "model_type": hf.model_type}
     return {"model_type": hf.model_type, "architecture": hf.architecture, "config": config, "names": names,
             "block_names": block_names, "prefix": PREFIXES[hf.model_type],

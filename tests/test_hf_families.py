@@ -44,6 +44,20 @@ FAMILIES = {  # name -> (config class, fields, model class)
                                 "query_pre_attn_scalar": 24, "sliding_window": 16}, "Gemma2ForCausalLM"),
     # a window as long as the sequence cuts nothing: exact (a shorter one is E070)
     "mistral-window": ("MistralConfig", {"sliding_window": 16}, "MistralForCausalLM"),
+    # Phi-3 and Phi-4: Llama's model, q, k and v fused in qkv_proj (fewer key/value heads: parts of unequal
+    # sizes), gate and up in gate_up_proj (pad_token_id: the vocabulary's, as its default 32000 is not here)
+    "phi3": ("Phi3Config", {"pad_token_id": 0, "sliding_window": 16}, "Phi3ForCausalLM"),
+    # InternLM3: transformers' Llama (its attribute_map names the biases qkv_bias and bias)
+    "internlm3": ("InternLM3Config", {"head_dim": 16, "pad_token_id": 0}, "LlamaForCausalLM"),
+    # Seed-OSS: biases on q, k and v (attention_bias), none on o (attention_out_bias)
+    "seed_oss": ("SeedOssConfig", {"head_dim": 16, "attention_dropout": 0.0, "residual_dropout": 0.0},
+                 "SeedOssForCausalLM"),
+    # Ministral: Mistral with layer_types, the window (of the sequence: exact) on its sliding_attention layers
+    "ministral": ("MinistralConfig", {"head_dim": 8, "sliding_window": 16,
+                                      "layer_types": ["sliding_attention", "full_attention"]}, "MinistralForCausalLM"),
+    # StarCoder2: layer norms with biases, a biased gelu (tanh) MLP c_fc / c_proj, biased GQA attention
+    "starcoder2": ("Starcoder2Config", {"sliding_window": 16, "bos_token_id": 0, "eos_token_id": 0},
+                   "Starcoder2ForCausalLM"),
 }
 
 
@@ -77,7 +91,7 @@ def test_qwen3_imports_with_qk_norm():
 
 
 CASES = [(name, runs, mesh) for name in FAMILIES for runs in (tr, jr) for mesh in ("data=1", "tensor=2")]
-CASES += [(name, mr, "data=1") for name in ("qwen3", "qwen3-bias-tied", "gemma", "gemma2")]
+CASES += [(name, mr, "data=1") for name in ("qwen3", "qwen3-bias-tied", "gemma", "gemma2", "phi3", "starcoder2")]
 
 
 @pytest.mark.slow
@@ -115,8 +129,10 @@ def test_qwen3_trains_and_exports_a_checkpoint_transformers_loads(runs, mesh):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("runs, mesh", [(tr, "tensor=2"), (jr, "tensor=2")], ids=["torch-tensor2", "jax-tensor2"])
-@pytest.mark.parametrize("name", ["gemma", "gemma2"])
-def test_gemma_trains_and_exports_a_checkpoint_transformers_loads(runs, mesh, name):
+@pytest.mark.parametrize("name", ["gemma", "gemma2", "phi3", "starcoder2"])
+def test_family_trains_and_exports_a_checkpoint_transformers_loads(runs, mesh, name):
+    """3 steps from the checkpoint, exported: transformers loads it (every tensor: Phi-3's q, k and v fused
+    again in qkv_proj, gate and up in gate_up_proj) with the program's logits."""
     directory, spec = model(name)
     tag = f"{name}-{runs.__name__}-{mesh.replace('=', '')}"
     export, after = jr.WORK / "hf-families" / f"{tag}-export", jr.WORK / "hf-families" / f"{tag}-after.npy"

@@ -34,6 +34,15 @@ def configs():
         ("qwen3", t.Qwen3Config(**SMALL, num_key_value_heads=2, head_dim=16), t.Qwen3ForCausalLM),
         ("qwen3-bias-tied", t.Qwen3Config(**SMALL, num_key_value_heads=2, head_dim=8, attention_bias=True,
                                           tie_word_embeddings=True), t.Qwen3ForCausalLM),
+        ("phi3-gqa", t.Phi3Config(**SMALL, num_key_value_heads=2, pad_token_id=0), t.Phi3ForCausalLM),
+        ("internlm3", t.InternLM3Config(**SMALL, head_dim=8, pad_token_id=0), t.LlamaForCausalLM),
+        ("seed_oss", t.SeedOssConfig(**SMALL, num_key_value_heads=2, head_dim=8, attention_out_bias=True),
+         t.SeedOssForCausalLM),
+        ("ministral", t.MinistralConfig(**SMALL, num_key_value_heads=2, head_dim=8, sliding_window=None),
+         t.MinistralForCausalLM),
+        ("starcoder2", t.Starcoder2Config(**SMALL, bos_token_id=0, eos_token_id=0), t.Starcoder2ForCausalLM),
+        ("starcoder2-no-bias", t.Starcoder2Config(**SMALL, use_bias=False, tie_word_embeddings=False, bos_token_id=0,
+                                                  eos_token_id=0), t.Starcoder2ForCausalLM),
         ("gpt2", t.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=100, n_positions=64), t.GPT2LMHeadModel),
         ("bert", t.BertConfig(**SMALL, num_labels=3), t.BertForSequenceClassification),
     ]
@@ -72,6 +81,27 @@ def test_llama_2_7b_config(tmp_path, capsys):
     assert c.spec.dims["seq"] == 2048  # max_position_embeddings, capped
     rc = cli(["plan", str(tmp_path / "llama.yaml")])
     assert rc == 0 and "6,738,415,616" in capsys.readouterr().out
+
+
+def test_phi3_mini_config(tmp_path, capsys):
+    """Phi-3-mini-4k-instruct's config.json (transformers 4's layout, its remote code named in auto_map): its
+    window of 2047 tokens is exact with --seq 2047 (E070 with the default 2048), 3,821,079,552 parameters."""
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({
+        "architectures": ["Phi3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "auto_map": {"AutoConfig": "configuration_phi3.Phi3Config",
+                     "AutoModelForCausalLM": "modeling_phi3.Phi3ForCausalLM"},
+        "bos_token_id": 1, "embd_pdrop": 0.0, "eos_token_id": 32000, "hidden_act": "silu", "hidden_size": 3072,
+        "initializer_range": 0.02, "intermediate_size": 8192, "max_position_embeddings": 4096, "model_type": "phi3",
+        "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32,
+        "original_max_position_embeddings": 4096, "pad_token_id": 32000, "resid_pdrop": 0.0, "rms_norm_eps": 1e-05,
+        "rope_scaling": None, "rope_theta": 10000.0, "sliding_window": 2047, "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16", "transformers_version": "4.40.2", "use_cache": True, "vocab_size": 32064}))
+    rc, diags = _diags(capsys, cfg)
+    assert rc == 1 and [(d["code"], "--seq 2047" in d["help"]) for d in diags] == [("E070", True)], diags
+    rc, _, err = _import(capsys, cfg, "-o", str(tmp_path / "phi3.yaml"), "--seq", "2047")
+    assert rc == 0, err
+    assert compile_file(tmp_path / "phi3.yaml").plan.param_count == 3_821_079_552
 
 
 def _config(tmp_path, **fields):
@@ -148,11 +178,60 @@ def test_unknown_family_and_missing_sizes(tmp_path, capsys):
     assert rc == 1 and diags[0]["code"] == "E071" and "hidden_size" in diags[0]["message"]
 
 
-@pytest.mark.parametrize("family", ["gemma3_text"])
-def test_families_not_yet_imported_are_refused_with_the_reason(tmp_path, capsys, family):
+@pytest.mark.parametrize("family, missing", [
+    ("gemma3_text", "rope_local_base_freq"), ("helium", "interleaved pairs"), ("smollm3", "no_rope_layers"),
+    ("olmo2", "all heads together"), ("granite", "residual_multiplier"),
+])
+def test_families_not_yet_imported_are_refused_with_the_reason(tmp_path, capsys, family, missing):
+    """(before, for helium, smollm3, olmo2 and granite: "model_type ... cannot be imported", E071)"""
     rc, diags = _diags(capsys, _config(tmp_path, model_type=family))
     assert rc == 1 and [d["code"] for d in diags] == ["E070"] and family in diags[0]["message"]
-    assert "not imported yet" in diags[0]["message"] and "llama" in diags[0]["help"]
+    assert "not imported yet" in diags[0]["message"] and missing in diags[0]["message"]
+    assert "llama" in diags[0]["help"] and "phi3" in diags[0]["help"]
+
+
+def test_the_hf_sections_families_are_those_that_import():
+    import typing
+
+    from mithril_spec.hf_import import ARCHITECTURES, FAMILIES, NAME_RULES, PREFIXES
+    from mithril_spec.spec.hf import HfSource
+
+    named = set(typing.get_args(HfSource.model_fields["model_type"].annotation))
+    assert named == set(FAMILIES) == set(NAME_RULES) == set(PREFIXES) == set(ARCHITECTURES)
+
+
+@pytest.mark.parametrize("family, fields, named", [
+    # Phi-3.5 and Phi-3-128k's longrope, Phi-4-mini's partial rotary: not in the spec language
+    ("phi3", {"rope_parameters": None, "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 4,
+                                                        "long_factor": [2.0] * 4}}, "longrope"),
+    ("phi3", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.75}},
+     "partial_rotary_factor"),
+    ("phi3", {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}},
+     "Phi-3 takes only longrope"),
+    ("phi3", {"sliding_window": 8}, "sliding_window"),
+    ("seed_oss", {"attention_bias": False, "attention_out_bias": True}, "attention_out_bias"),
+    ("internlm3", {"qkv_bias": True, "attention_bias": False}, "qkv_bias"),
+    ("ministral", {"sliding_window": 8, "layer_types": ["full_attention", "sliding_attention"]}, "sliding_window"),
+    ("starcoder2", {"hidden_act": "gelu"}, "hidden_act"),
+    ("starcoder2", {"sliding_window": 8}, "sliding_window"),
+])
+def test_new_families_refuse_what_the_spec_cannot_express(tmp_path, capsys, family, fields, named):
+    data = _family_config(tmp_path, family)
+    path = tmp_path / "bad" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps({k: v for k, v in {**data, **fields}.items() if v is not None}, indent=1))
+    rc, diags = _diags(capsys, path, "--seq", "16")
+    errors = [d for d in diags if d["severity"] == "error"]
+    assert rc == 1 and [d["code"] for d in errors] == ["E070"] and named in errors[0]["message"], diags
+
+
+def test_ministral_window_on_full_attention_layers_only_is_exact(tmp_path):
+    """A window shorter than the sequence where no layer slides (layer_types) cuts nothing."""
+    data = _family_config(tmp_path, "ministral")
+    path = tmp_path / "full" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps({**data, "sliding_window": 8, "layer_types": ["full_attention"] * 2}))
+    assert isinstance(_spec_of(path), list)
 
 
 def test_dropout_is_a_warning_and_the_spec_goes_to_stdout(tmp_path, capsys):
@@ -183,6 +262,11 @@ FAMILY_CONFIGS = {
                                      "shared_expert_intermediate_size": 32}),
     "qwen3_moe": ("Qwen3MoeConfig", {"head_dim": 8, "num_experts": 4, "num_experts_per_tok": 2,
                                      "moe_intermediate_size": 16}),
+    "phi3": ("Phi3Config", {}),
+    "internlm3": ("InternLM3Config", {"head_dim": 8}),
+    "seed_oss": ("SeedOssConfig", {"head_dim": 8}),
+    "ministral": ("MinistralConfig", {"head_dim": 8}),
+    "starcoder2": ("Starcoder2Config", {}),
 }
 
 

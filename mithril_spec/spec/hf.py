@@ -12,8 +12,9 @@ from .common import Strict
 
 
 class HfSource(Strict):
+    # (hf_import.FAMILIES' names: tests/test_hf_import.py checks that they are these)
     model_type: Literal["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gpt2", "bert", "mixtral", "qwen2_moe",
-                        "qwen3_moe"] = Field(
+                        "qwen3_moe", "phi3", "internlm3", "seed_oss", "ministral", "starcoder2"] = Field(
         description="the transformers family: decides the checkpoint names of every parameter")
     architecture: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_]*$", max_length=100,
                               description="the transformers class, e.g. LlamaForCausalLM (written to config.json)")

@@ -21,14 +21,17 @@ class FileTensor:
     """A stored tensor of a safetensors file, in canonical layout, read only where it is indexed: a process
     that holds a slice reads just that slice (`tensor[index]`). `transposed` (its last two dimensions) and
     `part` of `parts` (of the last dimension): how the stored tensor holds the canonical one (Hugging Face's
-    layouts)."""
+    layouts). `parts`: a count of equal parts, or the parts' relative sizes (Phi-3's fused q, k and v: the
+    heads, then the key/value heads twice)."""
 
     def __init__(self, handle, key, transposed=False, part=0, parts=1, flag="--init-params"):
         stored = handle.get_slice(key)
         shape = list(swap(stored.get_shape()) if transposed else stored.get_shape())
-        self.shape = tuple(shape[:-1] + [shape[-1] // parts] if shape else shape)
+        sizes = [1] * parts if isinstance(parts, int) else list(parts)
+        unit = shape[-1] // sum(sizes) if shape else 0
+        self.shape = tuple(shape[:-1] + [unit * sizes[part]] if shape else shape)
         self.stored, self.key, self.transposed, self.flag = stored, key, transposed, flag
-        self.offset = part * self.shape[-1] if self.shape else 0
+        self.offset = unit * sum(sizes[:part])
         self.dtype = stored.get_dtype()  # safetensors' name: F32, BF16, I64, ...
         self.floating = self.dtype in FLOATS
 
