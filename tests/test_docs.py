@@ -418,3 +418,23 @@ def test_the_readme_jax_block_runs_as_written(tmp_path):
     final = [re.findall(r"final loss ([\d.]+)", out) for out in outputs]
     resumed = [f for f, out in zip(final, outputs) if "resumed from" in out]
     assert len(resumed) == 2 and resumed[0] == resumed[1], final
+
+
+# ------------------------------------------------------------------------------------------ hardware profiles
+
+
+def test_the_docs_list_the_built_in_profiles():
+    """README.md's and spec.md's lists and cost-model.md's table name the built-in profiles, all of them; the
+    aliases cost-model.md gives are aliases."""
+    from mithril_spec.planner.hardware import ALIASES, BUILTIN
+
+    readme = re.search(r"Built-in profiles: (.*?); a spec", (ROOT / "README.md").read_text(), re.DOTALL).group(1)
+    spec = re.search(r"besides the built-in ones \((.*?); aliases", (ROOT / "docs" / "spec.md").read_text(), re.DOTALL)
+    cost = (ROOT / "docs" / "cost-model.md").read_text()
+    section = cost.split("## Hardware and step time")[1].split("Aliases: ")[0]
+    table = re.findall(r"^\| `([\w-]+)` \|", section, re.MULTILINE)
+    aliases = re.search(r"^Aliases: (.*?)\. ", cost, re.MULTILINE).group(1)
+    for where, text in (("README.md", readme), ("docs/spec.md", spec.group(1)), ("docs/cost-model.md", table)):
+        named = re.findall(r"`([\w-]+)`", text) if isinstance(text, str) else text
+        assert sorted(named) == sorted(BUILTIN), f"{where} lists the built-in profiles {named}, not {list(BUILTIN)}"
+    assert set(re.findall(r"`([\w-]+)`", aliases)) <= set(ALIASES)
