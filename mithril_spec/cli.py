@@ -31,6 +31,7 @@ from .diagnostics import (
     sort_key,
 )
 from .frontend import SPEC_SUFFIXES, Compiled, SpecFile
+from .planner.hardware import BUILTIN
 from .planner.mesh import UsageError
 from .targets import TARGET_NAMES
 
@@ -61,8 +62,7 @@ def _parser() -> argparse.ArgumentParser:
 
     def hardware(sp):
         sp.add_argument("--hardware", metavar="NAME",
-                        help="a device profile (built in: h100-sxm-80gb, h200-141gb, h800-80gb, a100-80gb, a100-40gb, "
-                        "v100-32gb, tpu-v4, tpu-v5p, tpu-v5e, cpu; or "
+                        help=f"a device profile (built in: {', '.join(BUILTIN)}; or "
                         "one from the spec's `hardware` section; or a profile file FILE.yaml, as `calibrate` writes): "
                         "predict step time and check that every device's peak memory fits (E050)")
 

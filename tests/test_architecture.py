@@ -209,6 +209,16 @@ LAYERS = (
 )
 
 
+def test_the_layers_table_of_the_docs_is_layers():
+    """docs/architecture.md's table names the layers of LAYERS, in order, each with its modules (`planner/` for
+    the package `planner`, `spec/common.py` for `spec.common`; `spec=`, the package's __init__, left out)."""
+    table = (PKG.parent / "docs" / "architecture.md").read_text()
+    rows = re.findall(r"^\| (\w+) \| (`.*?`) \|", table, re.MULTILINE)
+    documented = [(layer, {m.removesuffix("/").removesuffix(".py").replace("/", ".")
+                           for m in re.findall(r"`([^`]+)`", mods)}) for layer, mods in rows]
+    assert documented == [(layer, {m for m in mods if not m.endswith("=")}) for layer, mods in LAYERS]
+
+
 def layer_of(module: str) -> int:
     rel = module.removeprefix("mithril_spec").removeprefix(".")
     best, length = 0 if rel == "" else None, -1

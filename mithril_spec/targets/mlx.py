@@ -50,7 +50,7 @@ class MlxTarget(Target):
         data_param_layouts=False,
         input_layouts=False,
         ops=None,
-        launchers=("launch.sh (mlx.launch: processes on one machine, or --hosts for several)",
+        launchers=("launch.sh (mlx.launch: processes on one machine, or one per host with MLX_HOSTS)",
                    "launch.sbatch (SLURM, one node)"),
         reasons=_REASONS,
         remat=("none", "full"),
