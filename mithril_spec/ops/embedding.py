@@ -16,7 +16,7 @@ class EmbeddingArgs(LayerArgs):
     vocab: Size
     dim: Size
     scale: Optional[float] = Field(None, gt=0, description="multiplies the rows looked up (Gemma: sqrt(dim))")
-    padding_idx: Optional[StrictInt] = Field(
+    padding_idx: StrictInt | None = Field(
         None, ge=0, description="a row of the table that its lookups do not train (torch's nn.Embedding padding_idx: "
         "transformers' pad_token_id); a tied head's gradient still reaches it")
 
