@@ -253,34 +253,41 @@ def transformers_grads(directory, spec, names) -> dict:
     return out
 
 
-TARGETS = [(tr, "torch"), (jr, "jax"), (mr, "mlx")]
+VOCAB_ROWS = ("embed: fsdp,", "embed: fsdp, vocab: tensor,")  # the table split on its rows over `tensor`
+TARGETS = [(tr, "data=1", (), False), (jr, "data=1", (), False), (mr, "data=1", (), False),
+           (tr, "tensor=2", (VOCAB_ROWS,), False), (jr, "tensor=2", (VOCAB_ROWS,), False),
+           (tr, "data=1", (), True), (tr, "tensor=2", (VOCAB_ROWS,), True), (mr, "data=1", (), True)]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("runs, target", TARGETS, ids=[t for _, t in TARGETS])
-def test_the_pad_row_trains_as_in_transformers(runs, target):
+@pytest.mark.parametrize("runs, mesh, layout, tie", TARGETS,
+                         ids=[f"{r.__name__[:-5]}-{m}{'-tied' if t else ''}" for r, m, _, t in TARGETS])
+def test_the_pad_row_trains_as_in_transformers(runs, mesh, layout, tie):
     """A Llama with pad_token_id, its first batch holding that id: the program's first-step gradients (every
     parameter, by canonical name) equal transformers' loss.backward() ones, the pad row's included (zero: untied,
-    the lookups do not train it). The same program without `padding_idx` fails that check on the pad row alone:
-    every other gradient equals the padded program's (before: the pad row trained)."""
+    the lookups do not train it), on one device and with the table split on its vocabulary over `tensor` (the
+    pad row on one rank); tied to the head, the head's gradient still reaches the pad row. The same program without `padding_idx` fails that check on the pad row alone: every
+    other gradient equals the padded program's (before: the pad row trained)."""
     from gradients import assert_same_gradients
 
-    directory, spec, pad = padded_llama(False)
+    directory, spec, pad = padded_llama(tie)
+    target = f"{runs.__name__[:-5]} {mesh}{' tied' if tie else ''}"
     got = {}
-    for tag, edits in (("pad", ()), ("no-pad", ((f", padding_idx: {pad}", ""),))):
-        program = runs.build(spec, "data=1", edits)
+    for tag, edits in (("pad", layout), ("no-pad", (*layout, (f", padding_idx: {pad}", "")))):
+        program = runs.build(spec, mesh, edits)
         r = (jr if runs is mr else runs).run(program, "--steps", "1", "--init-params", str(directory),
                                              "--export-grads", "grads.npz")
         got[tag] = dict(np.load(r.cwd / "grads.npz"))
     ref = transformers_grads(directory, spec, got["pad"])
-    assert not ref["embed_tokens.weight"][pad].any() and ref["embed_tokens.weight"].any()
+    assert ref["embed_tokens.weight"][pad].any() == tie and ref["embed_tokens.weight"].any()
     worst = assert_same_gradients(ref, got["pad"], 1e-4, f"{target} padding_idx vs transformers")
-    assert not got["pad"]["embed_tokens.weight"][pad].any()
     with pytest.raises(AssertionError, match="embed_tokens.weight"):
         assert_same_gradients(ref, got["no-pad"], 1e-4, f"{target} without padding_idx vs transformers")
     assert got["no-pad"]["embed_tokens.weight"][pad].any()
-    rows = np.arange(SMALL["vocab_size"]) != pad
-    for name, g in got["pad"].items():
-        other = got["no-pad"][name]
-        assert np.array_equal(g[rows], other[rows]) if name == "embed_tokens.weight" else np.array_equal(g, other), name
+    if not tie:  # the pad row zero; every other gradient the same bits as without padding_idx
+        assert not got["pad"]["embed_tokens.weight"][pad].any()
+        rows = np.arange(SMALL["vocab_size"]) != pad
+        for name, g in got["pad"].items():
+            other = got["no-pad"][name]
+            assert np.array_equal(g[rows], other[rows]) if name == "embed_tokens.weight" else np.array_equal(g, other), name
     jr.report(f"hf llama {target}: first-step gradients vs transformers (pad id {pad} x3)", worst=worst)
