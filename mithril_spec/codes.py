@@ -248,7 +248,7 @@ _TEXTS: dict[str, tuple[str, str]] = {
             "even kernel, pool padding over half the kernel, a reshape changing the element count, seq longer "
             "than `max_len`, `tie` to a non-embedding or with `bias: true`, `add`/`mul`/`concat` with fewer than "
             "two inputs, a one-input operator given several, `split` sizes that do not add up to the dimension or "
-            "an `index` past the last piece, a `dim` out of range."
+            "an `index` past the last piece, a `dim` out of range, an embedding's `padding_idx` not below `vocab`."
         ),
     ),
     "E031": (
@@ -481,7 +481,9 @@ _TEXTS: dict[str, tuple[str, str]] = {
             "`mithril-spec import hf` leaves out a setting that changes training but not the model: dropout rates "
             "(`hidden_dropout_prob`, `resid_pdrop`, `attention_dropout`, ...). The imported spec trains without "
             "them and computes the same outputs as the original model in evaluation; add `dropout` layers to the "
-            "spec where you want them (and a `dropout` rate on attention layers for their probabilities)."
+            "spec where you want them (and a `dropout` rate on attention layers for their probabilities). A "
+            "`pad_token_id` outside the vocabulary (transformers builds no model with it) is W010 too: the "
+            "embedding trains every row."
         ),
     ),
     "W011": (

@@ -123,25 +123,28 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "mistral": {"num_key_value_heads": 8, "sliding_window": 4096},
     "qwen2": {"num_key_value_heads": 32},
     "qwen3": {"num_key_value_heads": 32, "head_dim": 128},
-    "gemma": {"num_key_value_heads": 16, "head_dim": 256, "tie_word_embeddings": True},
+    "gemma": {"num_key_value_heads": 16, "head_dim": 256, "tie_word_embeddings": True, "pad_token_id": 0},
     "gemma2": {"num_key_value_heads": 4, "head_dim": 256, "tie_word_embeddings": True, "sliding_window": 4096,
-               "query_pre_attn_scalar": 256, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0},
+               "query_pre_attn_scalar": 256, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
+               "pad_token_id": 0},
     "mixtral": {"num_key_value_heads": 8, "rms_norm_eps": 1e-5, "rope_theta": 1e6},
     "qwen2_moe": {"num_key_value_heads": 16},
     "qwen3_moe": {"num_key_value_heads": 4},
-    "phi3": {"rms_norm_eps": 1e-5},
-    "internlm3": {"num_key_value_heads": 2, "head_dim": 128, "rms_norm_eps": 1e-5},
+    "phi3": {"rms_norm_eps": 1e-5, "pad_token_id": 32000},
+    "internlm3": {"num_key_value_heads": 2, "head_dim": 128, "rms_norm_eps": 1e-5, "pad_token_id": 2},
     "seed_oss": {"num_key_value_heads": 8, "head_dim": 128, "attention_bias": True, "attention_dropout": 0.1,
-                 "residual_dropout": 0.1},
+                 "residual_dropout": 0.1, "pad_token_id": 1},
+    "bert": {"pad_token_id": 0},
     "ministral": {"num_key_value_heads": 8, "sliding_window": 4096},
     "starcoder2": {"num_key_value_heads": 2},
 }
 
 # Fields of any transformers config that do not change the model's computation (token ids, generation
-# defaults, initialisation, bookkeeping). Every other field must be read by the family's function.
+# defaults, initialisation, bookkeeping). Every other field must be read by the family's function (pad_token_id is
+# read: transformers' token embeddings do not train its row, _padding).
 HARMLESS = frozenset({
     "architectures", "transformers_version", "torch_dtype", "dtype", "model_type", "bos_token_id", "eos_token_id",
-    "pad_token_id", "sep_token_id", "cls_token_id", "mask_token_id", "decoder_start_token_id", "initializer_range",
+    "sep_token_id", "cls_token_id", "mask_token_id", "decoder_start_token_id", "initializer_range",
     "initializer_factor", "use_cache", "output_attentions", "output_hidden_states", "return_dict", "torchscript",
     "use_bfloat16", "tf_legacy_loss", "chunk_size_feed_forward", "tokenizer_class", "task_specific_params",
     "finetuning_task", "prefix", "pruned_heads", "max_length", "min_length", "do_sample", "early_stopping",
@@ -220,6 +223,27 @@ def _rope(c: _Config) -> tuple[float, dict | None]:
     if "high_freq_factor" in scaling and scaling["high_freq_factor"] <= scaling["low_freq_factor"]:
         c.refuse(key, "high_freq_factor must be above low_freq_factor", "check the config", ("high_freq_factor",))
     return float(theta), scaling
+
+
+def _padding(c: _Config, vocab: int) -> str:
+    """`, padding_idx: N` for the token embedding of a family whose transformers model builds it as
+    nn.Embedding(vocab_size, hidden_size, padding_idx=pad_token_id): the lookups of that id do not train its row
+    (a negative id counts from the end, as torch reads it). None: every row trains. An id outside the table
+    (transformers cannot build the model with it) is W010: the spec trains every row."""
+    pad = c.get("pad_token_id")
+    if pad is None:
+        return ""
+    if not isinstance(pad, int) or isinstance(pad, bool):
+        c.diags.append(Diagnostic(codes.E071, f"`pad_token_id` must be an integer or null, got {pad!r}",
+                                  c.doc.pos(("pad_token_id",)), help="check the config"))
+        return ""
+    if not -vocab <= pad < vocab:
+        c.diags.append(Diagnostic(
+            codes.W010, f"`pad_token_id: {pad}` is not a token of the vocabulary ({vocab}): the spec's embedding "
+            "trains every row", c.doc.pos(("pad_token_id",) if "pad_token_id" in c.data else ()), severity="warning",
+            help="set pad_token_id to the tokenizer's padding token (transformers builds no model with this one)"))
+        return ""
+    return f", padding_idx: {pad % vocab}"
 
 
 def _num(v: float) -> str:
@@ -383,7 +407,7 @@ def _llama(c: _Config, seq: int) -> tuple[dict, list[str], str]:
         f"{{op: add, name: res2, inputs: [res1, {'block_sparse_moe' if kind == 'mixtral' else 'mlp'}]}}",
     ]
     layers = [
-        "{op: embedding, name: embed_tokens, vocab: vocab, dim: d, input: tokens"
+        "{op: embedding, name: embed_tokens, vocab: vocab, dim: d, input: tokens" + _padding(c, dims["vocab"])
         + (f", scale: {json.dumps(float(d) ** 0.5)}}}" if gemma else "}"),
         "{repeat: layers, block: decoder, name: layers}",
         f"{{op: rms_norm, name: norm, {norm}}}",
@@ -480,7 +504,8 @@ def _gemma2(c: _Config, seq: int):
         "{op: add, name: res2, inputs: [res1, post_feedforward_layernorm]}",
     ]
     layers = [
-        f"{{op: embedding, name: embed_tokens, vocab: vocab, dim: d, input: tokens, scale: {json.dumps(d ** 0.5)}}}",
+        (f"{{op: embedding, name: embed_tokens, vocab: vocab, dim: d, input: tokens{_padding(c, dims['vocab'])}, "
+         f"scale: {json.dumps(d ** 0.5)}}}"),
         "{repeat: layers, block: decoder, name: layers}",
         f"{{op: rms_norm, name: norm, {norm}}}",
         "{op: linear, name: lm_head, dimension: vocab, bias: false" + (", tie: embed_tokens}" if tie else "}"),
@@ -502,6 +527,7 @@ def _gpt2(c: _Config, seq: int):
     c.only("activation_function", ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"),
            "the spec's mlp gelu is the tanh approximation", "only tanh-approximated gelu imports", "gelu_new")
     c.get("n_ctx")  # older configs' copy of n_positions
+    c.get("pad_token_id")  # (GPT-2's wte has no padding_idx: every row trains)
     c.only("scale_attn_weights", (True,), "scores are always scaled by 1/sqrt(head_dim)", "set it to true", True)
     c.only("scale_attn_by_inverse_layer_idx", (False,), "per-layer score scaling is not in the spec language",
            "set it to false", False)
@@ -561,7 +587,7 @@ def _starcoder2(c: _Config, seq: int):
         "{op: add, name: res2, inputs: [res1, mlp]}",
     ]
     layers = [
-        "{op: embedding, name: embed_tokens, vocab: vocab, dim: d, input: tokens}",
+        f"{{op: embedding, name: embed_tokens, vocab: vocab, dim: d, input: tokens{_padding(c, dims['vocab'])}}}",
         "{repeat: layers, block: decoder, name: layers}",
         f"{{op: layer_norm, name: norm, eps: {_num(eps)}}}",
         "{op: linear, name: lm_head, dimension: vocab, bias: false" + (", tie: embed_tokens}" if tie else "}"),
@@ -607,7 +633,7 @@ def _bert(c: _Config, seq: int):
         f"{{op: layer_norm, name: output_norm, eps: {_num(eps)}}}",
     ]
     layers = [
-        "{op: embedding, name: word_embeddings, vocab: vocab, dim: d, input: tokens}",
+        f"{{op: embedding, name: word_embeddings, vocab: vocab, dim: d, input: tokens{_padding(c, dims['vocab'])}}}",
         "{op: pos_embedding, name: position_embeddings, max_len: positions}",
         "{op: embedding, name: token_type_embeddings, vocab: types, dim: d, input: token_type_ids}",
         "{op: add, name: embeddings, inputs: [position_embeddings, token_type_embeddings]}",

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch_runs as tr
 from hf_models import import_spec, transformers_logits
+from test_jax_program import synthetic_samples
 
 from mithril_spec.cli import main as cli
 
@@ -214,3 +215,79 @@ def test_new_attributes_refuse_what_they_do_not_combine_with(capsys, edit, code,
     rc = cli(["validate", str(bad)])
     err = capsys.readouterr().err
     assert rc == 1 and code in err and named in err, err
+
+
+@functools.cache
+def padded_llama(tie: bool):
+    """(model directory, spec, pad id) of a tiny Llama whose pad_token_id is a token of the first batch (three
+    times in it: Phi-3's pad_token_id is its eos, which packed data is full of)."""
+    fields = {**SMALL, "tie_word_embeddings": tie}
+    base = jr.WORK / "hf-pad" / f"tied{int(tie)}"
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(**fields)).save_pretrained(base / "no-pad")
+    tokens = synthetic_samples(import_spec(base / "no-pad", base / "no-pad.yaml"), 8)["tokens"]
+    ids, counts = np.unique(tokens, return_counts=True)
+    pad = int(ids[np.argmax(counts == 3)])
+    assert (tokens == pad).sum() == 3
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(**fields, pad_token_id=pad)).save_pretrained(base / "pad")
+    spec = import_spec(base / "pad", base / "pad.yaml")
+    assert f"padding_idx: {pad}" in spec.read_text()
+    return base / "pad", spec, pad
+
+
+def transformers_grads(directory, spec, names) -> dict:
+    """The gradients of transformers' model at `directory` for the mean cross-entropy of the spec's first batch
+    (synthetic samples 0..7), under the canonical `names` (hf_name: their transformers names), canonical layout."""
+    from mithril_spec.hf_import import hf_name
+
+    batch = synthetic_samples(spec, 8)
+    m = transformers.LlamaForCausalLM.from_pretrained(directory)
+    logits = m(input_ids=torch.tensor(batch["tokens"]).long()).logits
+    torch.nn.functional.cross_entropy(logits.flatten(0, 1), torch.tensor(batch["targets"]).long().flatten()).backward()
+    grads = {n: p.grad.numpy() for n, p in m.named_parameters()}  # (a tied lm_head is embed_tokens)
+    out = {}
+    for name, like in names.items():
+        hf, transposed, _, _ = hf_name("llama", name, like.ndim)
+        out[name] = grads[hf].T if transposed else grads[hf]
+    return out
+
+
+VOCAB_ROWS = ("embed: fsdp,", "embed: fsdp, vocab: tensor,")  # the table split on its rows over `tensor`
+TARGETS = [(tr, "data=1", (), False), (jr, "data=1", (), False), (mr, "data=1", (), False),
+           (tr, "tensor=2", (VOCAB_ROWS,), False), (jr, "tensor=2", (VOCAB_ROWS,), False),
+           (tr, "data=1", (), True), (tr, "tensor=2", (VOCAB_ROWS,), True), (mr, "data=1", (), True)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("runs, mesh, layout, tie", TARGETS,
+                         ids=[f"{r.__name__[:-5]}-{m}{'-tied' if t else ''}" for r, m, _, t in TARGETS])
+def test_the_pad_row_trains_as_in_transformers(runs, mesh, layout, tie):
+    """A Llama with pad_token_id, its first batch holding that id: the program's first-step gradients (every
+    parameter, by canonical name) equal transformers' loss.backward() ones, the pad row's included (zero: untied,
+    the lookups do not train it), on one device and with the table split on its vocabulary over `tensor` (the
+    pad row on one rank); tied to the head, the head's gradient still reaches the pad row. The same program without `padding_idx` fails that check on the pad row alone: every
+    other gradient equals the padded program's (before: the pad row trained)."""
+    from gradients import assert_same_gradients
+
+    directory, spec, pad = padded_llama(tie)
+    target = f"{runs.__name__[:-5]} {mesh}{' tied' if tie else ''}"
+    got = {}
+    for tag, edits in (("pad", layout), ("no-pad", (*layout, (f", padding_idx: {pad}", "")))):
+        program = runs.build(spec, mesh, edits)
+        r = (jr if runs is mr else runs).run(program, "--steps", "1", "--init-params", str(directory),
+                                             "--export-grads", "grads.npz")
+        got[tag] = dict(np.load(r.cwd / "grads.npz"))
+    ref = transformers_grads(directory, spec, got["pad"])
+    assert ref["embed_tokens.weight"][pad].any() == tie and ref["embed_tokens.weight"].any()
+    worst = assert_same_gradients(ref, got["pad"], 1e-4, f"{target} padding_idx vs transformers")
+    with pytest.raises(AssertionError, match="embed_tokens.weight"):
+        assert_same_gradients(ref, got["no-pad"], 1e-4, f"{target} without padding_idx vs transformers")
+    assert got["no-pad"]["embed_tokens.weight"][pad].any()
+    if not tie:  # the pad row zero; every other gradient the same bits as without padding_idx
+        assert not got["pad"]["embed_tokens.weight"][pad].any()
+        rows = np.arange(SMALL["vocab_size"]) != pad
+        for name, g in got["pad"].items():
+            other = got["no-pad"][name]
+            assert np.array_equal(g[rows], other[rows]) if name == "embed_tokens.weight" else np.array_equal(g, other), name
+    jr.report(f"hf llama {target}: first-step gradients vs transformers (pad id {pad} x3)", worst=worst)

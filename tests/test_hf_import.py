@@ -9,6 +9,7 @@ cannot express are E070 at the field, unknown families E071, dropout W010.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -358,3 +359,55 @@ def test_gemma_legacy_gelu_is_the_tanh_gelu(tmp_path):
     path.parent.mkdir()
     path.write_text(json.dumps({**data, "hidden_act": "gelu"}))
     assert _spec_of(path) == _spec_of(tmp_path / "written" / "config.json")
+
+
+def _embeddings(text: str) -> list[str]:
+    return [line.strip() for line in text.splitlines() if "op: embedding" in line]
+
+
+def _padding_idx(line: str) -> int | None:
+    found = re.search(r"padding_idx: (\d+)[,}]", line)
+    return int(found.group(1)) if found else None
+
+
+@pytest.mark.parametrize("fields, padding", [
+    ({"pad_token_id": 7}, 7), ({"pad_token_id": 0}, 0),
+    ({"pad_token_id": -1}, 99),  # (torch counts a negative padding_idx from the end)
+    ({"pad_token_id": None}, None), ({}, None),
+])
+def test_pad_token_id_is_the_embeddings_padding_idx(tmp_path, capsys, fields, padding):
+    """transformers' Llama builds embed_tokens as nn.Embedding(vocab, d, padding_idx=pad_token_id): the lookups of
+    that id do not train its row. (Before: pad_token_id was a field that changes nothing, and the row trained.)"""
+    rc, out, err = _import(capsys, _config(tmp_path, **fields), "-o", "-")
+    (line,) = _embeddings(out)
+    assert rc == 0 and "warning" not in err
+    assert _padding_idx(line) == padding, line
+
+
+def test_pad_token_id_outside_the_vocabulary_is_a_warning(tmp_path, capsys):
+    """(transformers builds no model with such a padding_idx: the spec trains every row, and says so)"""
+    rc, out, err = _import(capsys, _config(tmp_path, pad_token_id=100), "-o", "-")
+    assert rc == 0 and "warning[W010]" in err and "pad_token_id: 100" in err
+    assert "padding_idx" not in out
+    rc, diags = _diags(capsys, _config(tmp_path, pad_token_id="0"))
+    assert rc == 1 and [d["code"] for d in diags] == ["E071"] and "pad_token_id" in diags[0]["message"]
+
+
+@pytest.mark.parametrize("family", list(FAMILY_CONFIGS))
+def test_each_family_reads_pad_token_id_as_transformers_builds_its_embeddings(tmp_path, family):
+    """A config without pad_token_id takes the family's default (Phi-3: 32000, Gemma: 0); GPT-2's wte has no
+    padding_idx; BERT's word embeddings have it, its other tables not."""
+    data = {k: v for k, v in _family_config(tmp_path, family).items() if k != "pad_token_id"}
+    vocab = data["vocab_size"]
+    default = transformers.AutoConfig.for_model(family).pad_token_id
+    for pad in (3, None, "absent"):
+        path = tmp_path / f"pad-{pad}" / "config.json"
+        path.parent.mkdir()
+        path.write_text(json.dumps({**data, **({} if pad == "absent" else {"pad_token_id": pad})}))
+        want = getattr(transformers, FAMILY_CONFIGS[family][0]).from_pretrained(path.parent).pad_token_id
+        assert want == (default if pad == "absent" else pad)
+        spec = "\n".join(_spec_of(path))
+        (first, *others) = _embeddings(spec)
+        # (GPT-2 builds wte without padding_idx whatever pad_token_id says)
+        assert _padding_idx(first) == (None if family == "gpt2" or want is None or want >= vocab else want), first
+        assert not any("padding_idx" in line for line in others)

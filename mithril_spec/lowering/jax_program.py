@@ -390,7 +390,8 @@ HASH_OMITS = {"extends", "description", "targets", "mesh", "meshes", "devices", 
 HASH_OMITS_TRAINING = {"steps", "checkpoint", "remat", "zero", "grad_accum"}
 # layer field -> its default (attention's dropout and rope_scaling, placement)
 ADDED_LAYER_FIELDS = dict(dropout=0.0, device=None, rope_scaling=None, qk_norm=False, qk_norm_eps=1e-6,
-                          gate_activation="silu", weight_offset=0.0, scale=None, softcap=None, cap=None)
+                          gate_activation="silu", weight_offset=0.0, scale=None, softcap=None, cap=None,
+                          padding_idx=None)
 
 
 # The optimizer's settings that a resumed run may change (docs/program.md "Checkpoints"): its train state

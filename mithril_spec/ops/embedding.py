@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from pydantic import Field
+from pydantic import Field, StrictInt
 
 from .. import codes
 from ..spec.common import Size
@@ -16,6 +16,9 @@ class EmbeddingArgs(LayerArgs):
     vocab: Size
     dim: Size
     scale: Optional[float] = Field(None, gt=0, description="multiplies the rows looked up (Gemma: sqrt(dim))")
+    padding_idx: StrictInt | None = Field(
+        None, ge=0, description="a row of the table that its lookups do not train (torch's nn.Embedding padding_idx: "
+        "transformers' pad_token_id); a tied head's gradient still reaches it")
 
 
 class Embedding(Op):
@@ -33,9 +36,15 @@ class Embedding(Op):
         if not x.is_int:
             raise OpError(codes.E029, f"embedding needs integer token ids, got {x.dtype} {x.show()}", "input")
         vocab, dim = size("vocab"), size("dim")
+        if args.padding_idx is not None and args.padding_idx >= vocab:
+            raise OpError(codes.E030, f"padding_idx {args.padding_idx} is not a row of the table (vocab {vocab})",
+                          "padding_idx", help=f"give a token id in [0, {vocab})")
         out = TensorType(x.shape + (dim,), x.axes + ("embed",), "float32")
         params = (ParamDef("weight", (vocab, dim), ("vocab", "embed")),)
-        return OpResult(out, params, {"vocab": vocab, "dim": dim, "scale": args.scale},
+        attrs = {"vocab": vocab, "dim": dim, "scale": args.scale}
+        if args.padding_idx is not None:  # (absent otherwise: the lowerings of specs without it stay as they were)
+            attrs["padding_idx"] = args.padding_idx
+        return OpResult(out, params, attrs,
                         flops=x.numel * dim if args.scale else 0)
 
     def decodes(self, attrs):
