@@ -2,7 +2,7 @@
 
 Each model is built and saved locally by transformers (nothing is downloaded), imported with `mithril-spec
 import hf --seq 16`; the programs' logits (`--steps 0 --init-params DIR --logits`) equal transformers' within
-1e-4 (float32): torch and jax on one device and with tensor=2, mlx on one device. Qwen3's q/k norms are the
+1e-4 (float32): torch on one device and with tensor=2, jax with tensor=2, mlx on one device. Qwen3's q/k norms are the
 attention's qk_norm; a tensor=2 torch run trains 3 steps and exports a checkpoint transformers loads with
 the program's logits (the norms' gradients summed over the heads' ranks).
 """
@@ -91,7 +91,13 @@ def test_qwen3_imports_with_qk_norm():
     assert "gate_activation: gelu" in gemma and "weight_offset: 1.0" in gemma and "scale: 5.656854249492381" in gemma
 
 
-CASES = [(name, runs, mesh) for name in FAMILIES for runs in (tr, jr) for mesh in ("data=1", "tensor=2")]
+# torch on one device and with tensor=2 (its tensor-parallel layers are other code: DTensor styles); jax with
+# tensor=2 only (one program whichever the mesh: the sharding is the compiler's, so one device adds nothing);
+# InternLM3, Seed-OSS and Ministral are Llama's model read from other fields: the import is what differs
+LLAMA_READ_OTHERWISE = ("internlm3", "seed_oss", "ministral")
+CASES = [(name, tr, mesh) for name in FAMILIES for mesh in ("data=1", "tensor=2")
+         if not (name in LLAMA_READ_OTHERWISE and mesh == "data=1")]
+CASES += [(name, jr, "tensor=2") for name in FAMILIES]
 CASES += [(name, mr, "data=1") for name in ("qwen3", "qwen3-bias-tied", "gemma", "gemma2", "phi3", "starcoder2")]
 
 
