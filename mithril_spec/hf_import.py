@@ -57,18 +57,21 @@ class _Config:
         if isinstance(value, kinds) and not isinstance(value, bool) and (value > 0 or (zero and value == 0)):
             return value
         what = f"a {'non-negative' if zero else 'positive'} {'integer' if integer else 'number'}"
-        self.diags.append(Diagnostic(codes.E071, f"`{key}` must be {what}{' or null' if none else ''}, got {value!r}",
-                                     self.doc.pos((key,) if key in self.data else ()), help="check the config"))
+        self.wrong(key, f"`{key}` must be {what}{' or null' if none else ''}, got {value!r}")
         return default
 
     def flag(self, key: str, default: bool) -> bool:
         """`get`, checked: true or false (E071 at the field otherwise: a string "false" is not false)."""
         value = self.get(key, default)
         if not isinstance(value, bool):
-            self.diags.append(Diagnostic(codes.E071, f"`{key}` must be true or false, got {value!r}",
-                                         self.doc.pos((key,) if key in self.data else ()), help="check the config"))
+            self.wrong(key, f"`{key}` must be true or false, got {value!r}")
             return default
         return value
+
+    def wrong(self, key: str, message: str) -> None:
+        """E071 at the field `key` (at the config's top where it lacks it: a family default read wrongly)."""
+        self.diags.append(Diagnostic(codes.E071, message, self.doc.pos((key,) if key in self.data else ()),
+                                     help="check the config"))
 
     def need(self, key: str) -> Any:
         self.read.add(key)
@@ -78,8 +81,7 @@ class _Config:
             return 1
         value = self.data[key]
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            self.diags.append(Diagnostic(codes.E071, f"`{key}` must be a positive integer, got {value!r}",
-                                         self.doc.pos((key,)), help="check the config"))
+            self.wrong(key, f"`{key}` must be a positive integer, got {value!r}")
             return 1
         return value
 
@@ -234,8 +236,7 @@ def _padding(c: _Config, vocab: int) -> str:
     if pad is None:
         return ""
     if not isinstance(pad, int) or isinstance(pad, bool):
-        c.diags.append(Diagnostic(codes.E071, f"`pad_token_id` must be an integer or null, got {pad!r}",
-                                  c.doc.pos(("pad_token_id",)), help="check the config"))
+        c.wrong("pad_token_id", f"`pad_token_id` must be an integer or null, got {pad!r}")
         return ""
     if not -vocab <= pad < vocab:
         c.diags.append(Diagnostic(
@@ -269,9 +270,7 @@ def _attention_dims(c: _Config, seq: int) -> tuple[dict, int]:
     d, heads = c.need("hidden_size"), c.need("num_attention_heads")
     kv = c.number("num_key_value_heads", integer=True, none=True) or heads
     if heads % kv:
-        c.diags.append(Diagnostic(codes.E071, f"`num_key_value_heads` ({kv}) must divide num_attention_heads ({heads})",
-                                  c.doc.pos(("num_key_value_heads",) if "num_key_value_heads" in c.data else ()),
-                                  help="check the config"))
+        c.wrong("num_key_value_heads", f"`num_key_value_heads` ({kv}) must divide num_attention_heads ({heads})")
     dims = {"vocab": c.need("vocab_size"), "seq": seq, "d": d, "heads": heads, "kv_heads": kv,
             "ff": c.need("intermediate_size"), "layers": c.need("num_hidden_layers")}
     return dims, c.number("head_dim", integer=True, none=True) or d // heads
@@ -282,8 +281,7 @@ def _layer_types(c: _Config, layers: int) -> list | None:
     types = c.get("layer_types")
     if types is not None and (not isinstance(types, list) or len(types) != layers
                               or not all(isinstance(t, str) for t in types)):
-        c.diags.append(Diagnostic(codes.E071, f"`layer_types` must list one attention kind per layer ({layers}), "
-                                  f"got {types!r}", c.doc.pos(("layer_types",)), help="check the config"))
+        c.wrong("layer_types", f"`layer_types` must list one attention kind per layer ({layers}), got {types!r}")
         return None
     return types
 
