@@ -6,6 +6,7 @@ the spec's name and hash, the mesh, the step, every array of the train state (na
 every other file's size and sha256. --resume takes the newest checkpoint whose manifest agrees with its
 files and with this program, and whose values are finite."""
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -208,6 +209,23 @@ def unsaved(step, root, error, needed=0):
         "the checkpoints saved before it are kept: continue from them with --resume auto once "
         + ("there is room" if full else "it can be written")
     )
+
+
+@contextlib.contextmanager
+def writing(step, root, needed, partial=None, errors=(Exception,)):
+    """Around the writing of the checkpoint of `step` into `root`: where the storage fails it (unsaved: a
+    full disk, a directory that cannot be made), its partial directory `partial` (if any) is removed and the
+    program stops with one line, exit 2; any other failure (of `errors`) is raised as it is. `needed()`: the
+    checkpoint's bytes on this process."""
+    try:
+        yield
+    except errors as e:
+        refusal = unsaved(step, root, e, needed())
+        if refusal is None:
+            raise
+        if partial:
+            shutil.rmtree(partial, ignore_errors=True)
+        raise refusal from None
 
 
 def checkpoint_dirs(path, step_of):

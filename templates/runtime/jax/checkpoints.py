@@ -5,7 +5,6 @@ straight into the train state's layout, verified first. Also the collectives the
 gathered to the host, the first process's verdict on every process, the non-finite arrays of a state.
 orbax is imported lazily: most runs never checkpoint."""
 
-import contextlib
 import json
 import os
 import time
@@ -14,7 +13,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from runtime.checkpoints import check_start, checkpoint_dirs, resume_from, unsaved
+from runtime.checkpoints import check_start, checkpoint_dirs, resume_from, writing
 
 
 def to_host(x):
@@ -66,20 +65,10 @@ def nonfinite(state):
     ]
 
 
-@contextlib.contextmanager
-def writing(directory, step, state):
-    """Around the writing of the checkpoint of `step` (the train state `state`) into `directory`: where the
-    storage fails it (runtime/checkpoints.py unsaved: a full disk, a directory that cannot be made), the
-    program stops with one line, exit 2 (orbax removes its partial directory when it next opens
-    `directory`); any other failure is raised as it is."""
-    try:
-        yield
-    except Exception as e:
-        needed = sum(a.nbytes for a in jax.tree_util.tree_leaves(state))
-        refusal = unsaved(step, directory, e, needed)
-        if refusal is None:
-            raise
-        raise refusal from None
+def tree_bytes(state):
+    """The bytes of the arrays of `state` (what a checkpoint of it needs; orbax removes a save's partial
+    directory itself when it next opens the checkpoint directory)."""
+    return sum(a.nbytes for a in jax.tree_util.tree_leaves(state))
 
 
 class Checkpoints:
@@ -129,7 +118,7 @@ class Checkpoints:
         if step in manager.all_steps():
             manager.delete(step)
         state = {k: v for k, v in state.items() if k not in self.unsaved}
-        with writing(str(manager.directory), step, state):
+        with writing(step, str(manager.directory), lambda: tree_bytes(state)):
             manager.save(
                 step, args=ocp.args.Composite(state=ocp.args.StandardSave(state)), force=True
             )
@@ -137,7 +126,7 @@ class Checkpoints:
         extra = {} if self.stack_order is None else {"stack_order": self.stack_order}
 
         def finish():
-            with writing(str(manager.directory), step, state):
+            with writing(step, str(manager.directory), lambda: tree_bytes(state)):
                 manager.wait_until_finished()
                 if jax.process_count() > 1:
                     multihost_utils.sync_global_devices(f"checkpoint {step} written")

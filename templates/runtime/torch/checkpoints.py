@@ -3,7 +3,6 @@ reshards to this mesh) of the model and optimizer state dicts, written to a temp
 when complete; rank 0 writes train_state.json (step, LR-scheduler state, spec, mesh) and then the manifest
 (runtime/checkpoints.py) once every rank has written. docs/program.md "Checkpoints"."""
 
-import contextlib
 import json
 import os
 import shutil
@@ -22,9 +21,10 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from runtime.checkpoints import checkpoint_dirs, remove_partial, resume_from, unsaved
+from runtime.checkpoints import checkpoint_dirs, remove_partial, resume_from, writing
 from runtime.torch.ranks import all_ranks, is_first, log
 
+STORAGE_ERRORS = (Exception, CheckpointException)  # (DCP's is no Exception)
 FLAT_OPTIMIZER_STATE = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
@@ -85,23 +85,6 @@ def local_bytes(state):
     )
 
 
-@contextlib.contextmanager
-def writing(root, step, tmp, state):
-    """Around the writing of the checkpoint of `step` into `root` (via `tmp`; `state()`: the train state
-    written, or None): where the storage fails it (runtime/checkpoints.py unsaved: a full disk, a directory
-    that cannot be made), its partial directory is removed and the program stops with one line, exit 2;
-    any other failure is raised as it is."""
-    try:
-        yield
-    except (Exception, CheckpointException) as e:
-        refusal = unsaved(step, root, e, local_bytes(state()))
-        if refusal is None:
-            raise
-        if is_first():
-            shutil.rmtree(tmp, ignore_errors=True)
-        raise refusal from None
-
-
 class Checkpoints:
     """The checkpoints of this program: `manifests` (runtime/checkpoints.py Manifests) written and verified
     beside each, the newest `keep` kept, `spec` and `mesh` recorded in train_state.json. With a process
@@ -125,7 +108,10 @@ class Checkpoints:
         final = os.path.join(root, f"step_{step:08d}")
         tmp = os.path.join(root, f".tmp_step_{step:08d}")
         state = None
-        with writing(root, step, tmp, lambda: state):
+        # (a storage failure: one line; any rank's: CheckpointException)
+        with writing(
+            step, root, lambda: local_bytes(state), tmp if is_first() else None, STORAGE_ERRORS
+        ):
             if is_first():
                 os.makedirs(root, exist_ok=True)
                 remove_partial(root)  # (this save's, and those of saves cut short: none is pending)
@@ -185,7 +171,9 @@ class Checkpoints:
         """Waits for the asynchronous save still writing (every rank), and completes it."""
         while self.pending:
             future, finish, step, root, tmp, state, began, blocked, written = self.pending.pop()
-            with writing(root, step, tmp, lambda: state):
+            with writing(
+                step, root, lambda: local_bytes(state), tmp if is_first() else None, STORAGE_ERRORS
+            ):
                 future.result()
                 finish()
             final = os.path.join(root, f"step_{step:08d}")

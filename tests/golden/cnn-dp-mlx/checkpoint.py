@@ -10,7 +10,7 @@ import mlx.core as mx
 # isort: split
 # beside this file: runtime/ (the helpers every build carries unchanged) and this build's files
 from config import BUFFERS, MESH, PARAMS, SPEC_NAME
-from runtime.checkpoints import Manifests, checkpoint_dirs, remove_partial, resume_from, unsaved
+from runtime.checkpoints import Manifests, checkpoint_dirs, remove_partial, resume_from, writing
 from runtime.param_files import read_params, write_params
 
 
@@ -69,17 +69,11 @@ def save_checkpoint(directory, step, arrays):
     began = time.perf_counter()
     final = os.path.join(directory, f"step_{step:08d}")
     tmp = os.path.join(directory, f".tmp_step_{step:08d}")
-    try:
+    with writing(step, directory, lambda: sum(a.nbytes for a in arrays.values()), tmp):
         remove_partial(directory)  # (this save's, and those of saves cut short)
         os.makedirs(tmp)
         mx.save_safetensors(os.path.join(tmp, "state.safetensors"), arrays)
         MANIFESTS.write(tmp, step, {n: (a.shape, dtype_name(a)) for n, a in arrays.items()})
-    except Exception as e:
-        refusal = unsaved(step, directory, e, sum(a.nbytes for a in arrays.values()))
-        if refusal is None:
-            raise
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise refusal from None
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     for old in sorted(step_dirs(directory))[:-KEEP_CHECKPOINTS]:
